@@ -1,0 +1,555 @@
+//! `diagnose`: the report turned into a check-list, a verdict and the exact next command.
+
+use crate::quirks::known_quirks;
+use crate::report::{Class, GpuReport, Holder, Report, UnaccountedCause};
+use crate::snapshot::{DriverSource, ProcessListState};
+use crate::units::format_bytes;
+use serde::{Deserialize, Serialize};
+
+/// Outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    /// Nothing wrong.
+    Pass,
+    /// Worth knowing; does not make the machine unclean.
+    Warn,
+    /// Ghost memory, a lost GPU, or another problem.
+    Fail,
+}
+
+/// One line of the check-list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    /// The GPU it is about, or `None` for machine-wide checks.
+    pub gpu: Option<u32>,
+    /// Short name (`orphans`, `memory accounted`...).
+    pub name: String,
+    /// Outcome.
+    pub status: CheckStatus,
+    /// One line of evidence.
+    pub evidence: String,
+}
+
+/// A suggested next step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextStep {
+    /// Why.
+    pub why: String,
+    /// The command to run, when there is one.
+    pub command: Option<String>,
+}
+
+/// The conclusion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// No check failed.
+    pub clean: bool,
+    /// One sentence.
+    pub summary: String,
+    /// Memory held by no live job (orphan and zombie holders plus significant unaccounted).
+    pub ghost_bytes: u64,
+    /// Ghost memory that `vramguard reclaim` could free (by signals, or by a reset where no
+    /// process blocks it).
+    pub reclaimable_bytes: u64,
+    /// What to do, most useful first.
+    pub next_steps: Vec<NextStep>,
+}
+
+/// The full diagnosis, as `diagnose --json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    /// [`crate::SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The check-list, machine-wide checks first.
+    pub checks: Vec<Check>,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The report the checks were derived from.
+    pub report: Report,
+}
+
+impl Diagnosis {
+    /// `diagnose`'s exit code: 0 when clean, 1 when something needs attention.
+    pub fn exit_code(&self) -> i32 {
+        if self.verdict.clean { 0 } else { 1 }
+    }
+}
+
+fn check(gpu: Option<u32>, name: &str, status: CheckStatus, evidence: String) -> Check {
+    Check {
+        gpu,
+        name: name.to_string(),
+        status,
+        evidence,
+    }
+}
+
+fn list_pids(holders: &[&Holder]) -> String {
+    let shown: Vec<String> = holders
+        .iter()
+        .take(6)
+        .map(|h| format!("{} ({})", h.pid, h.comm.as_deref().unwrap_or("?")))
+        .collect();
+    let more = holders.len().saturating_sub(shown.len());
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+fn sum_bytes(holders: &[&Holder]) -> u64 {
+    holders.iter().filter_map(|h| h.used_bytes).sum()
+}
+
+/// Builds the check-list and verdict.
+pub fn diagnose(report: Report) -> Diagnosis {
+    let mut checks = Vec::new();
+    let mut steps: Vec<NextStep> = Vec::new();
+    let sudo = if report.euid == 0 { "" } else { "sudo " };
+
+    let version = report.driver.driver_version.as_deref().unwrap_or("unknown");
+    let what = match report.driver.source {
+        DriverSource::Nvml => "NVIDIA driver",
+        DriverSource::Simulated => "simulated NVIDIA driver",
+    };
+    checks.push(check(
+        None,
+        "driver",
+        CheckStatus::Pass,
+        format!(
+            "{what} {version} loaded (NVML {}), {} GPU(s)",
+            report.driver.nvml_version.as_deref().unwrap_or("unknown"),
+            report.gpus.len()
+        ),
+    ));
+    let quirks = known_quirks(version);
+    checks.push(match quirks.first() {
+        None => check(
+            None,
+            "driver version",
+            CheckStatus::Pass,
+            format!("{version} is not on the known-bad list"),
+        ),
+        Some(q) => check(
+            None,
+            "driver version",
+            CheckStatus::Warn,
+            format!("{version}: {} ({}); {}", q.problem, q.reference, q.advice),
+        ),
+    });
+    checks.push(if report.euid == 0 && report.limitations.is_empty() {
+        check(
+            None,
+            "visibility",
+            CheckStatus::Pass,
+            "running as root: every process's open files were readable".into(),
+        )
+    } else if report.limitations.is_empty() {
+        check(
+            None,
+            "visibility",
+            CheckStatus::Warn,
+            "not running as root: other users' open files may be unreadable".into(),
+        )
+    } else {
+        check(
+            None,
+            "visibility",
+            CheckStatus::Warn,
+            report.limitations.join("; "),
+        )
+    });
+    if report.pid_namespace_is_host == Some(false) {
+        checks.push(check(
+            None,
+            "pid namespace",
+            CheckStatus::Warn,
+            "vramguard runs in a container: processes of other containers are invisible; run \
+             it on the host or with hostPID: true"
+                .into(),
+        ));
+    }
+
+    let mut reclaim_gpus = Vec::new();
+    let mut reclaim_hidden = false;
+    let mut reset_gpus = Vec::new();
+    let mut reclaimable_bytes = 0u64;
+    for gpu in &report.gpus {
+        gpu_checks(
+            gpu,
+            &mut checks,
+            &mut steps,
+            &mut GpuPlan {
+                reclaim_gpus: &mut reclaim_gpus,
+                reclaim_hidden: &mut reclaim_hidden,
+                reset_gpus: &mut reset_gpus,
+                reclaimable_bytes: &mut reclaimable_bytes,
+            },
+        );
+    }
+
+    let join = |v: &[u32]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut leading = Vec::new();
+    if !reclaim_gpus.is_empty() {
+        leading.push(NextStep {
+            why: "terminate the holders whose job is gone (SIGTERM, grace, SIGKILL; verified \
+                  by pid and start time)"
+                .into(),
+            command: Some(format!(
+                "{sudo}vramguard reclaim --gpu {}{}",
+                join(&reclaim_gpus),
+                if reclaim_hidden {
+                    " --include orphan,zombie,hidden"
+                } else {
+                    ""
+                }
+            )),
+        });
+    }
+    if !reset_gpus.is_empty() {
+        leading.push(NextStep {
+            why: "reset the GPUs whose memory no process holds (driver residue)".into(),
+            command: Some(format!(
+                "{sudo}vramguard reclaim --gpu {} --reset=auto",
+                join(&reset_gpus)
+            )),
+        });
+    }
+    leading.append(&mut steps);
+    let steps = leading;
+
+    let clean = checks.iter().all(|c| c.status != CheckStatus::Fail);
+    let ghost_bytes = report.ghost_bytes();
+    let failed_gpus: Vec<u32> = report
+        .gpus
+        .iter()
+        .filter(|g| g.failure.is_some())
+        .map(|g| g.index)
+        .collect();
+    let summary = if clean {
+        format!(
+            "clean: every byte of {} GPU(s) is accounted for by a live job",
+            report.gpus.len()
+        )
+    } else if ghost_bytes > 0 {
+        let ghost_gpus: Vec<u32> = report
+            .gpus
+            .iter()
+            .filter(|g| g.ghost_bytes > 0)
+            .map(|g| g.index)
+            .collect();
+        format!(
+            "ghost memory: {} on GPU {} is held by no live job; {} of it can be reclaimed{}",
+            format_bytes(ghost_bytes),
+            join(&ghost_gpus),
+            format_bytes(reclaimable_bytes.min(ghost_bytes)),
+            if failed_gpus.is_empty() {
+                String::new()
+            } else {
+                format!("; GPU {} could not be read", join(&failed_gpus))
+            }
+        )
+    } else if !failed_gpus.is_empty() {
+        format!("GPU {} could not be read", join(&failed_gpus))
+    } else {
+        "needs attention: see the failed checks".into()
+    };
+    Diagnosis {
+        schema_version: crate::SCHEMA_VERSION,
+        checks,
+        verdict: Verdict {
+            clean,
+            summary,
+            ghost_bytes,
+            reclaimable_bytes: reclaimable_bytes.min(ghost_bytes),
+            next_steps: steps,
+        },
+        report,
+    }
+}
+
+struct GpuPlan<'a> {
+    reclaim_gpus: &'a mut Vec<u32>,
+    reclaim_hidden: &'a mut bool,
+    reset_gpus: &'a mut Vec<u32>,
+    reclaimable_bytes: &'a mut u64,
+}
+
+fn gpu_checks(
+    gpu: &GpuReport,
+    checks: &mut Vec<Check>,
+    steps: &mut Vec<NextStep>,
+    plan: &mut GpuPlan<'_>,
+) {
+    let g = Some(gpu.index);
+    if let Some(failure) = &gpu.failure {
+        checks.push(check(
+            g,
+            "readable",
+            CheckStatus::Fail,
+            format!("the driver failed on this GPU: {failure}"),
+        ));
+        steps.push(NextStep {
+            why: format!(
+                "GPU {} did not answer; look for Xid errors (Xid 79: fallen off the bus, needs a \
+                 reboot)",
+                gpu.index
+            ),
+            command: Some("dmesg | grep -i xid".into()),
+        });
+        if gpu.memory.is_none() {
+            return;
+        }
+    }
+    match &gpu.process_list {
+        ProcessListState::Complete => checks.push(check(
+            g,
+            "process list",
+            CheckStatus::Pass,
+            format!(
+                "{} process(es) listed by the driver",
+                gpu.holders.iter().filter(|h| h.listed).count()
+            ),
+        )),
+        ProcessListState::Unreliable { reason } => checks.push(check(
+            g,
+            "process list",
+            CheckStatus::Warn,
+            format!("unreliable: {reason}"),
+        )),
+        ProcessListState::Unavailable { error } => checks.push(check(
+            g,
+            "process list",
+            CheckStatus::Fail,
+            format!("could not be read: {error}"),
+        )),
+    }
+    if let (Some(mem), Some(un)) = (gpu.memory, &gpu.unaccounted) {
+        let listed = gpu.holders.iter().filter(|h| h.listed).count();
+        if !un.significant {
+            checks.push(check(
+                g,
+                "memory accounted",
+                CheckStatus::Pass,
+                format!(
+                    "{} used, {} by {listed} listed process(es)",
+                    format_bytes(mem.used),
+                    format_bytes(gpu.accounted_bytes)
+                ),
+            ));
+        } else {
+            let cause_text = un.explanation.get(1).cloned().unwrap_or_default();
+            let status = if un.cause == Some(UnaccountedCause::PerProcessMemoryUnavailable) {
+                CheckStatus::Warn
+            } else {
+                CheckStatus::Fail
+            };
+            checks.push(check(
+                g,
+                "memory accounted",
+                status,
+                format!(
+                    "{} unaccounted ({} used, {} by {listed} listed process(es)): {cause_text}",
+                    format_bytes(un.bytes),
+                    format_bytes(mem.used),
+                    format_bytes(gpu.accounted_bytes)
+                ),
+            ));
+        }
+    }
+
+    let of = |class: Class| -> Vec<&Holder> {
+        gpu.holders.iter().filter(|h| h.class == class).collect()
+    };
+    let orphans = of(Class::Orphan);
+    if orphans.is_empty() {
+        checks.push(check(g, "orphans", CheckStatus::Pass, "none".into()));
+    } else {
+        let leaders: std::collections::BTreeSet<String> = orphans
+            .iter()
+            .filter_map(|h| h.dead_job.as_ref())
+            .map(|j| match &j.leader_command {
+                Some(c) => format!("{} ({c})", j.leader_pid),
+                None => j.leader_pid.to_string(),
+            })
+            .collect();
+        checks.push(check(
+            g,
+            "orphans",
+            CheckStatus::Fail,
+            format!(
+                "{} process(es) hold {}: {}; their job leader {} is gone",
+                orphans.len(),
+                format_bytes(sum_bytes(&orphans)),
+                list_pids(&orphans),
+                leaders.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    let zombies = of(Class::Zombie);
+    if zombies.is_empty() {
+        checks.push(check(
+            g,
+            "zombies / D state",
+            CheckStatus::Pass,
+            "none".into(),
+        ));
+    } else {
+        checks.push(check(
+            g,
+            "zombies / D state",
+            CheckStatus::Fail,
+            format!(
+                "{}: {}",
+                list_pids(&zombies),
+                zombies
+                    .iter()
+                    .flat_map(|h| h.evidence.iter().cloned())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ));
+        for z in zombies.iter().filter(|z| !z.action.reclaimable) {
+            steps.push(NextStep {
+                why: format!("pid {}: {}", z.pid, z.action.summary),
+                command: z.action.command.clone(),
+            });
+        }
+    }
+    let foreign = of(Class::Foreign);
+    if foreign.is_empty() {
+        checks.push(check(g, "foreign pids", CheckStatus::Pass, "none".into()));
+    } else {
+        checks.push(check(
+            g,
+            "foreign pids",
+            CheckStatus::Fail,
+            format!(
+                "{} listed pid(s) hold {} but are not processes here: {}",
+                foreign.len(),
+                format_bytes(sum_bytes(&foreign)),
+                foreign[0].evidence.join("; ")
+            ),
+        ));
+        steps.push(NextStep {
+            why: format!("GPU {}: {}", gpu.index, foreign[0].action.summary),
+            command: None,
+        });
+    }
+    let hidden = of(Class::Hidden);
+    if hidden.is_empty() {
+        checks.push(check(g, "hidden holders", CheckStatus::Pass, "none".into()));
+    } else {
+        let gone = hidden.iter().filter(|h| h.dead_job.is_some()).count();
+        checks.push(check(
+            g,
+            "hidden holders",
+            CheckStatus::Fail,
+            format!(
+                "{} process(es) hold /dev/nvidia{} unlisted by the driver: {}{}",
+                hidden.len(),
+                gpu.minor_number.unwrap_or(gpu.index),
+                list_pids(&hidden),
+                if gone > 0 {
+                    format!("; {gone} of them belong to a job that is gone")
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
+    let idle = of(Class::Idle);
+    if !idle.is_empty() {
+        checks.push(check(
+            g,
+            "idle holders",
+            CheckStatus::Warn,
+            format!(
+                "{} process(es) hold {} without GPU utilization: {}",
+                idle.len(),
+                format_bytes(sum_bytes(&idle)),
+                list_pids(&idle)
+            ),
+        ));
+    }
+
+    let reclaimable: Vec<&Holder> = gpu
+        .holders
+        .iter()
+        .filter(|h| h.action.reclaimable)
+        .collect();
+    if !reclaimable.is_empty() {
+        plan.reclaim_gpus.push(gpu.index);
+        *plan.reclaim_hidden |= reclaimable.iter().any(|h| h.class == Class::Hidden);
+        *plan.reclaimable_bytes += sum_bytes(&reclaimable);
+        let all_hidden_reclaimable =
+            !hidden.is_empty() && hidden.iter().all(|h| h.action.reclaimable);
+        if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
+            && un.cause == Some(UnaccountedCause::HiddenHolders)
+            && all_hidden_reclaimable
+        {
+            *plan.reclaimable_bytes += un.bytes;
+        }
+    }
+    if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
+        && un.cause == Some(UnaccountedCause::DriverResidue)
+    {
+        let blockers: Vec<String> = gpu
+            .reset_blockers
+            .iter()
+            .map(|b| {
+                format!(
+                    "{} ({}): {}",
+                    b.pid,
+                    b.comm.as_deref().unwrap_or("?"),
+                    b.reason
+                )
+            })
+            .collect();
+        if blockers.is_empty() {
+            checks.push(check(
+                g,
+                "reset blockers",
+                CheckStatus::Pass,
+                "none: a reset can clear the residue".into(),
+            ));
+            plan.reset_gpus.push(gpu.index);
+            *plan.reclaimable_bytes += un.bytes;
+        } else {
+            checks.push(check(
+                g,
+                "reset blockers",
+                CheckStatus::Warn,
+                format!("a reset would be refused: {}", blockers.join("; ")),
+            ));
+            let system: Vec<&str> = gpu
+                .holders
+                .iter()
+                .filter(|h| h.class == Class::System)
+                .filter_map(|h| h.comm.as_deref())
+                .collect();
+            steps.push(NextStep {
+                why: format!(
+                    "GPU {} holds driver residue; stop what holds the device first{}, then reset",
+                    gpu.index,
+                    if system.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (system: {})", system.join(", "))
+                    }
+                ),
+                command: Some(format!(
+                    "vramguard reclaim --gpu {} --reset=auto --dry-run",
+                    gpu.index
+                )),
+            });
+        }
+    }
+}

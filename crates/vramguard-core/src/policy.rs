@@ -1,0 +1,129 @@
+//! The knobs of classification. Defaults suit a shared training/inference node; the config file
+//! (`[policy]` in `/etc/vramguard/config.toml`) overrides them.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Processes that hold the GPU on purpose and must never be killed: the persistence daemon,
+/// the fabric manager, DCGM, display servers, the MPS server, monitoring tools. They are
+/// reported as reset blockers instead. Matched against `comm` (15 bytes, so prefixes).
+pub const DEFAULT_SYSTEM_COMMS: &[&str] = &[
+    "nvidia-persiste", // nvidia-persistenced, truncated by the kernel to 15 bytes
+    "nv-fabricmanage",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "dcgmi",
+    "Xorg",
+    "Xwayland",
+    "X",
+    "gnome-shell",
+    "nvidia-cuda-mps",
+    "nvidia-smi",
+    "nvtop",
+    "nvitop",
+    "gpustat",
+];
+
+/// Parents that adopt orphans on purpose (init systems and container inits), for evidence.
+pub const DEFAULT_SUBREAPER_COMMS: &[&str] = &[
+    "systemd",
+    "init",
+    "tini",
+    "dumb-init",
+    "docker-init",
+    "containerd-shim",
+    "conmon",
+    "vramguard",
+];
+
+/// Classification policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// Unaccounted memory at or below this is noise (driver bookkeeping). The effective
+    /// tolerance per GPU is `max(this, tolerance_ratio × total)`. Default 256 MiB.
+    pub tolerance_bytes: u64,
+    /// Ratio of total memory tolerated as unaccounted. Default 0.005 (0.5%).
+    pub tolerance_ratio: f64,
+    /// A live holder with no GPU utilization for this long is `idle`. Default 10 minutes.
+    pub idle_after_secs: u64,
+    /// Memory an empty GPU shows as used, per GPU index or UUID (`"0"`, `"GPU-…"`); default 0.
+    pub baseline_bytes: BTreeMap<String, u64>,
+    /// Command names (`comm`) of processes never to be killed (see [`DEFAULT_SYSTEM_COMMS`]).
+    pub system_comms: Vec<String>,
+    /// Command names of parents that adopt orphans (see [`DEFAULT_SUBREAPER_COMMS`]).
+    pub subreaper_comms: Vec<String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            tolerance_bytes: 256 << 20,
+            tolerance_ratio: 0.005,
+            idle_after_secs: 600,
+            baseline_bytes: BTreeMap::new(),
+            system_comms: DEFAULT_SYSTEM_COMMS.iter().map(|s| s.to_string()).collect(),
+            subreaper_comms: DEFAULT_SUBREAPER_COMMS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+}
+
+impl Policy {
+    /// The unaccounted-memory tolerance for a GPU of `total` bytes.
+    pub fn tolerance_for(&self, total: u64) -> u64 {
+        let ratio = (total as f64 * self.tolerance_ratio.clamp(0.0, 1.0)) as u64;
+        self.tolerance_bytes.max(ratio)
+    }
+
+    /// The baseline of a GPU, looked up by UUID first, then by index.
+    pub fn baseline_for(&self, index: u32, uuid: Option<&str>) -> u64 {
+        uuid.and_then(|u| self.baseline_bytes.get(u))
+            .or_else(|| self.baseline_bytes.get(&index.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Whether a command name belongs to a system process.
+    pub fn is_system_comm(&self, comm: &str) -> bool {
+        self.system_comms.iter().any(|s| s == comm)
+    }
+
+    /// Whether a command name is a known orphan-adopting parent.
+    pub fn is_subreaper_comm(&self, comm: &str) -> bool {
+        self.subreaper_comms
+            .iter()
+            .any(|s| comm == s || comm.starts_with(&format!("{s}-")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerance_is_the_larger_of_floor_and_ratio() {
+        let p = Policy::default();
+        assert_eq!(p.tolerance_for(16 << 30), 256 << 20);
+        let h200 = 150_754_820_096u64;
+        assert_eq!(p.tolerance_for(h200), (h200 as f64 * 0.005) as u64);
+    }
+
+    #[test]
+    fn baseline_by_uuid_then_index() {
+        let mut p = Policy::default();
+        p.baseline_bytes.insert("1".into(), 10);
+        p.baseline_bytes.insert("GPU-x".into(), 20);
+        assert_eq!(p.baseline_for(1, Some("GPU-x")), 20);
+        assert_eq!(p.baseline_for(1, Some("GPU-y")), 10);
+        assert_eq!(p.baseline_for(0, None), 0);
+    }
+
+    #[test]
+    fn persistenced_truncated_comm_is_system() {
+        assert!(Policy::default().is_system_comm("nvidia-persiste"));
+        assert!(!Policy::default().is_system_comm("python"));
+    }
+}

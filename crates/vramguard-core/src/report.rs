@@ -1,0 +1,269 @@
+//! What classification concludes: for every GPU, every holder with a class, the evidence in
+//! words and the action that would free its memory, plus the bytes nobody accounts for.
+//! Serialised as-is by `status --json` (see `docs/json-schema.md`).
+
+use crate::snapshot::{
+    CallError, ContainerRef, DeviceFile, DriverFacts, GpuMemory, ProcessKind, ProcessListState,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Why a process holds GPU memory, from the reclaimer's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Live, and its job is alive.
+    Active,
+    /// Live, but no GPU utilization for the policy's idle time (a forgotten Jupyter kernel).
+    Idle,
+    /// Live, but its job is gone: its process-group leader exited and it was re-parented.
+    Orphan,
+    /// Its main thread is a zombie, or it is exiting, while threads still hold the device.
+    Zombie,
+    /// The driver reports a pid that does not exist in this PID namespace.
+    Foreign,
+    /// Holds the GPU's device file, but the driver does not list it.
+    Hidden,
+    /// A system service (persistence daemon, DCGM, X, MPS server): never killed, blocks resets.
+    System,
+}
+
+impl Class {
+    /// Every class, in display order.
+    pub const ALL: [Class; 7] = [
+        Class::Active,
+        Class::Idle,
+        Class::Orphan,
+        Class::Zombie,
+        Class::Foreign,
+        Class::Hidden,
+        Class::System,
+    ];
+
+    /// The lowercase name used in output, JSON and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Active => "active",
+            Class::Idle => "idle",
+            Class::Orphan => "orphan",
+            Class::Zombie => "zombie",
+            Class::Foreign => "foreign",
+            Class::Hidden => "hidden",
+            Class::System => "system",
+        }
+    }
+
+    /// Whether memory of this class belongs to no live job (it is "ghost" memory).
+    pub fn is_ghost(self) -> bool {
+        matches!(self, Class::Orphan | Class::Zombie)
+    }
+}
+
+impl std::fmt::Display for Class {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Class {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Class::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown class {s:?} (expected one of: active, idle, orphan, zombie, foreign, hidden, system)"
+                )
+            })
+    }
+}
+
+/// What would free a holder's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Action {
+    /// The advice in words.
+    pub summary: String,
+    /// The exact command, when there is one.
+    pub command: Option<String>,
+    /// Whether `vramguard reclaim` would target this holder by default.
+    pub reclaimable: bool,
+}
+
+/// The job a holder belonged to, when its leader is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadJob {
+    /// The process-group id, i.e. the dead leader's pid.
+    pub leader_pid: u32,
+    /// The leader's command, when an earlier collection saw it.
+    pub leader_command: Option<String>,
+    /// Whether the leader still exists as an unreaped zombie (as opposed to being gone).
+    pub leader_is_zombie: bool,
+}
+
+/// One process holding memory (or device files) of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// The pid in vramguard's PID namespace (for a foreign holder: the pid the driver reported).
+    pub pid: u32,
+    /// The pid the driver reported, when it differs from [`Holder::pid`] (mapped via `NSpid`).
+    pub reported_pid: Option<u32>,
+    /// The class.
+    pub class: Class,
+    /// Whether the driver lists it on this GPU.
+    pub listed: bool,
+    /// The driver's process lists it appears in.
+    pub kinds: Vec<ProcessKind>,
+    /// Memory the driver charges to it; `None` when not listed or "not available".
+    pub used_bytes: Option<u64>,
+    /// Command name.
+    pub comm: Option<String>,
+    /// Command line for display.
+    pub command: Option<String>,
+    /// Owner uid.
+    pub uid: Option<u32>,
+    /// Owner name.
+    pub user: Option<String>,
+    /// Main-thread state letter.
+    pub state: Option<char>,
+    /// Start time in clock ticks after boot: with the pid, the identity a reclaim re-checks.
+    pub start_ticks: Option<u64>,
+    /// Parent pid.
+    pub ppid: Option<u32>,
+    /// Process group.
+    pub pgid: Option<u32>,
+    /// Pids in nested namespaces, outermost first.
+    pub nspid: Vec<u32>,
+    /// Container, from its cgroup.
+    pub container: Option<ContainerRef>,
+    /// Kubernetes pod UID.
+    pub pod_uid: Option<String>,
+    /// Device files it holds, if scanned.
+    pub device_files: Option<Vec<DeviceFile>>,
+    /// Its job, when the job's leader is gone.
+    pub dead_job: Option<DeadJob>,
+    /// Seconds without GPU utilization, when known.
+    pub idle_secs: Option<u64>,
+    /// Why it has this class, one fact per line.
+    pub evidence: Vec<String>,
+    /// What would free its memory.
+    pub action: Action,
+}
+
+/// Most likely reason memory is unaccounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnaccountedCause {
+    /// Processes hold the device file but the driver does not list them.
+    HiddenHolders,
+    /// vramguard runs in a container and cannot see holders in other PID namespaces.
+    OtherNamespace,
+    /// No process holds the device: memory the driver did not free (needs a reset).
+    DriverResidue,
+    /// The driver does not report per-process memory (MIG, vGPU), so nothing can be summed.
+    PerProcessMemoryUnavailable,
+    /// Not enough facts (no full fd scan, or unreadable processes).
+    Unknown,
+}
+
+/// Memory the driver calls used that no listed process accounts for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unaccounted {
+    /// `used − Σ listed process memory − baseline`, floored at 0.
+    pub bytes: u64,
+    /// The GPU's tolerance (policy); at or below it, the bytes are noise.
+    pub tolerance_bytes: u64,
+    /// The baseline subtracted.
+    pub baseline_bytes: u64,
+    /// Whether `bytes` exceeds the tolerance.
+    pub significant: bool,
+    /// The most likely cause, when significant.
+    pub cause: Option<UnaccountedCause>,
+    /// The reasoning behind the cause, one fact per line.
+    pub explanation: Vec<String>,
+}
+
+/// A process that would make `nvidia-smi --gpu-reset` fail ("In use by another client").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetBlocker {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: Option<String>,
+    /// Why it blocks (listed by the driver, holds the device file, system service).
+    pub reason: String,
+}
+
+/// Everything concluded about one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuReport {
+    /// NVML index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: Option<String>,
+    /// Name.
+    pub name: Option<String>,
+    /// PCI bus id.
+    pub pci_bus_id: Option<String>,
+    /// Device-file minor number.
+    pub minor_number: Option<u32>,
+    /// Memory, if read.
+    pub memory: Option<GpuMemory>,
+    /// Persistence mode.
+    pub persistence_mode: Option<bool>,
+    /// The GPU could not be read.
+    pub failure: Option<CallError>,
+    /// Non-fatal call failures.
+    pub warnings: Vec<CallError>,
+    /// Whether the process list can be believed.
+    pub process_list: ProcessListState,
+    /// Holders, largest memory first.
+    pub holders: Vec<Holder>,
+    /// Memory charged to listed processes.
+    pub accounted_bytes: u64,
+    /// Unaccounted memory; `None` when memory is unknown.
+    pub unaccounted: Option<Unaccounted>,
+    /// Processes that would make a reset fail.
+    pub reset_blockers: Vec<ResetBlocker>,
+    /// Bytes per holder class (listed memory only).
+    pub bytes_by_class: BTreeMap<Class, u64>,
+    /// Ghost bytes: orphan and zombie holders plus significant unaccounted memory.
+    pub ghost_bytes: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// [`crate::SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// When the snapshot was taken, milliseconds since the Unix epoch.
+    pub taken_at_ms: u64,
+    /// Host name.
+    pub hostname: Option<String>,
+    /// Whether vramguard sees the host's PID namespace.
+    pub pid_namespace_is_host: Option<bool>,
+    /// vramguard's effective uid.
+    pub euid: u32,
+    /// The driver.
+    pub driver: DriverFacts,
+    /// One entry per GPU.
+    pub gpus: Vec<GpuReport>,
+    /// What could not be seen, and why.
+    pub limitations: Vec<String>,
+    /// Whether every process's fds were scanned.
+    pub full_fd_scan: bool,
+}
+
+impl Report {
+    /// Ghost bytes over all GPUs.
+    pub fn ghost_bytes(&self) -> u64 {
+        self.gpus.iter().map(|g| g.ghost_bytes).sum()
+    }
+
+    /// Every holder of every GPU, with its GPU index.
+    pub fn holders(&self) -> impl Iterator<Item = (u32, &Holder)> {
+        self.gpus
+            .iter()
+            .flat_map(|g| g.holders.iter().map(move |h| (g.index, h)))
+    }
+}

@@ -1,0 +1,378 @@
+//! The raw facts one collection gathered: what the driver said about each GPU and what `/proc`
+//! said about the processes that matter. Nothing here is derived; [`crate::classify`] derives.
+//!
+//! Every fact the kernel or the driver may refuse is an `Option` (or an explicit "unknown"
+//! variant), because "the driver failed" and "0 bytes" must never look alike.
+
+use serde::{Deserialize, Serialize};
+
+/// One collection: the driver's view of every GPU and the process facts needed to explain it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Wall-clock time of the collection, milliseconds since the Unix epoch.
+    pub taken_at_ms: u64,
+    /// Facts about the machine and about vramguard itself.
+    pub host: HostFacts,
+    /// Which driver (or simulator) answered, and its versions.
+    pub driver: DriverFacts,
+    /// One entry per GPU the driver enumerated, in NVML index order.
+    pub gpus: Vec<GpuSample>,
+    /// Processes relevant to the GPUs: every holder, their parents, and their process-group
+    /// leaders when those still exist. A pid referenced by a holder (its pgid, its parent) that
+    /// is absent from this list did not exist at collection time.
+    pub processes: Vec<ProcessFacts>,
+    /// Processes that held a GPU (or led a holder's job) in an earlier collection and have
+    /// since exited; lets evidence name a dead job leader's command. Empty for one-shot runs.
+    #[serde(default)]
+    pub departed: Vec<DepartedProcess>,
+    /// How the process facts were gathered, and what could not be seen.
+    pub scan: ScanFacts,
+}
+
+/// Facts about the machine and about vramguard's own process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct HostFacts {
+    /// Kernel host name, if readable.
+    pub hostname: Option<String>,
+    /// `sysconf(_SC_CLK_TCK)`: the unit of [`ProcessFacts::start_ticks`].
+    pub clock_ticks_per_sec: u64,
+    /// Boot time, milliseconds since the Unix epoch (`btime` in `/proc/stat`), if known.
+    pub boot_time_ms: Option<u64>,
+    /// vramguard's own pid, as seen in the scanned `/proc`.
+    pub self_pid: u32,
+    /// vramguard's ancestors (parent first), never to be signalled.
+    #[serde(default)]
+    pub self_ancestors: Vec<u32>,
+    /// Whether the scanned `/proc` belongs to the initial PID namespace (the host). `false`
+    /// means vramguard runs in a container: driver-reported PIDs may not exist here.
+    pub pid_namespace_is_host: Option<bool>,
+    /// Effective uid of vramguard; 0 sees every process's open files.
+    pub euid: u32,
+}
+
+/// Where the GPU facts came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverSource {
+    /// NVML, loaded from a shared library (a real driver, or the simulator's cdylib).
+    Nvml,
+    /// The simulation model, in-process (`--sim STATE`).
+    Simulated,
+}
+
+/// The driver's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverFacts {
+    /// How the GPU facts were read.
+    pub source: DriverSource,
+    /// The NVML library path, for [`DriverSource::Nvml`].
+    pub library: Option<String>,
+    /// `nvmlSystemGetDriverVersion`, e.g. `580.159.03`.
+    pub driver_version: Option<String>,
+    /// `nvmlSystemGetNVMLVersion`, e.g. `13.580.159.03`.
+    pub nvml_version: Option<String>,
+}
+
+/// A failed NVML call: which call, its return code, and the library's message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallError {
+    /// The NVML function, e.g. `nvmlDeviceGetMemoryInfo_v2`.
+    pub call: String,
+    /// The `nvmlReturn_t`, when the call returned one.
+    pub code: Option<u32>,
+    /// What failed, in words (`GPU is lost`).
+    pub message: String,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.code {
+            Some(code) => write!(f, "{}: {} (code {code})", self.call, self.message),
+            None => write!(f, "{}: {}", self.call, self.message),
+        }
+    }
+}
+
+/// Memory of one GPU in bytes, from `nvmlDeviceGetMemoryInfo_v2`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuMemory {
+    /// Installed memory.
+    pub total: u64,
+    /// Reserved by the driver and firmware; neither used nor free.
+    pub reserved: u64,
+    /// Allocated by contexts (and by residue the driver never freed).
+    pub used: u64,
+    /// Available for allocation.
+    pub free: u64,
+}
+
+/// Whether the driver's per-GPU process list can be believed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ProcessListState {
+    /// The list was read and every record was plausible.
+    Complete,
+    /// Records were implausible (e.g. the 535.43–535.98 `_v3` struct mismatch); the list shown
+    /// may be wrong or partial.
+    Unreliable {
+        /// What was wrong and what was done about it.
+        reason: String,
+    },
+    /// The list could not be read.
+    Unavailable {
+        /// The failed call.
+        error: CallError,
+    },
+}
+
+/// The NVML process lists a pid appeared in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessKind {
+    /// `nvmlDeviceGetComputeRunningProcesses`: a CUDA (or other compute) context.
+    Compute,
+    /// `nvmlDeviceGetGraphicsRunningProcesses`: an OpenGL/Vulkan context.
+    Graphics,
+    /// `nvmlDeviceGetMPSComputeRunningProcesses`: a client of the MPS server.
+    Mps,
+}
+
+/// One process the driver lists on a GPU, after de-duplication across the three lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// The pid as the driver reported it (which may belong to another PID namespace).
+    pub pid: u32,
+    /// Every list it appeared in.
+    pub kinds: Vec<ProcessKind>,
+    /// Memory the driver charges to it; `None` when the driver says "not available"
+    /// (MIG, WDDM), which must never be shown as a number.
+    pub used_bytes: Option<u64>,
+}
+
+/// Per-process utilization samples the driver buffered (`nvmlDeviceGetProcessUtilization`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtilizationWindow {
+    /// Start of the window the samples cover, milliseconds since the Unix epoch.
+    pub since_ms: u64,
+    /// The driver only returns processes that were busy at some point in the window; a holder
+    /// absent here was idle during it. Junk samples (pid 0, values above 100) are already
+    /// dropped by the reader.
+    pub samples: Vec<UtilizationSample>,
+}
+
+/// One process's utilization, aggregated over the window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtilizationSample {
+    /// The pid as the driver reported it.
+    pub pid: u32,
+    /// Peak SM utilization in the window, percent (0–100).
+    pub sm_percent: u32,
+    /// Peak memory-controller utilization in the window, percent (0–100).
+    pub mem_percent: u32,
+    /// Time of the newest sample, milliseconds since the Unix epoch.
+    pub last_seen_ms: u64,
+}
+
+/// Everything the driver said about one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: Option<String>,
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub name: Option<String>,
+    /// PCI bus id, e.g. `00000000:19:00.0`.
+    pub pci_bus_id: Option<String>,
+    /// Minor number: the `N` of `/dev/nvidiaN`.
+    pub minor_number: Option<u32>,
+    /// Memory, if the driver answered.
+    pub memory: Option<GpuMemory>,
+    /// Persistence mode; a reset blocker when the persistence daemon holds the device.
+    pub persistence_mode: Option<bool>,
+    /// Processes the driver lists, de-duplicated.
+    pub processes: Vec<GpuProcess>,
+    /// Whether [`GpuSample::processes`] can be believed.
+    pub process_list: ProcessListState,
+    /// Utilization samples, when the driver supports them.
+    pub utilization: Option<UtilizationWindow>,
+    /// The GPU could not be read (lost, timed out); the other fields hold whatever was read
+    /// before the failure.
+    pub failure: Option<CallError>,
+    /// Non-fatal failures of optional calls (name, PCI info, utilization...).
+    #[serde(default)]
+    pub warnings: Vec<CallError>,
+}
+
+/// A `/dev/nvidia*` file a process holds open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "device", content = "minor", rename_all = "snake_case")]
+pub enum DeviceFile {
+    /// `/dev/nvidiaN`: one GPU, by minor number.
+    Gpu(u32),
+    /// `/dev/nvidiactl`: the control device every CUDA process opens.
+    Ctl,
+    /// `/dev/nvidia-uvm`: unified memory.
+    Uvm,
+}
+
+/// What the fd scan learned about one process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "state", content = "files", rename_all = "snake_case")]
+pub enum FdScan {
+    /// The process's fds were not scanned in this collection.
+    #[default]
+    NotScanned,
+    /// `/proc/PID/fd` was not readable (another user's process and we are not root).
+    Denied,
+    /// The device files it holds (possibly none), sorted and de-duplicated.
+    Scanned(Vec<DeviceFile>),
+}
+
+impl FdScan {
+    /// The GPU minor numbers held, if scanned.
+    pub fn gpu_minors(&self) -> impl Iterator<Item = u32> + '_ {
+        let files: &[DeviceFile] = match self {
+            FdScan::Scanned(files) => files,
+            _ => &[],
+        };
+        files.iter().filter_map(|f| match f {
+            DeviceFile::Gpu(minor) => Some(*minor),
+            _ => None,
+        })
+    }
+
+    /// Whether any NVIDIA device file (GPU, control or UVM) is held, if scanned.
+    pub fn holds_any(&self) -> Option<bool> {
+        match self {
+            FdScan::Scanned(files) => Some(!files.is_empty()),
+            _ => None,
+        }
+    }
+}
+
+/// One thread of a process, read when the process is a zombie or exiting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadFacts {
+    /// Thread id.
+    pub tid: u32,
+    /// Scheduler state letter (proc(5) `stat` field 3): R, S, D, Z, T, t, X, I...
+    pub state: char,
+    /// Kernel function the thread sleeps in (`/proc/PID/task/TID/wchan`), when readable.
+    pub wchan: Option<String>,
+}
+
+/// A container a process belongs to, from its cgroup path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRef {
+    /// `docker`, `containerd`, `cri-o`, `podman` or `libpod`.
+    pub runtime: String,
+    /// The container id (64 hex digits for the common runtimes).
+    pub id: String,
+}
+
+/// What `/proc` says about one process. Every field the kernel may refuse is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProcessFacts {
+    /// Pid in the scanned `/proc`'s namespace.
+    pub pid: u32,
+    /// Parent pid (proc(5) `stat` field 4); 0 when the parent is outside this namespace.
+    pub ppid: Option<u32>,
+    /// Process group id (`stat` field 5); 0 when the leader is outside this namespace.
+    pub pgid: Option<u32>,
+    /// Session id (`stat` field 6).
+    pub sid: Option<u32>,
+    /// State of the main thread (`stat` field 3).
+    pub state: Option<char>,
+    /// Kernel flags (`stat` field 9); `PF_EXITING` = 0x4, `PF_KTHREAD` = 0x200000.
+    pub flags: Option<u32>,
+    /// Start time after boot, in clock ticks (`stat` field 22): with the pid, the identity of a
+    /// process that a reused pid cannot fake.
+    pub start_ticks: Option<u64>,
+    /// Real uid (`status` `Uid:` first field).
+    pub uid: Option<u32>,
+    /// User name of [`ProcessFacts::uid`], when the passwd database names it.
+    pub user: Option<String>,
+    /// Command name (`comm`, at most 15 bytes).
+    pub comm: Option<String>,
+    /// Command line; `None` when unreadable, empty for kernel threads and zombies.
+    pub cmdline: Option<Vec<String>>,
+    /// Pid in each nested PID namespace, outermost first (`status` `NSpid:`).
+    #[serde(default)]
+    pub nspid: Vec<u32>,
+    /// The cgroup v2 path (or the most specific v1 path).
+    pub cgroup: Option<String>,
+    /// Container, from the cgroup path.
+    pub container: Option<ContainerRef>,
+    /// Kubernetes pod UID, from the cgroup path (dashes restored).
+    pub pod_uid: Option<String>,
+    /// Threads, read only when the main thread is a zombie or the process is exiting.
+    pub threads: Option<Vec<ThreadFacts>>,
+    /// NVIDIA device files held open.
+    #[serde(default)]
+    pub device_files: FdScan,
+}
+
+/// `PF_EXITING` from the kernel's `include/linux/sched.h`: the process is in `do_exit`.
+pub const PF_EXITING: u32 = 0x0000_0004;
+/// `PF_KTHREAD`: a kernel thread; never a GPU holder, never to be signalled.
+pub const PF_KTHREAD: u32 = 0x0020_0000;
+
+impl ProcessFacts {
+    /// Whether this is a kernel thread.
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags.is_some_and(|f| f & PF_KTHREAD != 0)
+    }
+
+    /// The command line joined for display, falling back to `[comm]`.
+    pub fn display_command(&self) -> String {
+        match &self.cmdline {
+            Some(args) if !args.is_empty() => args.join(" "),
+            _ => format!("[{}]", self.comm.as_deref().unwrap_or("?")),
+        }
+    }
+}
+
+/// A process seen in an earlier collection that has since exited.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepartedProcess {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: Option<String>,
+    /// Its command line.
+    pub cmdline: Option<Vec<String>>,
+    /// When it was first seen gone, milliseconds since the Unix epoch.
+    pub gone_at_ms: u64,
+}
+
+/// How the process facts were gathered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ScanFacts {
+    /// The `/proc` that was read.
+    pub proc_root: String,
+    /// The directory holding the `nvidia*` device files (`/dev`, or the simulator's `dev_dir`).
+    pub dev_dir: String,
+    /// Whether every process's fds were scanned (needed to find hidden holders).
+    pub full_fd_scan: bool,
+    /// Facts that could not be gathered and why (e.g. "run as root to see other users' open
+    /// files"), each once.
+    #[serde(default)]
+    pub limitations: Vec<String>,
+}
+
+impl Snapshot {
+    /// The facts of one pid, if it existed at collection time.
+    pub fn process(&self, pid: u32) -> Option<&ProcessFacts> {
+        self.processes
+            .binary_search_by_key(&pid, |p| p.pid)
+            .ok()
+            .map(|i| &self.processes[i])
+    }
+
+    /// Sorts the process list by pid so that [`Snapshot::process`] can binary-search it.
+    pub fn normalize(&mut self) {
+        self.processes.sort_by_key(|p| p.pid);
+        self.processes.dedup_by_key(|p| p.pid);
+    }
+}

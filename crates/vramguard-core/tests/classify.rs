@@ -1,0 +1,652 @@
+//! Classification from hand-built snapshots: one test per rule, plus the awkward cases.
+
+use vramguard_core::diagnose::{CheckStatus, diagnose};
+use vramguard_core::report::{Class, UnaccountedCause};
+use vramguard_core::snapshot::*;
+use vramguard_core::{Policy, Snapshot, classify};
+
+const GIB: u64 = 1 << 30;
+const NOW_MS: u64 = 1_800_000_000_000;
+const BOOT_MS: u64 = NOW_MS - 86_400_000;
+
+fn gpu(index: u32, used: u64, procs: &[(u32, Option<u64>)]) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: Some(format!("GPU-{index:08x}-0000-0000-0000-000000000000")),
+        name: Some("NVIDIA H200".into()),
+        pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x19 + index)),
+        minor_number: Some(index),
+        memory: Some(GpuMemory {
+            total: 140 * GIB,
+            reserved: GIB / 2,
+            used,
+            free: 140 * GIB - used - GIB / 2,
+        }),
+        persistence_mode: Some(true),
+        processes: procs
+            .iter()
+            .map(|(pid, bytes)| GpuProcess {
+                pid: *pid,
+                kinds: vec![ProcessKind::Compute],
+                used_bytes: *bytes,
+            })
+            .collect(),
+        process_list: ProcessListState::Complete,
+        utilization: None,
+        failure: None,
+        warnings: vec![],
+    }
+}
+
+fn proc_(pid: u32, ppid: u32, pgid: u32, comm: &str, gpus: &[u32]) -> ProcessFacts {
+    let mut files = vec![DeviceFile::Ctl, DeviceFile::Uvm];
+    files.extend(gpus.iter().map(|g| DeviceFile::Gpu(*g)));
+    ProcessFacts {
+        pid,
+        ppid: Some(ppid),
+        pgid: Some(pgid),
+        sid: Some(pgid),
+        state: Some('S'),
+        flags: Some(0x400000),
+        start_ticks: Some(1000 + pid as u64),
+        uid: Some(1000),
+        user: Some("alice".into()),
+        comm: Some(comm.into()),
+        cmdline: Some(vec![comm.into(), "train.py".into()]),
+        device_files: if gpus.is_empty() {
+            FdScan::Scanned(vec![])
+        } else {
+            FdScan::Scanned(files)
+        },
+        ..Default::default()
+    }
+}
+
+fn snapshot(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
+    let mut s = Snapshot {
+        taken_at_ms: NOW_MS,
+        host: HostFacts {
+            hostname: Some("node1".into()),
+            clock_ticks_per_sec: 100,
+            boot_time_ms: Some(BOOT_MS),
+            self_pid: 999_999,
+            self_ancestors: vec![],
+            pid_namespace_is_host: Some(true),
+            euid: 0,
+        },
+        driver: DriverFacts {
+            source: DriverSource::Simulated,
+            library: None,
+            driver_version: Some("580.159.03".into()),
+            nvml_version: Some("13.580.159.03".into()),
+        },
+        gpus,
+        processes,
+        departed: vec![],
+        scan: ScanFacts {
+            proc_root: "/proc".into(),
+            dev_dir: "/dev".into(),
+            full_fd_scan: true,
+            limitations: vec![],
+        },
+    };
+    s.normalize();
+    s
+}
+
+fn init() -> ProcessFacts {
+    ProcessFacts {
+        pid: 1,
+        ppid: Some(0),
+        pgid: Some(1),
+        sid: Some(1),
+        state: Some('S'),
+        comm: Some("systemd".into()),
+        device_files: FdScan::Scanned(vec![]),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn job_leader_with_workers_is_active() {
+    let s = snapshot(
+        vec![gpu(
+            0,
+            24 * GIB,
+            &[(100, Some(16 * GIB)), (101, Some(8 * GIB))],
+        )],
+        vec![
+            init(),
+            proc_(100, 50, 100, "python", &[0]),
+            proc_(101, 100, 100, "python", &[0]),
+        ],
+    );
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    assert_eq!(g.holders.len(), 2);
+    assert!(g.holders.iter().all(|h| h.class == Class::Active), "{g:#?}");
+    assert!(!g.unaccounted.as_ref().unwrap().significant);
+    assert_eq!(g.ghost_bytes, 0);
+    let d = diagnose(r);
+    assert!(d.verdict.clean, "{:#?}", d.checks);
+    assert_eq!(d.exit_code(), 0);
+}
+
+#[test]
+fn workers_of_a_dead_leader_are_orphans_naming_the_leader() {
+    let mut s = snapshot(
+        vec![gpu(
+            0,
+            12 * GIB,
+            &[
+                (201, Some(4 * GIB)),
+                (202, Some(4 * GIB)),
+                (300, Some(4 * GIB)),
+            ],
+        )],
+        vec![
+            init(),
+            proc_(201, 1, 200, "python", &[0]),
+            proc_(202, 1, 200, "python", &[0]),
+            proc_(300, 1, 300, "vllm", &[0]),
+        ],
+    );
+    s.departed.push(DepartedProcess {
+        pid: 200,
+        comm: Some("python".into()),
+        cmdline: Some(vec!["python".into(), "train.py".into()]),
+        gone_at_ms: NOW_MS - 5000,
+    });
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    let by_pid = |pid| g.holders.iter().find(|h| h.pid == pid).unwrap();
+    for pid in [201, 202] {
+        let h = by_pid(pid);
+        assert_eq!(h.class, Class::Orphan, "{h:#?}");
+        assert!(h.action.reclaimable);
+        let ev = h.evidence.join("\n");
+        assert!(ev.contains("200 (python train.py) is gone"), "{ev}");
+        assert!(ev.contains("re-parented to init"), "{ev}");
+        assert_eq!(h.dead_job.as_ref().unwrap().leader_pid, 200);
+    }
+    // A daemon that leads its own group under pid 1 is not an orphan.
+    assert_eq!(by_pid(300).class, Class::Active);
+    assert_eq!(g.ghost_bytes, 8 * GIB);
+    let d = diagnose(r);
+    assert_eq!(d.exit_code(), 1);
+    let cmd = d.verdict.next_steps[0].command.clone().unwrap();
+    assert_eq!(cmd, "vramguard reclaim --gpu 0");
+    assert_eq!(d.verdict.reclaimable_bytes, 8 * GIB);
+}
+
+#[test]
+fn a_reused_leader_pid_does_not_keep_the_job_alive() {
+    // pid 200 exists again, but as an unrelated process in another group.
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(201, Some(4 * GIB))])],
+        vec![
+            init(),
+            proc_(200, 1, 7000, "bash", &[]),
+            proc_(201, 1, 200, "python", &[0]),
+        ],
+    );
+    let r = classify(&s, &Policy::default());
+    assert_eq!(r.gpus[0].holders[0].class, Class::Orphan);
+}
+
+#[test]
+fn a_zombie_leader_means_the_job_is_gone() {
+    let mut leader = proc_(200, 50, 200, "python", &[]);
+    leader.state = Some('Z');
+    leader.device_files = FdScan::Scanned(vec![]);
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(201, Some(4 * GIB))])],
+        vec![init(), leader, proc_(201, 200, 200, "python", &[0])],
+    );
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Orphan);
+    assert!(h.dead_job.as_ref().unwrap().leader_is_zombie);
+}
+
+#[test]
+fn zombie_leader_with_running_thread_is_killable() {
+    let mut p = proc_(400, 1, 400, "python", &[0]);
+    p.state = Some('Z');
+    p.threads = Some(vec![
+        ThreadFacts {
+            tid: 400,
+            state: 'Z',
+            wchan: None,
+        },
+        ThreadFacts {
+            tid: 401,
+            state: 'S',
+            wchan: Some("futex_wait_queue".into()),
+        },
+    ]);
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(400, Some(4 * GIB))])],
+        vec![init(), p],
+    );
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Zombie);
+    assert!(h.action.reclaimable);
+    assert!(
+        h.evidence
+            .join(" ")
+            .contains("401 (S, in futex_wait_queue)"),
+        "{:?}",
+        h.evidence
+    );
+    assert_eq!(r.gpus[0].ghost_bytes, 4 * GIB);
+}
+
+#[test]
+fn thread_stuck_in_d_state_is_not_killable_and_says_why() {
+    let mut p = proc_(400, 1, 400, "python", &[0]);
+    p.state = Some('Z');
+    p.threads = Some(vec![
+        ThreadFacts {
+            tid: 400,
+            state: 'Z',
+            wchan: None,
+        },
+        ThreadFacts {
+            tid: 402,
+            state: 'D',
+            wchan: Some("fuse_wait_answer".into()),
+        },
+    ]);
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(400, Some(4 * GIB))])],
+        vec![init(), p],
+    );
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Zombie);
+    assert!(!h.action.reclaimable);
+    assert!(
+        h.action.summary.contains("uninterruptible"),
+        "{}",
+        h.action.summary
+    );
+    assert!(h.evidence.join(" ").contains("fuse_wait_answer"));
+    let d = diagnose(r);
+    assert!(
+        d.verdict
+            .next_steps
+            .iter()
+            .any(|s| s.why.contains("uninterruptible"))
+    );
+}
+
+#[test]
+fn exiting_process_is_a_zombie_class() {
+    let mut p = proc_(400, 1, 400, "python", &[0]);
+    p.state = Some('D');
+    p.flags = Some(PF_EXITING | 0x400000);
+    p.threads = Some(vec![ThreadFacts {
+        tid: 400,
+        state: 'D',
+        wchan: Some("nv_wait".into()),
+    }]);
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(400, Some(4 * GIB))])],
+        vec![init(), p],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Zombie);
+    assert!(h.evidence[0].contains("PF_EXITING"));
+}
+
+#[test]
+fn missing_pid_in_a_container_is_foreign() {
+    let mut s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init()],
+    );
+    s.host.pid_namespace_is_host = Some(false);
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Foreign);
+    assert!(
+        h.evidence[0].contains("runs in a container"),
+        "{:?}",
+        h.evidence
+    );
+    assert!(h.action.summary.contains("hostPID"));
+    assert!(!h.action.reclaimable);
+    // Foreign memory is not unaccounted: the driver did charge it to a pid.
+    assert!(!r.gpus[0].unaccounted.as_ref().unwrap().significant);
+}
+
+#[test]
+fn a_kernel_thread_at_the_reported_pid_is_foreign() {
+    let kthread = ProcessFacts {
+        pid: 2,
+        ppid: Some(0),
+        pgid: Some(0),
+        comm: Some("kthreadd".into()),
+        flags: Some(PF_KTHREAD),
+        device_files: FdScan::Scanned(vec![]),
+        ..Default::default()
+    };
+    let s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(2, Some(8 * GIB))])],
+        vec![init(), kthread],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Foreign);
+    assert!(
+        h.evidence[0].contains("kthreadd (a kernel thread)"),
+        "{:?}",
+        h.evidence
+    );
+}
+
+#[test]
+fn container_pid_maps_back_through_nspid() {
+    let kthread = ProcessFacts {
+        pid: 2,
+        comm: Some("kthreadd".into()),
+        flags: Some(PF_KTHREAD),
+        device_files: FdScan::Scanned(vec![]),
+        ..Default::default()
+    };
+    let mut inside = proc_(5123, 5100, 5100, "python", &[0]);
+    inside.nspid = vec![5123, 2];
+    inside.container = Some(ContainerRef {
+        runtime: "docker".into(),
+        id: "ab".repeat(32),
+    });
+    let leader = proc_(5100, 1, 5100, "bash", &[]);
+    let s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(2, Some(8 * GIB))])],
+        vec![init(), kthread, leader, inside],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.pid, 5123);
+    assert_eq!(h.reported_pid, Some(2));
+    assert_eq!(h.class, Class::Active);
+    assert!(h.evidence[0].contains("NSpid 5123 2"), "{:?}", h.evidence);
+    assert_eq!(h.container.as_ref().unwrap().runtime, "docker");
+}
+
+#[test]
+fn unlisted_device_holder_is_hidden_and_reclaimable_only_when_its_job_is_gone() {
+    let s = snapshot(
+        vec![gpu(0, 10 * GIB, &[])],
+        vec![
+            init(),
+            proc_(600, 1, 599, "python", &[0]),  // job gone
+            proc_(700, 50, 700, "python", &[0]), // leads its own job
+        ],
+    );
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    let h600 = g.holders.iter().find(|h| h.pid == 600).unwrap();
+    let h700 = g.holders.iter().find(|h| h.pid == 700).unwrap();
+    assert_eq!(h600.class, Class::Hidden);
+    assert!(h600.action.reclaimable);
+    assert_eq!(h700.class, Class::Hidden);
+    assert!(!h700.action.reclaimable);
+    let un = g.unaccounted.as_ref().unwrap();
+    assert!(un.significant);
+    assert_eq!(un.cause, Some(UnaccountedCause::HiddenHolders));
+    let d = diagnose(r);
+    assert!(
+        d.verdict.next_steps[0]
+            .command
+            .as_ref()
+            .unwrap()
+            .contains("hidden")
+    );
+}
+
+#[test]
+fn a_context_elsewhere_does_not_make_a_hidden_holder_but_blocks_reset() {
+    // cuInit opens every visible /dev/nvidiaN: pid 100 computes on GPU 0 only.
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(100, Some(4 * GIB))]), gpu(1, 0, &[])],
+        vec![init(), proc_(100, 50, 100, "python", &[0, 1])],
+    );
+    let r = classify(&s, &Policy::default());
+    assert!(r.gpus[1].holders.is_empty(), "{:#?}", r.gpus[1].holders);
+    assert_eq!(r.gpus[1].reset_blockers.len(), 1);
+    assert_eq!(r.gpus[1].reset_blockers[0].pid, 100);
+}
+
+#[test]
+fn persistence_daemon_is_system_and_blocks_reset_of_residue() {
+    let mut daemon = proc_(50, 1, 50, "nvidia-persiste", &[0, 1]);
+    daemon.uid = Some(0);
+    let s = snapshot(
+        vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
+        vec![init(), daemon],
+    );
+    let r = classify(&s, &Policy::default());
+    let g1 = &r.gpus[1];
+    assert_eq!(g1.holders[0].class, Class::System);
+    let un = g1.unaccounted.as_ref().unwrap();
+    assert!(un.significant);
+    assert_eq!(un.cause, Some(UnaccountedCause::DriverResidue), "{un:#?}");
+    assert!(un.explanation.iter().any(|e| e.contains("nvidia-persiste")));
+    let d = diagnose(r);
+    let blockers = d
+        .checks
+        .iter()
+        .find(|c| c.gpu == Some(1) && c.name == "reset blockers")
+        .unwrap();
+    assert_eq!(blockers.status, CheckStatus::Warn);
+    assert!(!d.verdict.clean);
+}
+
+#[test]
+fn residue_with_no_holder_suggests_a_reset() {
+    let s = snapshot(vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])], vec![init()]);
+    let r = classify(&s, &Policy::default());
+    assert_eq!(r.gpus[1].ghost_bytes, 6 * GIB);
+    assert_eq!(
+        r.gpus[1].unaccounted.as_ref().unwrap().cause,
+        Some(UnaccountedCause::DriverResidue)
+    );
+    let d = diagnose(r);
+    assert_eq!(d.exit_code(), 1);
+    assert!(
+        d.verdict
+            .next_steps
+            .iter()
+            .any(|s| s.command.as_deref() == Some("vramguard reclaim --gpu 1 --reset=auto"))
+    );
+    assert_eq!(d.verdict.reclaimable_bytes, 6 * GIB);
+    assert!(
+        d.verdict.summary.contains("6.0 GiB on GPU 1"),
+        "{}",
+        d.verdict.summary
+    );
+}
+
+#[test]
+fn residue_without_a_full_scan_is_not_called_residue() {
+    let mut s = snapshot(vec![gpu(0, 6 * GIB, &[])], vec![init()]);
+    s.scan.full_fd_scan = false;
+    let un = classify(&s, &Policy::default()).gpus[0]
+        .unaccounted
+        .clone()
+        .unwrap();
+    assert_eq!(un.cause, Some(UnaccountedCause::Unknown));
+    assert!(un.explanation[1].contains("vramguard diagnose"));
+}
+
+#[test]
+fn not_root_cannot_conclude_residue() {
+    let mut s = snapshot(vec![gpu(0, 6 * GIB, &[])], vec![init()]);
+    s.host.euid = 1000;
+    let un = classify(&s, &Policy::default()).gpus[0]
+        .unaccounted
+        .clone()
+        .unwrap();
+    assert_eq!(un.cause, Some(UnaccountedCause::Unknown));
+    assert!(un.explanation[1].contains("run as root"));
+}
+
+#[test]
+fn small_unaccounted_memory_is_noise() {
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB + (100 << 20), &[(100, Some(4 * GIB))])],
+        vec![init(), proc_(100, 1, 100, "python", &[0])],
+    );
+    let un = classify(&s, &Policy::default()).gpus[0]
+        .unaccounted
+        .clone()
+        .unwrap();
+    assert_eq!(un.bytes, 100 << 20);
+    assert!(!un.significant);
+}
+
+#[test]
+fn unavailable_per_process_memory_is_never_a_number() {
+    let s = snapshot(
+        vec![gpu(0, 20 * GIB, &[(100, None)])],
+        vec![init(), proc_(100, 1, 100, "python", &[0])],
+    );
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    assert_eq!(g.holders[0].used_bytes, None);
+    assert_eq!(
+        g.unaccounted.as_ref().unwrap().cause,
+        Some(UnaccountedCause::PerProcessMemoryUnavailable)
+    );
+    let d = diagnose(r);
+    let c = d
+        .checks
+        .iter()
+        .find(|c| c.name == "memory accounted")
+        .unwrap();
+    assert_eq!(c.status, CheckStatus::Warn);
+}
+
+#[test]
+fn vramguard_itself_is_never_a_holder() {
+    let mut s = snapshot(
+        vec![gpu(0, 0, &[])],
+        vec![init(), proc_(4242, 1, 4000, "vramguard", &[0])],
+    );
+    s.host.self_pid = 4242;
+    let r = classify(&s, &Policy::default());
+    assert!(r.gpus[0].holders.is_empty());
+    assert!(r.gpus[0].reset_blockers.is_empty());
+}
+
+#[test]
+fn idle_holder_after_threshold() {
+    let mut g = gpu(0, 2 * GIB, &[(100, Some(GIB)), (101, Some(GIB))]);
+    g.utilization = Some(UtilizationWindow {
+        since_ms: NOW_MS - 3_600_000,
+        samples: vec![UtilizationSample {
+            pid: 101,
+            sm_percent: 40,
+            mem_percent: 10,
+            last_seen_ms: NOW_MS - 1000,
+        }],
+    });
+    let s = snapshot(
+        vec![g],
+        vec![
+            init(),
+            proc_(100, 50, 100, "python", &[0]),
+            proc_(101, 50, 101, "python", &[0]),
+        ],
+    );
+    let r = classify(&s, &Policy::default());
+    let h100 = r.gpus[0].holders.iter().find(|h| h.pid == 100).unwrap();
+    let h101 = r.gpus[0].holders.iter().find(|h| h.pid == 101).unwrap();
+    assert_eq!(h100.class, Class::Idle, "{h100:#?}");
+    assert_eq!(h100.idle_secs, Some(3600));
+    assert!(!h100.action.reclaimable);
+    assert_eq!(h101.class, Class::Active);
+    let d = diagnose(r);
+    assert!(d.verdict.clean, "idle is informational");
+    assert!(
+        d.checks
+            .iter()
+            .any(|c| c.name == "idle holders" && c.status == CheckStatus::Warn)
+    );
+}
+
+#[test]
+fn a_failed_gpu_does_not_hide_the_others() {
+    let mut lost = gpu(1, 0, &[]);
+    lost.memory = None;
+    lost.processes.clear();
+    lost.failure = Some(CallError {
+        call: "nvmlDeviceGetMemoryInfo_v2".into(),
+        code: Some(15),
+        message: "GPU is lost".into(),
+    });
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(100, Some(4 * GIB))]), lost],
+        vec![init(), proc_(100, 1, 100, "python", &[0])],
+    );
+    let r = classify(&s, &Policy::default());
+    assert_eq!(r.gpus.len(), 2);
+    assert_eq!(r.gpus[0].holders.len(), 1);
+    assert!(r.gpus[1].unaccounted.is_none());
+    let d = diagnose(r);
+    let c = d
+        .checks
+        .iter()
+        .find(|c| c.gpu == Some(1) && c.name == "readable")
+        .unwrap();
+    assert_eq!(c.status, CheckStatus::Fail);
+    assert!(
+        c.evidence.contains("GPU is lost (code 15)"),
+        "{}",
+        c.evidence
+    );
+    assert!(d.verdict.summary.contains("GPU 1 could not be read"));
+}
+
+#[test]
+fn driver_in_the_535_window_is_warned_about() {
+    let mut s = snapshot(vec![gpu(0, 0, &[])], vec![init()]);
+    s.driver.driver_version = Some("535.54.03".into());
+    let d = diagnose(classify(&s, &Policy::default()));
+    let c = d
+        .checks
+        .iter()
+        .find(|c| c.name == "driver version")
+        .unwrap();
+    assert_eq!(c.status, CheckStatus::Warn);
+    assert!(c.evidence.contains("_v3"));
+}
+
+#[test]
+fn unsorted_process_list_is_handled() {
+    let mut s = snapshot(vec![gpu(0, 4 * GIB, &[(201, Some(4 * GIB))])], vec![]);
+    s.processes = vec![proc_(201, 1, 200, "python", &[0]), init()];
+    assert_eq!(
+        classify(&s, &Policy::default()).gpus[0].holders[0].class,
+        Class::Orphan
+    );
+}
+
+#[test]
+fn snapshot_json_replays_to_the_same_report() {
+    let s = snapshot(
+        vec![
+            gpu(0, 12 * GIB, &[(201, Some(4 * GIB))]),
+            gpu(1, 6 * GIB, &[]),
+        ],
+        vec![init(), proc_(201, 1, 200, "python", &[0])],
+    );
+    let json = serde_json::to_string(&s).unwrap();
+    let back: Snapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(
+        classify(&back, &Policy::default()),
+        classify(&s, &Policy::default())
+    );
+}
