@@ -95,7 +95,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
         return Err(err("empty"));
     }
     if let Ok(seconds) = s.parse::<f64>() {
-        if !seconds.is_finite() || seconds < 0.0 || seconds > 1e12 {
+        if !seconds.is_finite() || !(0.0..=1e12).contains(&seconds) {
             return Err(err("out of range"));
         }
         return Ok(Duration::from_secs_f64(seconds));

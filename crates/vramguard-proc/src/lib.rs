@@ -1,1 +1,18 @@
-//! placeholder
+//! The `/proc` half of a vramguard snapshot.
+//!
+//! [`ProcFs`] reads one tree (the live `/proc` or a fixture directory: every read is relative
+//! to a root passed in, never a global), [`parse`] holds the pure parsers, and
+//! [`ProcCollector`] decides what to read so that a steady-state collection costs O(holders),
+//! not O(processes × open files).
+//!
+//! Processes vanish mid-scan all the time; that is never an error here. One helper
+//! ([`procfs::Found`]) decides what an errno means: ENOENT/ESRCH = gone, EACCES/EPERM =
+//! unknown (and said so), anything else = an error naming the path.
+#![deny(missing_docs)]
+
+pub mod collector;
+pub mod parse;
+pub mod procfs;
+
+pub use collector::{Collected, ProcCollector, ScanDepth};
+pub use procfs::{Found, ProcError, ProcFs};

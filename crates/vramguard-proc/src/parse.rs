@@ -1,0 +1,505 @@
+//! Pure parsers for the `/proc` files vramguard reads. Each takes bytes and never panics:
+//! malformed or truncated input yields `None` fields or a [`ParseError`], fuzzed by proptest.
+//!
+//! Hand-written rather than taken from `procfs-core` because that crate's `Stat` parser
+//! slices by index arithmetic that panics on malformed lines and its `Status` parser fails the
+//! whole record when one field is missing; here every field is independent.
+
+use vramguard_core::snapshot::{ContainerRef, DeviceFile};
+
+/// A file whose content is not what proc(5) describes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
+
+/// The fields of `/proc/PID/stat` (and `/proc/PID/task/TID/stat`) vramguard uses.
+/// Field numbers are proc(5)'s, counting from 1.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stat {
+    /// (1) pid.
+    pub pid: u32,
+    /// (2) comm, without the parentheses; may itself contain spaces and parentheses.
+    pub comm: String,
+    /// (3) state letter.
+    pub state: Option<char>,
+    /// (4) parent pid.
+    pub ppid: Option<u32>,
+    /// (5) process group.
+    pub pgid: Option<u32>,
+    /// (6) session.
+    pub sid: Option<u32>,
+    /// (9) kernel flags (`PF_*`).
+    pub flags: Option<u32>,
+    /// (20) number of threads.
+    pub num_threads: Option<u32>,
+    /// (22) start time after boot, clock ticks.
+    pub start_ticks: Option<u64>,
+}
+
+/// Parses one `stat` line. The comm (field 2) is delimited by the first `(` and the *last*
+/// `)`, because a process can name itself `((bash process)`.
+pub fn parse_stat(bytes: &[u8]) -> Result<Stat, ParseError> {
+    let text = String::from_utf8_lossy(bytes);
+    let line = text.trim_end_matches(['\n', '\0']);
+    let open = line
+        .find('(')
+        .ok_or_else(|| ParseError("no '(' opening the command name".into()))?;
+    let close = line
+        .rfind(')')
+        .filter(|c| *c > open)
+        .ok_or_else(|| ParseError("no ')' closing the command name".into()))?;
+    let pid: u32 = line[..open]
+        .trim()
+        .parse()
+        .map_err(|_| ParseError(format!("malformed pid {:?}", line[..open].trim())))?;
+    let comm = line[open + 1..close].to_string();
+    // Fields from 3 on, space-separated; index 0 here is field 3.
+    let rest: Vec<&str> = line[close + 1..].split_ascii_whitespace().collect();
+    let field = |n: usize| rest.get(n - 3).copied();
+    let num = |n: usize| field(n).and_then(|f| f.parse::<u64>().ok());
+    let num32 = |n: usize| num(n).and_then(|v| u32::try_from(v).ok());
+    Ok(Stat {
+        pid,
+        comm,
+        state: field(3).and_then(|s| {
+            let mut chars = s.chars();
+            let c = chars.next()?;
+            chars.next().is_none().then_some(c)
+        }),
+        ppid: num32(4),
+        pgid: num32(5),
+        sid: num32(6),
+        flags: num32(9),
+        num_threads: num32(20),
+        start_ticks: num(22),
+    })
+}
+
+/// The fields of `/proc/PID/status` vramguard uses, each absent if missing or malformed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Status {
+    /// `Uid:` real uid (first of four).
+    pub uid: Option<u32>,
+    /// `NSpid:` pid in each namespace, outermost first (Linux ≥ 4.1).
+    pub nspid: Vec<u32>,
+    /// `SigIgn:` bit mask of ignored signals (bit n-1 for signal n).
+    pub sig_ignored: Option<u64>,
+}
+
+/// Parses `status`, line by line; unknown and malformed lines are skipped.
+pub fn parse_status(bytes: &[u8]) -> Status {
+    let mut status = Status::default();
+    for line in bytes.split(|b| *b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key {
+            "Uid" => {
+                status.uid = value
+                    .split_ascii_whitespace()
+                    .next()
+                    .and_then(|v| v.parse().ok())
+            }
+            "NSpid" => {
+                let parsed: Option<Vec<u32>> = value
+                    .split_ascii_whitespace()
+                    .map(|v| v.parse().ok())
+                    .collect();
+                status.nspid = parsed.unwrap_or_default();
+            }
+            "SigIgn" => status.sig_ignored = u64::from_str_radix(value, 16).ok(),
+            _ => {}
+        }
+    }
+    status
+}
+
+/// Splits `cmdline` at NULs. An empty file (kernel thread, zombie) gives an empty list.
+pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
+    let trimmed = bytes.strip_suffix(b"\0").unwrap_or(bytes);
+    if trimmed.is_empty() {
+        return Vec::new();
+    }
+    trimmed
+        .split(|b| *b == 0)
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect()
+}
+
+/// The most useful cgroup path from `/proc/PID/cgroup`: the v2 path (`0::/...`) when it is not
+/// the root, else the longest v1 path (hybrid hosts keep container paths in v1 hierarchies).
+pub fn parse_cgroup(bytes: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut v2 = None;
+    let mut best_v1: Option<&str> = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(_controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if id == "0" {
+            v2 = Some(path);
+        } else if best_v1.is_none_or(|b| path.len() > b.len()) {
+            best_v1 = Some(path);
+        }
+    }
+    match (v2, best_v1) {
+        (Some(p), _) if p != "/" => Some(p.to_string()),
+        (_, Some(p)) if p != "/" => Some(p.to_string()),
+        (Some(p), _) => Some(p.to_string()),
+        (None, p) => p.map(str::to_string),
+    }
+}
+
+fn is_hex_id(s: &str) -> bool {
+    s.len() >= 12 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Finds the container and Kubernetes pod a cgroup path belongs to.
+///
+/// Recognised: Docker (`/docker/<id>`, `docker-<id>.scope`), containerd
+/// (`cri-containerd-<id>.scope`, `/kubepods/.../<id>`), CRI-O (`crio-<id>.scope`), Podman
+/// (`libpod-<id>.scope`); pod UIDs from `pod<uid>` segments, where systemd slice names spell
+/// the UID's dashes as underscores.
+pub fn container_from_cgroup(path: &str) -> (Option<ContainerRef>, Option<String>) {
+    let mut container = None;
+    let mut pod_uid = None;
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let base = seg.strip_suffix(".scope").unwrap_or(seg);
+        let prefixed = [
+            ("docker-", "docker"),
+            ("cri-containerd-", "containerd"),
+            ("crio-conmon-", ""),
+            ("crio-", "cri-o"),
+            ("libpod-conmon-", ""),
+            ("libpod-", "podman"),
+        ];
+        for (prefix, runtime) in prefixed {
+            if let Some(id) = base.strip_prefix(prefix) {
+                if !runtime.is_empty() && is_hex_id(id) {
+                    container = Some(ContainerRef {
+                        runtime: runtime.into(),
+                        id: id.into(),
+                    });
+                }
+                break;
+            }
+        }
+        if container.is_none() && i > 0 && is_hex_id(seg) && seg.len() == 64 {
+            let parent = segments[i - 1];
+            let runtime = if parent == "docker" {
+                "docker"
+            } else if parent.starts_with("pod") || parent.starts_with("kubepods") {
+                "containerd"
+            } else {
+                continue;
+            };
+            container = Some(ContainerRef {
+                runtime: runtime.into(),
+                id: (*seg).into(),
+            });
+        }
+        if let Some(pos) = seg.rfind("pod") {
+            let rest = &seg[pos + 3..];
+            let rest = rest.strip_suffix(".slice").unwrap_or(rest);
+            let uid = rest.replace('_', "-");
+            let looks_like_uid = uid.len() == 36
+                && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+                && uid.matches('-').count() == 4;
+            if looks_like_uid {
+                pod_uid = Some(uid);
+            }
+        }
+    }
+    (container, pod_uid)
+}
+
+/// Maps a `/proc/PID/fd/N` link target to an NVIDIA device file under `dev_dir`.
+pub fn device_file(target: &[u8], dev_dir: &[u8]) -> Option<DeviceFile> {
+    let rest = target.strip_prefix(dev_dir)?;
+    let rest = rest.strip_prefix(b"/").unwrap_or(rest);
+    let name = rest.strip_prefix(b"nvidia")?;
+    match name {
+        b"ctl" => Some(DeviceFile::Ctl),
+        b"-uvm" => Some(DeviceFile::Uvm),
+        digits
+            if !digits.is_empty() && digits.len() <= 4 && digits.iter().all(u8::is_ascii_digit) =>
+        {
+            std::str::from_utf8(digits)
+                .ok()?
+                .parse()
+                .ok()
+                .map(DeviceFile::Gpu)
+        }
+        _ => None,
+    }
+}
+
+/// `btime` from `/proc/stat`: boot time in seconds since the Unix epoch.
+pub fn parse_boot_time(bytes: &[u8]) -> Option<u64> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The cgroup v2 mount point from `/proc/self/mountinfo` (field 5 of the `cgroup2` line).
+/// Hosts mount it at `/sys/fs/cgroup` (unified) or `/sys/fs/cgroup/unified` (hybrid).
+pub fn parse_cgroup2_mount(bytes: &[u8]) -> Option<String> {
+    String::from_utf8_lossy(bytes).lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let fstype = right.split_ascii_whitespace().next()?;
+        (fstype == "cgroup2").then(|| left.split_ascii_whitespace().nth(4).map(unescape_octal))?
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_octal(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `/etc/passwd` lines into `(uid, name)` pairs; malformed lines are skipped.
+pub fn parse_passwd(bytes: &[u8]) -> Vec<(u32, String)> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let _password = f.next()?;
+            let uid = f.next()?.parse().ok()?;
+            (!name.is_empty() && !name.starts_with('#')).then(|| (uid, name.to_string()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &[u8] = b"4121 (python) S 4100 4100 4100 0 -1 4194560 29 0 0 0 120 30 0 0 20 0 9 0 512345 100000 200 18446744073709551615 1 1 0 0 0 0 0 16781312 17610 0 0 0 17 1 0 0 0 0 0\n";
+
+    #[test]
+    fn stat_fields() {
+        let s = parse_stat(STAT).unwrap();
+        assert_eq!(s.pid, 4121);
+        assert_eq!(s.comm, "python");
+        assert_eq!(s.state, Some('S'));
+        assert_eq!(s.ppid, Some(4100));
+        assert_eq!(s.pgid, Some(4100));
+        assert_eq!(s.sid, Some(4100));
+        assert_eq!(s.flags, Some(4194560));
+        assert_eq!(s.num_threads, Some(9));
+        assert_eq!(s.start_ticks, Some(512345));
+    }
+
+    #[test]
+    fn stat_comm_with_spaces_and_parentheses() {
+        let s =
+            parse_stat(b"77 (((bash process)) R 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0")
+                .unwrap();
+        assert_eq!(s.comm, "((bash process)");
+        assert_eq!(s.state, Some('R'));
+        assert_eq!(s.start_ticks, Some(99));
+        let s = parse_stat(b"78 (a) b) Z 1 2 3").unwrap();
+        assert_eq!(s.comm, "a) b");
+        assert_eq!(s.state, Some('Z'));
+        assert_eq!(s.sid, Some(3));
+        assert_eq!(s.start_ticks, None);
+    }
+
+    #[test]
+    fn stat_truncated_keeps_what_is_there() {
+        let s = parse_stat(b"12 (x) S 1 ").unwrap();
+        assert_eq!(s.ppid, Some(1));
+        assert_eq!(s.pgid, None);
+        assert!(parse_stat(b"12 (x").is_err());
+        assert!(parse_stat(b"").is_err());
+        assert!(parse_stat(b")( 1 2").is_err());
+        assert!(parse_stat(b"abc (x) S").is_err());
+    }
+
+    #[test]
+    fn status_fields_and_tolerance() {
+        let s = parse_status(b"Name:\tpython\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t4121\t7\nSigIgn:\t0000000000000001\n");
+        assert_eq!(s.uid, Some(1000));
+        assert_eq!(s.nspid, vec![4121, 7]);
+        assert_eq!(s.sig_ignored, Some(1));
+        let s = parse_status(b"Uid:\tgarbage\nNSpid:\t1 x\n\xff\xfe\nno colon here");
+        assert_eq!(s, Status::default());
+    }
+
+    #[test]
+    fn cmdline() {
+        assert_eq!(
+            parse_cmdline(b"python\0train.py\0--lr\x000.1\0"),
+            vec!["python", "train.py", "--lr", "0.1"]
+        );
+        assert!(parse_cmdline(b"").is_empty());
+        assert_eq!(parse_cmdline(b"a b c"), vec!["a b c"]);
+    }
+
+    #[test]
+    fn cgroup_v2_and_hybrid() {
+        assert_eq!(
+            parse_cgroup(b"0::/system.slice/docker-abc.scope\n").as_deref(),
+            Some("/system.slice/docker-abc.scope")
+        );
+        let hybrid = b"12:memory:/docker/0123456789ab0123456789ab0123456789ab0123456789ab0123456789ab0123\n1:name=systemd:/\n0::/\n";
+        assert!(parse_cgroup(hybrid).unwrap().starts_with("/docker/"));
+        assert_eq!(parse_cgroup(b"0::/\n").as_deref(), Some("/"));
+        assert_eq!(parse_cgroup(b"garbage"), None);
+    }
+
+    #[test]
+    fn containers_and_pods() {
+        let id = "4f2a".repeat(16);
+        let (c, p) = container_from_cgroup(&format!("/system.slice/docker-{id}.scope"));
+        assert_eq!(
+            c,
+            Some(ContainerRef {
+                runtime: "docker".into(),
+                id: id.clone()
+            })
+        );
+        assert_eq!(p, None);
+        let (c, _) = container_from_cgroup(&format!("/docker/{id}"));
+        assert_eq!(c.unwrap().runtime, "docker");
+        let k8s = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_4000_8000_123456789abc.slice/cri-containerd-{id}.scope"
+        );
+        let (c, p) = container_from_cgroup(&k8s);
+        assert_eq!(c.unwrap().runtime, "containerd");
+        assert_eq!(p.as_deref(), Some("1b2c3d4e-0000-4000-8000-123456789abc"));
+        let (c, p) = container_from_cgroup(&format!(
+            "/kubepods/besteffort/pod1b2c3d4e-0000-4000-8000-123456789abc/{id}"
+        ));
+        assert_eq!(c.unwrap().runtime, "containerd");
+        assert!(p.is_some());
+        let (c, _) = container_from_cgroup(&format!("/machine.slice/crio-{id}.scope"));
+        assert_eq!(c.unwrap().runtime, "cri-o");
+        let (c, _) = container_from_cgroup(&format!("/machine.slice/libpod-{id}.scope"));
+        assert_eq!(c.unwrap().runtime, "podman");
+        assert_eq!(
+            container_from_cgroup("/user.slice/user-1000.slice/session-3.scope"),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn device_files() {
+        assert_eq!(
+            device_file(b"/dev/nvidia3", b"/dev"),
+            Some(DeviceFile::Gpu(3))
+        );
+        assert_eq!(
+            device_file(b"/dev/nvidiactl", b"/dev"),
+            Some(DeviceFile::Ctl)
+        );
+        assert_eq!(
+            device_file(b"/dev/nvidia-uvm", b"/dev"),
+            Some(DeviceFile::Uvm)
+        );
+        assert_eq!(device_file(b"/dev/nvidia-uvm-tools", b"/dev"), None);
+        assert_eq!(device_file(b"/dev/nvidia-caps/nvidia-cap1", b"/dev"), None);
+        assert_eq!(device_file(b"/dev/null", b"/dev"), None);
+        assert_eq!(
+            device_file(b"/tmp/t/dev/nvidia0", b"/tmp/t/dev"),
+            Some(DeviceFile::Gpu(0))
+        );
+        assert_eq!(
+            device_file(b"/tmp/t/dev/nvidia0 (deleted)", b"/tmp/t/dev"),
+            None
+        );
+        assert_eq!(device_file(b"socket:[123]", b"/dev"), None);
+    }
+
+    #[test]
+    fn mountinfo_cgroup2() {
+        let hybrid = b"31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            parse_cgroup2_mount(hybrid).as_deref(),
+            Some("/sys/fs/cgroup/unified")
+        );
+        let unified =
+            b"35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            parse_cgroup2_mount(unified).as_deref(),
+            Some("/sys/fs/cgroup")
+        );
+        assert_eq!(
+            parse_cgroup2_mount(b"1 2 0:1 / /a\\040b rw - cgroup2 x rw\n").as_deref(),
+            Some("/a b")
+        );
+        assert_eq!(parse_cgroup2_mount(b"nothing"), None);
+    }
+
+    #[test]
+    fn boot_time_and_passwd() {
+        assert_eq!(
+            parse_boot_time(b"cpu 1 2 3\nbtime 1764680000\nprocesses 5\n"),
+            Some(1764680000)
+        );
+        assert_eq!(parse_boot_time(b"cpu 1"), None);
+        let p = parse_passwd(
+            b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbroken\n",
+        );
+        assert_eq!(
+            p,
+            vec![(0, "root".to_string()), (1000, "alice".to_string())]
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsers_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let _ = parse_stat(&bytes);
+            let _ = parse_status(&bytes);
+            let _ = parse_cmdline(&bytes);
+            let _ = parse_cgroup(&bytes);
+            let _ = parse_boot_time(&bytes);
+            let _ = parse_cgroup2_mount(&bytes);
+            let _ = parse_passwd(&bytes);
+            let _ = device_file(&bytes, b"/dev");
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = container_from_cgroup(&text);
+        }
+
+        #[test]
+        fn truncated_stat_never_panics(cut in 0usize..STAT.len()) {
+            let _ = parse_stat(&STAT[..cut]);
+        }
+
+        #[test]
+        fn stat_with_any_comm_round_trips(comm in "[ -~]{0,15}", pid in 1u32..4_000_000) {
+            let line = format!("{pid} ({comm}) S 1 2 3 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0");
+            let s = parse_stat(line.as_bytes()).unwrap();
+            proptest::prop_assert_eq!(s.pid, pid);
+            proptest::prop_assert_eq!(s.comm, comm);
+            proptest::prop_assert_eq!(s.start_ticks, Some(42));
+        }
+    }
+}

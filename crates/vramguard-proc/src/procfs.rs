@@ -1,0 +1,343 @@
+//! Reads one `/proc` tree (the live one, or a fixture tree) relative to a root directory.
+
+use crate::parse::{self, ParseError, Stat, Status};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use std::path::{Path, PathBuf};
+use vramguard_core::snapshot::{DeviceFile, FdScan, ThreadFacts};
+
+/// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
+const INIT_PID_NS_INODE: &str = "pid:[4026531836]";
+
+/// A `/proc` read that failed for a reason other than the process being gone.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// An I/O error other than "gone" or "denied".
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file exists but is not in the format proc(5) describes.
+    #[error("{path}: {source}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: ParseError,
+    },
+}
+
+/// The outcome of reading something that belongs to one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found<T> {
+    /// Read.
+    Yes(T),
+    /// The process (or thread, or fd) no longer exists: normal, not an error.
+    Gone,
+    /// Not readable with our privileges: unknown, and said so.
+    Denied,
+}
+
+impl<T> Found<T> {
+    /// The value, if read.
+    pub fn ok(self) -> Option<T> {
+        match self {
+            Found::Yes(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// What an errno means for a `/proc` read. The one place that decides it.
+fn triage<T>(
+    result: Result<T, Errno>,
+    path: impl FnOnce() -> PathBuf,
+) -> Result<Found<T>, ProcError> {
+    match result {
+        Ok(v) => Ok(Found::Yes(v)),
+        Err(Errno::NOENT | Errno::SRCH) => Ok(Found::Gone),
+        Err(Errno::ACCESS | Errno::PERM) => Ok(Found::Denied),
+        Err(e) => Err(ProcError::Io {
+            path: path(),
+            source: e.into(),
+        }),
+    }
+}
+
+/// A `/proc` tree.
+#[derive(Debug)]
+pub struct ProcFs {
+    root: PathBuf,
+    root_fd: OwnedFd,
+}
+
+impl ProcFs {
+    /// Opens the tree at `root` (`/proc`, or a fixture directory).
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, ProcError> {
+        let root = root.into();
+        let root_fd = rustix::fs::open(
+            &root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ProcError::Io {
+            path: root.clone(),
+            source: e.into(),
+        })?;
+        Ok(ProcFs { root, root_fd })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn open_rel(&self, rel: &str, flags: OFlags) -> Result<OwnedFd, Errno> {
+        rustix::fs::openat(&self.root_fd, rel, flags | OFlags::CLOEXEC, Mode::empty())
+    }
+
+    /// Reads a whole file below the root into `buf` (cleared first).
+    pub fn read_into(&self, rel: &str, buf: &mut Vec<u8>) -> Result<Found<()>, ProcError> {
+        buf.clear();
+        let result = self.open_rel(rel, OFlags::RDONLY).and_then(|fd| {
+            loop {
+                if buf.capacity() - buf.len() < 512 {
+                    buf.reserve(4096);
+                }
+                let (filled, _) = rustix::io::read(&fd, buf.spare_capacity_mut())?;
+                if filled.is_empty() {
+                    return Ok(());
+                }
+                let n = filled.len();
+                // SAFETY: `read` initialised the first `n` spare bytes.
+                unsafe { buf.set_len(buf.len() + n) };
+            }
+        });
+        triage(result, || self.path(rel))
+    }
+
+    fn read(&self, rel: &str) -> Result<Found<Vec<u8>>, ProcError> {
+        let mut buf = Vec::new();
+        Ok(match self.read_into(rel, &mut buf)? {
+            Found::Yes(()) => Found::Yes(buf),
+            Found::Gone => Found::Gone,
+            Found::Denied => Found::Denied,
+        })
+    }
+
+    /// The numeric entries of the root, sorted.
+    pub fn pids(&self) -> Result<Vec<u32>, ProcError> {
+        let dir = rustix::fs::Dir::read_from(&self.root_fd).map_err(|e| ProcError::Io {
+            path: self.root.clone(),
+            source: e.into(),
+        })?;
+        let mut pids = Vec::with_capacity(1024);
+        for entry in dir {
+            let entry = entry.map_err(|e| ProcError::Io {
+                path: self.root.clone(),
+                source: e.into(),
+            })?;
+            if let Some(pid) = parse_pid(entry.file_name().to_bytes()) {
+                pids.push(pid);
+            }
+        }
+        pids.sort_unstable();
+        Ok(pids)
+    }
+
+    /// `/proc/PID/stat`. An empty file means the process went away while it was read.
+    pub fn stat(&self, pid: u32) -> Result<Found<Stat>, ProcError> {
+        self.stat_at(&format!("{pid}/stat"))
+    }
+
+    fn stat_at(&self, rel: &str) -> Result<Found<Stat>, ProcError> {
+        let mut buf = Vec::with_capacity(512);
+        match self.read_into(rel, &mut buf)? {
+            Found::Yes(()) if buf.is_empty() => Ok(Found::Gone),
+            Found::Yes(()) => {
+                parse::parse_stat(&buf)
+                    .map(Found::Yes)
+                    .map_err(|source| ProcError::Malformed {
+                        path: self.path(rel),
+                        source,
+                    })
+            }
+            Found::Gone => Ok(Found::Gone),
+            Found::Denied => Ok(Found::Denied),
+        }
+    }
+
+    /// `/proc/PID/status`.
+    pub fn status(&self, pid: u32) -> Result<Found<Status>, ProcError> {
+        Ok(match self.read(&format!("{pid}/status"))? {
+            Found::Yes(b) => Found::Yes(parse::parse_status(&b)),
+            Found::Gone => Found::Gone,
+            Found::Denied => Found::Denied,
+        })
+    }
+
+    /// `/proc/PID/cmdline`.
+    pub fn cmdline(&self, pid: u32) -> Result<Found<Vec<String>>, ProcError> {
+        Ok(match self.read(&format!("{pid}/cmdline"))? {
+            Found::Yes(b) => Found::Yes(parse::parse_cmdline(&b)),
+            Found::Gone => Found::Gone,
+            Found::Denied => Found::Denied,
+        })
+    }
+
+    /// `/proc/PID/cgroup`, reduced to the most useful path.
+    pub fn cgroup(&self, pid: u32) -> Result<Found<Option<String>>, ProcError> {
+        Ok(match self.read(&format!("{pid}/cgroup"))? {
+            Found::Yes(b) => Found::Yes(parse::parse_cgroup(&b)),
+            Found::Gone => Found::Gone,
+            Found::Denied => Found::Denied,
+        })
+    }
+
+    /// Every thread's state and wait channel (`/proc/PID/task/*/{stat,wchan}`).
+    pub fn threads(&self, pid: u32) -> Result<Found<Vec<ThreadFacts>>, ProcError> {
+        let rel = format!("{pid}/task");
+        let fd = match triage(
+            self.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY),
+            || self.path(&rel),
+        )? {
+            Found::Yes(fd) => fd,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        let mut tids = Vec::new();
+        let dir = match triage(rustix::fs::Dir::new(fd), || self.path(&rel))? {
+            Found::Yes(d) => d,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        for entry in dir.flatten() {
+            if let Some(tid) = parse_pid(entry.file_name().to_bytes()) {
+                tids.push(tid);
+            }
+        }
+        tids.sort_unstable();
+        let mut threads = Vec::with_capacity(tids.len());
+        for tid in tids {
+            let Found::Yes(stat) = self.stat_at(&format!("{pid}/task/{tid}/stat"))? else {
+                continue;
+            };
+            let wchan = self
+                .read(&format!("{pid}/task/{tid}/wchan"))?
+                .ok()
+                .map(|w| String::from_utf8_lossy(&w).trim().to_string())
+                .filter(|w| !w.is_empty() && w != "0");
+            threads.push(ThreadFacts {
+                tid,
+                state: stat.state.unwrap_or('?'),
+                wchan,
+            });
+        }
+        Ok(Found::Yes(threads))
+    }
+
+    /// The NVIDIA device files under `dev_dir` that `pid` holds open.
+    ///
+    /// Costs one `readlinkat` per open fd: the expensive part of a full scan, which is why the
+    /// collector avoids repeating it for processes it has already seen.
+    pub fn device_files(&self, pid: u32, dev_dir: &[u8]) -> Result<Found<FdScan>, ProcError> {
+        let rel = format!("{pid}/fd");
+        let fd = match triage(
+            self.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY),
+            || self.path(&rel),
+        )? {
+            Found::Yes(fd) => fd,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+        };
+        let dir = match triage(rustix::fs::Dir::read_from(&fd), || self.path(&rel))? {
+            Found::Yes(d) => d,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+        };
+        let mut files: Vec<DeviceFile> = Vec::new();
+        let mut target = Vec::with_capacity(256);
+        for entry in dir {
+            let entry = match entry {
+                Ok(e) => e,
+                // The process exited while we listed its fds.
+                Err(Errno::NOENT | Errno::SRCH) => return Ok(Found::Gone),
+                Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Yes(FdScan::Denied)),
+                Err(e) => {
+                    return Err(ProcError::Io {
+                        path: self.path(&rel),
+                        source: e.into(),
+                    });
+                }
+            };
+            let name = entry.file_name();
+            if name.to_bytes().first() == Some(&b'.') {
+                continue;
+            }
+            let link = match rustix::fs::readlinkat(fd.as_fd(), name, std::mem::take(&mut target)) {
+                Ok(link) => link.into_bytes(),
+                // That fd was closed between the listing and the readlink.
+                Err(Errno::NOENT) => continue,
+                Err(Errno::SRCH) => return Ok(Found::Gone),
+                Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Yes(FdScan::Denied)),
+                Err(e) => {
+                    return Err(ProcError::Io {
+                        path: self.path(&rel),
+                        source: e.into(),
+                    });
+                }
+            };
+            if let Some(file) = parse::device_file(&link, dev_dir) {
+                files.push(file);
+            }
+            target = link;
+        }
+        files.sort_unstable();
+        files.dedup();
+        Ok(Found::Yes(FdScan::Scanned(files)))
+    }
+
+    /// The pid `self` resolves to: vramguard's pid in this tree's namespace.
+    pub fn self_pid(&self) -> Option<u32> {
+        let link = rustix::fs::readlinkat(&self.root_fd, "self", Vec::new()).ok()?;
+        parse_pid(link.as_bytes())
+    }
+
+    /// Whether this tree's `self` lives in the initial PID namespace.
+    pub fn pid_namespace_is_host(&self) -> Option<bool> {
+        let link = rustix::fs::readlinkat(&self.root_fd, "self/ns/pid", Vec::new()).ok()?;
+        Some(link.as_bytes() == INIT_PID_NS_INODE.as_bytes())
+    }
+
+    /// Boot time from `stat`'s `btime`, milliseconds since the Unix epoch.
+    pub fn boot_time_ms(&self) -> Option<u64> {
+        let bytes = self.read("stat").ok()?.ok()?;
+        parse::parse_boot_time(&bytes).map(|s| s * 1000)
+    }
+
+    /// `sys/kernel/hostname`.
+    pub fn hostname(&self) -> Option<String> {
+        let bytes = self.read("sys/kernel/hostname").ok()?.ok()?;
+        let name = String::from_utf8_lossy(&bytes).trim().to_string();
+        (!name.is_empty()).then_some(name)
+    }
+}
+
+fn parse_pid(name: &[u8]) -> Option<u32> {
+    if name.is_empty() || name.len() > 10 || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(name)
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+}

@@ -1,0 +1,117 @@
+//! The collector against the fixture tree in `tests/fixtures/proc` (checked in, like
+//! node_exporter's `collector/fixtures/proc`).
+
+use std::path::PathBuf;
+use vramguard_core::snapshot::{DeviceFile, FdScan};
+use vramguard_proc::{ProcCollector, ProcError, ScanDepth};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn collector() -> ProcCollector {
+    ProcCollector::new(fixtures().join("proc"), "/dev")
+        .unwrap()
+        .with_passwd(fixtures().join("passwd"))
+}
+
+#[test]
+fn full_scan_finds_every_device_holder_and_their_relatives() {
+    let c = collector().collect(&[], ScanDepth::Full, 1_000).unwrap();
+    let pids: Vec<u32> = c.processes.iter().map(|p| p.pid).collect();
+    // Holders 77, 300, 500, 4121, 4122, 4242 (self) and relative 1 (parent of most).
+    // 2 holds nothing, 9999 vanished, 4100 (the dead leader) does not exist.
+    assert_eq!(pids, vec![1, 77, 300, 500, 4121, 4122, 4242]);
+    assert!(c.scan.full_fd_scan);
+    assert_eq!(c.host.self_pid, 4242);
+    assert_eq!(c.host.hostname.as_deref(), Some("gpu-node-7"));
+    assert_eq!(c.host.boot_time_ms, Some(1_764_680_000_000));
+}
+
+#[test]
+fn worker_facts_come_from_every_file() {
+    let c = collector().collect(&[], ScanDepth::Full, 1_000).unwrap();
+    let w = c.processes.iter().find(|p| p.pid == 4121).unwrap();
+    assert_eq!(w.comm.as_deref(), Some("pt_data_worker"));
+    assert_eq!(w.ppid, Some(1));
+    assert_eq!(w.pgid, Some(4100));
+    assert_eq!(w.uid, Some(1000));
+    assert_eq!(w.user.as_deref(), Some("alice"));
+    assert_eq!(w.nspid, vec![4121, 7]);
+    assert_eq!(
+        w.cmdline.as_ref().unwrap().join(" "),
+        "python train.py --epochs 10"
+    );
+    assert_eq!(w.container.as_ref().unwrap().runtime, "docker");
+    assert_eq!(w.container.as_ref().unwrap().id, "4f2a".repeat(16));
+    // nvidia0 twice, a socket and /dev/null: de-duplicated, non-devices dropped.
+    assert_eq!(
+        w.device_files,
+        FdScan::Scanned(vec![DeviceFile::Gpu(0), DeviceFile::Ctl, DeviceFile::Uvm])
+    );
+}
+
+#[test]
+fn awkward_command_names_survive() {
+    let c = collector().collect(&[], ScanDepth::Full, 1_000).unwrap();
+    let p = c.processes.iter().find(|p| p.pid == 77).unwrap();
+    assert_eq!(p.comm.as_deref(), Some("((bash process)"));
+    assert_eq!(p.state, Some('R'));
+    assert_eq!(p.cmdline.as_deref(), Some(&[][..]));
+    assert_eq!(p.display_command(), "[((bash process)]");
+}
+
+#[test]
+fn zombie_threads_and_wait_channels_are_read() {
+    let c = collector().collect(&[], ScanDepth::Full, 1_000).unwrap();
+    let z = c.processes.iter().find(|p| p.pid == 500).unwrap();
+    assert_eq!(z.state, Some('Z'));
+    let threads = z.threads.as_ref().unwrap();
+    assert_eq!(threads.len(), 2);
+    assert_eq!(threads[1].state, 'D');
+    assert_eq!(threads[1].wchan.as_deref(), Some("fuse_wait_answer"));
+    // "0" means not sleeping in a kernel function.
+    assert_eq!(threads[0].wchan, None);
+}
+
+#[test]
+fn a_listed_pid_that_is_a_kernel_thread_is_scanned_and_holds_nothing() {
+    let c = collector()
+        .collect(&[2], ScanDepth::Incremental, 1_000)
+        .unwrap();
+    let k = c.processes.iter().find(|p| p.pid == 2).unwrap();
+    assert!(k.is_kernel_thread());
+    assert_eq!(k.device_files, FdScan::Scanned(vec![]));
+}
+
+#[test]
+fn listed_pids_that_do_not_exist_are_simply_absent() {
+    let c = collector()
+        .collect(&[4100, 9999, 123456], ScanDepth::Incremental, 1_000)
+        .unwrap();
+    assert!(
+        c.processes
+            .iter()
+            .all(|p| ![4100, 9999, 123456].contains(&p.pid))
+    );
+}
+
+#[test]
+fn a_malformed_file_is_an_error_naming_the_file() {
+    let err = ProcCollector::new(fixtures().join("proc-malformed"), "/dev")
+        .unwrap()
+        .collect(&[123], ScanDepth::Full, 0)
+        .unwrap_err();
+    assert!(matches!(err, ProcError::Malformed { .. }));
+    let msg = err.to_string();
+    assert!(msg.contains("proc-malformed/123/stat"), "{msg}");
+    assert!(msg.contains("no '('"), "{msg}");
+}
+
+#[test]
+fn a_missing_tree_is_an_error_naming_the_directory() {
+    let err = ProcCollector::new(fixtures().join("no-such-proc"), "/dev").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("no-such-proc"), "{msg}");
+    assert!(msg.contains("No such file"), "{msg}");
+}
