@@ -1,0 +1,611 @@
+//! The simulation: evaluates the state file against the live process table.
+
+use crate::state::{AfterExit, AllocationKind, Quirk, SimState, StateError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Why the simulator could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The state file is unusable.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The runtime file (the simulator's memory) could not be read or written.
+    #[error("simulator runtime file {path}: {reason}")]
+    Runtime {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// A reset was refused because processes still use the GPU.
+    #[error("GPU {gpu} is in use by {}: a reset needs every client gone", describe_pids(.pids))]
+    InUse {
+        /// The GPU.
+        gpu: u32,
+        /// The processes using it.
+        pids: Vec<u32>,
+    },
+    /// No such GPU.
+    #[error("GPU {gpu} does not exist (the simulator has {count})")]
+    NoSuchGpu {
+        /// The index asked for.
+        gpu: u32,
+        /// How many exist.
+        count: usize,
+    },
+}
+
+fn describe_pids(pids: &[u32]) -> String {
+    let list: Vec<String> = pids.iter().map(|p| format!("pid {p}")).collect();
+    list.join(", ")
+}
+
+/// One process as the driver lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedProcess {
+    /// The pid the driver reports (`reported_pid` if set).
+    pub pid: u32,
+    /// Which list.
+    pub kind: AllocationKind,
+    /// Memory; `None` in MIG mode (NVML_VALUE_NOT_AVAILABLE).
+    pub used_bytes: Option<u64>,
+}
+
+/// One utilization sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedUtilization {
+    /// Reported pid.
+    pub pid: u32,
+    /// Microseconds since the Unix epoch (NVML's unit).
+    pub timestamp_us: u64,
+    /// SM percent.
+    pub sm_util: u32,
+    /// Memory percent.
+    pub mem_util: u32,
+}
+
+/// One GPU, as the driver would report it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedGpu {
+    /// Index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Name.
+    pub name: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// Total memory.
+    pub total: u64,
+    /// Reserved memory.
+    pub reserved: u64,
+    /// Used memory: baseline plus every allocation still held.
+    pub used: u64,
+    /// Free memory.
+    pub free: u64,
+    /// Persistence mode.
+    pub persistence_mode: bool,
+    /// MIG mode.
+    pub mig: bool,
+    /// Listed processes, aggregated per (pid, kind).
+    pub processes: Vec<ObservedProcess>,
+    /// Utilization of busy listed processes.
+    pub utilization: Vec<ObservedUtilization>,
+    /// Quirks in effect.
+    pub quirks: Vec<Quirk>,
+}
+
+/// What the driver would answer at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Driver version.
+    pub driver_version: String,
+    /// NVML version.
+    pub nvml_version: String,
+    /// GPUs.
+    pub gpus: Vec<ObservedGpu>,
+}
+
+/// The simulator's memory between processes: when it first saw each pid alive and gone, and
+/// when each GPU was reset. Kept beside the state file as `<state>.runtime.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Runtime {
+    /// Per pid.
+    #[serde(default)]
+    pub processes: BTreeMap<u32, PidRecord>,
+    /// Resets, oldest first.
+    #[serde(default)]
+    pub resets: Vec<ResetRecord>,
+}
+
+/// What the simulator knows about one pid.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidRecord {
+    /// Start time (clock ticks) when first seen alive: a later process with the same pid but
+    /// another start time is not the holder.
+    pub start_ticks: Option<u64>,
+    /// When first seen gone (sticky).
+    pub gone_since_ms: Option<u64>,
+}
+
+/// A reset of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetRecord {
+    /// GPU index.
+    pub gpu: u32,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// What a successful reset cleared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetOutcome {
+    /// The GPU.
+    pub gpu: u32,
+    /// Bytes of residue and lagging releases cleared.
+    pub cleared_bytes: u64,
+}
+
+/// Identity of a file version, to reload only on change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+        inode: m.ino(),
+    })
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether a process still holds its device files, per the simulator's rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Alive { start_ticks: Option<u64> },
+    Gone,
+}
+
+/// Reads `proc_root/PID/stat`: `/proc/PID` exists and is not a zombie whose threads have all
+/// exited. A zombie leader whose other threads still run (or sleep in D) still holds the
+/// device, as on real drivers: files are closed when the last thread leaves `do_exit`.
+fn life_of(proc_root: &Path, pid: u32) -> Life {
+    let Ok(stat) = std::fs::read(proc_root.join(format!("{pid}/stat"))) else {
+        return Life::Gone;
+    };
+    let Some((state, start_ticks)) = state_and_start(&stat) else {
+        return Life::Gone;
+    };
+    if matches!(state, 'Z' | 'X') {
+        let others_alive = std::fs::read_dir(proc_root.join(format!("{pid}/task")))
+            .map(|dir| {
+                dir.flatten().any(|e| {
+                    let tid = e.file_name();
+                    if tid.to_str() == Some(&pid.to_string()) {
+                        return false;
+                    }
+                    std::fs::read(e.path().join("stat"))
+                        .ok()
+                        .and_then(|s| state_and_start(&s))
+                        .is_some_and(|(st, _)| !matches!(st, 'Z' | 'X'))
+                })
+            })
+            .unwrap_or(false);
+        if !others_alive {
+            return Life::Gone;
+        }
+    }
+    Life::Alive { start_ticks }
+}
+
+fn state_and_start(stat: &[u8]) -> Option<(char, Option<u64>)> {
+    let text = String::from_utf8_lossy(stat);
+    let close = text.rfind(')')?;
+    let fields: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19).and_then(|f| f.parse().ok());
+    Some((state, start))
+}
+
+/// The simulated driver.
+#[derive(Debug)]
+pub struct Sim {
+    path: PathBuf,
+    state: SimState,
+    state_stamp: Option<Stamp>,
+    runtime: Runtime,
+    runtime_stamp: Option<Stamp>,
+    calls: HashMap<(String, Option<u32>), u64>,
+    cache: Option<(Instant, Observation)>,
+    cache_ttl: Duration,
+}
+
+impl Sim {
+    /// Opens the state file at `path`.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Sim, SimError> {
+        let path = path.into();
+        let state = SimState::load(&path)?;
+        let mut sim = Sim {
+            state_stamp: stamp(&path),
+            path,
+            state,
+            runtime: Runtime::default(),
+            runtime_stamp: None,
+            calls: HashMap::new(),
+            cache: None,
+            cache_ttl: Duration::from_millis(1),
+        };
+        sim.reload_runtime()?;
+        Ok(sim)
+    }
+
+    /// The state file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The current state (reloaded on change by [`Sim::observe`]).
+    pub fn state(&self) -> &SimState {
+        &self.state
+    }
+
+    /// Sets how long an observation is reused (default 1 ms), so that the calls of one
+    /// collection see one instant, as the count and fill calls of a real driver usually do.
+    pub fn set_cache_ttl(&mut self, ttl: Duration) {
+        self.cache_ttl = ttl;
+    }
+
+    fn reload_state(&mut self) -> Result<(), SimError> {
+        let now = stamp(&self.path);
+        if now != self.state_stamp || now.is_none() {
+            self.state = SimState::load(&self.path)?;
+            self.state_stamp = now;
+        }
+        Ok(())
+    }
+
+    fn reload_runtime(&mut self) -> Result<(), SimError> {
+        let path = runtime_path(&self.path);
+        let now = stamp(&path);
+        if now == self.runtime_stamp && now.is_some() {
+            return Ok(());
+        }
+        self.runtime = read_runtime(&path)?;
+        self.runtime_stamp = now;
+        Ok(())
+    }
+
+    /// Counts a call of `call` (on `gpu`) and returns the error code to inject, if any.
+    pub fn fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
+        let _ = self.reload_state();
+        let count = self.calls.entry((call.to_string(), gpu)).or_insert(0);
+        let n = *count;
+        *count += 1;
+        let faults = match gpu {
+            None => &self.state.faults,
+            Some(g) => match self.state.gpus.get(g as usize) {
+                Some(gpu) => &gpu.faults,
+                None => return None,
+            },
+        };
+        faults
+            .iter()
+            .find(|f| {
+                f.call == call
+                    && n >= f.after_calls
+                    && f.times.is_none_or(|t| n < f.after_calls.saturating_add(t))
+            })
+            .map(|f| f.code)
+    }
+
+    /// What the driver would report now.
+    pub fn observe(&mut self) -> Result<Observation, SimError> {
+        if let Some((at, obs)) = &self.cache
+            && at.elapsed() < self.cache_ttl
+        {
+            return Ok(obs.clone());
+        }
+        self.reload_state()?;
+        self.reload_runtime()?;
+        let now = now_ms();
+        let lives = self.update_lives(now)?;
+        let obs = self.evaluate(now, &lives);
+        self.cache = Some((Instant::now(), obs.clone()));
+        Ok(obs)
+    }
+
+    /// Checks every allocation's process and records first sightings in the runtime file.
+    fn update_lives(&mut self, now: u64) -> Result<HashMap<u32, Life>, SimError> {
+        let mut lives = HashMap::new();
+        let mut changes: Vec<(u32, PidRecord)> = Vec::new();
+        for a in &self.state.allocations {
+            if lives.contains_key(&a.pid) {
+                continue;
+            }
+            let record = self
+                .runtime
+                .processes
+                .get(&a.pid)
+                .cloned()
+                .unwrap_or_default();
+            let mut life = if record.gone_since_ms.is_some() {
+                Life::Gone
+            } else {
+                life_of(&self.state.proc_root, a.pid)
+            };
+            if let Life::Alive { start_ticks } = life
+                && record.start_ticks.is_some()
+                && start_ticks != record.start_ticks
+            {
+                // The pid was reused: the holder is gone.
+                life = Life::Gone;
+            }
+            let wanted = match life {
+                Life::Alive { start_ticks } if record.start_ticks.is_none() => Some(PidRecord {
+                    start_ticks,
+                    gone_since_ms: None,
+                }),
+                Life::Gone if record.gone_since_ms.is_none() => Some(PidRecord {
+                    start_ticks: record.start_ticks,
+                    gone_since_ms: Some(now),
+                }),
+                _ => None,
+            };
+            if let Some(w) = wanted {
+                changes.push((a.pid, w));
+            }
+            lives.insert(a.pid, life);
+        }
+        if !changes.is_empty() {
+            self.update_runtime(|rt| {
+                for (pid, rec) in changes {
+                    let entry = rt.processes.entry(pid).or_default();
+                    // First writer wins: another process may have recorded it first.
+                    if entry.start_ticks.is_none() {
+                        entry.start_ticks = rec.start_ticks;
+                    }
+                    if entry.gone_since_ms.is_none() {
+                        entry.gone_since_ms = rec.gone_since_ms;
+                    }
+                }
+            })?;
+            // Gone times are sticky and shared; use what the file says.
+            for (pid, life) in lives.iter_mut() {
+                if self
+                    .runtime
+                    .processes
+                    .get(pid)
+                    .is_some_and(|r| r.gone_since_ms.is_some())
+                {
+                    *life = Life::Gone;
+                }
+            }
+        }
+        Ok(lives)
+    }
+
+    fn last_reset(&self, gpu: u32) -> Option<u64> {
+        self.runtime
+            .resets
+            .iter()
+            .filter(|r| r.gpu == gpu)
+            .map(|r| r.at_ms)
+            .max()
+    }
+
+    fn evaluate(&self, now: u64, lives: &HashMap<u32, Life>) -> Observation {
+        let mut gpus: Vec<ObservedGpu> = self
+            .state
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| ObservedGpu {
+                index: i as u32,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                pci_bus_id: g.pci_bus_id.clone(),
+                total: g.total_bytes,
+                reserved: g.reserved_bytes,
+                used: g.baseline_used_bytes,
+                free: 0,
+                persistence_mode: g.persistence_mode,
+                mig: g.mig,
+                processes: Vec::new(),
+                utilization: Vec::new(),
+                quirks: g.quirks.clone(),
+            })
+            .collect();
+        for a in &self.state.allocations {
+            let gpu = &mut gpus[a.gpu as usize];
+            let alive = matches!(lives.get(&a.pid), Some(Life::Alive { .. }));
+            let held = alive || {
+                let gone_since = self
+                    .runtime
+                    .processes
+                    .get(&a.pid)
+                    .and_then(|r| r.gone_since_ms)
+                    .unwrap_or(now);
+                let reset_since = self.last_reset(a.gpu).is_some_and(|r| r >= gone_since);
+                match a.after_exit {
+                    AfterExit::Release => false,
+                    AfterExit::ReleaseAfterMs(lag) => {
+                        now < gone_since.saturating_add(lag) && !reset_since
+                    }
+                    AfterExit::Leak => !reset_since,
+                }
+            };
+            if !held {
+                continue;
+            }
+            gpu.used = gpu.used.saturating_add(a.bytes);
+            if !(alive && a.listed) {
+                continue;
+            }
+            let pid = a.reported_pid.unwrap_or(a.pid);
+            let mig = gpu.mig;
+            match gpu
+                .processes
+                .iter_mut()
+                .find(|p| p.pid == pid && p.kind == a.kind)
+            {
+                Some(p) => {
+                    p.used_bytes = p.used_bytes.map(|b| b.saturating_add(a.bytes));
+                }
+                None => gpu.processes.push(ObservedProcess {
+                    pid,
+                    kind: a.kind,
+                    used_bytes: (!mig).then_some(a.bytes),
+                }),
+            }
+            if (a.sm_util > 0 || a.mem_util > 0) && !mig {
+                gpu.utilization.push(ObservedUtilization {
+                    pid,
+                    timestamp_us: now * 1000,
+                    sm_util: a.sm_util,
+                    mem_util: a.mem_util,
+                });
+            }
+        }
+        for g in &mut gpus {
+            g.free = g.total.saturating_sub(g.reserved).saturating_sub(g.used);
+        }
+        Observation {
+            at_ms: now,
+            driver_version: self.state.driver_version.clone(),
+            nvml_version: self.state.nvml_version(),
+            gpus,
+        }
+    }
+
+    /// The simulator's `nvidia-smi --gpu-reset -i N`: refused while any live process holds
+    /// the GPU (an allocation, or its device file open); otherwise clears its residue.
+    pub fn reset(&mut self, gpu: u32) -> Result<ResetOutcome, SimError> {
+        let before = self.observe()?;
+        let count = before.gpus.len();
+        let Some(g) = before.gpus.get(gpu as usize) else {
+            return Err(SimError::NoSuchGpu { gpu, count });
+        };
+        let mut pids: Vec<u32> = self
+            .state
+            .allocations
+            .iter()
+            .filter(|a| a.gpu == gpu)
+            .filter(|a| matches!(life_of(&self.state.proc_root, a.pid), Life::Alive { .. }))
+            .filter(|a| {
+                self.runtime
+                    .processes
+                    .get(&a.pid)
+                    .is_none_or(|r| r.gone_since_ms.is_none())
+            })
+            .map(|a| a.pid)
+            .collect();
+        pids.extend(device_file_holders(
+            &self.state.proc_root,
+            &self.state.dev_dir,
+            gpu,
+        ));
+        pids.sort_unstable();
+        pids.dedup();
+        if !pids.is_empty() {
+            return Err(SimError::InUse { gpu, pids });
+        }
+        let baseline = self.state.gpus[gpu as usize].baseline_used_bytes;
+        let cleared = g.used.saturating_sub(baseline);
+        let at_ms = now_ms();
+        self.update_runtime(|rt| rt.resets.push(ResetRecord { gpu, at_ms }))?;
+        self.cache = None;
+        Ok(ResetOutcome {
+            gpu,
+            cleared_bytes: cleared,
+        })
+    }
+
+    /// Read-modify-write of the runtime file under the state's lock.
+    fn update_runtime(&mut self, change: impl FnOnce(&mut Runtime)) -> Result<(), SimError> {
+        let path = runtime_path(&self.path);
+        let _lock = crate::store::lock(&self.path)?;
+        let mut rt = read_runtime(&path)?;
+        change(&mut rt);
+        let text = serde_json::to_string_pretty(&rt).map_err(|e| SimError::Runtime {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        crate::store::write_atomic(&path, text.as_bytes()).map_err(|e| SimError::Runtime {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        self.runtime = rt;
+        self.runtime_stamp = stamp(&path);
+        Ok(())
+    }
+}
+
+/// `<state>.runtime.json`.
+pub fn runtime_path(state: &Path) -> PathBuf {
+    let mut p = state.as_os_str().to_owned();
+    p.push(".runtime.json");
+    PathBuf::from(p)
+}
+
+fn read_runtime(path: &Path) -> Result<Runtime, SimError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| SimError::Runtime {
+            path: path.to_path_buf(),
+            reason: format!("{e} (delete the file to forget the simulator's history)"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Runtime::default()),
+        Err(e) => Err(SimError::Runtime {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Pids holding `dev_dir/nvidia<gpu>` open, from `proc_root/*/fd`.
+pub fn device_file_holders(proc_root: &Path, dev_dir: &Path, gpu: u32) -> Vec<u32> {
+    let target = dev_dir.join(format!("nvidia{gpu}"));
+    let mut pids = Vec::new();
+    let Ok(dir) = std::fs::read_dir(proc_root) else {
+        return pids;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == target))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}

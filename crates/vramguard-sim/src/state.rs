@@ -1,0 +1,461 @@
+//! The state file: which GPUs exist and which processes hold which allocations.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The whole simulated machine, as written in the state file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimState {
+    /// What `nvmlSystemGetDriverVersion` answers.
+    #[serde(default = "default_driver_version")]
+    pub driver_version: String,
+    /// What `nvmlSystemGetNVMLVersion` answers; default `13.<driver_version>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_version: Option<String>,
+    /// Directory holding the stand-in device files `nvidia0..N`, `nvidiactl`, `nvidia-uvm`.
+    pub dev_dir: PathBuf,
+    /// The `/proc` the driver sees processes through (the host's, also when vramguard itself
+    /// runs in a container with another `/proc`).
+    #[serde(default = "default_proc_root")]
+    pub proc_root: PathBuf,
+    /// The GPUs, in NVML index order.
+    pub gpus: Vec<SimGpu>,
+    /// Device memory held by processes (or left behind by them).
+    #[serde(default)]
+    pub allocations: Vec<SimAllocation>,
+    /// Errors injected into calls that concern no particular GPU (`nvmlInit_v2`,
+    /// `nvmlDeviceGetCount_v2`, `nvmlSystemGetDriverVersion`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+}
+
+fn default_driver_version() -> String {
+    "580.159.03".into()
+}
+
+fn default_proc_root() -> PathBuf {
+    PathBuf::from("/proc")
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// One simulated GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimGpu {
+    /// `GPU-…` UUID, unique.
+    pub uuid: String,
+    /// Marketing name.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Installed memory.
+    pub total_bytes: u64,
+    /// Reserved by driver and firmware (neither used nor free).
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Memory an empty GPU reports as used.
+    #[serde(default)]
+    pub baseline_used_bytes: u64,
+    /// `DDDDDDDD:BB:DD.F`.
+    pub pci_bus_id: String,
+    /// Persistence mode.
+    #[serde(default = "default_true")]
+    pub persistence_mode: bool,
+    /// MIG mode: per-process memory is reported as "not available" and utilization samples
+    /// are not supported, as on real drivers.
+    #[serde(default)]
+    pub mig: bool,
+    /// Errors injected into calls on this GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+    /// Driver bugs to reproduce on this GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quirks: Vec<Quirk>,
+}
+
+fn default_name() -> String {
+    "NVIDIA H200".into()
+}
+
+/// A driver bug the simulator can reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quirk {
+    /// The 535.43–535.98 struct mismatch: the `_v3` process calls return records whose pid
+    /// and memory fields are swapped; the `_v2` calls stay correct.
+    SwappedV3ProcessRecords,
+}
+
+/// What an allocation does once its process has finished exiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterExit {
+    /// Freed at once.
+    #[default]
+    Release,
+    /// Freed this many milliseconds after the simulator first saw the process gone: the
+    /// driver's teardown lag.
+    ReleaseAfterMs(u64),
+    /// Never freed until the GPU is reset, and never listed: driver residue.
+    Leak,
+}
+
+/// Which NVML process list an allocation appears in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocationKind {
+    /// A compute (CUDA) context.
+    #[default]
+    Compute,
+    /// A graphics context.
+    Graphics,
+    /// A client of the MPS server.
+    Mps,
+}
+
+/// Memory one process holds on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimAllocation {
+    /// GPU index.
+    pub gpu: u32,
+    /// The holding process, in `proc_root`'s namespace.
+    pub pid: u32,
+    /// Size.
+    pub bytes: u64,
+    /// Which process list it appears in.
+    #[serde(default)]
+    pub kind: AllocationKind,
+    /// What happens after the process exits.
+    #[serde(default)]
+    pub after_exit: AfterExit,
+    /// `false`: the driver does not list it (a context inherited by a forked child, or a
+    /// container the driver hides on newer drivers).
+    #[serde(default = "default_true")]
+    pub listed: bool,
+    /// The pid the driver reports instead of `pid` (a pid from another namespace).
+    #[serde(default)]
+    pub reported_pid: Option<u32>,
+    /// SM utilization percent while alive; 0 = idle.
+    #[serde(default)]
+    pub sm_util: u32,
+    /// Memory-controller utilization percent while alive.
+    #[serde(default)]
+    pub mem_util: u32,
+}
+
+/// An error injected into one NVML call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// The NVML function, e.g. `nvmlDeviceGetMemoryInfo_v2`.
+    pub call: String,
+    /// The `nvmlReturn_t` to return, e.g. 15 (`GPU_IS_LOST`).
+    pub code: u32,
+    /// Succeed this many calls first (counted per process, per GPU).
+    #[serde(default)]
+    pub after_calls: u64,
+    /// Fail this many calls, then succeed again; forever when absent.
+    #[serde(default)]
+    pub times: Option<u64>,
+}
+
+/// The NVML calls a fault may name.
+pub const FAULTABLE_CALLS: &[&str] = &[
+    "nvmlInit_v2",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetProcessUtilization",
+];
+
+/// A state file that cannot be used, with the file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file could not be read.
+    #[error("reading simulator state {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The JSON is malformed or has a wrong field (serde names the field, line and column).
+    #[error("simulator state {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause, with line and column.
+        source: serde_json::Error,
+    },
+    /// The JSON is well-formed but inconsistent.
+    #[error("simulator state {path}: {field}: {problem}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The offending field, e.g. `allocations[2].gpu`.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The file could not be written.
+    #[error("writing simulator state {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl SimState {
+    /// Parses and validates a state document. `path` only names the file in errors.
+    pub fn from_json(path: &Path, text: &str) -> Result<SimState, StateError> {
+        let state: SimState = serde_json::from_str(text).map_err(|source| StateError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        state.validate(path)?;
+        Ok(state)
+    }
+
+    /// Reads and validates a state file.
+    pub fn load(path: &Path) -> Result<SimState, StateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| StateError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        SimState::from_json(path, &text)
+    }
+
+    /// Checks the cross-field rules serde cannot.
+    pub fn validate(&self, path: &Path) -> Result<(), StateError> {
+        let invalid = |field: String, problem: String| StateError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            problem,
+        };
+        if self.gpus.is_empty() {
+            return Err(invalid("gpus".into(), "at least one GPU is needed".into()));
+        }
+        let check_faults = |prefix: &str, faults: &[Fault]| -> Result<(), StateError> {
+            for (i, f) in faults.iter().enumerate() {
+                if !FAULTABLE_CALLS.contains(&f.call.as_str()) {
+                    return Err(invalid(
+                        format!("{prefix}faults[{i}].call"),
+                        format!(
+                            "unknown NVML call {:?} (known: {})",
+                            f.call,
+                            FAULTABLE_CALLS.join(", ")
+                        ),
+                    ));
+                }
+                if f.code == 0 {
+                    return Err(invalid(
+                        format!("{prefix}faults[{i}].code"),
+                        "0 is NVML_SUCCESS, not an error".into(),
+                    ));
+                }
+            }
+            Ok(())
+        };
+        check_faults("", &self.faults)?;
+        for (i, g) in self.gpus.iter().enumerate() {
+            if !g.uuid.starts_with("GPU-") {
+                return Err(invalid(
+                    format!("gpus[{i}].uuid"),
+                    format!("{:?} does not start with \"GPU-\"", g.uuid),
+                ));
+            }
+            if self.gpus[..i].iter().any(|o| o.uuid == g.uuid) {
+                return Err(invalid(
+                    format!("gpus[{i}].uuid"),
+                    format!("{} appears twice", g.uuid),
+                ));
+            }
+            if g.uuid.len() >= 80 || g.name.len() >= 96 {
+                return Err(invalid(
+                    format!("gpus[{i}]"),
+                    "uuid or name too long for NVML's buffers".into(),
+                ));
+            }
+            if !valid_bus_id(&g.pci_bus_id) {
+                return Err(invalid(
+                    format!("gpus[{i}].pci_bus_id"),
+                    format!("{:?} is not of the form 00000000:19:00.0", g.pci_bus_id),
+                ));
+            }
+            if g.total_bytes == 0
+                || g.reserved_bytes.saturating_add(g.baseline_used_bytes) > g.total_bytes
+            {
+                return Err(invalid(
+                    format!("gpus[{i}].total_bytes"),
+                    "must be positive and at least reserved_bytes + baseline_used_bytes".into(),
+                ));
+            }
+            check_faults(&format!("gpus[{i}]."), &g.faults)?;
+        }
+        for (i, a) in self.allocations.iter().enumerate() {
+            let Some(gpu) = self.gpus.get(a.gpu as usize) else {
+                return Err(invalid(
+                    format!("allocations[{i}].gpu"),
+                    format!(
+                        "GPU {} does not exist ({} GPU(s) defined)",
+                        a.gpu,
+                        self.gpus.len()
+                    ),
+                ));
+            };
+            if a.pid == 0 {
+                return Err(invalid(
+                    format!("allocations[{i}].pid"),
+                    "must be positive".into(),
+                ));
+            }
+            if a.bytes > gpu.total_bytes {
+                return Err(invalid(
+                    format!("allocations[{i}].bytes"),
+                    format!(
+                        "{} exceeds GPU {}'s total_bytes {}",
+                        a.bytes, a.gpu, gpu.total_bytes
+                    ),
+                ));
+            }
+            if a.sm_util > 100 || a.mem_util > 100 {
+                return Err(invalid(
+                    format!("allocations[{i}].sm_util"),
+                    "utilization is a percentage (0-100)".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The NVML version string.
+    pub fn nvml_version(&self) -> String {
+        self.nvml_version
+            .clone()
+            .unwrap_or_else(|| format!("13.{}", self.driver_version))
+    }
+}
+
+fn valid_bus_id(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 16
+        && b[8] == b':'
+        && b[11] == b':'
+        && b[14] == b'.'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 8 | 11 | 14) || c.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{ "driver_version": "580.159.03", "dev_dir": "/tmp/t/dev",
+      "gpus": [ { "uuid": "GPU-0a1b", "name": "NVIDIA H200", "total_bytes": 150754820096,
+                  "reserved_bytes": 570425344, "baseline_used_bytes": 0,
+                  "pci_bus_id": "00000000:19:00.0", "persistence_mode": true,
+                  "faults": [ { "call": "nvmlDeviceGetMemoryInfo_v2", "code": 15 } ] } ],
+      "allocations": [ { "gpu": 0, "pid": 4121, "bytes": 8589934592, "kind": "compute",
+                         "after_exit": "release", "listed": true, "reported_pid": null, "sm_util": 37 },
+                       { "gpu": 0, "pid": 4122, "bytes": 1, "after_exit": { "release_after_ms": 1500 } },
+                       { "gpu": 0, "pid": 4123, "bytes": 1, "after_exit": "leak" } ] }"#;
+
+    fn p() -> &'static Path {
+        Path::new("state.json")
+    }
+
+    #[test]
+    fn the_documented_example_loads() {
+        let s = SimState::from_json(p(), GOOD).unwrap();
+        assert_eq!(s.allocations[1].after_exit, AfterExit::ReleaseAfterMs(1500));
+        assert_eq!(s.allocations[2].after_exit, AfterExit::Leak);
+        assert!(s.allocations[1].listed);
+        assert_eq!(s.proc_root, PathBuf::from("/proc"));
+        assert_eq!(s.nvml_version(), "13.580.159.03");
+    }
+
+    #[test]
+    fn a_typo_names_the_field_and_line() {
+        let bad = GOOD.replace("\"listed\"", "\"lsited\"");
+        let e = SimState::from_json(p(), &bad).unwrap_err().to_string();
+        assert!(e.contains("state.json"), "{e}");
+        assert!(e.contains("unknown field `lsited`"), "{e}");
+        assert!(e.contains("line 7"), "{e}");
+    }
+
+    #[test]
+    fn cross_field_errors_name_the_field() {
+        let e = SimState::from_json(
+            p(),
+            &GOOD.replace("\"gpu\": 0, \"pid\": 4121", "\"gpu\": 3, \"pid\": 4121"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("allocations[0].gpu: GPU 3 does not exist"),
+            "{e}"
+        );
+        let e = SimState::from_json(
+            p(),
+            &GOOD.replace("nvmlDeviceGetMemoryInfo_v2", "nvmlGetMemory"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("gpus[0].faults[0].call"), "{e}");
+        let e = SimState::from_json(p(), &GOOD.replace("00000000:19:00.0", "19:00.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gpus[0].pci_bus_id"), "{e}");
+        let e = SimState::from_json(
+            p(),
+            &GOOD.replace("\"bytes\": 8589934592", "\"bytes\": 999999999999999"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("allocations[0].bytes"), "{e}");
+    }
+
+    #[test]
+    fn truncated_input_is_an_error_not_a_panic() {
+        for cut in 0..GOOD.len() {
+            if let Some(prefix) = GOOD.get(..cut) {
+                assert!(SimState::from_json(p(), prefix).is_err());
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_input_never_panics(s in ".{0,200}") {
+            let _ = SimState::from_json(p(), &s);
+        }
+
+        #[test]
+        fn mutated_input_never_panics(pos in 0usize..900, byte in proptest::num::u8::ANY) {
+            let mut bytes = GOOD.as_bytes().to_vec();
+            let pos = pos % bytes.len();
+            bytes[pos] = byte;
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = SimState::from_json(p(), &text);
+        }
+    }
+}

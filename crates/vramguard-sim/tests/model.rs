@@ -1,0 +1,318 @@
+//! The simulation model: real processes where the kernel can produce the case on demand, a
+//! synthetic `proc_root` for the states that are hard to hold still (zombie leaders with live
+//! threads, pid reuse).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+use vramguard_sim::state::{AfterExit, Fault, SimAllocation, SimGpu, SimState};
+use vramguard_sim::{Sim, SimError, store};
+
+const GIB: u64 = 1 << 30;
+
+struct Reaped(Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn gpu(i: u32) -> SimGpu {
+    SimGpu {
+        uuid: format!("GPU-{i:08x}-1111-2222-3333-444444444444"),
+        name: "NVIDIA H200".into(),
+        total_bytes: 140 * GIB,
+        reserved_bytes: GIB / 2,
+        baseline_used_bytes: 0,
+        pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + i),
+        persistence_mode: true,
+        mig: false,
+        faults: vec![],
+        quirks: vec![],
+    }
+}
+
+fn alloc(gpu: u32, pid: u32, bytes: u64, after_exit: AfterExit) -> SimAllocation {
+    SimAllocation {
+        gpu,
+        pid,
+        bytes,
+        kind: Default::default(),
+        after_exit,
+        listed: true,
+        reported_pid: None,
+        sm_util: 0,
+        mem_util: 0,
+    }
+}
+
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new(proc_root: Option<&Path>, allocations: Vec<SimAllocation>) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("dev");
+        store::create_dev_dir(&dev, 2).unwrap();
+        let state = SimState {
+            driver_version: "580.159.03".into(),
+            nvml_version: None,
+            dev_dir: dev,
+            proc_root: proc_root
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| "/proc".into()),
+            gpus: vec![gpu(0), gpu(1)],
+            allocations,
+            faults: vec![],
+        };
+        store::write_state(&dir.path().join("state.json"), &state).unwrap();
+        World { dir }
+    }
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("state.json")
+    }
+    fn sim(&self) -> Sim {
+        let mut s = Sim::open(self.path()).unwrap();
+        s.set_cache_ttl(Duration::ZERO);
+        s
+    }
+}
+
+fn sleeper() -> Reaped {
+    Reaped(Command::new("sleep").arg("60").spawn().unwrap())
+}
+
+fn used(sim: &mut Sim, gpu: usize) -> u64 {
+    sim.observe().unwrap().gpus[gpu].used
+}
+
+#[test]
+fn memory_follows_the_process_and_is_released_at_exit() {
+    let mut p = sleeper();
+    let w = World::new(None, vec![alloc(0, p.0.id(), 8 * GIB, AfterExit::Release)]);
+    let mut sim = w.sim();
+    let obs = sim.observe().unwrap();
+    assert_eq!(obs.gpus[0].used, 8 * GIB);
+    assert_eq!(obs.gpus[0].processes.len(), 1);
+    assert_eq!(obs.gpus[0].processes[0].pid, p.0.id());
+    assert_eq!(obs.gpus[0].free, 140 * GIB - GIB / 2 - 8 * GIB);
+    assert_eq!(obs.gpus[1].used, 0);
+    p.0.kill().unwrap();
+    p.0.wait().unwrap();
+    let obs = sim.observe().unwrap();
+    assert_eq!(obs.gpus[0].used, 0);
+    assert!(obs.gpus[0].processes.is_empty());
+}
+
+#[test]
+fn an_unreaped_zombie_has_released_its_memory() {
+    // Killed but not waited for: a pure zombie (all threads exited).
+    let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+    let w = World::new(None, vec![alloc(0, child.id(), GIB, AfterExit::Release)]);
+    let mut sim = w.sim();
+    assert_eq!(used(&mut sim, 0), GIB);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while used(&mut sim, 0) != 0 {
+        assert!(Instant::now() < deadline, "zombie still counted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    assert!(stat.contains(") Z "), "still an unreaped zombie: {stat}");
+    child.wait().unwrap();
+}
+
+#[test]
+fn teardown_lag_is_measured_from_the_first_sighting_of_the_exit() {
+    let mut p = sleeper();
+    let w = World::new(
+        None,
+        vec![alloc(0, p.0.id(), 4 * GIB, AfterExit::ReleaseAfterMs(400))],
+    );
+    let mut sim = w.sim();
+    assert_eq!(used(&mut sim, 0), 4 * GIB);
+    p.0.kill().unwrap();
+    p.0.wait().unwrap();
+    let t0 = Instant::now();
+    let obs = sim.observe().unwrap();
+    assert_eq!(obs.gpus[0].used, 4 * GIB, "held during the lag");
+    assert!(
+        obs.gpus[0].processes.is_empty(),
+        "no longer listed during teardown"
+    );
+    // A second simulator instance (another process) sees the same lag, not a new one.
+    let mut other = w.sim();
+    while used(&mut other, 0) != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let lag = t0.elapsed();
+    assert!(
+        lag >= Duration::from_millis(350) && lag < Duration::from_millis(700),
+        "{lag:?}"
+    );
+}
+
+#[test]
+fn a_leak_stays_until_reset_and_reset_is_refused_while_in_use() {
+    let mut p = sleeper();
+    let w = World::new(None, vec![alloc(1, p.0.id(), 6 * GIB, AfterExit::Leak)]);
+    let mut sim = w.sim();
+    match sim.reset(1) {
+        Err(SimError::InUse { gpu: 1, pids }) => assert_eq!(pids, vec![p.0.id()]),
+        other => panic!("expected in use, got {other:?}"),
+    }
+    p.0.kill().unwrap();
+    p.0.wait().unwrap();
+    assert_eq!(used(&mut sim, 1), 6 * GIB);
+    assert!(
+        sim.observe().unwrap().gpus[1].processes.is_empty(),
+        "residue is never listed"
+    );
+
+    // A process holding the device file also blocks the reset.
+    let dev = w.dir.path().join("dev/nvidia1");
+    let holder = Reaped(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec 3<{} ; exec sleep 60", dev.display()))
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !vramguard_sim::model::device_file_holders(
+        Path::new("/proc"),
+        &w.dir.path().join("dev"),
+        1,
+    )
+    .contains(&holder.0.id())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the holder never opened the device file"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match sim.reset(1) {
+        Err(SimError::InUse { pids, .. }) => assert_eq!(pids, vec![holder.0.id()]),
+        other => panic!("expected in use while the device file is open, got {other:?}"),
+    }
+    drop(holder);
+    let out = sim.reset(1).unwrap();
+    assert_eq!(out.cleared_bytes, 6 * GIB);
+    assert_eq!(used(&mut sim, 1), 0);
+    // Another simulator instance knows about the reset too.
+    assert_eq!(used(&mut w.sim(), 1), 0);
+}
+
+fn write_stat(root: &Path, pid: u32, tid: Option<u32>, state: char, start: u64) {
+    let dir = match tid {
+        None => root.join(pid.to_string()),
+        Some(t) => root.join(format!("{pid}/task/{t}")),
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    let id = tid.unwrap_or(pid);
+    std::fs::write(
+        dir.join("stat"),
+        format!(
+            "{id} (python) {state} 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 2 0 {start} 0 0\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_zombie_leader_with_a_live_thread_still_holds() {
+    let root = tempfile::tempdir().unwrap();
+    write_stat(root.path(), 700, None, 'Z', 5000);
+    write_stat(root.path(), 700, Some(700), 'Z', 5000);
+    write_stat(root.path(), 700, Some(701), 'D', 5001);
+    let w = World::new(
+        Some(root.path()),
+        vec![alloc(0, 700, 2 * GIB, AfterExit::Release)],
+    );
+    let mut sim = w.sim();
+    assert_eq!(used(&mut sim, 0), 2 * GIB);
+    // The D thread finishes exiting: the zombie no longer holds anything.
+    std::fs::remove_dir_all(root.path().join("700/task/701")).unwrap();
+    assert_eq!(used(&mut sim, 0), 0);
+}
+
+#[test]
+fn a_reused_pid_is_not_the_holder() {
+    let root = tempfile::tempdir().unwrap();
+    write_stat(root.path(), 800, None, 'S', 100);
+    let w = World::new(
+        Some(root.path()),
+        vec![alloc(0, 800, GIB, AfterExit::Release)],
+    );
+    let mut sim = w.sim();
+    assert_eq!(used(&mut sim, 0), GIB);
+    write_stat(root.path(), 800, None, 'S', 999);
+    assert_eq!(used(&mut sim, 0), 0, "same pid, another start time");
+    write_stat(root.path(), 800, None, 'S', 100);
+    assert_eq!(used(&mut sim, 0), 0, "gone is sticky");
+}
+
+#[test]
+fn mig_mode_reports_per_process_memory_as_not_available() {
+    let p = sleeper();
+    let w = World::new(None, vec![alloc(0, p.0.id(), GIB, AfterExit::Release)]);
+    store::update_state(&w.path(), |s| s.gpus[0].mig = true).unwrap();
+    let obs = w.sim().observe().unwrap();
+    assert_eq!(obs.gpus[0].used, GIB);
+    assert_eq!(obs.gpus[0].processes[0].used_bytes, None);
+}
+
+#[test]
+fn faults_fire_after_n_calls_for_t_calls_per_gpu() {
+    let w = World::new(None, vec![]);
+    store::update_state(&w.path(), |s| {
+        s.gpus[1].faults.push(Fault {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            code: 15,
+            after_calls: 2,
+            times: Some(2),
+        })
+    })
+    .unwrap();
+    let mut sim = w.sim();
+    let seen: Vec<Option<u32>> = (0..5)
+        .map(|_| sim.fault("nvmlDeviceGetMemoryInfo_v2", Some(1)))
+        .collect();
+    assert_eq!(seen, vec![None, None, Some(15), Some(15), None]);
+    assert_eq!(sim.fault("nvmlDeviceGetMemoryInfo_v2", Some(0)), None);
+    assert_eq!(sim.fault("nvmlDeviceGetName", Some(1)), None);
+}
+
+#[test]
+fn state_changes_are_picked_up_between_calls() {
+    let p = sleeper();
+    let w = World::new(None, vec![]);
+    let mut sim = w.sim();
+    assert_eq!(used(&mut sim, 0), 0);
+    store::add_allocation(&w.path(), alloc(0, p.0.id(), 3 * GIB, AfterExit::Release)).unwrap();
+    assert_eq!(used(&mut sim, 0), 3 * GIB);
+}
+
+#[test]
+fn a_broken_state_file_is_reported_with_its_path() {
+    let w = World::new(None, vec![]);
+    std::fs::write(w.path(), "{ \"gpus\": [ }").unwrap();
+    let err = Sim::open(w.path()).unwrap_err().to_string();
+    assert!(err.contains("state.json"), "{err}");
+    assert!(err.contains("line 1"), "{err}");
+    let err = Sim::open(w.dir.path().join("missing.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("missing.json") && err.contains("No such file"),
+        "{err}"
+    );
+}
