@@ -1,1 +1,80 @@
-//! placeholder
+//! The GPU half of a vramguard snapshot.
+//!
+//! Two sources implement [`GpuSource`]: [`NvmlSource`] (NVML through `nvml-wrapper`: the real
+//! driver, or the simulator's `libnvidia-ml.so.1`) and [`SimSource`] (the simulation model
+//! in-process). Both answer the same small set of per-device calls ([`read::DeviceCalls`]);
+//! one routine ([`read::read_gpu`]) turns those answers into a [`GpuSample`], validating every
+//! process record, falling back to the `_v2` calls when `_v3` records are implausible,
+//! de-duplicating pids across the three process lists and dropping junk utilization samples.
+//! Sharing that routine is what makes the two sources give identical snapshots.
+//!
+//! One GPU failing never hides the others: its sample carries the failed call.
+#![deny(missing_docs)]
+
+mod nvml;
+pub mod read;
+mod sim;
+
+pub use nvml::NvmlSource;
+pub use sim::SimSource;
+
+use std::time::Duration;
+use vramguard_core::snapshot::{CallError, DriverFacts, GpuSample};
+
+/// The default NVML library name: the versioned soname every driver install provides (the
+/// unversioned `libnvidia-ml.so` only comes with development packages).
+pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
+
+/// What one reading of every GPU produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverSample {
+    /// The driver's identity.
+    pub driver: DriverFacts,
+    /// One sample per GPU.
+    pub gpus: Vec<GpuSample>,
+}
+
+/// Why no GPU could be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The NVML library could not be loaded.
+    #[error("no NVIDIA driver: {lib} could not be loaded ({reason}); try `vramguard demo`")]
+    NoDriver {
+        /// The library path or name.
+        lib: String,
+        /// The loader's message.
+        reason: String,
+    },
+    /// The library loaded but NVML refused to start.
+    #[error("NVIDIA driver unusable: {error}; {advice}")]
+    Init {
+        /// The failed call.
+        error: CallError,
+        /// What to check.
+        advice: &'static str,
+    },
+    /// A machine-wide call failed (e.g. the device count).
+    #[error("NVIDIA driver: {0}")]
+    Call(CallError),
+    /// The simulator's state could not be used.
+    #[error(transparent)]
+    Sim(#[from] vramguard_sim::SimError),
+}
+
+/// Something that can read every GPU.
+pub trait GpuSource {
+    /// Reads every GPU. `utilization_window` is how far back to ask for per-process
+    /// utilization samples.
+    fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError>;
+}
+
+pub(crate) fn init_advice(code: Option<u32>) -> &'static str {
+    match code {
+        Some(9) => "is the kernel module loaded? (`lsmod | grep nvidia`, `dmesg | grep -i nvrm`)",
+        Some(4) => "run as root or as a user allowed to open /dev/nvidia*",
+        Some(18) => {
+            "the driver and its user-space library differ in version: reboot after a driver upgrade"
+        }
+        _ => "check `nvidia-smi` and `dmesg | grep -i nvrm`",
+    }
+}

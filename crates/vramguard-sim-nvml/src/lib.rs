@@ -1,1 +1,550 @@
-//! placeholder
+//! `libnvidia-ml.so.1` for the simulated driver: the NVML C ABI over [`vramguard_sim`].
+//!
+//! Load it in place of the real library (`vramguard --nvml-lib path/to/libnvidia-ml.so.1`,
+//! with `VRAMGUARD_SIM` naming the state file) and every NVML call vramguard makes runs the
+//! real `nvml-wrapper` code path: its count-then-fill protocol, its struct versions, its error
+//! mapping. The library behaves like NVIDIA's where vramguard depends on it:
+//! - calls before `nvmlInit_v2` (or after the last `nvmlShutdown`) return `UNINITIALIZED`;
+//! - process-list calls with a null buffer (or too small a count) return `INSUFFICIENT_SIZE`
+//!   with the needed count, `SUCCESS` with count 0 when there are no processes;
+//! - `nvmlDeviceGetMemoryInfo_v2` checks the struct version (`ARGUMENT_VERSION_MISMATCH`);
+//! - MIG ids are `0xFFFFFFFF` (MIG off); per-process memory is `NVML_VALUE_NOT_AVAILABLE` in
+//!   MIG mode; strings too long for the caller's buffer give `INSUFFICIENT_SIZE`;
+//! - `nvmlDeviceGetProcessUtilization` returns `NOT_FOUND` when there are no samples;
+//! - `nvmlErrorString` gives NVML's messages; injected faults return their codes.
+//!
+//! Without `VRAMGUARD_SIM`, `nvmlInit_v2` returns `DRIVER_NOT_LOADED`, as NVML does on a
+//! machine without the kernel module.
+
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t,
+    nvmlProcessUtilizationSample_t,
+};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+use std::sync::Mutex;
+use vramguard_sim::codes::*;
+use vramguard_sim::state::Quirk;
+use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
+
+struct Loaded {
+    sim: Sim,
+    refcount: u32,
+}
+
+static STATE: Mutex<Option<Loaded>> = Mutex::new(None);
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`.
+const MEMORY_V2_VERSION: u32 = (std::mem::size_of::<nvmlMemory_v2_t>() as u32) | (2 << 24);
+
+/// Runs `f` on the loaded simulator, or returns `UNINITIALIZED`. Never unwinds into C.
+fn with_sim(f: impl FnOnce(&mut Sim) -> u32) -> u32 {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(loaded) => f(&mut loaded.sim),
+            None => UNINITIALIZED,
+        }
+    }));
+    result.unwrap_or(UNKNOWN)
+}
+
+/// Runs `f` with the GPU a handle names, after counting the call for fault injection.
+fn with_gpu(
+    call: &str,
+    device: nvmlDevice_t,
+    f: impl FnOnce(&mut Sim, &ObservedGpu) -> u32,
+) -> u32 {
+    with_gpu_counted(Some(call), device, f)
+}
+
+/// Like [`with_gpu`]; `call: None` does not count the call. The fill half of a count-then-fill
+/// pair is not counted, so that `after_calls` counts logical queries, as the in-process source
+/// does.
+fn with_gpu_counted(
+    call: Option<&str>,
+    device: nvmlDevice_t,
+    f: impl FnOnce(&mut Sim, &ObservedGpu) -> u32,
+) -> u32 {
+    with_sim(|sim| {
+        let index = (device as usize).wrapping_sub(1);
+        let count = sim.state().gpus.len();
+        if device.is_null() || index >= count {
+            return INVALID_ARGUMENT;
+        }
+        if let Some(call) = call
+            && let Some(code) = sim.fault(call, Some(index as u32))
+        {
+            return code;
+        }
+        match sim.observe() {
+            Ok(obs) => match obs.gpus.get(index) {
+                Some(gpu) => f(sim, gpu),
+                None => GPU_IS_LOST,
+            },
+            Err(_) => UNKNOWN,
+        }
+    })
+}
+
+fn handle_of(index: usize) -> nvmlDevice_t {
+    (index + 1) as nvmlDevice_t
+}
+
+/// Copies `s` and a NUL into a caller buffer of `length` bytes.
+unsafe fn write_c_string(s: &str, out: *mut c_char, length: c_uint) -> u32 {
+    if out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    if s.len() + 1 > length as usize {
+        return INSUFFICIENT_SIZE;
+    }
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), out, s.len());
+        *out.add(s.len()) = 0;
+    }
+    SUCCESS
+}
+
+fn init() -> u32 {
+    let result = std::panic::catch_unwind(|| {
+        let mut guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(loaded) = guard.as_mut() {
+            loaded.refcount += 1;
+            return SUCCESS;
+        }
+        let Some(path) = std::env::var_os("VRAMGUARD_SIM") else {
+            return DRIVER_NOT_LOADED;
+        };
+        let mut sim = match Sim::open(path) {
+            Ok(sim) => sim,
+            Err(_) => return DRIVER_NOT_LOADED,
+        };
+        if let Some(code) = sim.fault("nvmlInit_v2", None) {
+            return code;
+        }
+        *guard = Some(Loaded { sim, refcount: 1 });
+        SUCCESS
+    });
+    result.unwrap_or(UNKNOWN)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> c_uint {
+    init()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> c_uint {
+    init()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> c_uint {
+    init()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> c_uint {
+    let mut guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    match guard.as_mut() {
+        None => UNINITIALIZED,
+        Some(loaded) => {
+            loaded.refcount -= 1;
+            if loaded.refcount == 0 {
+                *guard = None;
+            }
+            SUCCESS
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: c_uint) -> *const c_char {
+    error_string(result).as_ptr().cast()
+}
+
+/// # Safety
+/// `version` must point to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> c_uint {
+    with_sim(|sim| {
+        if let Some(code) = sim.fault("nvmlSystemGetDriverVersion", None) {
+            return code;
+        }
+        let v = sim.state().driver_version.clone();
+        unsafe { write_c_string(&v, version, length) }
+    })
+}
+
+/// # Safety
+/// `version` must point to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> c_uint {
+    with_sim(|sim| {
+        if let Some(code) = sim.fault("nvmlSystemGetNVMLVersion", None) {
+            return code;
+        }
+        let v = sim.state().nvml_version();
+        unsafe { write_c_string(&v, version, length) }
+    })
+}
+
+/// # Safety
+/// `version` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> c_uint {
+    with_sim(|_| {
+        if version.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *version = 13000 };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `version` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> c_uint {
+    unsafe { nvmlSystemGetCudaDriverVersion(version) }
+}
+
+/// # Safety
+/// `count` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> c_uint {
+    with_sim(|sim| {
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        if let Some(code) = sim.fault("nvmlDeviceGetCount_v2", None) {
+            return code;
+        }
+        unsafe { *count = sim.state().gpus.len() as c_uint };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `device` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> c_uint {
+    with_sim(|sim| {
+        if device.is_null() || index as usize >= sim.state().gpus.len() {
+            return INVALID_ARGUMENT;
+        }
+        if let Some(code) = sim.fault("nvmlDeviceGetHandleByIndex_v2", Some(index)) {
+            return code;
+        }
+        unsafe { *device = handle_of(index as usize) };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `uuid` must be a NUL-terminated string, `device` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> c_uint {
+    with_sim(|sim| {
+        if uuid.is_null() || device.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
+        match sim.state().gpus.iter().position(|g| g.uuid == wanted) {
+            Some(i) => {
+                unsafe { *device = handle_of(i) };
+                SUCCESS
+            }
+            None => NOT_FOUND,
+        }
+    })
+}
+
+/// # Safety
+/// `index` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> c_uint {
+    with_gpu("nvmlDeviceGetIndex", device, |_, gpu| {
+        if index.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *index = gpu.index };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `uuid` must point to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetUUID", device, |_, gpu| unsafe {
+        write_c_string(&gpu.uuid, uuid, length)
+    })
+}
+
+/// # Safety
+/// `name` must point to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetName", device, |_, gpu| unsafe {
+        write_c_string(&gpu.name, name, length)
+    })
+}
+
+/// # Safety
+/// `minor` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetMinorNumber", device, |_, gpu| {
+        if minor.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *minor = gpu.index };
+        SUCCESS
+    })
+}
+
+fn copy_into<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(N - 1)) {
+        *d = b as c_char;
+    }
+}
+
+/// # Safety
+/// `pci` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetPciInfo_v3", device, |_, gpu| {
+        if pci.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let id = &gpu.pci_bus_id;
+        let hex = |range: std::ops::Range<usize>| u32::from_str_radix(&id[range], 16).unwrap_or(0);
+        // SAFETY: plain C struct of integers and char arrays; all-zero is valid.
+        let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+        info.domain = hex(0..8);
+        info.bus = hex(9..11);
+        info.device = hex(12..14);
+        info.pciDeviceId = 0x2335_10DE;
+        info.pciSubSystemId = 0x18BE_10DE;
+        copy_into(&mut info.busId, id);
+        copy_into(&mut info.busIdLegacy, &id[4..]);
+        unsafe { *pci = info };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `memory` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetMemoryInfo", device, |_, gpu| {
+        if memory.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // v1 has no "reserved": it is counted as used, as on real drivers.
+        unsafe {
+            (*memory).total = gpu.total;
+            (*memory).free = gpu.free;
+            (*memory).used = gpu.used + gpu.reserved;
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `memory` must be writable, with its `version` set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetMemoryInfo_v2", device, |_, gpu| {
+        if memory.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe {
+            if (*memory).version != MEMORY_V2_VERSION {
+                return ARGUMENT_VERSION_MISMATCH;
+            }
+            (*memory).total = gpu.total;
+            (*memory).reserved = gpu.reserved;
+            (*memory).free = gpu.free;
+            (*memory).used = gpu.used;
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `mode` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetPersistenceMode", device, |_, gpu| {
+        if mode.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *mode = gpu.persistence_mode as c_uint };
+        SUCCESS
+    })
+}
+
+/// The count-then-fill protocol shared by every process-list call.
+unsafe fn process_list(
+    call: &str,
+    device: nvmlDevice_t,
+    kind: AllocationKind,
+    apply_quirks: bool,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> c_uint {
+    let counted = infos.is_null().then_some(call);
+    with_gpu_counted(counted, device, |_, gpu| {
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let procs: Vec<_> = gpu.processes.iter().filter(|p| p.kind == kind).collect();
+        let capacity = unsafe { *count } as usize;
+        unsafe { *count = procs.len() as c_uint };
+        if procs.is_empty() {
+            return SUCCESS;
+        }
+        if infos.is_null() || capacity < procs.len() {
+            return INSUFFICIENT_SIZE;
+        }
+        let swapped = apply_quirks && gpu.quirks.contains(&Quirk::SwappedV3ProcessRecords);
+        for (i, p) in procs.iter().enumerate() {
+            let bytes = p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64);
+            let record = nvmlProcessInfo_t {
+                pid: if swapped { bytes as u32 } else { p.pid },
+                usedGpuMemory: if swapped { p.pid as u64 } else { bytes },
+                gpuInstanceId: NO_INSTANCE,
+                computeInstanceId: NO_INSTANCE,
+            };
+            unsafe { *infos.add(i) = record };
+        }
+        SUCCESS
+    })
+}
+
+macro_rules! process_list_fn {
+    ($name:ident, $kind:expr, $quirks:expr) => {
+        /// # Safety
+        /// `count` must be writable; `infos` must hold `*count` records or be null.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t,
+        ) -> c_uint {
+            unsafe { process_list(stringify!($name), device, $kind, $quirks, count, infos) }
+        }
+    };
+}
+
+process_list_fn!(
+    nvmlDeviceGetComputeRunningProcesses_v3,
+    AllocationKind::Compute,
+    true
+);
+process_list_fn!(
+    nvmlDeviceGetGraphicsRunningProcesses_v3,
+    AllocationKind::Graphics,
+    true
+);
+process_list_fn!(
+    nvmlDeviceGetMPSComputeRunningProcesses_v3,
+    AllocationKind::Mps,
+    true
+);
+process_list_fn!(
+    nvmlDeviceGetComputeRunningProcesses_v2,
+    AllocationKind::Compute,
+    false
+);
+process_list_fn!(
+    nvmlDeviceGetGraphicsRunningProcesses_v2,
+    AllocationKind::Graphics,
+    false
+);
+process_list_fn!(
+    nvmlDeviceGetMPSComputeRunningProcesses_v2,
+    AllocationKind::Mps,
+    false
+);
+
+/// # Safety
+/// `count` must be writable; `samples` must hold `*count` records or be null.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen_us: c_ulonglong,
+) -> c_uint {
+    let counted = samples
+        .is_null()
+        .then_some("nvmlDeviceGetProcessUtilization");
+    with_gpu_counted(counted, device, |_, gpu| {
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        if gpu.mig {
+            return NOT_SUPPORTED;
+        }
+        let fresh: Vec<_> = gpu
+            .utilization
+            .iter()
+            .filter(|u| u.timestamp_us > last_seen_us)
+            .collect();
+        if fresh.is_empty() {
+            return NOT_FOUND;
+        }
+        let capacity = unsafe { *count } as usize;
+        unsafe { *count = fresh.len() as c_uint };
+        if samples.is_null() || capacity < fresh.len() {
+            return INSUFFICIENT_SIZE;
+        }
+        for (i, u) in fresh.iter().enumerate() {
+            let s = nvmlProcessUtilizationSample_t {
+                pid: u.pid,
+                timeStamp: u.timestamp_us,
+                smUtil: u.sm_util,
+                memUtil: u.mem_util,
+                encUtil: 0,
+                decUtil: 0,
+            };
+            unsafe { *samples.add(i) = s };
+        }
+        SUCCESS
+    })
+}

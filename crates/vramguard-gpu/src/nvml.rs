@@ -1,0 +1,272 @@
+//! NVML through `nvml-wrapper`.
+
+use crate::read::{DeviceCalls, RawProcess, RawUtilization, read_gpu};
+use crate::{DEFAULT_NVML_LIB, DriverSample, GpuSource, SourceError, init_advice};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::Duration;
+use vramguard_core::snapshot::{
+    CallError, DriverFacts, DriverSource, GpuMemory, GpuSample, ProcessKind, ProcessListState,
+};
+
+/// The NVML return code of an error, when it came from the library.
+#[allow(deprecated)]
+fn nvml_code(e: &NvmlError) -> Option<u32> {
+    use NvmlError::*;
+    Some(match e {
+        Uninitialized => 1,
+        InvalidArg => 2,
+        NotSupported => 3,
+        NoPermission => 4,
+        AlreadyInitialized => 5,
+        NotFound => 6,
+        InsufficientSize(_) => 7,
+        InsufficientPower => 8,
+        DriverNotLoaded => 9,
+        Timeout => 10,
+        IrqIssue => 11,
+        LibraryNotFound => 12,
+        FunctionNotFound => 13,
+        CorruptedInfoROM => 14,
+        GpuLost => 15,
+        ResetRequired => 16,
+        OperatingSystem => 17,
+        LibRmVersionMismatch => 18,
+        InUse => 19,
+        InsufficientMemory => 20,
+        NoData => 21,
+        VgpuEccNotSupported => 22,
+        Unknown => 999,
+        UnexpectedVariant(code) => *code,
+        _ => return None,
+    })
+}
+
+fn call_error(call: &str, e: &NvmlError) -> CallError {
+    let code = nvml_code(e);
+    CallError {
+        call: call.to_string(),
+        code,
+        message: match code {
+            // NVML's own words, as nvmlErrorString gives them.
+            Some(c) => vramguard_sim::codes::message(c).to_string(),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// Reads GPUs through an NVML library.
+pub struct NvmlSource {
+    nvml: Nvml,
+    lib: String,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("lib", &self.lib)
+            .finish()
+    }
+}
+
+impl NvmlSource {
+    /// Loads and initialises NVML from `lib` (default `libnvidia-ml.so.1`).
+    pub fn open(lib: Option<&Path>) -> Result<Self, SourceError> {
+        let lib_name = lib
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| DEFAULT_NVML_LIB.to_string());
+        let os: &OsStr = lib
+            .map(Path::as_os_str)
+            .unwrap_or(OsStr::new(DEFAULT_NVML_LIB));
+        let nvml = Nvml::builder().lib_path(os).init().map_err(|e| match e {
+            NvmlError::LibloadingError(err) => SourceError::NoDriver {
+                lib: lib_name.clone(),
+                reason: err.to_string(),
+            },
+            NvmlError::FailedToLoadSymbol(sym) => SourceError::NoDriver {
+                lib: lib_name.clone(),
+                reason: format!("it lacks {sym}: not an NVML library"),
+            },
+            other => {
+                let error = call_error("nvmlInit_v2", &other);
+                SourceError::Init {
+                    advice: init_advice(error.code),
+                    error,
+                }
+            }
+        })?;
+        Ok(NvmlSource {
+            nvml,
+            lib: lib_name,
+        })
+    }
+}
+
+struct NvmlDevice<'a> {
+    device: Device<'a>,
+}
+
+fn to_raw(list: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>) -> Vec<RawProcess> {
+    list.into_iter()
+        .map(|p| RawProcess {
+            pid: p.pid,
+            used_bytes: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            },
+        })
+        .collect()
+}
+
+impl DeviceCalls for NvmlDevice<'_> {
+    fn uuid(&mut self) -> Result<String, CallError> {
+        self.device
+            .uuid()
+            .map_err(|e| call_error("nvmlDeviceGetUUID", &e))
+    }
+    fn name(&mut self) -> Result<String, CallError> {
+        self.device
+            .name()
+            .map_err(|e| call_error("nvmlDeviceGetName", &e))
+    }
+    fn pci_bus_id(&mut self) -> Result<String, CallError> {
+        self.device
+            .pci_info()
+            .map(|p| p.bus_id)
+            .map_err(|e| call_error("nvmlDeviceGetPciInfo_v3", &e))
+    }
+    fn minor_number(&mut self) -> Result<u32, CallError> {
+        self.device
+            .minor_number()
+            .map_err(|e| call_error("nvmlDeviceGetMinorNumber", &e))
+    }
+    fn memory(&mut self) -> Result<GpuMemory, CallError> {
+        self.device
+            .memory_info()
+            .map(|m| GpuMemory {
+                total: m.total,
+                reserved: m.reserved,
+                used: m.used,
+                free: m.free,
+            })
+            .map_err(|e| call_error("nvmlDeviceGetMemoryInfo_v2", &e))
+    }
+    fn persistence_mode(&mut self) -> Result<bool, CallError> {
+        self.device
+            .is_in_persistent_mode()
+            .map_err(|e| call_error("nvmlDeviceGetPersistenceMode", &e))
+    }
+    fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError> {
+        let (call, result) = match (kind, legacy) {
+            (ProcessKind::Compute, false) => (
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                self.device.running_compute_processes(),
+            ),
+            (ProcessKind::Graphics, false) => (
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                self.device.running_graphics_processes(),
+            ),
+            (ProcessKind::Mps, false) => (
+                "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                self.device.mps_running_compute_processes(),
+            ),
+            (ProcessKind::Compute, true) => (
+                "nvmlDeviceGetComputeRunningProcesses_v2",
+                self.device.running_compute_processes_v2(),
+            ),
+            (ProcessKind::Graphics, true) => (
+                "nvmlDeviceGetGraphicsRunningProcesses_v2",
+                self.device.running_graphics_processes_v2(),
+            ),
+            (ProcessKind::Mps, true) => {
+                return Err(CallError {
+                    call: "nvmlDeviceGetMPSComputeRunningProcesses_v2".into(),
+                    code: Some(crate::read::NOT_SUPPORTED),
+                    message: "no legacy MPS call is used".into(),
+                });
+            }
+        };
+        result.map(to_raw).map_err(|e| call_error(call, &e))
+    }
+    fn utilization(&mut self, since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
+        self.device
+            .process_utilization_stats(since_us)
+            .map(|samples| {
+                samples
+                    .into_iter()
+                    .map(|s| RawUtilization {
+                        pid: s.pid,
+                        timestamp_us: s.timestamp,
+                        sm: s.sm_util,
+                        mem: s.mem_util,
+                    })
+                    .collect()
+            })
+            .map_err(|e| call_error("nvmlDeviceGetProcessUtilization", &e))
+    }
+}
+
+/// A sample for a GPU whose handle could not even be obtained.
+pub(crate) fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: None,
+        name: None,
+        pci_bus_id: None,
+        minor_number: None,
+        memory: None,
+        persistence_mode: None,
+        processes: Vec::new(),
+        process_list: ProcessListState::Unavailable {
+            error: error.clone(),
+        },
+        utilization: None,
+        failure: Some(error),
+        warnings: Vec::new(),
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl GpuSource for NvmlSource {
+    fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
+        let driver_version = self.nvml.sys_driver_version().ok();
+        let nvml_version = self.nvml.sys_nvml_version().ok();
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| SourceError::Call(call_error("nvmlDeviceGetCount_v2", &e)))?;
+        let now = now_ms();
+        let since = now.saturating_sub(utilization_window.as_millis() as u64);
+        let mut gpus = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            gpus.push(match self.nvml.device_by_index(index) {
+                Ok(device) => read_gpu(
+                    index,
+                    &mut NvmlDevice { device },
+                    driver_version.as_deref(),
+                    now,
+                    since,
+                ),
+                Err(e) => unreachable_gpu(index, call_error("nvmlDeviceGetHandleByIndex_v2", &e)),
+            });
+        }
+        Ok(DriverSample {
+            driver: DriverFacts {
+                source: DriverSource::Nvml,
+                library: Some(self.lib.clone()),
+                driver_version,
+                nvml_version,
+            },
+            gpus,
+        })
+    }
+}

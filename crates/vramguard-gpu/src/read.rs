@@ -1,0 +1,592 @@
+//! The shared per-GPU reading routine.
+
+use std::collections::BTreeMap;
+use vramguard_core::snapshot::{
+    CallError, GpuMemory, GpuProcess, GpuSample, ProcessKind, ProcessListState, UtilizationSample,
+    UtilizationWindow,
+};
+
+/// Linux's `PID_MAX_LIMIT` on 64-bit: no real pid is larger.
+pub const PID_MAX_LIMIT: u32 = 4_194_304;
+
+/// One record of a process list, as the driver returned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawProcess {
+    /// Pid.
+    pub pid: u32,
+    /// Memory; `None` for `NVML_VALUE_NOT_AVAILABLE`.
+    pub used_bytes: Option<u64>,
+}
+
+/// One utilization sample, as the driver returned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawUtilization {
+    /// Pid.
+    pub pid: u32,
+    /// CPU timestamp, microseconds since the Unix epoch.
+    pub timestamp_us: u64,
+    /// SM percent (junk values above 100 happen).
+    pub sm: u32,
+    /// Memory percent.
+    pub mem: u32,
+}
+
+/// NVML's `NOT_SUPPORTED`.
+pub const NOT_SUPPORTED: u32 = 3;
+/// NVML's `NOT_FOUND`.
+pub const NOT_FOUND: u32 = 6;
+/// NVML's `INSUFFICIENT_SIZE`.
+pub const INSUFFICIENT_SIZE: u32 = 7;
+
+/// The per-device calls a source answers. Errors carry the NVML call and code.
+pub trait DeviceCalls {
+    /// `nvmlDeviceGetUUID`.
+    fn uuid(&mut self) -> Result<String, CallError>;
+    /// `nvmlDeviceGetName`.
+    fn name(&mut self) -> Result<String, CallError>;
+    /// `nvmlDeviceGetPciInfo_v3`, the bus id.
+    fn pci_bus_id(&mut self) -> Result<String, CallError>;
+    /// `nvmlDeviceGetMinorNumber`.
+    fn minor_number(&mut self) -> Result<u32, CallError>;
+    /// `nvmlDeviceGetMemoryInfo_v2`.
+    fn memory(&mut self) -> Result<GpuMemory, CallError>;
+    /// `nvmlDeviceGetPersistenceMode`.
+    fn persistence_mode(&mut self) -> Result<bool, CallError>;
+    /// One process list (`_v3`, or `_v2` when `legacy`). May fail with `INSUFFICIENT_SIZE`
+    /// when the list grew between the count and the fill; the caller retries.
+    fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError>;
+    /// `nvmlDeviceGetProcessUtilization` since `since_us`.
+    fn utilization(&mut self, since_us: u64) -> Result<Vec<RawUtilization>, CallError>;
+}
+
+fn plausible(p: &RawProcess, total: Option<u64>) -> bool {
+    p.pid > 0
+        && p.pid <= PID_MAX_LIMIT
+        && match (p.used_bytes, total) {
+            (Some(b), Some(t)) => b <= t,
+            _ => true,
+        }
+}
+
+fn list_call(kind: ProcessKind, legacy: bool) -> &'static str {
+    match (kind, legacy) {
+        (ProcessKind::Compute, false) => "nvmlDeviceGetComputeRunningProcesses_v3",
+        (ProcessKind::Graphics, false) => "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        (ProcessKind::Mps, false) => "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        (ProcessKind::Compute, true) => "nvmlDeviceGetComputeRunningProcesses_v2",
+        (ProcessKind::Graphics, true) => "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        (ProcessKind::Mps, true) => "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    }
+}
+
+/// Reads a list, retrying when it grew between the count and the fill.
+fn list_with_retry(
+    dev: &mut dyn DeviceCalls,
+    kind: ProcessKind,
+    legacy: bool,
+) -> Result<Vec<RawProcess>, CallError> {
+    let mut last = None;
+    for _ in 0..3 {
+        match dev.processes(kind, legacy) {
+            Err(e) if e.code == Some(INSUFFICIENT_SIZE) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.expect("three attempts"))
+}
+
+/// Reads one GPU. Never fails: what could not be read is recorded in the sample.
+pub fn read_gpu(
+    index: u32,
+    dev: &mut dyn DeviceCalls,
+    driver_version: Option<&str>,
+    now_ms: u64,
+    utilization_since_ms: u64,
+) -> GpuSample {
+    let mut warnings = Vec::new();
+    let optional = |r: Result<String, CallError>, w: &mut Vec<CallError>| match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if e.code != Some(NOT_SUPPORTED) {
+                w.push(e);
+            }
+            None
+        }
+    };
+    let uuid = optional(dev.uuid(), &mut warnings);
+    let name = optional(dev.name(), &mut warnings);
+    let pci_bus_id = optional(dev.pci_bus_id(), &mut warnings);
+    let minor_number = optional(dev.minor_number().map(|m| m.to_string()), &mut warnings)
+        .and_then(|m| m.parse().ok());
+    let mut sample = GpuSample {
+        index,
+        uuid,
+        name,
+        pci_bus_id,
+        minor_number,
+        memory: None,
+        persistence_mode: None,
+        processes: Vec::new(),
+        process_list: ProcessListState::Complete,
+        utilization: None,
+        failure: None,
+        warnings: Vec::new(),
+    };
+    match dev.memory() {
+        Ok(m) => sample.memory = Some(m),
+        Err(e) => {
+            // Memory is what vramguard is about: without it the GPU counts as failed.
+            sample.failure = Some(e);
+            sample.process_list = ProcessListState::Unavailable {
+                error: sample.failure.clone().expect("just set"),
+            };
+            sample.warnings = warnings;
+            return sample;
+        }
+    }
+    match dev.persistence_mode() {
+        Ok(p) => sample.persistence_mode = Some(p),
+        Err(e) if e.code == Some(NOT_SUPPORTED) => {}
+        Err(e) => warnings.push(e),
+    }
+
+    let total = sample.memory.map(|m| m.total);
+    let mut merged: BTreeMap<u32, GpuProcess> = BTreeMap::new();
+    let mut unreliable: Vec<String> = Vec::new();
+    for kind in [
+        ProcessKind::Compute,
+        ProcessKind::Graphics,
+        ProcessKind::Mps,
+    ] {
+        let records = match list_with_retry(dev, kind, false) {
+            Ok(r) => r,
+            Err(e) if e.code == Some(NOT_SUPPORTED) => continue,
+            Err(e) => {
+                if kind == ProcessKind::Compute {
+                    // Without the compute list nothing can be attributed.
+                    sample.process_list = ProcessListState::Unavailable { error: e };
+                    break;
+                }
+                warnings.push(e);
+                continue;
+            }
+        };
+        let records = if records.iter().all(|r| plausible(r, total)) {
+            records
+        } else {
+            let bad = records.iter().filter(|r| !plausible(r, total)).count();
+            let fallback = if kind == ProcessKind::Mps {
+                None
+            } else {
+                list_with_retry(dev, kind, true).ok()
+            };
+            match fallback {
+                Some(legacy) if legacy.iter().all(|r| plausible(r, total)) => {
+                    warnings.push(CallError {
+                        call: list_call(kind, false).into(),
+                        code: None,
+                        message: format!(
+                            "{bad} implausible record(s) (pid 0 or above {PID_MAX_LIMIT}, or \
+                             memory above total; driver {}); used {} instead",
+                            driver_version.unwrap_or("unknown"),
+                            list_call(kind, true)
+                        ),
+                    });
+                    legacy
+                }
+                _ => {
+                    unreliable.push(format!(
+                        "{} returned {bad} implausible record(s) and no fallback gave valid \
+                         ones (driver {}); implausible records were dropped",
+                        list_call(kind, false),
+                        driver_version.unwrap_or("unknown")
+                    ));
+                    records
+                        .into_iter()
+                        .filter(|r| plausible(r, total))
+                        .collect()
+                }
+            }
+        };
+        for r in records {
+            let entry = merged.entry(r.pid).or_insert(GpuProcess {
+                pid: r.pid,
+                kinds: Vec::new(),
+                used_bytes: r.used_bytes,
+            });
+            if !entry.kinds.contains(&kind) {
+                entry.kinds.push(kind);
+            }
+            // The same context in two lists is charged once: keep the larger figure.
+            entry.used_bytes = match (entry.used_bytes, r.used_bytes) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+    if !unreliable.is_empty() && matches!(sample.process_list, ProcessListState::Complete) {
+        sample.process_list = ProcessListState::Unreliable {
+            reason: unreliable.join("; "),
+        };
+    }
+    sample.processes = merged.into_values().collect();
+
+    // Per-process utilization. A MIG GPU does not support it; junk samples (pid 0, values
+    // in the tens of thousands, stale timestamps) appear when dead contexts linger.
+    let mig_like = sample.processes.iter().any(|p| p.used_bytes.is_none());
+    if !mig_like {
+        match dev.utilization(utilization_since_ms * 1000) {
+            Ok(raw) => {
+                sample.utilization = Some(aggregate_utilization(
+                    &raw,
+                    &sample.processes,
+                    utilization_since_ms,
+                    now_ms,
+                ))
+            }
+            Err(e) if e.code == Some(NOT_FOUND) => {
+                sample.utilization = Some(UtilizationWindow {
+                    since_ms: utilization_since_ms,
+                    samples: Vec::new(),
+                })
+            }
+            Err(e) if e.code == Some(NOT_SUPPORTED) => {}
+            Err(e) => warnings.push(e),
+        }
+    }
+    sample.warnings = warnings;
+    sample
+}
+
+fn aggregate_utilization(
+    raw: &[RawUtilization],
+    listed: &[GpuProcess],
+    since_ms: u64,
+    now_ms: u64,
+) -> UtilizationWindow {
+    let mut by_pid: BTreeMap<u32, UtilizationSample> = BTreeMap::new();
+    for s in raw {
+        let at_ms = s.timestamp_us / 1000;
+        let sane = s.pid > 0
+            && s.sm <= 100
+            && s.mem <= 100
+            && at_ms >= since_ms
+            && at_ms <= now_ms + 60_000
+            && listed.iter().any(|p| p.pid == s.pid);
+        if !sane {
+            continue;
+        }
+        let e = by_pid.entry(s.pid).or_insert(UtilizationSample {
+            pid: s.pid,
+            sm_percent: 0,
+            mem_percent: 0,
+            last_seen_ms: 0,
+        });
+        e.sm_percent = e.sm_percent.max(s.sm);
+        e.mem_percent = e.mem_percent.max(s.mem);
+        // Timestamps are the driver's; cap them at our clock so that equal inputs compare equal.
+        e.last_seen_ms = e.last_seen_ms.max(at_ms.min(now_ms));
+    }
+    UtilizationWindow {
+        since_ms,
+        samples: by_pid.into_values().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scripted device: answers from fields, records the calls it saw.
+    #[derive(Default)]
+    struct Scripted {
+        v3: Vec<RawProcess>,
+        v2: Option<Vec<RawProcess>>,
+        grow_failures: u32,
+        util: Vec<RawUtilization>,
+        memory_error: Option<u32>,
+        calls: Vec<String>,
+    }
+
+    fn err(call: &str, code: u32) -> CallError {
+        CallError {
+            call: call.into(),
+            code: Some(code),
+            message: vramguard_sim::codes::message(code).into(),
+        }
+    }
+
+    impl DeviceCalls for Scripted {
+        fn uuid(&mut self) -> Result<String, CallError> {
+            Ok("GPU-1".into())
+        }
+        fn name(&mut self) -> Result<String, CallError> {
+            Err(err("nvmlDeviceGetName", 999))
+        }
+        fn pci_bus_id(&mut self) -> Result<String, CallError> {
+            Ok("00000000:19:00.0".into())
+        }
+        fn minor_number(&mut self) -> Result<u32, CallError> {
+            Err(err("nvmlDeviceGetMinorNumber", NOT_SUPPORTED))
+        }
+        fn memory(&mut self) -> Result<GpuMemory, CallError> {
+            match self.memory_error {
+                Some(c) => Err(err("nvmlDeviceGetMemoryInfo_v2", c)),
+                None => Ok(GpuMemory {
+                    total: 100 << 30,
+                    reserved: 0,
+                    used: 10 << 30,
+                    free: 90 << 30,
+                }),
+            }
+        }
+        fn persistence_mode(&mut self) -> Result<bool, CallError> {
+            Ok(true)
+        }
+        fn processes(
+            &mut self,
+            kind: ProcessKind,
+            legacy: bool,
+        ) -> Result<Vec<RawProcess>, CallError> {
+            self.calls.push(list_call(kind, legacy).into());
+            if kind != ProcessKind::Compute {
+                return Ok(vec![]);
+            }
+            if self.grow_failures > 0 {
+                self.grow_failures -= 1;
+                return Err(err(list_call(kind, legacy), INSUFFICIENT_SIZE));
+            }
+            Ok(if legacy {
+                self.v2.clone().unwrap_or_default()
+            } else {
+                self.v3.clone()
+            })
+        }
+        fn utilization(&mut self, _since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
+            Ok(self.util.clone())
+        }
+    }
+
+    fn p(pid: u32, gib: u64) -> RawProcess {
+        RawProcess {
+            pid,
+            used_bytes: Some(gib << 30),
+        }
+    }
+
+    #[test]
+    fn plausible_records_pass_and_optional_failures_are_warnings() {
+        let mut d = Scripted {
+            v3: vec![p(10, 4), p(11, 6)],
+            ..Default::default()
+        };
+        let s = read_gpu(0, &mut d, Some("580.1"), 10_000, 0);
+        assert_eq!(s.processes.len(), 2);
+        assert_eq!(s.process_list, ProcessListState::Complete);
+        assert_eq!(s.name, None);
+        assert_eq!(
+            s.warnings.len(),
+            1,
+            "name failed; minor not supported is silent"
+        );
+        assert!(!d.calls.iter().any(|c| c.ends_with("_v2")));
+    }
+
+    #[test]
+    fn swapped_v3_records_fall_back_to_v2() {
+        // pid and memory swapped: the pid field holds the low bits of 6 GiB + 1 GiB.
+        let swapped = RawProcess {
+            pid: (7u64 << 30) as u32,
+            used_bytes: Some(10),
+        };
+        let mut d = Scripted {
+            v3: vec![swapped],
+            v2: Some(vec![p(10, 7)]),
+            ..Default::default()
+        };
+        let s = read_gpu(0, &mut d, Some("535.54.03"), 10_000, 0);
+        assert_eq!(
+            s.processes,
+            vec![GpuProcess {
+                pid: 10,
+                kinds: vec![ProcessKind::Compute],
+                used_bytes: Some(7 << 30)
+            }]
+        );
+        assert_eq!(s.process_list, ProcessListState::Complete);
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.message.contains("535.54.03") && w.message.contains("_v2"))
+        );
+    }
+
+    #[test]
+    fn implausible_records_without_a_valid_fallback_mark_the_list_unreliable() {
+        let mut d = Scripted {
+            v3: vec![p(0, 1), p(12, 4000)],
+            v2: Some(vec![p(0, 1)]),
+            ..Default::default()
+        };
+        let s = read_gpu(0, &mut d, Some("535.54.03"), 10_000, 0);
+        assert!(s.processes.is_empty());
+        match &s.process_list {
+            ProcessListState::Unreliable { reason } => {
+                assert!(reason.contains("535.54.03"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_list_that_grows_between_count_and_fill_is_retried() {
+        let mut d = Scripted {
+            v3: vec![p(10, 1)],
+            grow_failures: 2,
+            ..Default::default()
+        };
+        let s = read_gpu(0, &mut d, None, 10_000, 0);
+        assert_eq!(s.processes.len(), 1);
+        let mut d = Scripted {
+            v3: vec![p(10, 1)],
+            grow_failures: 5,
+            ..Default::default()
+        };
+        let s = read_gpu(0, &mut d, None, 10_000, 0);
+        assert!(matches!(
+            s.process_list,
+            ProcessListState::Unavailable { .. }
+        ));
+    }
+
+    #[test]
+    fn a_failed_memory_call_marks_the_gpu_failed() {
+        let mut d = Scripted {
+            memory_error: Some(15),
+            ..Default::default()
+        };
+        let s = read_gpu(3, &mut d, None, 10_000, 0);
+        let f = s.failure.unwrap();
+        assert_eq!(f.code, Some(15));
+        assert_eq!(f.message, "GPU is lost");
+        assert_eq!(
+            s.uuid.as_deref(),
+            Some("GPU-1"),
+            "what was read before the failure is kept"
+        );
+    }
+
+    #[test]
+    fn junk_utilization_samples_are_dropped() {
+        let util = vec![
+            RawUtilization {
+                pid: 0,
+                timestamp_us: 9_000_000,
+                sm: 50,
+                mem: 1,
+            },
+            RawUtilization {
+                pid: 10,
+                timestamp_us: 9_000_000,
+                sm: 31_000,
+                mem: 1,
+            },
+            RawUtilization {
+                pid: 10,
+                timestamp_us: 9_500_000,
+                sm: 40,
+                mem: 5,
+            },
+            RawUtilization {
+                pid: 10,
+                timestamp_us: 1_000,
+                sm: 90,
+                mem: 5,
+            },
+            RawUtilization {
+                pid: 99,
+                timestamp_us: 9_500_000,
+                sm: 40,
+                mem: 5,
+            },
+        ];
+        let mut d = Scripted {
+            v3: vec![p(10, 1)],
+            util,
+            ..Default::default()
+        };
+        let s = read_gpu(0, &mut d, None, 10_000, 5_000);
+        let w = s.utilization.unwrap();
+        assert_eq!(
+            w.samples,
+            vec![UtilizationSample {
+                pid: 10,
+                sm_percent: 40,
+                mem_percent: 5,
+                last_seen_ms: 9_500
+            }]
+        );
+    }
+
+    #[test]
+    fn the_same_pid_in_two_lists_is_one_holder() {
+        struct Both;
+        impl DeviceCalls for Both {
+            fn uuid(&mut self) -> Result<String, CallError> {
+                Ok("GPU-1".into())
+            }
+            fn name(&mut self) -> Result<String, CallError> {
+                Ok("x".into())
+            }
+            fn pci_bus_id(&mut self) -> Result<String, CallError> {
+                Ok("00000000:19:00.0".into())
+            }
+            fn minor_number(&mut self) -> Result<u32, CallError> {
+                Ok(0)
+            }
+            fn memory(&mut self) -> Result<GpuMemory, CallError> {
+                Ok(GpuMemory {
+                    total: 100 << 30,
+                    reserved: 0,
+                    used: 4 << 30,
+                    free: 96 << 30,
+                })
+            }
+            fn persistence_mode(&mut self) -> Result<bool, CallError> {
+                Ok(false)
+            }
+            fn processes(
+                &mut self,
+                kind: ProcessKind,
+                _legacy: bool,
+            ) -> Result<Vec<RawProcess>, CallError> {
+                Ok(match kind {
+                    ProcessKind::Mps => vec![],
+                    _ => vec![RawProcess {
+                        pid: 10,
+                        used_bytes: Some(4 << 30),
+                    }],
+                })
+            }
+            fn utilization(&mut self, _since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
+                Err(CallError {
+                    call: "nvmlDeviceGetProcessUtilization".into(),
+                    code: Some(NOT_FOUND),
+                    message: "Not Found".into(),
+                })
+            }
+        }
+        let s = read_gpu(0, &mut Both, None, 10_000, 0);
+        assert_eq!(s.processes.len(), 1);
+        assert_eq!(
+            s.processes[0].kinds,
+            vec![ProcessKind::Compute, ProcessKind::Graphics]
+        );
+        assert_eq!(s.processes[0].used_bytes, Some(4 << 30));
+        assert_eq!(
+            s.utilization.unwrap().samples,
+            vec![],
+            "NOT_FOUND means no busy process"
+        );
+    }
+}

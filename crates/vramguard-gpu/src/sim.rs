@@ -1,0 +1,226 @@
+//! The simulation model, in-process (`vramguard --sim STATE`).
+
+use crate::nvml::{now_ms, unreachable_gpu};
+use crate::read::{DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, read_gpu};
+use crate::{DriverSample, GpuSource, SourceError, init_advice};
+use std::path::Path;
+use std::time::Duration;
+use vramguard_core::snapshot::{CallError, DriverFacts, DriverSource, GpuMemory, ProcessKind};
+use vramguard_sim::codes::{self, VALUE_NOT_AVAILABLE_U64};
+use vramguard_sim::state::Quirk;
+use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
+
+/// Reads the simulated GPUs directly from the model, answering exactly what the
+/// simulator's NVML library would.
+#[derive(Debug)]
+pub struct SimSource {
+    sim: Sim,
+}
+
+impl SimSource {
+    /// Opens the state file, like `nvmlInit_v2` would.
+    pub fn open(state: &Path) -> Result<Self, SourceError> {
+        let mut sim = Sim::open(state)?;
+        if let Some(code) = sim.fault("nvmlInit_v2", None) {
+            let error = fault_error("nvmlInit_v2", code);
+            return Err(SourceError::Init {
+                advice: init_advice(Some(code)),
+                error,
+            });
+        }
+        // nvml-wrapper's init reads the driver version once; count it the same way.
+        let _ = sim.fault("nvmlSystemGetDriverVersion", None);
+        Ok(SimSource { sim })
+    }
+
+    /// The model, for resets and tests.
+    pub fn sim_mut(&mut self) -> &mut Sim {
+        &mut self.sim
+    }
+}
+
+fn fault_error(call: &str, code: u32) -> CallError {
+    CallError {
+        call: call.into(),
+        code: Some(code),
+        message: codes::message(code).into(),
+    }
+}
+
+struct SimDevice<'a> {
+    sim: &'a mut Sim,
+    index: u32,
+}
+
+impl SimDevice<'_> {
+    /// Counts the call and answers from a fresh observation of this GPU.
+    fn call<T>(
+        &mut self,
+        call: &str,
+        f: impl FnOnce(&ObservedGpu) -> Result<T, u32>,
+    ) -> Result<T, CallError> {
+        if let Some(code) = self.sim.fault(call, Some(self.index)) {
+            return Err(fault_error(call, code));
+        }
+        let obs = self
+            .sim
+            .observe()
+            .map_err(|_| fault_error(call, codes::UNKNOWN))?;
+        let gpu = obs
+            .gpus
+            .get(self.index as usize)
+            .ok_or_else(|| fault_error(call, codes::GPU_IS_LOST))?;
+        f(gpu).map_err(|code| fault_error(call, code))
+    }
+}
+
+impl DeviceCalls for SimDevice<'_> {
+    fn uuid(&mut self) -> Result<String, CallError> {
+        self.call("nvmlDeviceGetUUID", |g| Ok(g.uuid.clone()))
+    }
+    fn name(&mut self) -> Result<String, CallError> {
+        self.call("nvmlDeviceGetName", |g| Ok(g.name.clone()))
+    }
+    fn pci_bus_id(&mut self) -> Result<String, CallError> {
+        self.call("nvmlDeviceGetPciInfo_v3", |g| Ok(g.pci_bus_id.clone()))
+    }
+    fn minor_number(&mut self) -> Result<u32, CallError> {
+        self.call("nvmlDeviceGetMinorNumber", |g| Ok(g.index))
+    }
+    fn memory(&mut self) -> Result<GpuMemory, CallError> {
+        self.call("nvmlDeviceGetMemoryInfo_v2", |g| {
+            Ok(GpuMemory {
+                total: g.total,
+                reserved: g.reserved,
+                used: g.used,
+                free: g.free,
+            })
+        })
+    }
+    fn persistence_mode(&mut self) -> Result<bool, CallError> {
+        self.call("nvmlDeviceGetPersistenceMode", |g| Ok(g.persistence_mode))
+    }
+    fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError> {
+        let (call, sim_kind) = match (kind, legacy) {
+            (ProcessKind::Compute, false) => (
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                AllocationKind::Compute,
+            ),
+            (ProcessKind::Graphics, false) => (
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                AllocationKind::Graphics,
+            ),
+            (ProcessKind::Mps, false) => (
+                "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                AllocationKind::Mps,
+            ),
+            (ProcessKind::Compute, true) => (
+                "nvmlDeviceGetComputeRunningProcesses_v2",
+                AllocationKind::Compute,
+            ),
+            (ProcessKind::Graphics, true) => (
+                "nvmlDeviceGetGraphicsRunningProcesses_v2",
+                AllocationKind::Graphics,
+            ),
+            (ProcessKind::Mps, true) => (
+                "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+                AllocationKind::Mps,
+            ),
+        };
+        self.call(call, |g| {
+            let swapped = !legacy && g.quirks.contains(&Quirk::SwappedV3ProcessRecords);
+            Ok(g.processes
+                .iter()
+                .filter(|p| p.kind == sim_kind)
+                .map(|p| {
+                    let bytes = p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64);
+                    let (pid, raw) = if swapped {
+                        (bytes as u32, p.pid as u64)
+                    } else {
+                        (p.pid, bytes)
+                    };
+                    RawProcess {
+                        pid,
+                        used_bytes: (raw != VALUE_NOT_AVAILABLE_U64).then_some(raw),
+                    }
+                })
+                .collect())
+        })
+    }
+    fn utilization(&mut self, since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
+        self.call("nvmlDeviceGetProcessUtilization", |g| {
+            if g.mig {
+                return Err(NOT_SUPPORTED);
+            }
+            let fresh: Vec<RawUtilization> = g
+                .utilization
+                .iter()
+                .filter(|u| u.timestamp_us > since_us)
+                .map(|u| RawUtilization {
+                    pid: u.pid,
+                    timestamp_us: u.timestamp_us,
+                    sm: u.sm_util,
+                    mem: u.mem_util,
+                })
+                .collect();
+            if fresh.is_empty() {
+                Err(NOT_FOUND)
+            } else {
+                Ok(fresh)
+            }
+        })
+    }
+}
+
+impl GpuSource for SimSource {
+    fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
+        let state = self.sim.state().clone();
+        let driver_version = match self.sim.fault("nvmlSystemGetDriverVersion", None) {
+            None => Some(state.driver_version.clone()),
+            Some(_) => None,
+        };
+        let nvml_version = match self.sim.fault("nvmlSystemGetNVMLVersion", None) {
+            None => Some(state.nvml_version()),
+            Some(_) => None,
+        };
+        if let Some(code) = self.sim.fault("nvmlDeviceGetCount_v2", None) {
+            return Err(SourceError::Call(fault_error(
+                "nvmlDeviceGetCount_v2",
+                code,
+            )));
+        }
+        let count = self.sim.observe()?.gpus.len() as u32;
+        let now = now_ms();
+        let since = now.saturating_sub(utilization_window.as_millis() as u64);
+        let mut gpus = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            if let Some(code) = self.sim.fault("nvmlDeviceGetHandleByIndex_v2", Some(index)) {
+                gpus.push(unreachable_gpu(
+                    index,
+                    fault_error("nvmlDeviceGetHandleByIndex_v2", code),
+                ));
+                continue;
+            }
+            let mut dev = SimDevice {
+                sim: &mut self.sim,
+                index,
+            };
+            gpus.push(read_gpu(
+                index,
+                &mut dev,
+                driver_version.as_deref(),
+                now,
+                since,
+            ));
+        }
+        Ok(DriverSample {
+            driver: DriverFacts {
+                source: DriverSource::Simulated,
+                library: None,
+                driver_version,
+                nvml_version,
+            },
+            gpus,
+        })
+    }
+}

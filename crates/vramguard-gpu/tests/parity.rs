@@ -1,0 +1,185 @@
+//! The in-process model and the NVML path (nvml-wrapper → the simulator's
+//! `libnvidia-ml.so.1`) must give identical GPU samples for the same state.
+
+use std::sync::Mutex;
+use std::time::Duration;
+use vramguard_core::snapshot::{GpuSample, ProcessKind, ProcessListState};
+use vramguard_gpu::{GpuSource, NvmlSource, SimSource, SourceError};
+use vramguard_sim::state::{AfterExit, AllocationKind, Fault, Quirk};
+use vramguard_testkit::{GIB, World, allocation, sim_nvml_lib};
+
+/// The NVML library is a process-wide singleton configured through the environment: tests
+/// that load it take turns.
+static NVML: Mutex<()> = Mutex::new(());
+
+fn nvml_sample(world: &World) -> Result<vramguard_gpu::DriverSample, SourceError> {
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    let mut source = NvmlSource::open(Some(&sim_nvml_lib()))?;
+    source.sample(Duration::from_secs(600))
+}
+
+/// Timestamps differ between two readings; everything else must not.
+fn normalized(mut gpus: Vec<GpuSample>) -> Vec<GpuSample> {
+    for g in &mut gpus {
+        if let Some(u) = g.utilization.as_mut() {
+            u.since_ms = 0;
+            for s in &mut u.samples {
+                s.last_seen_ms = 0;
+            }
+        }
+    }
+    gpus
+}
+
+#[test]
+fn in_process_and_nvml_paths_agree() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(4);
+    let trainer = world.holder(&["nvidiactl", "nvidia0"], 60);
+    let viewer = world.holder(&["nvidiactl", "nvidia0"], 60);
+    let mig_user = world.holder(&["nvidiactl", "nvidia1"], 60);
+    let old_driver_user = world.holder(&["nvidiactl", "nvidia2"], 60);
+    let mut busy = allocation(0, trainer.pid(), 16 * GIB);
+    busy.sm_util = 87;
+    busy.mem_util = 40;
+    world.allocate(busy);
+    let mut gfx = allocation(0, viewer.pid(), GIB);
+    gfx.kind = AllocationKind::Graphics;
+    world.allocate(gfx);
+    let mut both = allocation(0, viewer.pid(), GIB);
+    both.kind = AllocationKind::Compute;
+    world.allocate(both);
+    world.allocate(allocation(1, mig_user.pid(), 10 * GIB));
+    world.allocate(allocation(2, old_driver_user.pid(), 7 * GIB));
+    let mut leak = allocation(2, 999_999, 3 * GIB);
+    leak.after_exit = AfterExit::Leak;
+    world.allocate(leak);
+    world.update(|s| {
+        s.gpus[1].mig = true;
+        s.gpus[2].quirks.push(Quirk::SwappedV3ProcessRecords);
+        s.gpus[3].faults.push(Fault {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            code: 15,
+            after_calls: 0,
+            times: None,
+        });
+    });
+
+    let via_nvml = nvml_sample(&world).unwrap();
+    let in_process = SimSource::open(&world.state_path())
+        .unwrap()
+        .sample(Duration::from_secs(600))
+        .unwrap();
+    assert_eq!(
+        via_nvml.driver.driver_version.as_deref(),
+        Some("580.159.03")
+    );
+    assert_eq!(
+        via_nvml.driver.driver_version,
+        in_process.driver.driver_version
+    );
+    assert_eq!(via_nvml.driver.nvml_version, in_process.driver.nvml_version);
+    let (a, b) = (normalized(via_nvml.gpus), normalized(in_process.gpus));
+    assert_eq!(a, b);
+
+    // And the content is what the state says.
+    let g0 = &a[0];
+    assert_eq!(g0.memory.unwrap().used, 18 * GIB);
+    assert_eq!(g0.processes.len(), 2);
+    let v = g0.processes.iter().find(|p| p.pid == viewer.pid()).unwrap();
+    assert_eq!(v.kinds, vec![ProcessKind::Compute, ProcessKind::Graphics]);
+    assert_eq!(g0.utilization.as_ref().unwrap().samples[0].sm_percent, 87);
+    assert_eq!(g0.pci_bus_id.as_deref(), Some("00000000:19:00.0"));
+    assert_eq!(g0.minor_number, Some(0));
+    assert_eq!(
+        a[1].processes[0].used_bytes, None,
+        "MIG: not available, never a number"
+    );
+    assert_eq!(
+        a[2].processes.len(),
+        1,
+        "swapped _v3 records replaced by _v2"
+    );
+    assert_eq!(a[2].processes[0].pid, old_driver_user.pid());
+    assert_eq!(a[2].process_list, ProcessListState::Complete);
+    assert!(a[2].warnings.iter().any(|w| w.message.contains("_v2")));
+    assert_eq!(
+        a[2].memory.unwrap().used,
+        10 * GIB,
+        "residue counts as used"
+    );
+    let lost = a[3].failure.as_ref().unwrap();
+    assert_eq!(lost.code, Some(15));
+    assert_eq!(lost.message, "GPU is lost");
+}
+
+#[test]
+fn no_library_is_a_clear_no_driver_error() {
+    let err =
+        NvmlSource::open(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1"))).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("no NVIDIA driver: /nonexistent/libnvidia-ml.so.1 could not be loaded"),
+        "{msg}"
+    );
+    assert!(msg.contains("try `vramguard demo`"), "{msg}");
+}
+
+#[test]
+fn an_injected_init_failure_is_reported_with_advice() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(1);
+    world.update(|s| {
+        s.faults.push(Fault {
+            call: "nvmlInit_v2".into(),
+            code: 9,
+            after_calls: 0,
+            times: None,
+        })
+    });
+    let msg = nvml_sample(&world).unwrap_err().to_string();
+    assert!(
+        msg.contains("nvmlInit_v2: Driver Not Loaded (code 9)"),
+        "{msg}"
+    );
+    assert!(msg.contains("lsmod"), "{msg}");
+    let msg = SimSource::open(&world.state_path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("nvmlInit_v2: Driver Not Loaded (code 9)"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_timeout_after_some_calls_fails_only_that_gpu() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(2);
+    let h = world.holder(&["nvidia0"], 60);
+    world.allocate(allocation(0, h.pid(), GIB));
+    world.update(|s| {
+        s.gpus[1].faults.push(Fault {
+            call: "nvmlDeviceGetComputeRunningProcesses_v3".into(),
+            code: 10,
+            after_calls: 1,
+            times: None,
+        })
+    });
+    let mut src = {
+        unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+        NvmlSource::open(Some(&sim_nvml_lib())).unwrap()
+    };
+    let first = src.sample(Duration::from_secs(60)).unwrap();
+    assert_eq!(first.gpus[1].process_list, ProcessListState::Complete);
+    let second = src.sample(Duration::from_secs(60)).unwrap();
+    match &second.gpus[1].process_list {
+        ProcessListState::Unavailable { error } => {
+            assert_eq!(error.code, Some(10));
+            assert_eq!(error.message, "Timeout");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(second.gpus[0].processes.len(), 1, "GPU 0 unaffected");
+}

@@ -1,0 +1,253 @@
+//! Shared test harness.
+//!
+//! - [`World`]: a temp directory with a simulator state file and stand-in device files.
+//! - [`sim_nvml_lib`]: the simulator's `libnvidia-ml.so.1`, built on first use.
+//! - [`Reaped`] / [`Spawned`]: processes a test started, killed by pid (never by name) and
+//!   reaped when the guard drops, pass or fail.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use vramguard_sim::state::{AfterExit, SimAllocation, SimGpu, SimState};
+use vramguard_sim::store;
+
+/// One GiB.
+pub const GIB: u64 = 1 << 30;
+
+/// A child process, killed and reaped on drop.
+#[derive(Debug)]
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Pids a test caused to exist but did not spawn directly (grandchildren re-parented to
+/// init): SIGKILLed on drop, each after checking it is still the process recorded (same
+/// start time), so a reused pid is never hit.
+#[derive(Debug, Default)]
+pub struct Spawned(Vec<(u32, Option<u64>)>);
+
+impl Spawned {
+    /// Records `pid` with its current start time.
+    pub fn track(&mut self, pid: u32) {
+        self.0.push((pid, start_ticks(pid)));
+    }
+    /// Kills every tracked process that still is who it was.
+    pub fn kill_all(&mut self) {
+        for (pid, start) in self.0.drain(..) {
+            if start.is_some()
+                && start_ticks(pid) == start
+                && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
+            {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Start time (clock ticks after boot) of a live pid.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// State letter of a live pid.
+pub fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().next()?.chars().next()
+}
+
+/// Whether a pid exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    matches!(state_of(pid), Some(s) if s != 'Z' && s != 'X')
+}
+
+/// Polls `cond` every 10 ms for up to `secs` seconds; panics naming `what` on timeout.
+pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A simulated machine in a temp directory.
+#[derive(Debug)]
+pub struct World {
+    /// The directory (removed on drop).
+    pub dir: tempfile::TempDir,
+}
+
+/// A GPU for [`World::new`]: an H200 with index-derived UUID and bus id.
+pub fn h200(index: u32) -> SimGpu {
+    SimGpu {
+        uuid: format!("GPU-{index:08x}-5a1e-4c0d-9e1f-0123456789ab"),
+        name: "NVIDIA H200".into(),
+        total_bytes: 150_754_820_096,
+        reserved_bytes: 570_425_344,
+        baseline_used_bytes: 0,
+        pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + index * 0x10),
+        persistence_mode: true,
+        mig: false,
+        faults: vec![],
+        quirks: vec![],
+    }
+}
+
+/// An allocation that follows the process (listed, released at exit).
+pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
+    SimAllocation {
+        gpu,
+        pid,
+        bytes,
+        kind: Default::default(),
+        after_exit: AfterExit::Release,
+        listed: true,
+        reported_pid: None,
+        sm_util: 0,
+        mem_util: 0,
+    }
+}
+
+impl World {
+    /// A world with `gpus` H200s and no allocations.
+    pub fn new(gpus: u32) -> World {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let dev = dir.path().join("dev");
+        store::create_dev_dir(&dev, gpus as usize).expect("dev dir");
+        let state = SimState {
+            driver_version: "580.159.03".into(),
+            nvml_version: None,
+            dev_dir: dev,
+            proc_root: "/proc".into(),
+            gpus: (0..gpus).map(h200).collect(),
+            allocations: vec![],
+            faults: vec![],
+        };
+        store::write_state(&dir.path().join("state.json"), &state).expect("state");
+        World { dir }
+    }
+    /// The state file.
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.path().join("state.json")
+    }
+    /// The stand-in device directory.
+    pub fn dev_dir(&self) -> PathBuf {
+        self.dir.path().join("dev")
+    }
+    /// A stand-in device file.
+    pub fn dev(&self, name: &str) -> PathBuf {
+        self.dev_dir().join(name)
+    }
+    /// Changes the state file.
+    pub fn update(&self, change: impl FnOnce(&mut SimState)) {
+        store::update_state(&self.state_path(), change).expect("update state");
+    }
+    /// Adds an allocation.
+    pub fn allocate(&self, a: SimAllocation) {
+        self.update(|s| s.allocations.push(a));
+    }
+    /// A process holding the given device files open (fd 3, 4...), sleeping `secs`.
+    pub fn holder(&self, files: &[&str], secs: u32) -> Reaped {
+        let mut script = String::new();
+        for (i, f) in files.iter().enumerate() {
+            script.push_str(&format!("exec {}<{} ; ", i + 3, self.dev(f).display()));
+        }
+        script.push_str(&format!("exec sleep {secs}"));
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        let dev = self.dev_dir();
+        wait_until(10, "the holder to open its device files", || {
+            files.is_empty() || open_files(pid, &dev) >= files.len()
+        });
+        Reaped(child)
+    }
+}
+
+/// How many fds of `pid` point into `dir`.
+pub fn open_files(pid: u32, dir: &Path) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.starts_with(dir)))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The simulator's NVML library, built on first use (a nested `cargo build` of
+/// `vramguard-sim-nvml`), exposed as `libnvidia-ml.so.1` in a stable directory.
+pub fn sim_nvml_lib() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "vramguard-sim-nvml",
+                "--message-format=json-render-diagnostics",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p vramguard-sim-nvml");
+        assert!(
+            out.status.success(),
+            "building the sim NVML library failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let so = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|m| {
+                m["reason"] == "compiler-artifact" && m["target"]["name"] == "vramguard_sim_nvml"
+            })
+            .flat_map(|m| {
+                m["filenames"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|f| f.as_str().map(PathBuf::from))
+            })
+            .find(|f| f.extension().is_some_and(|e| e == "so"))
+            .expect("cargo reported no .so for vramguard-sim-nvml");
+        let dir = so.parent().expect("artifact dir").join("sim-nvml");
+        std::fs::create_dir_all(&dir).expect("lib dir");
+        let link = dir.join("libnvidia-ml.so.1");
+        let tmp = dir.join(format!(".link{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&so, &tmp).expect("symlink");
+        std::fs::rename(&tmp, &link).expect("rename symlink");
+        link
+    })
+    .clone()
+}
