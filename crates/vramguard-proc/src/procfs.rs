@@ -14,20 +14,20 @@ const INIT_PID_NS_INODE: &str = "pid:[4026531836]";
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
     /// An I/O error other than "gone" or "denied".
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file exists but is not in the format proc(5) describes.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Malformed {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        source: ParseError,
+        cause: ParseError,
     },
 }
 
@@ -63,7 +63,7 @@ fn triage<T>(
         Err(Errno::ACCESS | Errno::PERM) => Ok(Found::Denied),
         Err(e) => Err(ProcError::Io {
             path: path(),
-            source: e.into(),
+            cause: e.into(),
         }),
     }
 }
@@ -86,7 +86,7 @@ impl ProcFs {
         )
         .map_err(|e| ProcError::Io {
             path: root.clone(),
-            source: e.into(),
+            cause: e.into(),
         })?;
         Ok(ProcFs { root, root_fd })
     }
@@ -137,13 +137,13 @@ impl ProcFs {
     pub fn pids(&self) -> Result<Vec<u32>, ProcError> {
         let dir = rustix::fs::Dir::read_from(&self.root_fd).map_err(|e| ProcError::Io {
             path: self.root.clone(),
-            source: e.into(),
+            cause: e.into(),
         })?;
         let mut pids = Vec::with_capacity(1024);
         for entry in dir {
             let entry = entry.map_err(|e| ProcError::Io {
                 path: self.root.clone(),
-                source: e.into(),
+                cause: e.into(),
             })?;
             if let Some(pid) = parse_pid(entry.file_name().to_bytes()) {
                 pids.push(pid);
@@ -167,7 +167,7 @@ impl ProcFs {
                     .map(Found::Yes)
                     .map_err(|source| ProcError::Malformed {
                         path: self.path(rel),
-                        source,
+                        cause: source,
                     })
             }
             Found::Gone => Ok(Found::Gone),
@@ -274,7 +274,7 @@ impl ProcFs {
                 Err(e) => {
                     return Err(ProcError::Io {
                         path: self.path(&rel),
-                        source: e.into(),
+                        cause: e.into(),
                     });
                 }
             };
@@ -291,7 +291,7 @@ impl ProcFs {
                 Err(e) => {
                     return Err(ProcError::Io {
                         path: self.path(&rel),
-                        source: e.into(),
+                        cause: e.into(),
                     });
                 }
             };

@@ -188,20 +188,20 @@ pub const FAULTABLE_CALLS: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// The file could not be read.
-    #[error("reading simulator state {path}: {source}")]
+    #[error("reading simulator state {path}: {cause}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The JSON is malformed or has a wrong field (serde names the field, line and column).
-    #[error("simulator state {path}: {source}")]
+    #[error("simulator state {path}: {cause}")]
     Parse {
         /// The file.
         path: PathBuf,
         /// The cause, with line and column.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// The JSON is well-formed but inconsistent.
     #[error("simulator state {path}: {field}: {problem}")]
@@ -214,12 +214,12 @@ pub enum StateError {
         problem: String,
     },
     /// The file could not be written.
-    #[error("writing simulator state {path}: {source}")]
+    #[error("writing simulator state {path}: {cause}")]
     Write {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -228,7 +228,7 @@ impl SimState {
     pub fn from_json(path: &Path, text: &str) -> Result<SimState, StateError> {
         let state: SimState = serde_json::from_str(text).map_err(|source| StateError::Parse {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
         state.validate(path)?;
         Ok(state)
@@ -238,7 +238,7 @@ impl SimState {
     pub fn load(path: &Path) -> Result<SimState, StateError> {
         let text = std::fs::read_to_string(path).map_err(|source| StateError::Read {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
         SimState::from_json(path, &text)
     }

@@ -50,7 +50,7 @@ pub fn write_state(path: &Path, state: &SimState) -> Result<(), SimError> {
     write_atomic(path, text.as_bytes()).map_err(|source| {
         SimError::State(StateError::Write {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })
     })
 }
@@ -65,7 +65,7 @@ pub fn update_state(path: &Path, change: impl FnOnce(&mut SimState)) -> Result<S
     write_atomic(path, text.as_bytes()).map_err(|source| {
         SimError::State(StateError::Write {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })
     })?;
     Ok(state)

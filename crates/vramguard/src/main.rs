@@ -1,1 +1,104 @@
-fn main() {}
+//! `vramguard`: explain, reclaim and prevent GPU memory held by processes whose job is gone.
+//!
+//! The binary is a thin shell: it reads the driver and `/proc` through the library crates,
+//! hands the facts to the pure core and prints or acts on what comes back. Errors are printed
+//! once, as one line with their causes, and exit with 2.
+
+mod cli;
+mod config;
+mod context;
+mod demo;
+mod holder;
+mod render;
+mod simcmd;
+
+use anyhow::Result;
+use clap::Parser;
+use std::io::Write;
+
+fn main() {
+    // A simulated holder re-executes vramguard with its spec in the environment.
+    if let Ok(spec) = std::env::var(holder::HOLDER_ENV) {
+        let code = match serde_json::from_str(&spec)
+            .map_err(anyhow::Error::from)
+            .and_then(holder::run)
+        {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("vramguard holder: {e:#}");
+                2
+            }
+        };
+        std::process::exit(code);
+    }
+    let cli = cli::Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // A closed pipe (`vramguard status | head`) is not a failure.
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                0
+            } else {
+                eprintln!("vramguard: error: {e:#}");
+                2
+            }
+        }
+    };
+    std::process::exit(code);
+}
+
+fn print(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    print(&text)
+}
+
+fn run(cli: cli::Cli) -> Result<i32> {
+    use cli::Command;
+    match cli.command {
+        Command::Status(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            let (_, report) = ctx.report()?;
+            if args.json {
+                print_json(&report)?;
+            } else {
+                print(&render::status(
+                    &report,
+                    &render::Style::new(render::use_colour()),
+                ))?;
+            }
+            Ok(0)
+        }
+        Command::Diagnose(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            let (_, report) = ctx.report()?;
+            let diagnosis = vramguard_core::diagnose::diagnose(report);
+            if args.json {
+                print_json(&diagnosis)?;
+            } else {
+                print(&render::diagnose(
+                    &diagnosis,
+                    &render::Style::new(render::use_colour()),
+                ))?;
+            }
+            Ok(diagnosis.exit_code())
+        }
+        Command::Snapshot => {
+            let ctx = context::Ctx::new(cli.global)?;
+            print_json(&ctx.snapshot()?)?;
+            Ok(0)
+        }
+        Command::Demo(args) => demo::run(&cli.global, &args),
+        Command::Sim(cmd) => simcmd::run(&cli.global, cmd),
+    }
+}

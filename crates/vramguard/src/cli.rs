@@ -1,0 +1,129 @@
+//! Command-line definitions. Only this crate knows about the command line.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Explain, reclaim and prevent GPU memory held by processes whose job is gone.
+#[derive(Debug, Parser)]
+#[command(name = "vramguard", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where facts come from.
+#[derive(Debug, Args, Clone)]
+pub struct Global {
+    /// Use the simulated driver with this state file (in-process unless --nvml-lib is given,
+    /// in which case the simulator's NVML library reads it)
+    #[arg(long, global = true, env = "VRAMGUARD_SIM", value_name = "STATE")]
+    pub sim: Option<PathBuf>,
+
+    /// NVML library to load [default: libnvidia-ml.so.1]
+    #[arg(long, global = true, env = "VRAMGUARD_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// The /proc tree to read (a fixture tree in tests, or a container's view)
+    #[arg(long, global = true, default_value = "/proc", value_name = "DIR")]
+    pub proc_root: PathBuf,
+
+    /// Directory of the nvidia* device files [default: /dev, or the simulator's dev_dir]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub dev_dir: Option<PathBuf>,
+
+    /// Config file [default: /etc/vramguard/config.toml when it exists]
+    #[arg(long, global = true, env = "VRAMGUARD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Classify a saved snapshot (from `vramguard snapshot`) instead of this machine
+    #[arg(long, global = true, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One screen: every GPU, every holder, every unexplained byte
+    Status(OutputArgs),
+    /// The full check-list with a verdict and the exact next command (exit 0 clean, 1 found
+    /// ghost memory or orphaned holders, 2 error)
+    Diagnose(OutputArgs),
+    /// Print the raw facts (driver + /proc) as JSON, to replay with --replay or attach to a
+    /// bug report
+    Snapshot,
+    /// Build a realistic incident on the simulated GPU with real processes, diagnose it, clean
+    /// up (needs no NVIDIA driver)
+    Demo(DemoArgs),
+    /// The simulated driver: create a state, hold memory, reset a GPU
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct OutputArgs {
+    /// Print JSON (stable schema, see docs/json-schema.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DemoArgs {
+    /// Print JSON instead of the human report
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Create a state file and stand-in device files
+    Init {
+        /// Directory to create them in
+        #[arg(long, default_value = "./vramguard-sim")]
+        dir: PathBuf,
+        /// Number of simulated GPUs
+        #[arg(long, default_value_t = 2)]
+        gpus: u32,
+    },
+    /// Run a process that holds simulated GPU memory until it is killed
+    Hold(HoldArgs),
+    /// Reset a simulated GPU (the stand-in for `nvidia-smi --gpu-reset -i N`)
+    Reset {
+        /// GPU index
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// Print what the simulated driver reports now, as JSON
+    Show,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct HoldArgs {
+    /// GPU index
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
+    /// Memory to hold, e.g. 8GiB
+    #[arg(long, default_value = "1GiB")]
+    pub bytes: String,
+    /// What happens after exit: release, leak, or lag:DURATION (e.g. lag:1500ms)
+    #[arg(long, default_value = "release")]
+    pub after_exit: String,
+    /// Not listed by the driver (a hidden holder)
+    #[arg(long)]
+    pub unlisted: bool,
+    /// SM utilization percent while alive
+    #[arg(long, default_value_t = 0)]
+    pub sm_util: u32,
+    /// Forked workers, each holding --worker-bytes (listed) on the same GPU
+    #[arg(long, default_value_t = 0)]
+    pub workers: u32,
+    /// Memory per worker
+    #[arg(long, default_value = "1GiB")]
+    pub worker_bytes: String,
+    /// Exit by itself after this long (a safety net)
+    #[arg(long, default_value = "1h")]
+    pub lifetime: String,
+    /// Process name (comm) to take
+    #[arg(long)]
+    pub comm: Option<String>,
+}

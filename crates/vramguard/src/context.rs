@@ -1,0 +1,131 @@
+//! Turns the global options into a GPU source, a `/proc` collector and a policy, and takes
+//! snapshots with them.
+
+use crate::cli::Global;
+use crate::config::Config;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vramguard_core::snapshot::Snapshot;
+use vramguard_core::{Policy, Report, classify};
+use vramguard_gpu::{GpuSource, NvmlSource, SimSource};
+use vramguard_proc::{ProcCollector, ScanDepth};
+
+/// Everything a command needs to look at the machine.
+pub struct Ctx {
+    /// The global options.
+    pub global: Global,
+    /// The classification policy (from the config).
+    pub policy: Policy,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Ctx {
+    /// Reads the config and prepares the environment for the NVML library.
+    pub fn new(global: Global) -> Result<Ctx> {
+        let config = Config::load(global.config.as_deref())?;
+        let policy = config.policy()?;
+        if global.nvml_lib.is_some()
+            && let Some(sim) = &global.sim
+        {
+            // The simulator's NVML library reads its state from the environment.
+            // SAFETY: called from main before any thread is started.
+            unsafe { std::env::set_var("VRAMGUARD_SIM", sim) };
+        }
+        Ok(Ctx { global, policy })
+    }
+
+    /// The directory of the device files.
+    pub fn dev_dir(&self) -> Result<PathBuf> {
+        if let Some(d) = &self.global.dev_dir {
+            return Ok(d.clone());
+        }
+        if let Some(sim) = &self.global.sim {
+            return Ok(vramguard_sim::SimState::load(sim)?.dev_dir);
+        }
+        Ok(PathBuf::from("/dev"))
+    }
+
+    /// The GPU source the options select.
+    pub fn gpu_source(&self) -> Result<Box<dyn GpuSource>> {
+        match (&self.global.nvml_lib, &self.global.sim) {
+            (None, Some(state)) => Ok(Box::new(SimSource::open(state)?)),
+            (lib, _) => Ok(Box::new(NvmlSource::open(lib.as_deref())?)),
+        }
+    }
+
+    /// A `/proc` collector.
+    pub fn collector(&self) -> Result<ProcCollector> {
+        let dev = self.dev_dir()?;
+        Ok(ProcCollector::new(&self.global.proc_root, dev)?)
+    }
+
+    /// A snapshot of this machine, or the one given with `--replay`.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        if let Some(path) = &self.global.replay {
+            return load_snapshot(path);
+        }
+        let mut source = self.gpu_source()?;
+        let mut collector = self.collector()?;
+        take_snapshot(
+            source.as_mut(),
+            &mut collector,
+            &self.policy,
+            ScanDepth::Full,
+        )
+    }
+
+    /// Snapshot and classification.
+    pub fn report(&self) -> Result<(Snapshot, Report)> {
+        let snap = self.snapshot()?;
+        let report = classify(&snap, &self.policy);
+        Ok((snap, report))
+    }
+}
+
+/// Reads a snapshot saved by `vramguard snapshot`.
+pub fn load_snapshot(path: &Path) -> Result<Snapshot> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading snapshot {}", path.display()))?;
+    let mut snap: Snapshot = serde_json::from_str(&text)
+        .with_context(|| format!("snapshot {} is not a vramguard snapshot", path.display()))?;
+    snap.normalize();
+    Ok(snap)
+}
+
+/// One collection: the driver first (it names the holders), then `/proc`.
+pub fn take_snapshot(
+    source: &mut dyn GpuSource,
+    collector: &mut ProcCollector,
+    policy: &Policy,
+    depth: ScanDepth,
+) -> Result<Snapshot> {
+    let driver = source.sample(Duration::from_secs(policy.idle_after_secs.max(1)))?;
+    let listed: Vec<u32> = driver
+        .gpus
+        .iter()
+        .flat_map(|g| g.processes.iter().map(|p| p.pid))
+        .collect();
+    let now = now_ms();
+    let procs = collector
+        .collect(&listed, depth, now)
+        .with_context(|| format!("scanning {}", collector.procfs().root().display()))?;
+    let mut snap = Snapshot {
+        taken_at_ms: now,
+        host: procs.host,
+        driver: driver.driver,
+        gpus: driver.gpus,
+        processes: procs.processes,
+        departed: procs.departed,
+        scan: procs.scan,
+    };
+    snap.normalize();
+    Ok(snap)
+}

@@ -1,0 +1,284 @@
+//! `vramguard demo`: a realistic incident on a simulated 2×H200 node, made of real processes.
+//!
+//! A training job (a process-group leader with two rank workers and a DataLoader worker) is
+//! SIGKILLed and leaves its workers behind, re-parented to init; a benchmark dies and the
+//! driver leaks its memory; an inference server and an idle Jupyter kernel keep running.
+//! Then `diagnose` runs on it, and every process the demo started is killed, by pid and start
+//! time, before it exits. Each holder also exits by itself after a few minutes, so even a
+//! demo killed with SIGKILL leaves nothing behind for long.
+
+use crate::cli::{DemoArgs, Global};
+use crate::holder::{self, Hold, HolderSpec, Ready, Worker};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use vramguard_core::Policy;
+use vramguard_core::units::format_bytes;
+use vramguard_gpu::SimSource;
+use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_sim::state::AfterExit;
+
+const GIB: u64 = 1 << 30;
+const LIFETIME_MS: u64 = 5 * 60 * 1000;
+
+/// Processes the demo started; all killed on drop.
+#[derive(Default)]
+struct Started {
+    children: Vec<Child>,
+    /// Grandchildren, by pid and start time: a pid reused meanwhile is left alone.
+    others: Vec<(u32, Option<u64>)>,
+}
+
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+impl Started {
+    fn track(&mut self, pid: u32) {
+        self.others.push((pid, start_ticks(pid)));
+    }
+    fn cleanup(&mut self) -> usize {
+        let mut killed = 0;
+        for c in &mut self.children {
+            if c.kill().is_ok() {
+                killed += 1;
+            }
+            let _ = c.wait();
+        }
+        self.children.clear();
+        for (pid, start) in self.others.drain(..) {
+            if start.is_some()
+                && start_ticks(pid) == start
+                && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
+                && rustix::process::kill_process(p, rustix::process::Signal::KILL).is_ok()
+            {
+                killed += 1;
+            }
+        }
+        killed
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+fn spec(state: &Path, comm: &str, holds: Vec<Hold>) -> HolderSpec {
+    HolderSpec {
+        state: state.to_path_buf(),
+        comm: Some(comm.into()),
+        holds,
+        open_gpus: vec![],
+        group_leader: false,
+        new_session: false,
+        ignore_term: false,
+        workers: vec![],
+        lifetime_ms: LIFETIME_MS,
+        ready_file: None,
+        shape: None,
+    }
+}
+
+fn hold(gpu: u32, gib: u64, sm_util: u32) -> Hold {
+    Hold {
+        gpu,
+        bytes: gib * GIB,
+        after_exit: AfterExit::Release,
+        listed: true,
+        reported_pid: None,
+        sm_util,
+        kind: Default::default(),
+    }
+}
+
+struct Demo {
+    dir: PathBuf,
+    started: Started,
+    interrupted: Arc<AtomicBool>,
+    next_ready: u32,
+}
+
+impl Demo {
+    fn start(&mut self, argv: &[String], mut spec: HolderSpec) -> Result<Ready> {
+        if self.interrupted.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        let ready = self.dir.join(format!("ready{}", self.next_ready));
+        self.next_ready += 1;
+        spec.ready_file = Some(ready.clone());
+        let child = holder::spawn(argv, &spec)?;
+        self.started.children.push(child);
+        let r = holder::wait_ready(&ready, Duration::from_secs(20))?;
+        for w in &r.workers {
+            self.started.track(*w);
+        }
+        Ok(r)
+    }
+
+    fn kill(&mut self, pid: u32) -> Result<()> {
+        let child = self
+            .started
+            .children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .context("demo process to kill")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+}
+
+/// Runs the demo. Returns 0 when the scenario ran (whatever the diagnosis says about it).
+pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone())?;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("vramguard-demo-")
+        .tempdir()
+        .context("creating the demo's temporary directory")?;
+    let state = crate::simcmd::init_world(tmp.path(), 2)?;
+    let mut demo = Demo {
+        dir: tmp.path().to_path_buf(),
+        started: Started::default(),
+        interrupted: interrupted.clone(),
+        next_ready: 0,
+    };
+    let say = |s: String| {
+        if !args.json {
+            println!("{s}");
+        }
+    };
+    say(format!(
+        "vramguard demo: a simulated node with 2×NVIDIA H200 and real processes (state: {})",
+        state.display()
+    ));
+
+    let mut server = spec(&state, "python3", vec![hold(0, 40, 65)]);
+    server.new_session = true;
+    let server_argv = argv(&[
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "llama-3-70b",
+    ]);
+    let server_pid = demo.start(&server_argv, server)?.pid;
+
+    let mut kernel = spec(&state, "python3", vec![hold(1, 1, 0)]);
+    kernel.new_session = true;
+    let kernel_argv = argv(&[
+        "python3",
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "/run/user/1000/jupyter/kernel-7f3a.json",
+    ]);
+    let kernel_pid = demo.start(&kernel_argv, kernel)?.pid;
+
+    let train_argv = argv(&["python3", "train.py", "--epochs", "10"]);
+    let mut trainer = spec(&state, "python3", vec![hold(0, 16, 90)]);
+    trainer.group_leader = true;
+    trainer.workers = vec![
+        Worker {
+            argv: train_argv.clone(),
+            spec: spec(&state, "python3", vec![hold(0, 8, 0)]),
+        },
+        Worker {
+            argv: train_argv.clone(),
+            spec: spec(&state, "python3", vec![hold(0, 8, 0)]),
+        },
+        Worker {
+            argv: train_argv.clone(),
+            spec: spec(
+                &state,
+                "pt_data_worker",
+                vec![Hold {
+                    listed: false,
+                    ..hold(0, 2, 0)
+                }],
+            ),
+        },
+    ];
+    let trainer_ready = demo.start(&train_argv, trainer)?;
+
+    let mut bench = spec(
+        &state,
+        "python3",
+        vec![Hold {
+            after_exit: AfterExit::Leak,
+            ..hold(1, 6, 0)
+        }],
+    );
+    bench.new_session = true;
+    let bench_pid = demo
+        .start(&argv(&["python3", "bench_allreduce.py"]), bench)?
+        .pid;
+
+    say(format!(
+        "  started  pid {server_pid}  vLLM server, 40 GiB on GPU 0\n  started  pid {}  python3 train.py (16 GiB on GPU 0), rank workers {} and {} (8 GiB each), DataLoader worker {}\n  started  pid {kernel_pid}  Jupyter kernel, 1 GiB on GPU 1, idle\n  started  pid {bench_pid}  all-reduce benchmark, 6 GiB on GPU 1",
+        trainer_ready.pid,
+        trainer_ready.workers[0],
+        trainer_ready.workers[1],
+        trainer_ready.workers[2]
+    ));
+    demo.kill(trainer_ready.pid)?;
+    demo.kill(bench_pid)?;
+    say(format!(
+        "  SIGKILL  pid {} (the trainer crashed: its workers live on) and pid {bench_pid} (the driver leaks its 6 GiB)\n",
+        trainer_ready.pid
+    ));
+    // Let the idle kernel pass the demo's 1-second idle threshold.
+    std::thread::sleep(Duration::from_millis(1500));
+    if interrupted.load(Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+
+    let policy = Policy {
+        idle_after_secs: 1,
+        ..Policy::default()
+    };
+    let mut source = SimSource::open(&state)?;
+    let mut collector =
+        ProcCollector::new("/proc", vramguard_sim::SimState::load(&state)?.dev_dir)?;
+    let snap =
+        crate::context::take_snapshot(&mut source, &mut collector, &policy, ScanDepth::Full)?;
+    let report = vramguard_core::classify(&snap, &policy);
+    let style = crate::render::Style::new(crate::render::use_colour());
+    if !args.json {
+        println!(
+            "$ vramguard status\n{}",
+            crate::render::status(&report, &style)
+        );
+    }
+    let diagnosis = vramguard_core::diagnose::diagnose(report);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&diagnosis)?);
+    } else {
+        print!(
+            "$ vramguard diagnose\n{}",
+            crate::render::diagnose(&diagnosis, &style)
+        );
+    }
+    let killed = demo.started.cleanup();
+    say(format!(
+        "\ndemo: {} of ghost memory found; stopped the {killed} processes the demo started (the demo's own policy calls a holder idle after 1s; the default is 10m)",
+        format_bytes(diagnosis.verdict.ghost_bytes)
+    ));
+    Ok(0)
+}

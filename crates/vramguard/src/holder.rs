@@ -1,0 +1,307 @@
+//! A simulated CUDA process: registers allocations with the simulator under its own pid,
+//! keeps the stand-in device files open, optionally starts workers, and takes one of the
+//! process shapes that leave GPU memory behind on real machines.
+//!
+//! `vramguard sim hold` runs one in the foreground. The demo and the tests start them with a
+//! JSON spec in `VRAMGUARD_HOLDER` and a cosmetic argv (`python3 train.py`), so that `/proc`
+//! shows what a real incident shows.
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vramguard_sim::state::{AfterExit, AllocationKind, SimAllocation};
+use vramguard_sim::{SimState, store};
+
+/// The environment variable carrying a [`HolderSpec`] to a re-executed vramguard.
+pub const HOLDER_ENV: &str = "VRAMGUARD_HOLDER";
+
+/// One allocation the holder makes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hold {
+    /// GPU index.
+    pub gpu: u32,
+    /// Bytes.
+    pub bytes: u64,
+    /// What happens after exit.
+    #[serde(default)]
+    pub after_exit: AfterExit,
+    /// Listed by the driver.
+    #[serde(default = "yes")]
+    pub listed: bool,
+    /// Pid the driver reports instead.
+    #[serde(default)]
+    pub reported_pid: Option<u32>,
+    /// SM utilization.
+    #[serde(default)]
+    pub sm_util: u32,
+    /// Process list.
+    #[serde(default)]
+    pub kind: AllocationKind,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A process shape that outlives its job in a particular way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shape {
+    /// The main thread exits (`exit`, not `exit_group`) while another thread keeps running:
+    /// the leader shows Z, the process still holds its files.
+    ZombieLeader,
+    /// Like `ZombieLeader`, but the surviving thread waits in `vfork` for a child that never
+    /// execs: it sleeps in D state (killable, like an NFS or FUSE wait).
+    ZombieLeaderStuckInD,
+}
+
+/// What a holder does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HolderSpec {
+    /// The simulator state to register in.
+    pub state: PathBuf,
+    /// `comm` to take (15 bytes at most).
+    #[serde(default)]
+    pub comm: Option<String>,
+    /// Allocations to make.
+    #[serde(default)]
+    pub holds: Vec<Hold>,
+    /// Extra GPUs whose device files to open without allocating (as `cuInit` does).
+    #[serde(default)]
+    pub open_gpus: Vec<u32>,
+    /// Become a process-group leader (a job started by a shell with job control).
+    #[serde(default)]
+    pub group_leader: bool,
+    /// Start a new session (a daemon, a Jupyter kernel).
+    #[serde(default)]
+    pub new_session: bool,
+    /// Ignore SIGTERM.
+    #[serde(default)]
+    pub ignore_term: bool,
+    /// Workers to start, each with its argv and spec; they inherit the process group.
+    #[serde(default)]
+    pub workers: Vec<Worker>,
+    /// Exit by itself after this many milliseconds: nothing a test or the demo starts may
+    /// outlive it for long, even if they are killed.
+    pub lifetime_ms: u64,
+    /// Written (JSON: pid and worker pids) once everything is in place.
+    #[serde(default)]
+    pub ready_file: Option<PathBuf>,
+    /// A process shape to take once ready.
+    #[serde(default)]
+    pub shape: Option<Shape>,
+}
+
+/// A worker: its cosmetic argv and its own spec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Worker {
+    /// argv, argv[0] first.
+    pub argv: Vec<String>,
+    /// What it does.
+    pub spec: HolderSpec,
+}
+
+/// Written to the ready file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ready {
+    /// The holder's pid.
+    pub pid: u32,
+    /// Its workers' pids, in spec order.
+    pub workers: Vec<u32>,
+}
+
+/// Starts a holder as a child process with a cosmetic argv.
+pub fn spawn(argv: &[String], spec: &HolderSpec) -> Result<std::process::Child> {
+    let exe = std::env::current_exe().context("locating the vramguard executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    if let Some((first, rest)) = argv.split_first() {
+        cmd.arg0(first).args(rest);
+    }
+    cmd.env(HOLDER_ENV, serde_json::to_string(spec)?)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .context("starting a simulated holder process")
+}
+
+/// Waits for a ready file and reads it.
+pub fn wait_ready(path: &Path, timeout: Duration) -> Result<Ready> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(ready) = serde_json::from_str::<Ready>(&text)
+        {
+            return Ok(ready);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "simulated holder did not become ready within {timeout:?} ({})",
+                path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn set_comm(name: &str) {
+    let mut buf = [0u8; 16];
+    for (d, s) in buf.iter_mut().zip(name.bytes().take(15)) {
+        *d = s;
+    }
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Runs the holder in this process. Returns when its lifetime is over.
+pub fn run(spec: HolderSpec) -> Result<()> {
+    // SAFETY: single-threaded here; the spec was read already.
+    unsafe { std::env::remove_var(HOLDER_ENV) };
+    if let Some(comm) = &spec.comm {
+        set_comm(comm);
+    }
+    if spec.new_session {
+        rustix::process::setsid().context("setsid")?;
+    } else if spec.group_leader {
+        rustix::process::setpgid(None, None).context("setpgid")?;
+    }
+    if spec.ignore_term {
+        // SAFETY: installing SIG_IGN has no handler code to run.
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
+    let state = SimState::load(&spec.state)?;
+    let mut files: Vec<File> = Vec::new();
+    let mut open = |name: String| -> Result<()> {
+        let path = state.dev_dir.join(&name);
+        files.push(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
+        Ok(())
+    };
+    if !spec.holds.is_empty() || !spec.open_gpus.is_empty() {
+        open("nvidiactl".into())?;
+        open("nvidia-uvm".into())?;
+    }
+    let mut gpus: Vec<u32> = spec
+        .holds
+        .iter()
+        .map(|h| h.gpu)
+        .chain(spec.open_gpus.iter().copied())
+        .collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    for g in gpus {
+        open(format!("nvidia{g}"))?;
+    }
+    let pid = std::process::id();
+    if !spec.holds.is_empty() {
+        store::update_state(&spec.state, |s| {
+            for h in &spec.holds {
+                s.allocations.push(SimAllocation {
+                    gpu: h.gpu,
+                    pid,
+                    bytes: h.bytes,
+                    kind: h.kind,
+                    after_exit: h.after_exit,
+                    listed: h.listed,
+                    reported_pid: h.reported_pid,
+                    sm_util: h.sm_util,
+                    mem_util: 0,
+                });
+            }
+        })?;
+    }
+    let mut worker_pids = Vec::new();
+    let mut children = Vec::new();
+    for (i, w) in spec.workers.iter().enumerate() {
+        let mut ws = w.spec.clone();
+        let ready = spec
+            .ready_file
+            .as_ref()
+            .map(|r| PathBuf::from(format!("{}.w{i}", r.display())))
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("vramguard-holder-{pid}.w{i}")));
+        ws.ready_file = Some(ready.clone());
+        let child = spawn(&w.argv, &ws)?;
+        worker_pids.push(wait_ready(&ready, Duration::from_secs(20))?.pid);
+        children.push(child);
+    }
+    let deadline = Instant::now() + Duration::from_millis(spec.lifetime_ms);
+    if let Some(ready) = &spec.ready_file {
+        let text = serde_json::to_string(&Ready {
+            pid,
+            workers: worker_pids,
+        })?;
+        store::write_atomic(ready, text.as_bytes())
+            .with_context(|| format!("writing {}", ready.display()))?;
+    }
+    // Children are not waited for: when this process dies they are re-parented, which is
+    // the point. They end by their own lifetime.
+    std::mem::forget(children);
+    match spec.shape {
+        None => {}
+        Some(Shape::ZombieLeader) => zombie_leader(deadline, false),
+        Some(Shape::ZombieLeaderStuckInD) => zombie_leader(deadline, true),
+    }
+    sleep_until(deadline);
+    drop(files);
+    Ok(())
+}
+
+fn sleep_until(deadline: Instant) {
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left.min(Duration::from_secs(1)));
+    }
+}
+
+/// Leaves a thread running (or stuck in D) and ends the main thread alone.
+fn zombie_leader(deadline: Instant, stuck: bool) -> ! {
+    std::thread::spawn(move || {
+        if stuck {
+            vfork_wait(deadline);
+        }
+        sleep_until(deadline);
+        std::process::exit(0);
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: SYS_exit ends only the calling thread; the process lives on in the other one.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("SYS_exit returned")
+}
+
+/// Blocks this thread in `vfork` completion (state D) until the child exits. The child shares
+/// our memory, so it only makes raw system calls: it closes every inherited fd (it must not
+/// hold the device), dies with the waiting thread, and gives up by itself at the deadline.
+fn vfork_wait(deadline: Instant) {
+    extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+        let secs = arg as libc::c_uint;
+        // SAFETY: raw system calls only; no allocation, no locks.
+        unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            libc::alarm(secs.max(1));
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    const STACK: usize = 64 * 1024;
+    let mut stack = vec![0u8; STACK];
+    let secs = deadline.saturating_duration_since(Instant::now()).as_secs() as usize;
+    // SAFETY: the stack outlives the child (this thread waits for it); the flags make the
+    // kernel suspend this thread until the child exits.
+    unsafe {
+        let top = stack.as_mut_ptr().add(STACK) as *mut libc::c_void;
+        libc::clone(
+            child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            secs as *mut libc::c_void,
+        );
+    }
+    drop(stack);
+}

@@ -1,0 +1,181 @@
+//! `vramguard sim ...`: drive the simulated driver by hand.
+
+use crate::cli::{Global, HoldArgs, SimCommand};
+use crate::holder::{self, Hold, HolderSpec, Worker};
+use anyhow::{Context, Result, anyhow, bail};
+use std::path::{Path, PathBuf};
+use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
+use vramguard_sim::state::{AfterExit, SimGpu, SimState};
+use vramguard_sim::{Sim, store};
+
+fn state_path(global: &Global) -> Result<&Path> {
+    global.sim.as_deref().ok_or_else(|| {
+        anyhow!(
+            "no simulator state: pass --sim STATE or set VRAMGUARD_SIM (create one with \
+             `vramguard sim init`)"
+        )
+    })
+}
+
+/// A simulated H200 numbered `index`.
+pub fn h200(index: u32) -> SimGpu {
+    SimGpu {
+        uuid: format!(
+            "GPU-{:08x}-7d3e-4f1a-9b2c-5e6f7a8b9c0d",
+            0x3b1c_0000 + index
+        ),
+        name: "NVIDIA H200".into(),
+        total_bytes: 150_754_820_096,
+        reserved_bytes: 570_425_344,
+        baseline_used_bytes: 0,
+        pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + index * 0x10),
+        persistence_mode: true,
+        mig: false,
+        faults: vec![],
+        quirks: vec![],
+    }
+}
+
+/// Writes a fresh state with `gpus` H200s and its device files into `dir`.
+pub fn init_world(dir: &Path, gpus: u32) -> Result<PathBuf> {
+    let dev = dir.join("dev");
+    store::create_dev_dir(&dev, gpus as usize)
+        .with_context(|| format!("creating {}", dev.display()))?;
+    let dir = std::fs::canonicalize(dir)?;
+    let state = SimState {
+        driver_version: "580.159.03".into(),
+        nvml_version: None,
+        dev_dir: dir.join("dev"),
+        proc_root: "/proc".into(),
+        gpus: (0..gpus).map(h200).collect(),
+        allocations: vec![],
+        faults: vec![],
+    };
+    let path = dir.join("state.json");
+    store::write_state(&path, &state)?;
+    let _ = std::fs::remove_file(vramguard_sim::model::runtime_path(&path));
+    Ok(path)
+}
+
+/// Parses `release`, `leak` or `lag:1500ms`.
+pub fn parse_after_exit(s: &str) -> Result<AfterExit> {
+    match s {
+        "release" => Ok(AfterExit::Release),
+        "leak" => Ok(AfterExit::Leak),
+        _ => match s.strip_prefix("lag:") {
+            Some(d) => Ok(AfterExit::ReleaseAfterMs(
+                parse_duration(d)?.as_millis() as u64
+            )),
+            None => bail!(
+                "--after-exit {s:?}: expected release, leak or lag:DURATION (e.g. lag:1500ms)"
+            ),
+        },
+    }
+}
+
+fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
+    let state = state_path(global)?.to_path_buf();
+    let lifetime = parse_duration(&args.lifetime)?;
+    let bytes = parse_bytes(&args.bytes)?;
+    let worker_bytes = parse_bytes(&args.worker_bytes)?;
+    let me: Vec<String> = std::env::args().collect();
+    let workers = (0..args.workers)
+        .map(|_| Worker {
+            argv: me.clone(),
+            spec: HolderSpec {
+                state: state.clone(),
+                comm: args.comm.clone(),
+                holds: vec![Hold {
+                    gpu: args.gpu,
+                    bytes: worker_bytes,
+                    after_exit: AfterExit::Release,
+                    listed: true,
+                    reported_pid: None,
+                    sm_util: 0,
+                    kind: Default::default(),
+                }],
+                open_gpus: vec![],
+                group_leader: false,
+                new_session: false,
+                ignore_term: false,
+                workers: vec![],
+                lifetime_ms: lifetime.as_millis() as u64,
+                ready_file: None,
+                shape: None,
+            },
+        })
+        .collect();
+    eprintln!(
+        "vramguard sim hold: pid {} holds {} on simulated GPU {}{}; stop it with Ctrl-C or kill {}",
+        std::process::id(),
+        format_bytes(bytes),
+        args.gpu,
+        if args.workers > 0 {
+            format!(
+                " with {} worker(s) of {} each",
+                args.workers,
+                format_bytes(worker_bytes)
+            )
+        } else {
+            String::new()
+        },
+        std::process::id()
+    );
+    holder::run(HolderSpec {
+        state,
+        comm: args.comm.clone(),
+        holds: vec![Hold {
+            gpu: args.gpu,
+            bytes,
+            after_exit: parse_after_exit(&args.after_exit)?,
+            listed: !args.unlisted,
+            reported_pid: None,
+            sm_util: args.sm_util,
+            kind: Default::default(),
+        }],
+        open_gpus: vec![],
+        group_leader: true,
+        new_session: false,
+        ignore_term: false,
+        workers,
+        lifetime_ms: lifetime.as_millis() as u64,
+        ready_file: None,
+        shape: None,
+    })?;
+    Ok(0)
+}
+
+/// Runs a `sim` subcommand.
+pub fn run(global: &Global, cmd: SimCommand) -> Result<i32> {
+    match cmd {
+        SimCommand::Init { dir, gpus } => {
+            if gpus == 0 || gpus > 64 {
+                bail!("--gpus {gpus}: between 1 and 64");
+            }
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = init_world(&dir, gpus)?;
+            println!(
+                "created a simulated node with {gpus} GPU(s): {}",
+                path.display()
+            );
+            println!("use it with:  export VRAMGUARD_SIM={}", path.display());
+            Ok(0)
+        }
+        SimCommand::Hold(args) => hold(global, &args),
+        SimCommand::Reset { gpu } => {
+            let mut sim = Sim::open(state_path(global)?)?;
+            let out = sim.reset(gpu)?;
+            println!(
+                "simulated GPU {gpu} reset: {} of residue cleared",
+                format_bytes(out.cleared_bytes)
+            );
+            Ok(0)
+        }
+        SimCommand::Show => {
+            let mut sim = Sim::open(state_path(global)?)?;
+            let obs = sim.observe()?;
+            println!("{}", serde_json::to_string_pretty(&obs)?);
+            Ok(0)
+        }
+    }
+}
