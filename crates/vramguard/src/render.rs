@@ -186,21 +186,21 @@ pub fn status(r: &Report, st: &Style) -> String {
                 let _ = writeln!(out, "{}", holder_line(st, h));
             }
         }
-        if let Some(u) = &g.unaccounted {
-            if u.significant {
-                let _ = writeln!(
-                    out,
-                    "  {:<9} {:<9} {} {:>10}  {}",
-                    "-",
-                    "-",
-                    st.red(&format!("{:<8}", "ghost")),
-                    format_bytes(u.bytes),
-                    u.explanation
-                        .get(1)
-                        .map(|e| truncate(e, 90))
-                        .unwrap_or_default()
-                );
-            }
+        if let Some(u) = &g.unaccounted
+            && u.significant
+        {
+            let _ = writeln!(
+                out,
+                "  {:<9} {:<9} {} {:>10}  {}",
+                "-",
+                "-",
+                st.red(&format!("{:<8}", "ghost")),
+                format_bytes(u.bytes),
+                u.explanation
+                    .get(1)
+                    .map(|e| truncate(e, 90))
+                    .unwrap_or_default()
+            );
         }
     }
     let ghost = r.ghost_bytes();
