@@ -99,31 +99,43 @@ impl<'a> Context<'a> {
     }
 
     /// Maps a driver-reported pid to a process of ours.
+    ///
+    /// A process with that pid that provably holds an NVIDIA device file is the holder. Else a
+    /// single process whose innermost `NSpid` is that pid and which holds this GPU's device
+    /// file is (the driver reported the pid a containerised process has inside its
+    /// namespace). Else a same-numbered process we cannot disprove (its files unreadable) is
+    /// taken; else the pid is foreign.
     fn resolve(&self, gpu: &GpuSample, reported: u32) -> Resolution<'a> {
         let here = self.snap.process(reported);
-        let plausible =
-            |p: &ProcessFacts| !p.is_kernel_thread() && p.device_files.holds_any() != Some(false);
         if let Some(p) = here
-            && plausible(p)
+            && !p.is_kernel_thread()
+            && p.device_files.holds_any() == Some(true)
         {
             return Resolution::Local {
                 proc_: p,
                 reported: None,
             };
         }
-        // The driver may report the pid a process has inside its container. Map it back
-        // through NSpid, but only when exactly one candidate holds this GPU's device file.
         let candidates: Vec<&ProcessFacts> = self
             .snap
             .processes
             .iter()
-            .filter(|p| p.nspid.len() > 1 && p.nspid.last() == Some(&reported))
+            .filter(|p| p.pid != reported && p.nspid.len() > 1 && p.nspid.last() == Some(&reported))
             .filter(|p| self.holds_gpu_file(p, gpu))
             .collect();
         if let [only] = candidates.as_slice() {
             return Resolution::Local {
                 proc_: only,
                 reported: Some(reported),
+            };
+        }
+        if let Some(p) = here
+            && !p.is_kernel_thread()
+            && p.device_files.holds_any().is_none()
+        {
+            return Resolution::Local {
+                proc_: p,
+                reported: None,
             };
         }
         let why = match here {

@@ -650,3 +650,34 @@ fn snapshot_json_replays_to_the_same_report() {
         classify(&s, &Policy::default())
     );
 }
+
+#[test]
+fn an_nspid_candidate_beats_a_same_numbered_pid_whose_files_are_unreadable() {
+    // The driver reports "1" (the pid inside a container); our pid 1 is init, whose fds we
+    // cannot read; exactly one namespaced process has inner pid 1 and holds nvidia0.
+    let mut init = init();
+    init.device_files = FdScan::Denied;
+    let mut inside = proc_(5123, 5100, 5123, "python", &[0]);
+    inside.nspid = vec![5123, 1];
+    let s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(1, Some(8 * GIB))])],
+        vec![init, inside],
+    );
+    let r = classify(&s, &Policy::default());
+    assert_eq!(r.gpus[0].holders.len(), 1, "{:#?}", r.gpus[0].holders);
+    assert_eq!(r.gpus[0].holders[0].pid, 5123);
+    assert_eq!(r.gpus[0].holders[0].reported_pid, Some(1));
+}
+
+#[test]
+fn an_unreadable_pid_without_a_candidate_is_taken_at_its_word() {
+    let mut other = proc_(4000, 1, 4000, "python", &[]);
+    other.device_files = FdScan::Denied;
+    let s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4000, Some(8 * GIB))])],
+        vec![init(), other],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.pid, 4000);
+    assert_eq!(h.class, Class::Active);
+}

@@ -247,33 +247,66 @@ impl ProcFs {
     /// The NVIDIA device files under `dev_dir` that `pid` holds open.
     ///
     /// Costs one `readlinkat` per open fd: the expensive part of a full scan, which is why the
-    /// collector avoids repeating it for processes it has already seen.
+    /// collector avoids repeating it for processes it has already seen. When the process's
+    /// own `fd/` is empty, the fd table of its first other thread is read instead: once a
+    /// leader's main thread has exited (a zombie leader), its `fd/` is empty while the
+    /// surviving threads still hold the files.
     pub fn device_files(&self, pid: u32, dev_dir: &[u8]) -> Result<Found<FdScan>, ProcError> {
-        let rel = format!("{pid}/fd");
+        let (scan, entries) = match self.scan_fd_dir(&format!("{pid}/fd"), dev_dir)? {
+            Found::Yes(v) => v,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+        };
+        if entries > 0 {
+            return Ok(Found::Yes(scan));
+        }
+        let Ok(tasks) = std::fs::read_dir(self.path(&format!("{pid}/task"))) else {
+            return Ok(Found::Yes(scan));
+        };
+        for task in tasks.flatten() {
+            let Some(tid) = parse_pid(task.file_name().as_encoded_bytes()) else {
+                continue;
+            };
+            if tid == pid {
+                continue;
+            }
+            if let Found::Yes((thread_scan, n)) =
+                self.scan_fd_dir(&format!("{pid}/task/{tid}/fd"), dev_dir)?
+                && n > 0
+            {
+                return Ok(Found::Yes(thread_scan));
+            }
+        }
+        Ok(Found::Yes(scan))
+    }
+
+    /// Scans one `fd/` directory; returns the device files and the number of entries.
+    fn scan_fd_dir(&self, rel: &str, dev_dir: &[u8]) -> Result<Found<(FdScan, usize)>, ProcError> {
         let fd = match triage(
-            self.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY),
-            || self.path(&rel),
+            self.open_rel(rel, OFlags::RDONLY | OFlags::DIRECTORY),
+            || self.path(rel),
         )? {
             Found::Yes(fd) => fd,
             Found::Gone => return Ok(Found::Gone),
-            Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+            Found::Denied => return Ok(Found::Denied),
         };
-        let dir = match triage(rustix::fs::Dir::read_from(&fd), || self.path(&rel))? {
+        let dir = match triage(rustix::fs::Dir::read_from(&fd), || self.path(rel))? {
             Found::Yes(d) => d,
             Found::Gone => return Ok(Found::Gone),
-            Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+            Found::Denied => return Ok(Found::Denied),
         };
         let mut files: Vec<DeviceFile> = Vec::new();
+        let mut entries = 0usize;
         let mut target = Vec::with_capacity(256);
         for entry in dir {
             let entry = match entry {
                 Ok(e) => e,
                 // The process exited while we listed its fds.
                 Err(Errno::NOENT | Errno::SRCH) => return Ok(Found::Gone),
-                Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Yes(FdScan::Denied)),
+                Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Denied),
                 Err(e) => {
                     return Err(ProcError::Io {
-                        path: self.path(&rel),
+                        path: self.path(rel),
                         cause: e.into(),
                     });
                 }
@@ -282,15 +315,16 @@ impl ProcFs {
             if name.to_bytes().first() == Some(&b'.') {
                 continue;
             }
+            entries += 1;
             let link = match rustix::fs::readlinkat(fd.as_fd(), name, std::mem::take(&mut target)) {
                 Ok(link) => link.into_bytes(),
                 // That fd was closed between the listing and the readlink.
                 Err(Errno::NOENT) => continue,
                 Err(Errno::SRCH) => return Ok(Found::Gone),
-                Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Yes(FdScan::Denied)),
+                Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Denied),
                 Err(e) => {
                     return Err(ProcError::Io {
-                        path: self.path(&rel),
+                        path: self.path(rel),
                         cause: e.into(),
                     });
                 }
@@ -302,7 +336,7 @@ impl ProcFs {
         }
         files.sort_unstable();
         files.dedup();
-        Ok(Found::Yes(FdScan::Scanned(files)))
+        Ok(Found::Yes((FdScan::Scanned(files), entries)))
     }
 
     /// The pid `self` resolves to: vramguard's pid in this tree's namespace.

@@ -19,9 +19,9 @@ fn collector() -> ProcCollector {
 fn full_scan_finds_every_device_holder_and_their_relatives() {
     let c = collector().collect(&[], ScanDepth::Full, 1_000).unwrap();
     let pids: Vec<u32> = c.processes.iter().map(|p| p.pid).collect();
-    // Holders 77, 300, 500, 4121, 4122, 4242 (self) and relative 1 (parent of most).
+    // Holders 77, 300, 500, 510, 4121, 4122, 4242 (self) and relative 1 (parent of most).
     // 2 holds nothing, 9999 vanished, 4100 (the dead leader) does not exist.
-    assert_eq!(pids, vec![1, 77, 300, 500, 4121, 4122, 4242]);
+    assert_eq!(pids, vec![1, 77, 300, 500, 510, 4121, 4122, 4242]);
     assert!(c.scan.full_fd_scan);
     assert_eq!(c.host.self_pid, 4242);
     assert_eq!(c.host.hostname.as_deref(), Some("gpu-node-7"));
@@ -114,4 +114,14 @@ fn a_missing_tree_is_an_error_naming_the_directory() {
     let msg = err.to_string();
     assert!(msg.contains("no-such-proc"), "{msg}");
     assert!(msg.contains("No such file"), "{msg}");
+}
+
+#[test]
+fn a_zombie_leaders_files_are_read_from_a_live_thread() {
+    // Once the main thread has exited, /proc/510/fd is empty; thread 511 still holds nvidia1.
+    let c = collector().collect(&[], ScanDepth::Full, 1_000).unwrap();
+    let z = c.processes.iter().find(|p| p.pid == 510).unwrap();
+    assert_eq!(z.state, Some('Z'));
+    assert_eq!(z.device_files, FdScan::Scanned(vec![DeviceFile::Gpu(1)]));
+    assert_eq!(z.threads.as_ref().unwrap()[1].state, 'S');
 }

@@ -102,6 +102,7 @@ fn hold(gpu: u32, gib: u64, sm_util: u32) -> Hold {
         reported_pid: None,
         sm_util,
         kind: Default::default(),
+        report_namespace_pid: false,
     }
 }
 

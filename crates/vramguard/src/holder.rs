@@ -40,6 +40,10 @@ pub struct Hold {
     /// Process list.
     #[serde(default)]
     pub kind: AllocationKind,
+    /// The driver reports the pid this process has inside its own PID namespace (a driver
+    /// translating pids inconsistently, as HAMi-core #112 saw).
+    #[serde(default)]
+    pub report_namespace_pid: bool,
 }
 
 fn yes() -> bool {
@@ -192,7 +196,13 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     for g in gpus {
         open(format!("nvidia{g}"))?;
     }
-    let pid = std::process::id();
+    // The driver sees processes through the state's proc root (the host's /proc); inside a
+    // PID namespace, getpid() is not that pid, but `self` in the host's procfs is.
+    let own_pid = std::process::id();
+    let pid = std::fs::read_link(state.proc_root.join("self"))
+        .ok()
+        .and_then(|p| p.to_str().and_then(|s| s.parse().ok()))
+        .unwrap_or(own_pid);
     if !spec.holds.is_empty() {
         store::update_state(&spec.state, |s| {
             for h in &spec.holds {
@@ -203,7 +213,11 @@ pub fn run(spec: HolderSpec) -> Result<()> {
                     kind: h.kind,
                     after_exit: h.after_exit,
                     listed: h.listed,
-                    reported_pid: h.reported_pid,
+                    reported_pid: if h.report_namespace_pid {
+                        Some(own_pid)
+                    } else {
+                        h.reported_pid
+                    },
                     sm_util: h.sm_util,
                     mem_util: 0,
                 });
@@ -218,7 +232,9 @@ pub fn run(spec: HolderSpec) -> Result<()> {
             .ready_file
             .as_ref()
             .map(|r| PathBuf::from(format!("{}.w{i}", r.display())))
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("vramguard-holder-{pid}.w{i}")));
+            .unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("vramguard-holder-{own_pid}.w{i}"))
+            });
         ws.ready_file = Some(ready.clone());
         let child = spawn(&w.argv, &ws)?;
         worker_pids.push(wait_ready(&ready, Duration::from_secs(20))?.pid);

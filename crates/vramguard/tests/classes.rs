@@ -1,0 +1,482 @@
+//! Every class, produced by real processes and read through the NVML path: the binary loads
+//! the simulator's libnvidia-ml.so.1 through nvml-wrapper, and scans the live /proc.
+
+mod common;
+use common::*;
+use serde_json::json;
+
+#[test]
+fn killed_trainer_leaves_orphaned_workers_and_a_hidden_dataloader_worker() {
+    let world = World::new(2);
+    let mut server_spec = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 20 * GIB, "sm_util": 60 }]),
+    );
+    server_spec["new_session"] = json!(true);
+    let server = start(&world, &["python3", "serve.py"], server_spec);
+
+    let mut trainer_spec = spec(&world, json!([hold(0, 16)]));
+    trainer_spec["group_leader"] = json!(true);
+    trainer_spec["comm"] = json!("python3");
+    let worker = |listed: bool| {
+        json!({ "argv": ["python3", "train.py"], "spec": {
+            "state": world.state_path(), "lifetime_ms": 120_000, "comm": "pt_data_worker",
+            "holds": [{ "gpu": 0, "bytes": 4 * GIB, "listed": listed }] } })
+    };
+    trainer_spec["workers"] = json!([worker(true), worker(true), worker(false)]);
+    let mut trainer = start(&world, &["python3", "train.py"], trainer_spec);
+    let leader = trainer.pid;
+
+    // Before the crash, everything is active.
+    let before = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(holder(&before, 0, leader)["class"], "active");
+    assert_eq!(holder(&before, 0, trainer.workers[0])["class"], "active");
+
+    trainer.crash();
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    for &w in &trainer.workers[..2] {
+        let h = holder(&report, 0, w);
+        assert_eq!(h["class"], "orphan", "{h:#}");
+        assert_eq!(h["dead_job"]["leader_pid"], json!(leader));
+        assert_eq!(h["used_bytes"], json!(4 * GIB));
+        assert_eq!(h["action"]["reclaimable"], json!(true));
+        assert_eq!(h["command"], "python3 train.py");
+        assert_eq!(h["comm"], "pt_data_worker");
+    }
+    let hidden = holder(&report, 0, trainer.workers[2]);
+    assert_eq!(hidden["class"], "hidden");
+    assert_eq!(hidden["listed"], json!(false));
+    assert_eq!(
+        hidden["action"]["reclaimable"],
+        json!(true),
+        "its job is gone"
+    );
+    assert_eq!(holder(&report, 0, server.pid)["class"], "active");
+    let g0 = &report["gpus"][0];
+    assert_eq!(
+        g0["unaccounted"]["bytes"],
+        json!(4 * GIB),
+        "the hidden worker's memory"
+    );
+    assert_eq!(g0["unaccounted"]["cause"], "hidden_holders");
+    assert_eq!(g0["ghost_bytes"], json!(12 * GIB));
+
+    let d = Vg::new(&world, Path_::Nvml)
+        .args(["diagnose", "--json"])
+        .json(1);
+    assert_eq!(d["verdict"]["clean"], json!(false));
+    let next = d["verdict"]["next_steps"][0]["command"].as_str().unwrap();
+    assert!(next.contains("vramguard reclaim --gpu 0"), "{next}");
+    drop(trainer);
+    drop(server);
+}
+
+#[test]
+fn zombie_leader_with_a_running_thread_is_a_killable_zombie() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 3)]));
+    s["shape"] = json!("zombie_leader");
+    let h = start(&world, &["python3", "infer.py"], s);
+    wait_until(10, "the leader to become a zombie", || {
+        state_of(h.pid) == Some('Z')
+    });
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let z = holder(&report, 0, h.pid);
+    assert_eq!(z["class"], "zombie", "{z:#}");
+    assert_eq!(z["action"]["reclaimable"], json!(true));
+    let ev = z["evidence"].to_string();
+    assert!(ev.contains("main thread is a zombie"), "{ev}");
+    assert!(ev.contains("threads still holding the device"), "{ev}");
+}
+
+#[test]
+fn a_thread_stuck_in_d_state_is_reported_and_not_killable() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 3)]));
+    s["shape"] = json!("zombie_leader_stuck_in_d");
+    let h = start(&world, &["python3", "infer.py"], s);
+    wait_until(10, "a zombie leader with a thread in D state", || {
+        state_of(h.pid) == Some('Z')
+            && std::fs::read_dir(format!("/proc/{}/task", h.pid))
+                .map(|d| {
+                    d.flatten().any(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .is_ok_and(|s| s.contains(") D "))
+                    })
+                })
+                .unwrap_or(false)
+    });
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let z = holder(&report, 0, h.pid);
+    assert_eq!(z["class"], "zombie", "{z:#}");
+    assert_eq!(z["action"]["reclaimable"], json!(false));
+    assert!(
+        z["action"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("uninterruptible sleep (D)")
+    );
+    let d = Vg::new(&world, Path_::Nvml).args(["diagnose"]).code(1);
+    assert!(stdout(&d).contains("uninterruptible"), "{}", stdout(&d));
+}
+
+#[test]
+fn vramguard_in_a_container_sees_host_pids_as_foreign() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 5)]));
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "serve.py"], s);
+    // vramguard in its own PID namespace, with a /proc of that namespace; the simulated
+    // driver keeps reading the host's /proc, as the kernel driver would.
+    let inner_proc = world.dir.path().join("container-proc");
+    std::fs::create_dir_all(&inner_proc).unwrap();
+    let script = format!(
+        "mount -t proc proc {p} && exec {bin} --proc-root {p} --sim {s} --nvml-lib {lib} status --json",
+        p = inner_proc.display(),
+        bin = BIN,
+        s = world.state_path().display(),
+        lib = sim_nvml_lib().display()
+    );
+    let out = std::process::Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pid_namespace_is_host"], json!(false));
+    let f = holder(&report, 0, h.pid);
+    assert_eq!(f["class"], "foreign", "{f:#}");
+    assert!(
+        f["evidence"][0]
+            .as_str()
+            .unwrap()
+            .contains("runs in a container")
+    );
+    assert!(f["action"]["summary"].as_str().unwrap().contains("hostPID"));
+}
+
+#[test]
+fn a_pid_reported_from_inside_a_namespace_maps_back_through_nspid() {
+    let world = World::new(1);
+    let mut s = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 2 * GIB, "report_namespace_pid": true }]),
+    );
+    s["new_session"] = json!(true);
+    // The holder is pid 1 of a new PID namespace; the driver reports "pid 1".
+    let h = start_wrapped(
+        &world,
+        &["unshare", "--pid", "--fork"],
+        &["python3", "serve.py"],
+        s,
+    );
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let mapped = holder(&report, 0, h.pid);
+    assert_eq!(mapped["reported_pid"], json!(1));
+    assert_eq!(mapped["class"], "active", "{mapped:#}");
+    assert_eq!(mapped["nspid"], json!([h.pid, 1]));
+    assert!(mapped["evidence"][0].as_str().unwrap().contains("NSpid"));
+    let listed: Vec<_> = report["gpus"][0]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["pid"].clone())
+        .collect();
+    assert!(
+        !listed.contains(&json!(1)),
+        "init must not be blamed: {listed:?}"
+    );
+}
+
+#[test]
+fn the_persistence_daemon_is_system_and_blocks_the_reset_of_residue() {
+    let world = World::new(2);
+    let mut daemon = spec(&world, json!([]));
+    daemon["open_gpus"] = json!([0, 1]);
+    daemon["comm"] = json!("nvidia-persistenced");
+    daemon["new_session"] = json!(true);
+    let d = start(
+        &world,
+        &[
+            "/usr/bin/nvidia-persistenced",
+            "--user",
+            "nvidia-persistenced",
+        ],
+        daemon,
+    );
+    let mut bench = spec(
+        &world,
+        json!([{ "gpu": 1, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    bench["new_session"] = json!(true);
+    let mut b = start(&world, &["python3", "bench.py"], bench);
+    b.crash();
+
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["diagnose", "--json"])
+        .json(1);
+    let sys = holder(&out, 1, d.pid);
+    assert_eq!(sys["class"], "system");
+    assert_eq!(
+        sys["comm"], "nvidia-persiste",
+        "the kernel truncates comm to 15 bytes"
+    );
+    let g1 = &out["report"]["gpus"][1];
+    assert_eq!(g1["unaccounted"]["bytes"], json!(6 * GIB));
+    assert_eq!(g1["unaccounted"]["cause"], "driver_residue");
+    assert_eq!(g1["reset_blockers"][0]["pid"], json!(d.pid));
+    let blockers = out["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["gpu"] == json!(1) && c["name"] == "reset blockers")
+        .unwrap();
+    assert_eq!(blockers["status"], "warn");
+    assert!(
+        blockers["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("nvidia-persiste")
+    );
+}
+
+#[test]
+fn residue_with_no_holder_points_at_a_reset() {
+    let world = World::new(2);
+    let mut s = spec(
+        &world,
+        json!([{ "gpu": 1, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    s["new_session"] = json!(true);
+    let mut h = start(&world, &["python3", "bench.py"], s);
+    h.crash();
+    let out = Vg::new(&world, Path_::Nvml).args(["diagnose"]).code(1);
+    let text = stdout(&out);
+    assert!(
+        text.contains("memory the driver did not free (residue)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("$ vramguard reclaim --gpu 1 --reset=auto"),
+        "{text}"
+    );
+    assert!(
+        text.contains("verdict: ghost memory: 6.0 GiB on GPU 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_idle_holder_past_the_configured_threshold() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 1)]));
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "-m", "ipykernel_launcher"], s);
+    let mut busy = spec(&world, json!([{ "gpu": 0, "bytes": GIB, "sm_util": 50 }]));
+    busy["new_session"] = json!(true);
+    let b = start(&world, &["python3", "train.py"], busy);
+    let cfg = config(&world, "[policy]\nidle_after = \"1s\"\n");
+    sleep_ms(1200);
+    let report = Vg::new(&world, Path_::Nvml)
+        .args([
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "status".as_ref(),
+            "--json".as_ref(),
+        ])
+        .json(0);
+    let idle = holder(&report, 0, h.pid);
+    assert_eq!(idle["class"], "idle", "{idle:#}");
+    assert!(idle["idle_secs"].as_u64().unwrap() >= 1);
+    assert_eq!(holder(&report, 0, b.pid)["class"], "active");
+    // Idle is informational: diagnose stays clean.
+    Vg::new(&world, Path_::Nvml)
+        .args(["--config".as_ref(), cfg.as_os_str(), "diagnose".as_ref()])
+        .code(0);
+}
+
+#[test]
+fn a_lost_gpu_is_reported_and_the_others_still_are() {
+    let world = World::new(2);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "serve.py"], s);
+    world.update(|st| {
+        st.gpus[1].faults.push(vramguard_sim::state::Fault {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            code: 15,
+            after_calls: 0,
+            times: None,
+        })
+    });
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let report = Vg::new(&world, path).args(["status", "--json"]).json(0);
+        assert_eq!(holder(&report, 0, h.pid)["class"], "active");
+        assert_eq!(report["gpus"][1]["failure"]["code"], json!(15));
+        let text = stdout(&Vg::new(&world, path).args(["status"]).code(0));
+        assert!(
+            text.contains("error: nvmlDeviceGetMemoryInfo_v2: GPU is lost (code 15)"),
+            "{text}"
+        );
+        let d = stdout(&Vg::new(&world, path).args(["diagnose"]).code(1));
+        assert!(d.contains("dmesg | grep -i xid"), "{d}");
+    }
+}
+
+#[test]
+fn a_snapshot_replays_to_the_same_report() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["group_leader"] = json!(true);
+    s["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } }]);
+    let mut h = start(&world, &["python3", "train.py"], s);
+    h.crash();
+    let snap = Vg::new(&world, Path_::Nvml).args(["snapshot"]).code(0);
+    let file = world.dir.path().join("incident.json");
+    std::fs::write(&file, &snap.stdout).unwrap();
+    let live: serde_json::Value = serde_json::from_slice(
+        &Vg::new(&world, Path_::Nvml)
+            .args(["status", "--json"])
+            .code(0)
+            .stdout,
+    )
+    .unwrap();
+    let replayed = Vg::bare()
+        .args([
+            "--replay".as_ref(),
+            file.as_os_str(),
+            "status".as_ref(),
+            "--json".as_ref(),
+        ])
+        .json(0);
+    assert_eq!(holder(&replayed, 0, h.workers[0])["class"], "orphan");
+    assert_eq!(
+        holder(&replayed, 0, h.workers[0]),
+        holder(&live, 0, h.workers[0])
+    );
+}
+
+#[test]
+fn bad_inputs_give_one_clear_line_and_exit_2() {
+    let world = World::new(1);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--nvml-lib".into(),
+                "/nonexistent/libnvidia-ml.so.1".into(),
+                "status".into(),
+            ],
+            "no NVIDIA driver: /nonexistent/libnvidia-ml.so.1 could not be loaded",
+        ),
+        (
+            vec![
+                "--sim".into(),
+                "/nonexistent/state.json".into(),
+                "status".into(),
+            ],
+            "reading simulator state /nonexistent/state.json: No such file or directory",
+        ),
+        (
+            vec![
+                "--sim".into(),
+                world.state_path().display().to_string(),
+                "--proc-root".into(),
+                "/nonexistent-proc".into(),
+                "status".into(),
+            ],
+            "/nonexistent-proc: No such file or directory",
+        ),
+        (
+            vec![
+                "--config".into(),
+                "/nonexistent/config.toml".into(),
+                "status".into(),
+            ],
+            "reading config /nonexistent/config.toml",
+        ),
+        (
+            vec![
+                "--replay".into(),
+                "/nonexistent/snap.json".into(),
+                "status".into(),
+            ],
+            "reading snapshot /nonexistent/snap.json",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = Vg::bare().args(&args).code(2);
+        let err = stderr(&out);
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let bad_state = world.dir.path().join("bad.json");
+    std::fs::write(&bad_state, "{\n  \"dev_dir\": \"/tmp\",\n  \"gpus\": [ { \"uuid\": \"GPU-1\", \"total_bytes\": \"lots\" } ]\n}\n").unwrap();
+    let err = stderr(
+        &Vg::bare()
+            .args(["--sim".as_ref(), bad_state.as_os_str(), "diagnose".as_ref()])
+            .code(2),
+    );
+    assert!(err.contains("bad.json") && err.contains("line 3"), "{err}");
+    let bad_cfg = config(&world, "[policy]\ntolerance = \"lots\"\n");
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["--config".as_ref(), bad_cfg.as_os_str(), "status".as_ref()])
+            .code(2),
+    );
+    assert!(
+        err.contains("policy.tolerance") && err.contains("lots"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_demo_runs_and_cleans_up_after_itself() {
+    let out = Vg::bare().args(["demo"]).code(0);
+    let text = stdout(&out);
+    for expected in [
+        "orphan",
+        "hidden",
+        "idle",
+        "residue",
+        "$ vramguard reclaim --gpu 0",
+        "stopped the 7 processes",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    // Every pid the demo printed is gone.
+    let pids: Vec<u32> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("started"))
+        .flat_map(|l| {
+            l.split(|c: char| !c.is_ascii_digit())
+                .filter_map(|w| w.parse::<u32>().ok())
+        })
+        .filter(|p| *p > 100)
+        .collect();
+    assert!(pids.len() >= 7, "{pids:?}");
+    for p in pids {
+        wait_until(5, &format!("demo process {p} to be gone"), || !alive(p));
+    }
+}

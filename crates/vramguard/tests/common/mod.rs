@@ -1,0 +1,228 @@
+//! A small DSL for driving the real binary against a simulated world (after ripgrep's test
+//! harness): each test gets a fresh [`World`], builds a command, and on failure sees stdout
+//! and stderr in separate blocks.
+#![allow(dead_code)]
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+pub use vramguard_testkit::*;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
+
+/// How the binary reads the GPUs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Path_ {
+    /// nvml-wrapper → the simulator's libnvidia-ml.so.1.
+    Nvml,
+    /// The model in-process.
+    InProcess,
+}
+
+pub struct Vg {
+    cmd: Command,
+    shown: String,
+}
+
+impl Vg {
+    pub fn new(world: &World, path: Path_) -> Vg {
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("VRAMGUARD_SIM")
+            .env_remove("VRAMGUARD_NVML_LIB")
+            .env_remove("VRAMGUARD_CONFIG")
+            .env("NO_COLOR", "1")
+            .arg("--sim")
+            .arg(world.state_path());
+        if path == Path_::Nvml {
+            cmd.arg("--nvml-lib").arg(sim_nvml_lib());
+        }
+        Vg {
+            cmd,
+            shown: String::from("vramguard"),
+        }
+    }
+
+    pub fn bare() -> Vg {
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("VRAMGUARD_SIM")
+            .env_remove("VRAMGUARD_NVML_LIB")
+            .env("NO_COLOR", "1");
+        Vg {
+            cmd,
+            shown: String::from("vramguard"),
+        }
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Vg
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        for a in args {
+            self.shown.push(' ');
+            self.shown.push_str(&a.as_ref().to_string_lossy());
+            self.cmd.arg(a);
+        }
+        self
+    }
+
+    pub fn output(mut self) -> (Output, String) {
+        let out = self.cmd.output().expect("run vramguard");
+        (out, self.shown)
+    }
+
+    /// Runs and asserts the exit code.
+    pub fn code(self, expected: i32) -> Output {
+        let (out, shown) = self.output();
+        if out.status.code() != Some(expected) {
+            panic!(
+                "\n$ {shown}\nexpected exit {expected}, got {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}\n",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        out
+    }
+
+    /// Runs, expects `expected`, parses stdout as JSON.
+    pub fn json(self, expected: i32) -> Value {
+        let out = self.code(expected);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The holder with `pid` on GPU `gpu` in a status/diagnose JSON report.
+pub fn holder<'a>(report: &'a Value, gpu: usize, pid: u32) -> &'a Value {
+    let report = if report.get("report").is_some() {
+        &report["report"]
+    } else {
+        report
+    };
+    report["gpus"][gpu]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["pid"] == json!(pid))
+        .unwrap_or_else(|| panic!("no holder {pid} on GPU {gpu} in\n{report:#}"))
+}
+
+/// A simulated holder process with a cosmetic argv, started through the binary.
+pub struct Holding {
+    pub child: Reaped,
+    pub pid: u32,
+    pub workers: Vec<u32>,
+    pub cleanup: Spawned,
+}
+
+impl Holding {
+    /// Kills the holder itself (SIGKILL) and reaps it; its workers live on.
+    pub fn crash(&mut self) {
+        self.child.0.kill().unwrap();
+        self.child.0.wait().unwrap();
+    }
+}
+
+/// Default spec fields.
+pub fn spec(world: &World, holds: Value) -> Value {
+    json!({
+        "state": world.state_path(),
+        "holds": holds,
+        "lifetime_ms": 120_000,
+    })
+}
+
+pub fn hold(gpu: u32, gib: u64) -> Value {
+    json!({ "gpu": gpu, "bytes": gib * GIB })
+}
+
+/// Starts a holder from a JSON spec.
+pub fn start(world: &World, argv: &[&str], spec: serde_json::Value) -> Holding {
+    start_wrapped(world, &[], argv, spec)
+}
+
+/// Starts a holder under a wrapper command (e.g. `unshare --pid --fork`); the cosmetic argv[0]
+/// is lost then, the rest is kept.
+pub fn start_wrapped(world: &World, wrapper: &[&str], argv: &[&str], mut spec: Value) -> Holding {
+    let ready = world.dir.path().join(format!("ready-{}", unique()));
+    spec["ready_file"] = json!(ready);
+    use std::os::unix::process::CommandExt;
+    let mut cmd = match wrapper.split_first() {
+        Some((w, rest)) => {
+            let mut c = Command::new(w);
+            c.args(rest).arg(BIN).args(argv.iter().skip(1));
+            c
+        }
+        None => {
+            let mut c = Command::new(BIN);
+            if let Some((first, rest)) = argv.split_first() {
+                c.arg0(first).args(rest);
+            }
+            c
+        }
+    };
+    cmd.env("VRAMGUARD_HOLDER", spec.to_string());
+    let child = Reaped(cmd.spawn().expect("start holder"));
+    let text = wait_for_file(&ready, child.pid());
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let pid = r["pid"].as_u64().unwrap() as u32;
+    let workers: Vec<u32> = r["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_u64().unwrap() as u32)
+        .collect();
+    let mut cleanup = Spawned::default();
+    for w in &workers {
+        cleanup.track(*w);
+    }
+    if pid != child.pid() {
+        cleanup.track(pid);
+    }
+    Holding {
+        pid,
+        child,
+        workers,
+        cleanup,
+    }
+}
+
+fn wait_for_file(path: &Path, pid: u32) -> String {
+    let mut text = String::new();
+    wait_until(20, &format!("holder {pid} to become ready"), || {
+        text = std::fs::read_to_string(path).unwrap_or_default();
+        !text.is_empty()
+    });
+    text
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A config file with the given TOML.
+pub fn config(world: &World, toml: &str) -> PathBuf {
+    let p = world.dir.path().join(format!("config-{}.toml", unique()));
+    std::fs::write(&p, toml).unwrap();
+    p
+}
+
+pub fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
