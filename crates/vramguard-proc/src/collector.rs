@@ -169,9 +169,14 @@ impl ProcCollector {
         for pid in vanished {
             self.known.remove(&pid);
         }
+        // A listed pid whose cached scan shows no device file has opened one since (it
+        // initialised CUDA after we first saw it), or is a pid from another namespace: look
+        // again. Only listed pids pay for this.
         for &pid in listed {
             if let Some(k) = self.known.get_mut(&pid)
-                && matches!(k.devices, FdScan::NotScanned)
+                && depth == ScanDepth::Incremental
+                && matches!(k.devices, FdScan::NotScanned | FdScan::Scanned(_))
+                && k.devices.holds_any() != Some(true)
                 && let Found::Yes(devices) = self.fs.device_files(pid, &dev_dir)?
             {
                 k.devices = devices;

@@ -90,8 +90,8 @@ fn an_incremental_collection_scans_new_processes() {
     c.collect(&[], ScanDepth::Full, 0).unwrap();
     let h = holder(dev.path(), &["nvidia0"]);
     let pid = h.0.id();
-    // The shell may not have opened the file at the first look; a pid first seen empty is
-    // rescanned only when listed, so pass it as listed to model the driver naming it.
+    // The shell may not have opened the file at the first look (it is cached as holding
+    // nothing); once the driver lists the pid, it is scanned again.
     wait_until("the new holder", || {
         let got = c.collect(&[pid], ScanDepth::Incremental, 0).unwrap();
         got.processes
@@ -179,4 +179,31 @@ fn host_facts_describe_this_process() {
     assert!(got.host.self_ancestors.contains(&1) || got.host.self_ancestors.is_empty());
     assert!(got.host.boot_time_ms.is_some());
     assert!(got.host.clock_ticks_per_sec > 0);
+}
+
+#[test]
+fn a_process_that_opens_the_device_after_it_was_first_seen_is_found_once_listed() {
+    let dev = dev_dir();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    // Seen first while it holds nothing.
+    let script = format!(
+        "sleep 0.3; exec 3<{} ; exec sleep 60",
+        dev.path().join("nvidia0").display()
+    );
+    let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+    let pid = h.0.id();
+    let first = c.collect(&[], ScanDepth::Incremental, 0).unwrap();
+    assert!(
+        first.processes.iter().all(|p| p.pid != pid),
+        "holds nothing yet"
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    // Not listed: the incremental scan does not look again (a full scan would).
+    let unlisted = c.collect(&[], ScanDepth::Incremental, 0).unwrap();
+    assert!(unlisted.processes.iter().all(|p| p.pid != pid));
+    // Listed by the driver: looked at again.
+    let listed = c.collect(&[pid], ScanDepth::Incremental, 0).unwrap();
+    let p = listed.processes.iter().find(|p| p.pid == pid).unwrap();
+    assert_eq!(p.device_files, FdScan::Scanned(vec![DeviceFile::Gpu(0)]));
+    drop(h);
 }

@@ -107,7 +107,7 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// The holder with `pid` on GPU `gpu` in a status/diagnose JSON report.
-pub fn holder<'a>(report: &'a Value, gpu: usize, pid: u32) -> &'a Value {
+pub fn holder(report: &Value, gpu: usize, pid: u32) -> &Value {
     let report = if report.get("report").is_some() {
         &report["report"]
     } else {
