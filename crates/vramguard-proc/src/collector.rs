@@ -1,29 +1,35 @@
 //! The process half of a snapshot, gathered incrementally.
 //!
-//! A full fd scan reads a symlink per open file on the host: tens of milliseconds with 50,000
-//! fds. The driver already names most holders, so a steady-state collection only
-//! - lists the pids (one `getdents` pass),
-//! - scans the fds of processes it has not seen before and of pids the driver lists,
-//! - refreshes `stat` of the known holders and of their parents and job leaders.
-//!
-//! A process seen before that opens a device file later without the driver listing it (a
-//! hidden holder) is found by the next full scan, which callers request for `diagnose`, when
-//! a GPU shows unaccounted memory, and periodically.
+//! A full fd scan looks at every open file on the host: over 100 ms with 50,000 fds. The
+//! driver already names most holders, so collections come in three depths:
+//! - [`ScanDepth::Holders`] (the steady state): re-reads `stat` of the known holders, the pids
+//!   the driver lists and their parents and job leaders, through fds kept open (one `pread`
+//!   each; an fd never shows a reused pid, and a departed process reads as ESRCH). Listed pids
+//!   not seen before are fd-scanned. Cost: O(holders), whatever the host runs.
+//! - [`ScanDepth::NewProcesses`]: also lists `/proc` and fd-scans the processes not seen
+//!   before.
+//! - [`ScanDepth::Full`]: fd-scans every process, on every core. Needed to find a hidden
+//!   holder that was already running before it opened the device; callers request it for
+//!   `diagnose`, when a GPU shows unaccounted memory, and periodically.
 
-use crate::procfs::{Found, ProcError, ProcFs};
+use crate::devices::DeviceTable;
+use crate::procfs::{Found, PidLister, ProcError, ProcFs};
+use rustix::fd::OwnedFd;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use vramguard_core::snapshot::{
     DepartedProcess, FdScan, HostFacts, PF_EXITING, ProcessFacts, ScanFacts,
 };
 
-/// How deep a collection looks.
+/// How deep a collection looks (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScanDepth {
     /// Scan the fds of every process.
     Full,
-    /// Scan only new processes and listed pids; reuse earlier results for the rest.
-    Incremental,
+    /// List `/proc`; scan the fds of processes not seen before and of listed pids.
+    NewProcesses,
+    /// Known holders, listed pids and their relatives only; no listing of `/proc`.
+    Holders,
 }
 
 /// The process half of a snapshot.
@@ -48,20 +54,29 @@ struct Known {
     facts: Option<ProcessFacts>,
     /// Held a device or led a holder's job: remembered in `departed` when it exits.
     interesting: bool,
+    /// `stat`, kept open for cheap re-reads.
+    stat_fd: Option<OwnedFd>,
 }
 
 const DEPARTED_KEEP: usize = 256;
 const DEPARTED_MAX_AGE_MS: u64 = 3_600_000;
+/// Below this many processes to fd-scan, threads cost more than they save.
+const PARALLEL_SCAN_MIN: usize = 64;
 
 /// Gathers process facts, remembering what it saw between collections.
 #[derive(Debug)]
 pub struct ProcCollector {
     fs: ProcFs,
+    lister: PidLister,
     dev_dir: PathBuf,
+    devices: DeviceTable,
     passwd: PathBuf,
     known: HashMap<u32, Known>,
     departed: VecDeque<DepartedProcess>,
     users: Option<HashMap<u32, String>>,
+    host: HostFacts,
+    open_stat_fds: usize,
+    max_stat_fds: usize,
 }
 
 impl ProcCollector {
@@ -73,14 +88,27 @@ impl ProcCollector {
         let dev_dir = dev_dir.into();
         // Link targets are absolute and normalised; compare without a trailing slash.
         let dev_dir = PathBuf::from(dev_dir.to_string_lossy().trim_end_matches('/'));
-        Ok(ProcCollector {
-            fs: ProcFs::open(proc_root)?,
+        let fs = ProcFs::open(proc_root)?;
+        let lister = fs.pid_lister()?;
+        let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(1024);
+        let mut c = ProcCollector {
+            fs,
+            lister,
+            devices: DeviceTable::load(&dev_dir),
             dev_dir,
             passwd: PathBuf::from("/etc/passwd"),
             known: HashMap::new(),
             departed: VecDeque::new(),
             users: None,
-        })
+            host: HostFacts::default(),
+            open_stat_fds: 0,
+            // Leave most of the fd budget to everything else.
+            max_stat_fds: (nofile / 2).saturating_sub(64) as usize,
+        };
+        c.refresh_host();
+        Ok(c)
     }
 
     /// Reads user names from another passwd file (fixture trees).
@@ -100,6 +128,20 @@ impl ProcCollector {
         &self.dev_dir
     }
 
+    /// Host facts that do not change between collections, read at start and on full scans.
+    fn refresh_host(&mut self) {
+        let self_pid = self.fs.self_pid().unwrap_or(0);
+        self.host = HostFacts {
+            hostname: self.fs.hostname(),
+            clock_ticks_per_sec: rustix::param::clock_ticks_per_second(),
+            boot_time_ms: self.fs.boot_time_ms(),
+            self_pid,
+            self_ancestors: self.ancestors(self_pid),
+            pid_namespace_is_host: self.fs.pid_namespace_is_host(),
+            euid: rustix::process::geteuid().as_raw(),
+        };
+    }
+
     fn user_name(&mut self, uid: u32) -> Option<String> {
         let passwd = &self.passwd;
         let users = self.users.get_or_insert_with(|| {
@@ -108,6 +150,29 @@ impl ProcCollector {
                 .unwrap_or_default()
         });
         users.get(&uid).cloned()
+    }
+
+    fn forget(&mut self, pid: u32) -> Option<Known> {
+        let k = self.known.remove(&pid)?;
+        if k.stat_fd.is_some() {
+            self.open_stat_fds -= 1;
+        }
+        Some(k)
+    }
+
+    /// Forgets a pid that is gone, remembering it in `departed` if it mattered.
+    fn depart(&mut self, pid: u32, now_ms: u64) {
+        if let Some(k) = self.forget(pid)
+            && k.interesting
+            && let Some(f) = k.facts
+        {
+            self.departed.push_back(DepartedProcess {
+                pid,
+                comm: f.comm,
+                cmdline: f.cmdline,
+                gone_at_ms: now_ms,
+            });
+        }
     }
 
     /// One collection. `listed` are the pids the driver reports (they are always fd-scanned
@@ -119,30 +184,104 @@ impl ProcCollector {
         depth: ScanDepth,
         now_ms: u64,
     ) -> Result<Collected, ProcError> {
-        let dev_dir = self.dev_dir.as_os_str().as_encoded_bytes().to_vec();
-        let pids = self.fs.pids()?;
-        let present: HashSet<u32> = pids.iter().copied().collect();
-
-        // Departures.
-        let gone: Vec<u32> = self
-            .known
-            .keys()
-            .filter(|p| !present.contains(p))
-            .copied()
-            .collect();
-        for pid in gone {
-            if let Some(k) = self.known.remove(&pid)
-                && k.interesting
-                && let Some(f) = k.facts
-            {
-                self.departed.push_back(DepartedProcess {
-                    pid,
-                    comm: f.comm,
-                    cmdline: f.cmdline,
-                    gone_at_ms: now_ms,
-                });
+        if depth == ScanDepth::Full {
+            self.refresh_host();
+            self.devices = DeviceTable::load(&self.dev_dir);
+        }
+        // Without a listing, a pid is presumed present until reading it says otherwise.
+        let listing = match depth {
+            ScanDepth::Holders => None,
+            _ => Some(self.lister.list()?),
+        };
+        if let Some(pids) = &listing {
+            let present: HashSet<u32> = pids.iter().copied().collect();
+            let gone: Vec<u32> = self
+                .known
+                .keys()
+                .filter(|p| !present.contains(p))
+                .copied()
+                .collect();
+            for pid in gone {
+                self.depart(pid, now_ms);
             }
         }
+
+        // Fd scans: everything (full), what is new (new processes), and in every depth the
+        // listed pids not scanned yet or whose cached scan shows no device file (they opened
+        // one since, or are pids from another namespace).
+        let listed_set: HashSet<u32> = listed.iter().copied().collect();
+        let needs_scan = |pid: &u32, known: &HashMap<u32, Known>| {
+            let k = known.get(pid);
+            depth == ScanDepth::Full
+                || (depth == ScanDepth::NewProcesses
+                    && k.is_none_or(|k| matches!(k.devices, FdScan::NotScanned)))
+                || (listed_set.contains(pid)
+                    && k.is_none_or(|k| k.devices.holds_any() != Some(true)))
+        };
+        let to_scan: Vec<u32> = match &listing {
+            Some(pids) => pids
+                .iter()
+                .copied()
+                .filter(|p| needs_scan(p, &self.known))
+                .collect(),
+            None => listed
+                .iter()
+                .copied()
+                .filter(|p| needs_scan(p, &self.known))
+                .collect(),
+        };
+        for (pid, found) in self.scan_fds(&to_scan)? {
+            match found {
+                Found::Yes(devices) => self.known.entry(pid).or_default().devices = devices,
+                Found::Denied => self.known.entry(pid).or_default().devices = FdScan::Denied,
+                Found::Gone => self.depart(pid, now_ms),
+            }
+        }
+        let denied = self
+            .known
+            .values()
+            .filter(|k| matches!(k.devices, FdScan::Denied))
+            .count();
+
+        // The processes that matter: listed pids and device holders, then their relatives.
+        let mut wanted: Vec<u32> = self
+            .known
+            .iter()
+            .filter(|(_, k)| k.devices.holds_any() == Some(true))
+            .map(|(p, _)| *p)
+            .chain(listed.iter().copied())
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+
+        let mut out: HashMap<u32, ProcessFacts> = HashMap::new();
+        let mut relatives = Vec::new();
+        for pid in wanted {
+            match self.refresh(pid)? {
+                Some(facts) => {
+                    for rel in [facts.ppid, facts.pgid].into_iter().flatten() {
+                        if rel > 0 && rel != pid {
+                            relatives.push(rel);
+                        }
+                    }
+                    out.insert(pid, facts);
+                }
+                None => self.depart(pid, now_ms),
+            }
+        }
+        for pid in relatives {
+            if out.contains_key(&pid) {
+                continue;
+            }
+            match self.refresh(pid)? {
+                Some(facts) => {
+                    out.insert(pid, facts);
+                }
+                None => self.depart(pid, now_ms),
+            }
+        }
+        let mut processes: Vec<ProcessFacts> = out.into_values().collect();
+        processes.sort_by_key(|p| p.pid);
         while self.departed.len() > DEPARTED_KEEP
             || self
                 .departed
@@ -152,94 +291,13 @@ impl ProcCollector {
             self.departed.pop_front();
         }
 
-        // Fd scans: everything (full) or what is new (incremental), plus listed pids.
-        let mut denied = 0usize;
-        let mut vanished = Vec::new();
-        for &pid in &pids {
-            let known = self.known.entry(pid).or_default();
-            let scan = depth == ScanDepth::Full || matches!(known.devices, FdScan::NotScanned);
-            if scan {
-                match self.fs.device_files(pid, &dev_dir)? {
-                    Found::Yes(devices) => known.devices = devices,
-                    Found::Denied => known.devices = FdScan::Denied,
-                    Found::Gone => vanished.push(pid),
-                }
-            }
-        }
-        for pid in vanished {
-            self.known.remove(&pid);
-        }
-        // A listed pid whose cached scan shows no device file has opened one since (it
-        // initialised CUDA after we first saw it), or is a pid from another namespace: look
-        // again. Only listed pids pay for this.
-        for &pid in listed {
-            if let Some(k) = self.known.get_mut(&pid)
-                && depth == ScanDepth::Incremental
-                && matches!(k.devices, FdScan::NotScanned | FdScan::Scanned(_))
-                && k.devices.holds_any() != Some(true)
-                && let Found::Yes(devices) = self.fs.device_files(pid, &dev_dir)?
-            {
-                k.devices = devices;
-            }
-        }
-        for k in self.known.values() {
-            if matches!(k.devices, FdScan::Denied) {
-                denied += 1;
-            }
-        }
-
-        // The processes that matter: listed pids and device holders, then their relatives.
-        let mut wanted: Vec<u32> = self
-            .known
-            .iter()
-            .filter(|(_, k)| k.devices.holds_any() == Some(true))
-            .map(|(p, _)| *p)
-            .chain(listed.iter().copied().filter(|p| present.contains(p)))
-            .collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-
-        let mut out: HashMap<u32, ProcessFacts> = HashMap::new();
-        let mut relatives = Vec::new();
-        for pid in wanted {
-            if let Some(facts) = self.refresh(pid, &dev_dir)? {
-                for rel in [facts.ppid, facts.pgid].into_iter().flatten() {
-                    if rel > 0 && rel != pid && present.contains(&rel) {
-                        relatives.push(rel);
-                    }
-                }
-                out.insert(pid, facts);
-            }
-        }
-        for pid in relatives {
-            if out.contains_key(&pid) {
-                continue;
-            }
-            if let Some(facts) = self.refresh(pid, &dev_dir)? {
-                out.insert(pid, facts);
-            }
-        }
-        let mut processes: Vec<ProcessFacts> = out.into_values().collect();
-        processes.sort_by_key(|p| p.pid);
-
-        let euid = rustix::process::geteuid().as_raw();
         let mut limitations = Vec::new();
-        if denied > 0 && euid != 0 {
+        if denied > 0 && self.host.euid != 0 {
             limitations.push(format!(
                 "open files of {denied} process(es) were unreadable (other users' processes): \
                  run as root to see every holder"
             ));
         }
-        let self_pid = self.fs.self_pid().unwrap_or(0);
-        let host = HostFacts {
-            hostname: self.fs.hostname(),
-            clock_ticks_per_sec: rustix::param::clock_ticks_per_second(),
-            boot_time_ms: self.fs.boot_time_ms(),
-            self_pid,
-            self_ancestors: self.ancestors(self_pid),
-            pid_namespace_is_host: self.fs.pid_namespace_is_host(),
-            euid,
-        };
         Ok(Collected {
             processes,
             departed: self.departed.iter().cloned().collect(),
@@ -249,34 +307,82 @@ impl ProcCollector {
                 full_fd_scan: depth == ScanDepth::Full,
                 limitations,
             },
-            host,
+            host: self.host.clone(),
+        })
+    }
+
+    /// Fd-scans `pids`, on every core when there are many.
+    fn scan_fds(&self, pids: &[u32]) -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
+        let (fs, devices) = (&self.fs, &self.devices);
+        let scan_chunk = |chunk: &[u32]| -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
+            chunk
+                .iter()
+                .map(|&pid| Ok((pid, fs.device_files(pid, devices)?)))
+                .collect()
+        };
+        if threads < 2 || pids.len() < PARALLEL_SCAN_MIN {
+            return scan_chunk(pids);
+        }
+        let chunk = pids.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = pids
+                .chunks(chunk)
+                .map(|c| scope.spawn(move || scan_chunk(c)))
+                .collect();
+            let mut all = Vec::with_capacity(pids.len());
+            for h in handles {
+                all.extend(h.join().expect("fd scan thread panicked")?);
+            }
+            Ok(all)
         })
     }
 
     /// Fresh `stat` plus cached identity facts for one pid; `None` if it is gone.
-    fn refresh(&mut self, pid: u32, dev_dir: &[u8]) -> Result<Option<ProcessFacts>, ProcError> {
-        let stat = match self.fs.stat(pid)? {
-            Found::Yes(s) => s,
-            Found::Gone | Found::Denied => return Ok(None),
+    fn refresh(&mut self, pid: u32) -> Result<Option<ProcessFacts>, ProcError> {
+        let held = self.known.get(&pid).and_then(|k| k.stat_fd.as_ref());
+        let stat = match held {
+            Some(fd) => match self.fs.reread_stat(pid, fd)? {
+                Found::Yes(s) => Some(s),
+                // The process we held is gone (the pid may already be someone else's, which
+                // the next collection will look at afresh).
+                _ => return Ok(None),
+            },
+            None => None,
         };
-        let reused = self
-            .known
-            .get(&pid)
-            .is_some_and(|k| k.start_ticks.is_some() && k.start_ticks != stat.start_ticks);
-        if reused {
-            // Same pid, different process: forget everything about the old one.
-            let devices = match self.fs.device_files(pid, dev_dir)? {
-                Found::Yes(d) => d,
-                _ => FdScan::Denied,
-            };
-            self.known.insert(
-                pid,
-                Known {
-                    devices,
-                    ..Known::default()
-                },
-            );
-        }
+        let stat = match stat {
+            Some(s) => s,
+            None => {
+                let Found::Yes(fd) = self.fs.open_stat(pid)? else {
+                    return Ok(None);
+                };
+                let Found::Yes(s) = self.fs.reread_stat(pid, &fd)? else {
+                    return Ok(None);
+                };
+                let reused = self
+                    .known
+                    .get(&pid)
+                    .is_some_and(|k| k.start_ticks.is_some() && k.start_ticks != s.start_ticks);
+                if reused {
+                    // Same pid, different process: forget everything about the old one.
+                    self.forget(pid);
+                }
+                let known = self.known.entry(pid).or_default();
+                if matches!(known.devices, FdScan::NotScanned) {
+                    known.devices = match self.fs.device_files(pid, &self.devices)? {
+                        Found::Yes(d) => d,
+                        _ => FdScan::Denied,
+                    };
+                }
+                if self.open_stat_fds < self.max_stat_fds {
+                    self.known.get_mut(&pid).expect("just inserted").stat_fd = Some(fd);
+                    self.open_stat_fds += 1;
+                }
+                s
+            }
+        };
         let needs_identity = self.known.get(&pid).is_none_or(|k| k.facts.is_none());
         let identity = if needs_identity {
             let status = self.fs.status(pid)?.ok().unwrap_or_default();

@@ -1,7 +1,8 @@
 //! Reads one `/proc` tree (the live one, or a fixture tree) relative to a root directory.
 
+use crate::devices::DeviceTable;
 use crate::parse::{self, ParseError, Stat, Status};
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use std::path::{Path, PathBuf};
@@ -158,6 +159,48 @@ impl ProcFs {
         self.stat_at(&format!("{pid}/stat"))
     }
 
+    /// Opens `/proc/PID/stat` to be re-read with [`ProcFs::reread_stat`]. The fd stays tied
+    /// to this process: once it is reaped, reads fail with ESRCH, even if the pid is reused.
+    pub fn open_stat(&self, pid: u32) -> Result<Found<OwnedFd>, ProcError> {
+        let rel = format!("{pid}/stat");
+        triage(self.open_rel(&rel, OFlags::RDONLY), || self.path(&rel))
+    }
+
+    /// Re-reads a `stat` opened by [`ProcFs::open_stat`]: one `pread` at offset 0, which makes
+    /// procfs generate the line afresh.
+    pub fn reread_stat(&self, pid: u32, fd: &OwnedFd) -> Result<Found<Stat>, ProcError> {
+        let mut buf = [0u8; 1024];
+        let n = match triage(rustix::io::pread(fd, &mut buf, 0), || {
+            self.path(&format!("{pid}/stat"))
+        })? {
+            Found::Yes(0) | Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+            Found::Yes(n) if n == buf.len() => return self.stat(pid),
+            Found::Yes(n) => n,
+        };
+        parse::parse_stat(&buf[..n])
+            .map(Found::Yes)
+            .map_err(|cause| ProcError::Malformed {
+                path: self.path(&format!("{pid}/stat")),
+                cause,
+            })
+    }
+
+    /// A reusable lister of the root's pids.
+    pub fn pid_lister(&self) -> Result<PidLister, ProcError> {
+        let fd = self
+            .open_rel(".", OFlags::RDONLY | OFlags::DIRECTORY)
+            .and_then(rustix::fs::Dir::new)
+            .map_err(|e| ProcError::Io {
+                path: self.root.clone(),
+                cause: e.into(),
+            })?;
+        Ok(PidLister {
+            dir: fd,
+            root: self.root.clone(),
+        })
+    }
+
     fn stat_at(&self, rel: &str) -> Result<Found<Stat>, ProcError> {
         let mut buf = Vec::with_capacity(512);
         match self.read_into(rel, &mut buf)? {
@@ -251,8 +294,12 @@ impl ProcFs {
     /// own `fd/` is empty, the fd table of its first other thread is read instead: once a
     /// leader's main thread has exited (a zombie leader), its `fd/` is empty while the
     /// surviving threads still hold the files.
-    pub fn device_files(&self, pid: u32, dev_dir: &[u8]) -> Result<Found<FdScan>, ProcError> {
-        let (scan, entries) = match self.scan_fd_dir(&format!("{pid}/fd"), dev_dir)? {
+    pub fn device_files(
+        &self,
+        pid: u32,
+        devices: &DeviceTable,
+    ) -> Result<Found<FdScan>, ProcError> {
+        let (scan, entries) = match self.scan_fd_dir(&format!("{pid}/fd"), devices)? {
             Found::Yes(v) => v,
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
@@ -271,7 +318,7 @@ impl ProcFs {
                 continue;
             }
             if let Found::Yes((thread_scan, n)) =
-                self.scan_fd_dir(&format!("{pid}/task/{tid}/fd"), dev_dir)?
+                self.scan_fd_dir(&format!("{pid}/task/{tid}/fd"), devices)?
                 && n > 0
             {
                 return Ok(Found::Yes(thread_scan));
@@ -281,7 +328,11 @@ impl ProcFs {
     }
 
     /// Scans one `fd/` directory; returns the device files and the number of entries.
-    fn scan_fd_dir(&self, rel: &str, dev_dir: &[u8]) -> Result<Found<(FdScan, usize)>, ProcError> {
+    fn scan_fd_dir(
+        &self,
+        rel: &str,
+        devices: &DeviceTable,
+    ) -> Result<Found<(FdScan, usize)>, ProcError> {
         let fd = match triage(
             self.open_rel(rel, OFlags::RDONLY | OFlags::DIRECTORY),
             || self.path(rel),
@@ -290,15 +341,25 @@ impl ProcFs {
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),
         };
-        let dir = match triage(rustix::fs::Dir::read_from(&fd), || self.path(rel))? {
+        let mut dir = match triage(rustix::fs::Dir::new(fd), || self.path(rel))? {
             Found::Yes(d) => d,
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),
         };
+        // The directory's own fd serves the readlinkat calls: no dup per process.
+        let raw = match dir.fd() {
+            Ok(fd) => fd.as_raw_fd(),
+            Err(e) => {
+                return Err(ProcError::Io {
+                    path: self.path(rel),
+                    cause: e.into(),
+                });
+            }
+        };
         let mut files: Vec<DeviceFile> = Vec::new();
         let mut entries = 0usize;
         let mut target = Vec::with_capacity(256);
-        for entry in dir {
+        while let Some(entry) = dir.read() {
             let entry = match entry {
                 Ok(e) => e,
                 // The process exited while we listed its fds.
@@ -316,9 +377,12 @@ impl ProcFs {
                 continue;
             }
             entries += 1;
-            let link = match rustix::fs::readlinkat(fd.as_fd(), name, std::mem::take(&mut target)) {
-                Ok(link) => link.into_bytes(),
-                // That fd was closed between the listing and the readlink.
+            // SAFETY: `raw` belongs to `dir`, which lives until the end of this function.
+            let dir_fd = unsafe { BorrowedFd::borrow_raw(raw) };
+            match devices.identify(dir_fd, name, &mut target) {
+                Ok(Some(file)) => files.push(file),
+                Ok(None) => {}
+                // That fd was closed between the listing and the lookup.
                 Err(Errno::NOENT) => continue,
                 Err(Errno::SRCH) => return Ok(Found::Gone),
                 Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Denied),
@@ -328,11 +392,7 @@ impl ProcFs {
                         cause: e.into(),
                     });
                 }
-            };
-            if let Some(file) = parse::device_file(&link, dev_dir) {
-                files.push(file);
             }
-            target = link;
         }
         files.sort_unstable();
         files.dedup();
@@ -362,6 +422,32 @@ impl ProcFs {
         let bytes = self.read("sys/kernel/hostname").ok()?.ok()?;
         let name = String::from_utf8_lossy(&bytes).trim().to_string();
         (!name.is_empty()).then_some(name)
+    }
+}
+
+/// Lists the pids of a `/proc` tree again and again with one open directory.
+#[derive(Debug)]
+pub struct PidLister {
+    dir: rustix::fs::Dir,
+    root: PathBuf,
+}
+
+impl PidLister {
+    /// The pids present now, sorted.
+    pub fn list(&mut self) -> Result<Vec<u32>, ProcError> {
+        self.dir.rewind();
+        let mut pids = Vec::with_capacity(1024);
+        while let Some(entry) = self.dir.read() {
+            let entry = entry.map_err(|e| ProcError::Io {
+                path: self.root.clone(),
+                cause: e.into(),
+            })?;
+            if let Some(pid) = parse_pid(entry.file_name().to_bytes()) {
+                pids.push(pid);
+            }
+        }
+        pids.sort_unstable();
+        Ok(pids)
     }
 }
 

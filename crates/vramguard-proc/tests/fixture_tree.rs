@@ -77,7 +77,7 @@ fn zombie_threads_and_wait_channels_are_read() {
 #[test]
 fn a_listed_pid_that_is_a_kernel_thread_is_scanned_and_holds_nothing() {
     let c = collector()
-        .collect(&[2], ScanDepth::Incremental, 1_000)
+        .collect(&[2], ScanDepth::Holders, 1_000)
         .unwrap();
     let k = c.processes.iter().find(|p| p.pid == 2).unwrap();
     assert!(k.is_kernel_thread());
@@ -87,7 +87,7 @@ fn a_listed_pid_that_is_a_kernel_thread_is_scanned_and_holds_nothing() {
 #[test]
 fn listed_pids_that_do_not_exist_are_simply_absent() {
     let c = collector()
-        .collect(&[4100, 9999, 123456], ScanDepth::Incremental, 1_000)
+        .collect(&[4100, 9999, 123456], ScanDepth::NewProcesses, 1_000)
         .unwrap();
     assert!(
         c.processes

@@ -58,7 +58,8 @@ fn a_live_holder_is_found_and_its_departure_remembered() {
     wait_until("the holder to open its files", || {
         holds(&mut c, pid, ScanDepth::Full).is_some_and(|d| d.holds_any() == Some(true))
     });
-    let got = c.collect(&[], ScanDepth::Incremental, 5).unwrap();
+    // The steady state re-reads the known holder without listing /proc.
+    let got = c.collect(&[], ScanDepth::Holders, 5).unwrap();
     let p = got.processes.iter().find(|p| p.pid == pid).unwrap();
     assert_eq!(
         p.device_files,
@@ -72,7 +73,8 @@ fn a_live_holder_is_found_and_its_departure_remembered() {
 
     h.0.kill().unwrap();
     h.0.wait().unwrap();
-    let got = c.collect(&[], ScanDepth::Incremental, 42).unwrap();
+    // Its held stat fd now reads ESRCH: the departure is noticed without a listing.
+    let got = c.collect(&[], ScanDepth::Holders, 42).unwrap();
     assert!(got.processes.iter().all(|p| p.pid != pid));
     let d = got
         .departed
@@ -93,7 +95,7 @@ fn an_incremental_collection_scans_new_processes() {
     // The shell may not have opened the file at the first look (it is cached as holding
     // nothing); once the driver lists the pid, it is scanned again.
     wait_until("the new holder", || {
-        let got = c.collect(&[pid], ScanDepth::Incremental, 0).unwrap();
+        let got = c.collect(&[pid], ScanDepth::NewProcesses, 0).unwrap();
         got.processes
             .iter()
             .any(|p| p.pid == pid && p.device_files.holds_any() == Some(true))
@@ -122,7 +124,7 @@ fn processes_vanishing_mid_scan_are_never_errors() {
         let depth = if i % 2 == 0 {
             ScanDepth::Full
         } else {
-            ScanDepth::Incremental
+            ScanDepth::NewProcesses
         };
         c.collect(&[], depth, i).unwrap();
     }
@@ -173,7 +175,7 @@ fn host_facts_describe_this_process() {
     let dev = dev_dir();
     let got = ProcCollector::new("/proc", dev.path())
         .unwrap()
-        .collect(&[], ScanDepth::Incremental, 0)
+        .collect(&[], ScanDepth::NewProcesses, 0)
         .unwrap();
     assert_eq!(got.host.self_pid, std::process::id());
     assert!(got.host.self_ancestors.contains(&1) || got.host.self_ancestors.is_empty());
@@ -192,18 +194,41 @@ fn a_process_that_opens_the_device_after_it_was_first_seen_is_found_once_listed(
     );
     let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
     let pid = h.0.id();
-    let first = c.collect(&[], ScanDepth::Incremental, 0).unwrap();
+    let first = c.collect(&[], ScanDepth::NewProcesses, 0).unwrap();
     assert!(
         first.processes.iter().all(|p| p.pid != pid),
         "holds nothing yet"
     );
     std::thread::sleep(Duration::from_millis(600));
-    // Not listed: the incremental scan does not look again (a full scan would).
-    let unlisted = c.collect(&[], ScanDepth::Incremental, 0).unwrap();
+    // Not listed: a new-process scan does not look again (a full scan would).
+    let unlisted = c.collect(&[], ScanDepth::NewProcesses, 0).unwrap();
     assert!(unlisted.processes.iter().all(|p| p.pid != pid));
     // Listed by the driver: looked at again.
-    let listed = c.collect(&[pid], ScanDepth::Incremental, 0).unwrap();
+    let listed = c.collect(&[pid], ScanDepth::NewProcesses, 0).unwrap();
     let p = listed.processes.iter().find(|p| p.pid == pid).unwrap();
     assert_eq!(p.device_files, FdScan::Scanned(vec![DeviceFile::Gpu(0)]));
     drop(h);
+}
+
+#[test]
+fn the_steady_state_finds_a_listed_pid_it_never_saw() {
+    let dev = dev_dir();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    c.collect(&[], ScanDepth::Full, 0).unwrap();
+    let h = holder(dev.path(), &["nvidia0"]);
+    let pid = h.0.id();
+    wait_until("the listed holder", || {
+        c.collect(&[pid], ScanDepth::Holders, 0)
+            .unwrap()
+            .processes
+            .iter()
+            .any(|p| p.pid == pid && p.device_files.holds_any() == Some(true))
+    });
+    // Unlisted new processes are not the steady state's business.
+    let other = holder(dev.path(), &["nvidia1"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let got = c.collect(&[pid], ScanDepth::Holders, 0).unwrap();
+    assert!(got.processes.iter().all(|p| p.pid != other.0.id()));
+    let got = c.collect(&[pid], ScanDepth::NewProcesses, 0).unwrap();
+    assert!(got.processes.iter().any(|p| p.pid == other.0.id()));
 }

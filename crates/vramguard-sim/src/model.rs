@@ -184,14 +184,28 @@ enum Life {
     Gone,
 }
 
-/// Reads `proc_root/PID/stat`: `/proc/PID` exists and is not a zombie whose threads have all
-/// exited. A zombie leader whose other threads still run (or sleep in D) still holds the
-/// device, as on real drivers: files are closed when the last thread leaves `do_exit`.
-fn life_of(proc_root: &Path, pid: u32) -> Life {
-    let Ok(stat) = std::fs::read(proc_root.join(format!("{pid}/stat"))) else {
-        return Life::Gone;
+/// Whether `proc_root/PID` exists and is not a zombie whose threads have all exited. A zombie
+/// leader whose other threads still run (or sleep in D) still holds the device, as on real
+/// drivers: files are closed when the last thread leaves `do_exit`.
+///
+/// `held` is a `stat` file kept open for this pid: re-read with one `pread`, and tied to the
+/// process it was opened for, so a reused pid reads as gone.
+fn life_of(proc_root: &Path, pid: u32, held: &mut Option<std::fs::File>) -> Life {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 1024];
+    let read = match held {
+        Some(f) => f.read_at(&mut buf, 0).ok().filter(|n| *n > 0),
+        None => match std::fs::File::open(proc_root.join(format!("{pid}/stat"))) {
+            Ok(f) => {
+                let n = f.read_at(&mut buf, 0).ok().filter(|n| *n > 0);
+                *held = Some(f);
+                n
+            }
+            Err(_) => None,
+        },
     };
-    let Some((state, start_ticks)) = state_and_start(&stat) else {
+    let Some((state, start_ticks)) = read.and_then(|n| state_and_start(&buf[..n])) else {
+        *held = None;
         return Life::Gone;
     };
     if matches!(state, 'Z' | 'X') {
@@ -236,6 +250,8 @@ pub struct Sim {
     calls: HashMap<(String, Option<u32>), u64>,
     cache: Option<(Instant, Observation)>,
     cache_ttl: Duration,
+    /// `stat` files of allocation pids, kept open between observations.
+    stat_files: HashMap<u32, Option<std::fs::File>>,
 }
 
 impl Sim {
@@ -252,6 +268,7 @@ impl Sim {
             calls: HashMap::new(),
             cache: None,
             cache_ttl: Duration::from_millis(1),
+            stat_files: HashMap::new(),
         };
         sim.reload_runtime()?;
         Ok(sim)
@@ -295,7 +312,6 @@ impl Sim {
 
     /// Counts a call of `call` (on `gpu`) and returns the error code to inject, if any.
     pub fn fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
-        let _ = self.reload_state();
         let count = self.calls.entry((call.to_string(), gpu)).or_insert(0);
         let n = *count;
         *count += 1;
@@ -347,9 +363,11 @@ impl Sim {
                 .cloned()
                 .unwrap_or_default();
             let mut life = if record.gone_since_ms.is_some() {
+                self.stat_files.remove(&a.pid);
                 Life::Gone
             } else {
-                life_of(&self.state.proc_root, a.pid)
+                let held = self.stat_files.entry(a.pid).or_default();
+                life_of(&self.state.proc_root, a.pid, held)
             };
             if let Life::Alive { start_ticks } = life
                 && record.start_ticks.is_some()
@@ -508,7 +526,12 @@ impl Sim {
             .allocations
             .iter()
             .filter(|a| a.gpu == gpu)
-            .filter(|a| matches!(life_of(&self.state.proc_root, a.pid), Life::Alive { .. }))
+            .filter(|a| {
+                matches!(
+                    life_of(&self.state.proc_root, a.pid, &mut None),
+                    Life::Alive { .. }
+                )
+            })
             .filter(|a| {
                 self.runtime
                     .processes
