@@ -8,6 +8,7 @@
 //!   that also lists /proc for new processes, medians of 50;
 //! - a steady-state snapshot with the in-process simulated driver (200 allocations) and
 //!   classification, median of 50.
+//!
 //! Every process it starts is killed by pid when it ends.
 
 use std::process::{Child, Command, Stdio};
