@@ -349,15 +349,15 @@ impl<'a> Context<'a> {
         } else if let Some(action) = self.zombie(p, &mut evidence) {
             (Class::Zombie, action)
         } else if listed.is_none() {
+            let job_gone = dead_job.is_some();
+            if let Some(job) = &dead_job {
+                evidence.push(self.dead_job_evidence(p, job));
+            }
             evidence.push(format!(
                 "holds /dev/nvidia{} but the driver lists it on no GPU (a context it inherited, \
                  or a container the driver hides)",
                 self.minor_of(gpu)
             ));
-            let job_gone = dead_job.is_some();
-            if let Some(job) = &dead_job {
-                evidence.push(self.dead_job_evidence(p, job));
-            }
             (
                 Class::Hidden,
                 Action {

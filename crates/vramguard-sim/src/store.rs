@@ -23,11 +23,19 @@ pub fn lock(state: &Path) -> Result<StateLock, SimError> {
         path: path.clone(),
         reason: std::io::Error::from(e).to_string(),
     };
+    // flock works on a read-only fd too: a user who may not create the lock file can still
+    // take it once it exists.
     let fd = rustix::fs::open(
         &path,
         OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o644),
     )
+    .or_else(|e| match e {
+        rustix::io::Errno::ACCESS => {
+            rustix::fs::open(&path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        }
+        other => Err(other),
+    })
     .map_err(err)?;
     rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(err)?;
     Ok(StateLock(fd))

@@ -146,4 +146,11 @@ mod tests {
             .to_string();
         assert!(e.contains("v.toml"), "{e}");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_config_text_never_panics(s in "(\\[policy\\]\n)?[a-z_ =\"0-9.\n\\[\\]{}]{0,120}") {
+            let _ = Config::parse(Path::new("fuzz.toml"), &s);
+        }
+    }
 }

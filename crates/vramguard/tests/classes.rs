@@ -480,3 +480,45 @@ fn the_demo_runs_and_cleans_up_after_itself() {
         wait_until(5, &format!("demo process {p} to be gone"), || !alive(p));
     }
 }
+
+#[test]
+fn without_root_the_missing_facts_are_named() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "serve.py"], s);
+    // Let the simulator record its first sightings while we are root, then open the world
+    // to an unprivileged user.
+    Vg::new(&world, Path_::InProcess).args(["status"]).code(0);
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(world.dir.path()).unwrap().flatten() {
+        let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o777));
+    }
+    std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "--sim",
+        ])
+        .arg(world.state_path())
+        .args(["diagnose", "--json"])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let limits = d["report"]["limitations"].to_string();
+    assert!(limits.contains("run as root"), "{limits}");
+    let vis = d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "visibility")
+        .unwrap();
+    assert_eq!(vis["status"], "warn");
+    // The listed holder is still attributed, from the driver's word.
+    assert_eq!(holder(&d, 0, h.pid)["class"], "active");
+}

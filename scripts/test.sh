@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite: builds every crate (the simulated libnvidia-ml.so.1 included) and runs
+# every test. Installs the Debian packages the tests need when they are missing.
+#
+# The tests start real processes, PID namespaces (unshare) and cgroups, and read other
+# processes' open files: they need root. Every process a test starts is killed by pid (or by
+# the test's own cgroup) when the test ends.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/test.sh: the tests need root (PID namespaces, cgroups, other users' files); run it as root" >&2
+    exit 2
+fi
+
+need=()
+for tool in unshare setpriv mount; do
+    command -v "$tool" >/dev/null 2>&1 || need+=(util-linux)
+done
+if [ ${#need[@]} -gt 0 ]; then
+    mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "scripts/test.sh: installing ${need[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "scripts/test.sh: missing ${need[*]}; install them with your package manager" >&2
+        exit 2
+    fi
+fi
+
+cargo build --workspace --all-targets --locked
+cargo test --workspace --locked
