@@ -134,26 +134,6 @@ impl ProcFs {
         })
     }
 
-    /// The numeric entries of the root, sorted.
-    pub fn pids(&self) -> Result<Vec<u32>, ProcError> {
-        let dir = rustix::fs::Dir::read_from(&self.root_fd).map_err(|e| ProcError::Io {
-            path: self.root.clone(),
-            cause: e.into(),
-        })?;
-        let mut pids = Vec::with_capacity(1024);
-        for entry in dir {
-            let entry = entry.map_err(|e| ProcError::Io {
-                path: self.root.clone(),
-                cause: e.into(),
-            })?;
-            if let Some(pid) = parse_pid(entry.file_name().to_bytes()) {
-                pids.push(pid);
-            }
-        }
-        pids.sort_unstable();
-        Ok(pids)
-    }
-
     /// `/proc/PID/stat`. An empty file means the process went away while it was read.
     pub fn stat(&self, pid: u32) -> Result<Found<Stat>, ProcError> {
         self.stat_at(&format!("{pid}/stat"))

@@ -80,6 +80,43 @@ fn default_name() -> String {
     "NVIDIA H200".into()
 }
 
+impl SimGpu {
+    /// An NVIDIA H200 (141 GB, 544 MiB reserved) numbered `index`: UUID and PCI bus id are
+    /// derived from the index, so every world built from it looks the same.
+    pub fn h200(index: u32) -> SimGpu {
+        SimGpu {
+            uuid: format!(
+                "GPU-{:08x}-7d3e-4f1a-9b2c-5e6f7a8b9c0d",
+                0x3b1c_0000 + index
+            ),
+            name: default_name(),
+            total_bytes: 150_754_820_096,
+            reserved_bytes: 570_425_344,
+            baseline_used_bytes: 0,
+            pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + index * 0x10),
+            persistence_mode: true,
+            mig: false,
+            faults: vec![],
+            quirks: vec![],
+        }
+    }
+}
+
+impl SimState {
+    /// A state with `gpus` H200s, no allocations, device files in `dev_dir`.
+    pub fn with_h200s(dev_dir: PathBuf, gpus: u32) -> SimState {
+        SimState {
+            driver_version: default_driver_version(),
+            nvml_version: None,
+            dev_dir,
+            proc_root: default_proc_root(),
+            gpus: (0..gpus).map(SimGpu::h200).collect(),
+            allocations: vec![],
+            faults: vec![],
+        }
+    }
+}
+
 /// A driver bug the simulator can reproduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use vramguard_sim::state::{AfterExit, SimAllocation, SimGpu, SimState};
+use vramguard_sim::state::{AfterExit, SimAllocation, SimState};
 use vramguard_sim::store;
 
 /// One GiB.
@@ -102,22 +102,6 @@ pub struct World {
     pub dir: tempfile::TempDir,
 }
 
-/// A GPU for [`World::new`]: an H200 with index-derived UUID and bus id.
-pub fn h200(index: u32) -> SimGpu {
-    SimGpu {
-        uuid: format!("GPU-{index:08x}-5a1e-4c0d-9e1f-0123456789ab"),
-        name: "NVIDIA H200".into(),
-        total_bytes: 150_754_820_096,
-        reserved_bytes: 570_425_344,
-        baseline_used_bytes: 0,
-        pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + index * 0x10),
-        persistence_mode: true,
-        mig: false,
-        faults: vec![],
-        quirks: vec![],
-    }
-}
-
 /// An allocation that follows the process (listed, released at exit).
 pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
     SimAllocation {
@@ -139,15 +123,7 @@ impl World {
         let dir = tempfile::tempdir().expect("temp dir");
         let dev = dir.path().join("dev");
         store::create_dev_dir(&dev, gpus as usize).expect("dev dir");
-        let state = SimState {
-            driver_version: "580.159.03".into(),
-            nvml_version: None,
-            dev_dir: dev,
-            proc_root: "/proc".into(),
-            gpus: (0..gpus).map(h200).collect(),
-            allocations: vec![],
-            faults: vec![],
-        };
+        let state = SimState::with_h200s(dev, gpus);
         store::write_state(&dir.path().join("state.json"), &state).expect("state");
         World { dir }
     }

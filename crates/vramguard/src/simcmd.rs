@@ -5,7 +5,7 @@ use crate::holder::{self, Hold, HolderSpec, Worker};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
-use vramguard_sim::state::{AfterExit, SimGpu, SimState};
+use vramguard_sim::state::{AfterExit, SimState};
 use vramguard_sim::{Sim, store};
 
 fn state_path(global: &Global) -> Result<&Path> {
@@ -17,40 +17,13 @@ fn state_path(global: &Global) -> Result<&Path> {
     })
 }
 
-/// A simulated H200 numbered `index`.
-pub fn h200(index: u32) -> SimGpu {
-    SimGpu {
-        uuid: format!(
-            "GPU-{:08x}-7d3e-4f1a-9b2c-5e6f7a8b9c0d",
-            0x3b1c_0000 + index
-        ),
-        name: "NVIDIA H200".into(),
-        total_bytes: 150_754_820_096,
-        reserved_bytes: 570_425_344,
-        baseline_used_bytes: 0,
-        pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + index * 0x10),
-        persistence_mode: true,
-        mig: false,
-        faults: vec![],
-        quirks: vec![],
-    }
-}
-
 /// Writes a fresh state with `gpus` H200s and its device files into `dir`.
 pub fn init_world(dir: &Path, gpus: u32) -> Result<PathBuf> {
     let dev = dir.join("dev");
     store::create_dev_dir(&dev, gpus as usize)
         .with_context(|| format!("creating {}", dev.display()))?;
     let dir = std::fs::canonicalize(dir)?;
-    let state = SimState {
-        driver_version: "580.159.03".into(),
-        nvml_version: None,
-        dev_dir: dir.join("dev"),
-        proc_root: "/proc".into(),
-        gpus: (0..gpus).map(h200).collect(),
-        allocations: vec![],
-        faults: vec![],
-    };
+    let state = SimState::with_h200s(dir.join("dev"), gpus);
     let path = dir.join("state.json");
     store::write_state(&path, &state)?;
     let _ = std::fs::remove_file(vramguard_sim::model::runtime_path(&path));
