@@ -522,3 +522,53 @@ fn without_root_the_missing_facts_are_named() {
     // The listed holder is still attributed, from the driver's word.
     assert_eq!(holder(&d, 0, h.pid)["class"], "active");
 }
+
+#[test]
+fn a_double_forked_worker_is_an_orphan_only_once_its_group_leader_dies() {
+    use std::os::unix::process::CommandExt;
+    let world = World::new(1);
+    let ready = world.dir.path().join("ready-double-fork");
+    let mut s = spec(&world, json!([hold(0, 3)]));
+    s["ready_file"] = json!(ready);
+    // sh leads a new process group; `( vramguard & )` double-forks the holder, whose parent
+    // (the subshell) exits at once: the holder is re-parented to init, in sh's group.
+    let mut leader = Reaped(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("( exec {BIN} & ) ; exec sleep 60"))
+            .env("VRAMGUARD_HOLDER", s.to_string())
+            .process_group(0)
+            .spawn()
+            .unwrap(),
+    );
+    let mut pid = 0;
+    wait_until(20, "the double-forked holder", || {
+        pid = std::fs::read_to_string(&ready)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["pid"].as_u64())
+            .unwrap_or(0) as u32;
+        pid != 0
+    });
+    let mut cleanup = Spawned::default();
+    cleanup.track(pid);
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let h = holder(&report, 0, pid);
+    // Re-parented by the double fork: to init, or to a subreaper if the test runs under one.
+    assert_ne!(h["ppid"], json!(leader.pid()));
+    assert_ne!(h["ppid"], json!(std::process::id()));
+    assert_eq!(h["pgid"], json!(leader.pid()));
+    assert_eq!(h["class"], "active", "its group leader lives: {h:#}");
+    assert!(h["evidence"].to_string().contains("is alive"), "{h:#}");
+
+    leader.0.kill().unwrap();
+    leader.0.wait().unwrap();
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let h = holder(&report, 0, pid);
+    assert_eq!(h["class"], "orphan", "{h:#}");
+    assert_eq!(h["dead_job"]["leader_pid"], json!(leader.pid()));
+}
