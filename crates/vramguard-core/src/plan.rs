@@ -1,0 +1,280 @@
+//! `plan_reclaim`: which processes `vramguard reclaim` may signal, and why each of the others
+//! is left alone. Pure: the executor re-checks every target's identity before it acts.
+//!
+//! Safety rules (each has a test, and a property test checks them over random tables):
+//! never PID 1 or the init of any PID namespace, never vramguard or its ancestors, never a
+//! kernel thread, never an `active`, `system` or `foreign` holder, never another user's process
+//! unless running as root, never a process whose start time is unknown (its pid could not be
+//! told from a reused one), never anything that does not hold a GPU of the selection.
+
+use crate::report::{Class, Holder, Report};
+use crate::snapshot::Snapshot;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What to reclaim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimOptions {
+    /// GPU indices to act on; `None` = every GPU.
+    pub gpus: Option<BTreeSet<u32>>,
+    /// Classes to target. Default: orphan and hidden (hidden only when its job is gone).
+    /// `active`, `system` and `foreign` are never targeted, whatever this says.
+    pub include: BTreeSet<Class>,
+    /// With `idle` included: only holders idle at least this long.
+    pub idle_for_secs: u64,
+}
+
+impl Default for ReclaimOptions {
+    fn default() -> Self {
+        ReclaimOptions {
+            gpus: None,
+            include: [Class::Orphan, Class::Hidden].into_iter().collect(),
+            idle_for_secs: 2 * 3600,
+        }
+    }
+}
+
+/// The memory a target holds on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetGpu {
+    /// GPU index.
+    pub gpu: u32,
+    /// Bytes the driver charges to it; `None` for an unlisted (hidden) holder.
+    pub bytes: Option<u64>,
+}
+
+/// A process the plan will signal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    /// Pid.
+    pub pid: u32,
+    /// Start time in clock ticks: the executor signals only this exact process.
+    pub start_ticks: u64,
+    /// Class that made it a target.
+    pub class: Class,
+    /// Command name.
+    pub comm: Option<String>,
+    /// Command line.
+    pub command: Option<String>,
+    /// Owner.
+    pub uid: Option<u32>,
+    /// The GPUs it holds.
+    pub gpus: Vec<TargetGpu>,
+    /// Why it is a target.
+    pub evidence: Vec<String>,
+}
+
+/// Targets that belonged to one job (one dead process-group leader).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedJob {
+    /// The dead leader's pid, when known.
+    pub leader_pid: Option<u32>,
+    /// Its command, when an earlier collection saw it.
+    pub leader_command: Option<String>,
+    /// The processes to signal.
+    pub targets: Vec<Target>,
+}
+
+/// A holder deliberately not targeted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftAlone {
+    /// Pid.
+    pub pid: u32,
+    /// Command name.
+    pub comm: Option<String>,
+    /// Its class.
+    pub class: Class,
+    /// GPUs it holds.
+    pub gpus: Vec<u32>,
+    /// Why it is left alone.
+    pub reason: String,
+}
+
+/// The reclaim plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The GPUs acted on.
+    pub gpus: Vec<u32>,
+    /// Targets grouped per job.
+    pub jobs: Vec<PlannedJob>,
+    /// Holders of the selected GPUs not targeted, with the reason.
+    pub left_alone: Vec<LeftAlone>,
+    /// Bytes the plan should free per GPU: listed memory of the targets, plus the unaccounted
+    /// memory of a GPU whose hidden holders are all targets.
+    pub expected_free: BTreeMap<u32, u64>,
+}
+
+impl Plan {
+    /// Every target.
+    pub fn targets(&self) -> impl Iterator<Item = &Target> {
+        self.jobs.iter().flat_map(|j| j.targets.iter())
+    }
+
+    /// Whether there is nothing to signal.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.iter().all(|j| j.targets.is_empty())
+    }
+}
+
+/// Why a holder may not be signalled, or `None` when it may.
+fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String> {
+    let proc_ = snap.process(h.pid);
+    if h.pid <= 1 {
+        return Some("pid 1 (init) is never signalled".into());
+    }
+    if h.pid == snap.host.self_pid {
+        return Some("vramguard itself".into());
+    }
+    if snap.host.self_ancestors.contains(&h.pid) {
+        return Some("an ancestor of vramguard (its shell, its supervisor)".into());
+    }
+    if proc_.is_some_and(|p| p.is_kernel_thread()) {
+        return Some("a kernel thread".into());
+    }
+    if h.nspid.len() > 1 && h.nspid.last() == Some(&1) {
+        return Some(
+            "the init of a PID namespace (a container): signalling it ends the container".into(),
+        );
+    }
+    match h.class {
+        Class::Active => return Some("its job is alive".into()),
+        Class::System => return Some("a system service (a reset blocker, never killed)".into()),
+        Class::Foreign => {
+            return Some(
+                "not a process of this PID namespace: cannot be signalled from here".into(),
+            );
+        }
+        _ => {}
+    }
+    if !opts.include.contains(&h.class) {
+        return Some(format!(
+            "class {} is not included (add --include {})",
+            h.class, h.class
+        ));
+    }
+    match h.class {
+        Class::Hidden if h.dead_job.is_none() => {
+            return Some("hidden, but its job is alive: ask its owner".into());
+        }
+        Class::Idle if h.idle_secs.unwrap_or(0) < opts.idle_for_secs => {
+            return Some(format!(
+                "idle for {}s, less than --idle-for {}s",
+                h.idle_secs.unwrap_or(0),
+                opts.idle_for_secs
+            ));
+        }
+        Class::Zombie if !h.action.reclaimable => {
+            return Some(h.action.summary.clone());
+        }
+        _ => {}
+    }
+    if snap.host.euid != 0 && h.uid != Some(snap.host.euid) {
+        return Some(format!(
+            "owned by uid {}; only root may signal other users' processes",
+            h.uid.map_or("unknown".into(), |u| u.to_string())
+        ));
+    }
+    if h.start_ticks.is_none() {
+        return Some(
+            "its start time is unreadable, so a reused pid could not be told apart".into(),
+        );
+    }
+    None
+}
+
+/// Plans a reclaim from a classified snapshot.
+pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> Plan {
+    let selected = |gpu: u32| opts.gpus.as_ref().is_none_or(|g| g.contains(&gpu));
+    let gpus: Vec<u32> = report
+        .gpus
+        .iter()
+        .map(|g| g.index)
+        .filter(|g| selected(*g))
+        .collect();
+
+    // One decision per pid, over every selected GPU it holds.
+    let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
+    let mut left: BTreeMap<u32, LeftAlone> = BTreeMap::new();
+    let mut leaders: BTreeMap<u32, (Option<u32>, Option<String>)> = BTreeMap::new();
+    for g in report.gpus.iter().filter(|g| selected(g.index)) {
+        for h in &g.holders {
+            match refusal(snap, h, opts) {
+                None => {
+                    let t = targets.entry(h.pid).or_insert_with(|| Target {
+                        pid: h.pid,
+                        start_ticks: h.start_ticks.unwrap_or_default(),
+                        class: h.class,
+                        comm: h.comm.clone(),
+                        command: h.command.clone(),
+                        uid: h.uid,
+                        gpus: Vec::new(),
+                        evidence: h.evidence.clone(),
+                    });
+                    t.gpus.push(TargetGpu {
+                        gpu: g.index,
+                        bytes: h.used_bytes,
+                    });
+                    leaders.insert(
+                        h.pid,
+                        (
+                            h.dead_job.as_ref().map(|j| j.leader_pid),
+                            h.dead_job.as_ref().and_then(|j| j.leader_command.clone()),
+                        ),
+                    );
+                }
+                Some(reason) => {
+                    let l = left.entry(h.pid).or_insert_with(|| LeftAlone {
+                        pid: h.pid,
+                        comm: h.comm.clone(),
+                        class: h.class,
+                        gpus: Vec::new(),
+                        reason,
+                    });
+                    l.gpus.push(g.index);
+                }
+            }
+        }
+    }
+    // A pid refused on one GPU is refused everywhere: its identity is one.
+    targets.retain(|pid, _| !left.contains_key(pid));
+
+    let mut expected_free: BTreeMap<u32, u64> = BTreeMap::new();
+    for t in targets.values() {
+        for tg in &t.gpus {
+            *expected_free.entry(tg.gpu).or_default() += tg.bytes.unwrap_or(0);
+        }
+    }
+    for g in report.gpus.iter().filter(|g| selected(g.index)) {
+        let hidden: Vec<&Holder> = g
+            .holders
+            .iter()
+            .filter(|h| h.class == Class::Hidden)
+            .collect();
+        if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant)
+            && !hidden.is_empty()
+            && hidden.iter().all(|h| targets.contains_key(&h.pid))
+        {
+            *expected_free.entry(g.index).or_default() += u.bytes;
+        }
+    }
+
+    let mut jobs: BTreeMap<Option<u32>, PlannedJob> = BTreeMap::new();
+    for (pid, t) in targets {
+        let (leader_pid, leader_command) = leaders.remove(&pid).unwrap_or((None, None));
+        let job = jobs.entry(leader_pid).or_insert_with(|| PlannedJob {
+            leader_pid,
+            leader_command: None,
+            targets: Vec::new(),
+        });
+        if job.leader_command.is_none() {
+            job.leader_command = leader_command;
+        }
+        job.targets.push(t);
+    }
+    Plan {
+        gpus,
+        jobs: jobs.into_values().collect(),
+        left_alone: left.into_values().collect(),
+        expected_free,
+    }
+}
