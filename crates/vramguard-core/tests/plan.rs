@@ -243,8 +243,7 @@ fn forbidden_processes_are_left_alone_with_a_reason() {
             daemon,
         ],
     );
-    let mut opts = ReclaimOptions::default();
-    opts.include = Class::ALL.into_iter().collect();
+    let opts = ReclaimOptions { include: Class::ALL.into_iter().collect(), ..Default::default() };
     let plan = plan_of(&s, &opts);
     assert!(plan.is_empty(), "{:#?}", plan.jobs);
     let reason = |pid| {
