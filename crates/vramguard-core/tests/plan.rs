@@ -243,7 +243,10 @@ fn forbidden_processes_are_left_alone_with_a_reason() {
             daemon,
         ],
     );
-    let opts = ReclaimOptions { include: Class::ALL.into_iter().collect(), ..Default::default() };
+    let opts = ReclaimOptions {
+        include: Class::ALL.into_iter().collect(),
+        ..Default::default()
+    };
     let plan = plan_of(&s, &opts);
     assert!(plan.is_empty(), "{:#?}", plan.jobs);
     let reason = |pid| {

@@ -52,6 +52,10 @@ pub enum Command {
     /// Print the raw facts (driver + /proc) as JSON, to replay with --replay or attach to a
     /// bug report
     Snapshot,
+    /// Free ghost GPU memory safely: plan, SIGTERM, grace, SIGKILL, verify the driver released
+    /// it, optionally reset; every action in the audit log (exit 0 all freed, 1 some remains,
+    /// 2 error or refused)
+    Reclaim(ReclaimArgs),
     /// Build a realistic incident on the simulated GPU with real processes, diagnose it, clean
     /// up (needs no NVIDIA driver)
     Demo(DemoArgs),
@@ -68,10 +72,62 @@ pub struct OutputArgs {
 }
 
 #[derive(Debug, Args, Clone)]
+pub struct ReclaimArgs {
+    /// GPUs to act on, e.g. 0,3 [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
+    pub gpu: Vec<u32>,
+    /// Classes to target: orphan, hidden (only when its job is gone), zombie, idle
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "orphan,hidden",
+        value_name = "CLASS"
+    )]
+    pub include: Vec<String>,
+    /// With --include idle: only holders idle at least this long
+    #[arg(long, default_value = "2h", value_name = "DURATION")]
+    pub idle_for: String,
+    /// Time between SIGTERM and SIGKILL
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub grace: String,
+    /// Time to wait for the driver to release the memory
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub release_timeout: String,
+    /// Reset GPUs where memory no process holds remains: never, auto (only proven residue,
+    /// nothing holding the device), force (any unaccounted memory, nothing holding the device)
+    #[arg(long, default_value = "never", value_name = "WHEN")]
+    pub reset: String,
+    /// Reset command, run without a shell; {index}, {uuid} and {pci_bus_id} are replaced
+    /// [default: nvidia-smi --gpu-reset -i {index}; the simulator's reset with --sim]
+    #[arg(long, value_name = "COMMAND")]
+    pub reset_command: Option<String>,
+    /// Audit log (JSON lines, fsynced per record)
+    #[arg(
+        long,
+        default_value = "/var/log/vramguard/audit.jsonl",
+        value_name = "FILE"
+    )]
+    pub audit_log: std::path::PathBuf,
+    /// Act without asking
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print the plan only (the default when stdin is not a terminal and --yes is absent)
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args, Clone)]
 pub struct DemoArgs {
     /// Print JSON instead of the human report
     #[arg(long)]
     pub json: bool,
+    /// Then reclaim: terminate the orphans, verify the release, try to reset the GPU with
+    /// residue (audit log in the demo's temporary directory)
+    #[arg(long)]
+    pub reclaim: bool,
 }
 
 #[derive(Debug, Subcommand)]

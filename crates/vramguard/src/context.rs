@@ -5,7 +5,6 @@ use crate::cli::Global;
 use crate::config::Config;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
 use vramguard_gpu::{GpuSource, NvmlSource, SimSource};
@@ -17,14 +16,6 @@ pub struct Ctx {
     pub global: Global,
     /// The classification policy (from the config).
     pub policy: Policy,
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Ctx {
@@ -107,25 +98,8 @@ pub fn take_snapshot(
     policy: &Policy,
     depth: ScanDepth,
 ) -> Result<Snapshot> {
-    let driver = source.sample(Duration::from_secs(policy.idle_after_secs.max(1)))?;
-    let listed: Vec<u32> = driver
-        .gpus
-        .iter()
-        .flat_map(|g| g.processes.iter().map(|p| p.pid))
-        .collect();
-    let now = now_ms();
-    let procs = collector
-        .collect(&listed, depth, now)
-        .with_context(|| format!("scanning {}", collector.procfs().root().display()))?;
-    let mut snap = Snapshot {
-        taken_at_ms: now,
-        host: procs.host,
-        driver: driver.driver,
-        gpus: driver.gpus,
-        processes: procs.processes,
-        departed: procs.departed,
-        scan: procs.scan,
-    };
-    snap.normalize();
-    Ok(snap)
+    // Both error kinds already name what failed (the library, or the /proc path).
+    Ok(vramguard_ops::take_snapshot(
+        source, collector, policy, depth,
+    )?)
 }

@@ -48,7 +48,7 @@ impl Started {
     fn cleanup(&mut self) -> usize {
         let mut killed = 0;
         for c in &mut self.children {
-            if c.kill().is_ok() {
+            if matches!(c.try_wait(), Ok(None)) && c.kill().is_ok() {
                 killed += 1;
             }
             let _ = c.wait();
@@ -57,6 +57,8 @@ impl Started {
         for (pid, start) in self.others.drain(..) {
             if start.is_some()
                 && start_ticks(pid) == start
+                && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| !s.contains(") Z "))
                 && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
                 && rustix::process::kill_process(p, rustix::process::Signal::KILL).is_ok()
             {
@@ -195,26 +197,25 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
     let train_argv = argv(&["python3", "train.py", "--epochs", "10"]);
     let mut trainer = spec(&state, "python3", vec![hold(0, 16, 90)]);
     trainer.group_leader = true;
+    // The workers' contexts take 800 ms to tear down once they exit, as big contexts do.
+    let lagging = |gib| Hold {
+        after_exit: AfterExit::ReleaseAfterMs(800),
+        ..hold(0, gib, 0)
+    };
+    let worker = |comm: &str, h: Hold| Worker {
+        argv: train_argv.clone(),
+        spec: spec(&state, comm, vec![h]),
+    };
     trainer.workers = vec![
-        Worker {
-            argv: train_argv.clone(),
-            spec: spec(&state, "python3", vec![hold(0, 8, 0)]),
-        },
-        Worker {
-            argv: train_argv.clone(),
-            spec: spec(&state, "python3", vec![hold(0, 8, 0)]),
-        },
-        Worker {
-            argv: train_argv.clone(),
-            spec: spec(
-                &state,
-                "pt_data_worker",
-                vec![Hold {
-                    listed: false,
-                    ..hold(0, 2, 0)
-                }],
-            ),
-        },
+        worker("python3", lagging(8)),
+        worker("python3", lagging(8)),
+        worker(
+            "pt_data_worker",
+            Hold {
+                listed: false,
+                ..lagging(2)
+            },
+        ),
     ];
     let trainer_ready = demo.start(&train_argv, trainer)?;
 
@@ -276,10 +277,54 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
             crate::render::diagnose(&diagnosis, &style)
         );
     }
+    if args.reclaim && !args.json {
+        reclaim_demo(&state, &policy, &demo.dir)?;
+    }
     let killed = demo.started.cleanup();
     say(format!(
-        "\ndemo: {} of ghost memory found; stopped the {killed} processes the demo started (the demo's own policy calls a holder idle after 1s; the default is 10m)",
+        "\ndemo: {} of ghost memory found; stopped the {killed} demo processes still running (the demo's own policy calls a holder idle after 1s; the default is 10m)",
         format_bytes(diagnosis.verdict.ghost_bytes)
     ));
     Ok(0)
+}
+
+/// The incident, reclaimed: orphans and the hidden worker terminated, the release verified,
+/// a reset of the residue GPU attempted (and refused while the idle kernel holds it).
+fn reclaim_demo(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
+    use crate::reclaim::{Env, ResetBackend, render_outcome, render_plan};
+    use vramguard_ops::reclaim::identities;
+    use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
+    let mut env = Env {
+        source: Box::new(SimSource::open(state)?),
+        collector: ProcCollector::new("/proc", vramguard_sim::SimState::load(state)?.dev_dir)?,
+        policy: policy.clone(),
+        reset: ResetBackend::Sim(state.to_path_buf()),
+        last_report: None,
+    };
+    let (snap, report) = env.snapshot().map_err(anyhow::Error::msg)?;
+    let plan = vramguard_core::plan::plan_reclaim(&snap, &report, &Default::default());
+    let pinned = vramguard_ops::identity::pin(Path::new("/proc"), identities(&plan));
+    let audit_path = dir.join("audit.jsonl");
+    let mut audit = AuditLog::open(&audit_path, report.hostname.as_deref().unwrap_or(""))?;
+    println!(
+        "\n$ vramguard reclaim --yes --reset=auto\n{}",
+        render_plan(&plan, &report, false)
+    );
+    let outcome = execute(
+        &plan,
+        pinned,
+        &report,
+        &mut env,
+        &mut audit,
+        &ExecuteOptions {
+            grace: Duration::from_secs(10),
+            kill_wait: Duration::from_secs(5),
+            release_timeout: Duration::from_secs(20),
+            poll: Duration::from_millis(20),
+            reset: ResetMode::Auto,
+            proc_root: PathBuf::from("/proc"),
+        },
+    )?;
+    print!("{}", render_outcome(&outcome, &audit_path));
+    Ok(())
 }

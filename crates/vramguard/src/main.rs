@@ -9,6 +9,7 @@ mod config;
 mod context;
 mod demo;
 mod holder;
+mod reclaim;
 mod render;
 mod simcmd;
 
@@ -97,6 +98,10 @@ fn run(cli: cli::Cli) -> Result<i32> {
             let ctx = context::Ctx::new(cli.global)?;
             print_json(&ctx.snapshot()?)?;
             Ok(0)
+        }
+        Command::Reclaim(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            reclaim::run(&ctx, &args)
         }
         Command::Demo(args) => demo::run(&cli.global, &args),
         Command::Sim(cmd) => simcmd::run(&cli.global, cmd),

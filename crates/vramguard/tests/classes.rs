@@ -452,6 +452,20 @@ fn bad_inputs_give_one_clear_line_and_exit_2() {
 }
 
 #[test]
+fn the_demo_with_reclaim_frees_the_orphans_and_is_refused_the_reset() {
+    let text = stdout(&Vg::bare().args(["demo", "--reclaim"]).code(0));
+    assert!(
+        text.contains("GPU 0: 18.0 GiB freed; the driver released it"),
+        "{text}"
+    );
+    assert!(text.contains("reset GPU 1: refused"), "{text}");
+    assert!(
+        text.contains("stopped the 2 demo processes"),
+        "the reclaimed ones were gone already: {text}"
+    );
+}
+
+#[test]
 fn the_demo_runs_and_cleans_up_after_itself() {
     let out = Vg::bare().args(["demo"]).code(0);
     let text = stdout(&out);
@@ -461,7 +475,7 @@ fn the_demo_runs_and_cleans_up_after_itself() {
         "idle",
         "residue",
         "$ vramguard reclaim --gpu 0",
-        "stopped the 7 processes",
+        "stopped the 5 demo processes still running",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }

@@ -1,0 +1,167 @@
+//! The audit log: one JSON object per line, appended with a single `write` and made durable
+//! with `fsync` before the next action, so a crash (or SIGKILL) between two actions leaves
+//! every record whole.
+
+use serde_json::{Map, Value};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The default audit log.
+pub const DEFAULT_AUDIT_LOG: &str = "/var/log/vramguard/audit.jsonl";
+
+/// The log could not be opened or written.
+#[derive(Debug, thiserror::Error)]
+#[error("audit log {path}: {cause}")]
+pub struct AuditError {
+    /// The file.
+    pub path: PathBuf,
+    /// The cause.
+    pub cause: std::io::Error,
+}
+
+/// An open audit log.
+#[derive(Debug)]
+pub struct AuditLog {
+    file: File,
+    path: PathBuf,
+    run_id: String,
+    host: String,
+}
+
+/// Formats milliseconds since the epoch as RFC 3339 UTC (`2026-12-02T14:49:54.123Z`).
+pub fn rfc3339(ms: u64) -> String {
+    let secs = (ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl AuditLog {
+    /// Opens (creating it and its directory) the log at `path` for appending.
+    pub fn open(path: &Path, host: &str) -> Result<AuditLog, AuditError> {
+        let err = |cause| AuditError {
+            path: path.to_path_buf(),
+            cause,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(dir)
+                .map_err(err)?;
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(err)?;
+        Ok(AuditLog {
+            file,
+            path: path.to_path_buf(),
+            run_id: format!("{}-{}", now_ms(), std::process::id()),
+            host: host.to_string(),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// This run's id, in every record.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Appends one record: `event` plus `fields` (an object), stamped with time, run and host.
+    pub fn record(&mut self, event: &str, fields: Value) -> Result<(), AuditError> {
+        let ms = now_ms();
+        let mut obj = Map::new();
+        obj.insert("ts".into(), Value::String(rfc3339(ms)));
+        obj.insert("ts_ms".into(), Value::from(ms));
+        obj.insert("run_id".into(), Value::String(self.run_id.clone()));
+        obj.insert("host".into(), Value::String(self.host.clone()));
+        obj.insert("event".into(), Value::String(event.to_string()));
+        if let Value::Object(extra) = fields {
+            obj.extend(extra);
+        }
+        let mut line = serde_json::to_vec(&Value::Object(obj)).expect("JSON serialises");
+        line.push(b'\n');
+        let err = |cause| AuditError {
+            path: self.path.clone(),
+            cause,
+        };
+        // O_APPEND and one write per record: concurrent writers never interleave a record.
+        self.file.write_all(&line).map_err(err)?;
+        self.file.sync_data().map_err(err)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_219_394_123), "2026-12-02T13:49:54.123Z");
+    }
+
+    #[test]
+    fn records_are_lines_of_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/audit.jsonl");
+        let mut log = AuditLog::open(&path, "node1").unwrap();
+        log.record("start", serde_json::json!({"gpus": [0]}))
+            .unwrap();
+        log.record("signal", serde_json::json!({"pid": 4, "signal": "TERM"}))
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["event"], "signal");
+        assert_eq!(lines[1]["pid"], 4);
+        assert_eq!(lines[0]["host"], "node1");
+        assert_eq!(lines[0]["run_id"], lines[1]["run_id"]);
+    }
+
+    #[test]
+    fn an_unwritable_place_is_an_error_naming_the_file() {
+        let e = AuditLog::open(Path::new("/proc/no/such/audit.jsonl"), "h").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("audit log /proc/no/such/audit.jsonl:"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,595 @@
+//! Executing a reclaim plan: the safe version of the admin's escalation ladder.
+//!
+//! 1. verify each target (pidfd, then start time) and send SIGTERM through the pidfd;
+//! 2. wait `grace` for them to exit, then SIGKILL the survivors; a process that survives
+//!    SIGKILL has threads in D state: its wait channels are reported, and nothing loops;
+//! 3. poll the driver until the memory the plan expected back is free, and measure how long
+//!    the driver took after the last target exited (its teardown lag);
+//! 4. only when asked (`--reset=auto|force`): reset GPUs where memory remains and nothing
+//!    holds the device, then check the memory came back;
+//! 5. take a fresh snapshot and say what, if anything, remains and why.
+//!
+//! Every decision and action is appended to the audit log before the next one.
+
+use crate::audit::{AuditError, AuditLog};
+use crate::identity::{Identity, Pinned, Refusal, Verified, wait_all};
+use rustix::process::Signal;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vramguard_core::Policy;
+use vramguard_core::plan::{Plan, Target};
+use vramguard_core::report::{Report, UnaccountedCause};
+use vramguard_core::snapshot::Snapshot;
+
+/// When to reset a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetMode {
+    /// Never (the default).
+    Never,
+    /// When memory no process holds remains (driver residue) and nothing blocks the reset.
+    Auto,
+    /// When any unaccounted memory remains on a selected GPU, even if vramguard cannot prove
+    /// it is residue; still never while a process holds the device.
+    Force,
+}
+
+/// How the executor behaves.
+#[derive(Debug, Clone)]
+pub struct ExecuteOptions {
+    /// Time between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Time to wait for SIGKILLed processes to exit.
+    pub kill_wait: Duration,
+    /// Time to wait for the driver to release memory (after the exits, and after a reset).
+    pub release_timeout: Duration,
+    /// How often to poll the driver while waiting for memory.
+    pub poll: Duration,
+    /// Resets.
+    pub reset: ResetMode,
+    /// The `/proc` of vramguard's own PID namespace (identities are checked there).
+    pub proc_root: PathBuf,
+}
+
+/// What the executor needs from the machine.
+pub trait ReclaimEnv {
+    /// A fresh snapshot with a full scan, and its report.
+    fn snapshot(&mut self) -> Result<(Snapshot, Report), String>;
+    /// Used memory per GPU index, straight from the driver (polled often).
+    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String>;
+    /// Resets one GPU; `Ok` with what the reset said, `Err` with why it failed.
+    fn reset(&mut self, gpu: u32) -> Result<String, String>;
+    /// The classification policy (tolerances).
+    fn policy(&self) -> &Policy;
+}
+
+/// What happened to one target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetOutcome {
+    /// Pid.
+    pub pid: u32,
+    /// Command name.
+    pub comm: Option<String>,
+    /// Signals sent, in order.
+    pub signals: Vec<String>,
+    /// Milliseconds from SIGTERM to exit, when it exited.
+    pub exited_after_ms: Option<u64>,
+    /// `exited`, `exited_after_kill`, `gone_before`, `not_signalled`, `survived_kill`.
+    pub result: String,
+    /// Why it was not signalled, or what keeps it alive.
+    pub detail: Option<String>,
+}
+
+/// Memory released on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRelease {
+    /// GPU index.
+    pub gpu: u32,
+    /// Used memory before.
+    pub used_before: u64,
+    /// What the plan expected back.
+    pub expected_bytes: u64,
+    /// Used memory when the wait ended.
+    pub used_after: Option<u64>,
+    /// `used_before − used_after`.
+    pub freed_bytes: u64,
+    /// Whether the expected memory came back within the timeout.
+    pub released: bool,
+    /// Milliseconds from the last target's exit to the memory being back: the driver's lag.
+    pub release_ms: Option<u64>,
+    /// Milliseconds from the last exit to the first drop of used memory.
+    pub first_drop_ms: Option<u64>,
+}
+
+/// One reset decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetOutcome {
+    /// GPU index.
+    pub gpu: u32,
+    /// Unaccounted bytes that motivated it.
+    pub unaccounted_bytes: u64,
+    /// Whether the reset was run.
+    pub attempted: bool,
+    /// Processes that hold the device (a refused reset names them).
+    pub blockers: Vec<String>,
+    /// What happened.
+    pub result: String,
+    /// Used memory after the reset.
+    pub used_after: Option<u64>,
+}
+
+/// Memory still held on a GPU at the end, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remaining {
+    /// GPU index.
+    pub gpu: u32,
+    /// Ghost bytes left.
+    pub ghost_bytes: u64,
+    /// Why.
+    pub why: Vec<String>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimOutcome {
+    /// [`vramguard_core::SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The audit log's run id.
+    pub run_id: String,
+    /// The plan that was executed.
+    pub plan: Plan,
+    /// Per target.
+    pub targets: Vec<TargetOutcome>,
+    /// Per GPU with expected releases.
+    pub releases: Vec<GpuRelease>,
+    /// Reset decisions.
+    pub resets: Vec<ResetOutcome>,
+    /// What remains.
+    pub remaining: Vec<Remaining>,
+    /// 0 all ghost memory freed, 1 some remains.
+    pub exit_code: i32,
+}
+
+/// The run could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    /// Writing the audit log failed: nothing more is done without an audit trail.
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    /// The machine could not be read.
+    #[error("{0}")]
+    Env(String),
+}
+
+fn signal_name(sig: Signal) -> &'static str {
+    if sig == Signal::TERM { "TERM" } else { "KILL" }
+}
+
+/// Threads of `pid` and where they sleep, for a process that survived SIGKILL.
+fn stuck_threads(proc_root: &Path, pid: u32) -> String {
+    let Ok(dir) = std::fs::read_dir(proc_root.join(format!("{pid}/task"))) else {
+        return "its threads are unreadable".into();
+    };
+    let mut parts = Vec::new();
+    for t in dir.flatten() {
+        let tid = t.file_name().to_string_lossy().to_string();
+        let state = std::fs::read(t.path().join("stat"))
+            .ok()
+            .and_then(|s| vramguard_proc::parse::parse_stat(&s).ok())
+            .and_then(|s| s.state)
+            .unwrap_or('?');
+        let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+        parts.push(format!("{tid} {state} {}", wchan.trim()));
+    }
+    format!(
+        "survived SIGKILL: threads {}; a thread in D state waits for I/O that no signal can \
+         interrupt (abort the hung mount or device, or reboot)",
+        parts.join(", ")
+    )
+}
+
+struct Running<'a> {
+    target: &'a Target,
+    verified: Verified,
+    term_at: Instant,
+}
+
+/// The identities of a plan's targets, to pin with [`crate::identity::pin`] as soon as the
+/// plan exists.
+pub fn identities(plan: &Plan) -> Vec<Identity> {
+    plan.targets()
+        .map(|t| Identity {
+            pid: t.pid,
+            start_ticks: t.start_ticks,
+        })
+        .collect()
+}
+
+/// Executes `plan`, whose targets were pinned (in plan order) by [`crate::identity::pin`],
+/// recording everything in `audit`.
+pub fn execute(
+    plan: &Plan,
+    pinned: Vec<Pinned>,
+    report: &Report,
+    env: &mut dyn ReclaimEnv,
+    audit: &mut AuditLog,
+    opts: &ExecuteOptions,
+) -> Result<ReclaimOutcome, ExecuteError> {
+    audit.record(
+        "start",
+        json!({
+            "gpus": plan.gpus,
+            "targets": plan.targets().map(|t| t.pid).collect::<Vec<_>>(),
+            "expected_free": plan.expected_free,
+            "grace_ms": opts.grace.as_millis() as u64,
+            "reset": opts.reset,
+        }),
+    )?;
+    for job in &plan.jobs {
+        for t in &job.targets {
+            audit.record(
+                "target",
+                json!({
+                    "pid": t.pid, "start_ticks": t.start_ticks, "comm": t.comm,
+                    "command": t.command, "uid": t.uid, "class": t.class,
+                    "gpus": t.gpus, "job_leader": job.leader_pid, "evidence": t.evidence,
+                }),
+            )?;
+        }
+    }
+    for l in &plan.left_alone {
+        audit.record(
+            "left_alone",
+            json!({ "pid": l.pid, "comm": l.comm, "class": l.class, "gpus": l.gpus, "reason": l.reason }),
+        )?;
+    }
+
+    // 1. SIGTERM through the pinned pidfds.
+    let mut outcomes: BTreeMap<u32, TargetOutcome> = BTreeMap::new();
+    let mut running: Vec<Running<'_>> = Vec::new();
+    let mut pinned: BTreeMap<u32, Pinned> =
+        pinned.into_iter().map(|p| (p.identity.pid, p)).collect();
+    for t in plan.targets() {
+        let mut outcome = TargetOutcome {
+            pid: t.pid,
+            comm: t.comm.clone(),
+            signals: Vec::new(),
+            exited_after_ms: None,
+            result: String::new(),
+            detail: None,
+        };
+        let handle = match pinned.remove(&t.pid) {
+            Some(p) if p.identity.start_ticks == t.start_ticks => p.handle,
+            _ => Err(Refusal::Failed("not pinned at plan time".into())),
+        };
+        let sent = handle.and_then(|v| v.signal(Signal::TERM).map(|()| v));
+        match sent {
+            Ok(v) => {
+                audit.record(
+                    "signal",
+                    json!({ "pid": t.pid, "start_ticks": t.start_ticks, "signal": "TERM" }),
+                )?;
+                outcome.signals.push("TERM".into());
+                running.push(Running {
+                    target: t,
+                    verified: v,
+                    term_at: Instant::now(),
+                });
+            }
+            Err(refusal) => {
+                outcome.result = if refusal == Refusal::Gone {
+                    "gone_before".into()
+                } else {
+                    "not_signalled".into()
+                };
+                outcome.detail = Some(refusal.to_string());
+                audit.record(
+                    "skipped",
+                    json!({ "pid": t.pid, "start_ticks": t.start_ticks, "reason": refusal.to_string() }),
+                )?;
+            }
+        }
+        outcomes.insert(t.pid, outcome);
+    }
+
+    // 2. Grace, then SIGKILL.
+    let mut exit_times: BTreeMap<u32, Instant> = BTreeMap::new();
+    let deadline = Instant::now() + opts.grace;
+    let procs: Vec<&Verified> = running.iter().map(|r| &r.verified).collect();
+    let exits = wait_all(&procs, deadline);
+    let mut survivors = Vec::new();
+    for (r, exit) in running.iter().zip(exits) {
+        match exit {
+            Some(at) => {
+                let ms = at.duration_since(r.term_at).as_millis() as u64;
+                exit_times.insert(r.target.pid, at);
+                let o = outcomes.get_mut(&r.target.pid).expect("outcome");
+                o.exited_after_ms = Some(ms);
+                o.result = "exited".into();
+                audit.record(
+                    "exited",
+                    json!({ "pid": r.target.pid, "after_ms": ms, "signal": "TERM" }),
+                )?;
+            }
+            None => survivors.push(r),
+        }
+    }
+    let mut killed = Vec::new();
+    for r in &survivors {
+        let sent = r.verified.signal(Signal::KILL);
+        audit.record(
+            "signal",
+            json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
+                    "after_grace_ms": opts.grace.as_millis() as u64,
+                    "error": sent.as_ref().err().map(|e| e.to_string()) }),
+        )?;
+        outcomes
+            .get_mut(&r.target.pid)
+            .expect("outcome")
+            .signals
+            .push(signal_name(Signal::KILL).into());
+        killed.push(*r);
+    }
+    let kill_deadline = Instant::now() + opts.kill_wait;
+    let kprocs: Vec<&Verified> = killed.iter().map(|r| &r.verified).collect();
+    let kexits = wait_all(&kprocs, kill_deadline);
+    for (r, exit) in killed.iter().zip(kexits) {
+        let o = outcomes.get_mut(&r.target.pid).expect("outcome");
+        match exit {
+            Some(at) => {
+                let ms = at.duration_since(r.term_at).as_millis() as u64;
+                exit_times.insert(r.target.pid, at);
+                o.exited_after_ms = Some(ms);
+                o.result = "exited_after_kill".into();
+                audit.record(
+                    "exited",
+                    json!({ "pid": r.target.pid, "after_ms": ms, "signal": "KILL" }),
+                )?;
+            }
+            None => {
+                let detail = stuck_threads(&opts.proc_root, r.target.pid);
+                o.result = "survived_kill".into();
+                o.detail = Some(detail.clone());
+                audit.record("stuck", json!({ "pid": r.target.pid, "detail": detail }))?;
+            }
+        }
+    }
+
+    // 3. Wait for the driver to give the memory back.
+    let policy = env.policy().clone();
+    let mut releases = Vec::new();
+    let mut watch: Vec<(u32, u64, u64, u64, Instant)> = Vec::new(); // gpu, before, expected, threshold, last exit
+    for (&gpu, &expected) in &plan.expected_free {
+        let Some(g) = report.gpus.iter().find(|g| g.index == gpu) else {
+            continue;
+        };
+        let Some(mem) = g.memory else { continue };
+        let holders: Vec<u32> = plan
+            .targets()
+            .filter(|t| t.gpus.iter().any(|tg| tg.gpu == gpu))
+            .map(|t| t.pid)
+            .collect();
+        let signalled = holders.iter().any(|p| {
+            outcomes
+                .get(p)
+                .is_some_and(|o| !o.signals.is_empty() || o.result == "gone_before")
+        });
+        if !signalled {
+            continue;
+        }
+        let last_exit = holders
+            .iter()
+            .filter_map(|p| exit_times.get(p).copied())
+            .max()
+            .unwrap_or_else(Instant::now);
+        let tolerance = policy.tolerance_for(mem.total);
+        let threshold = mem.used.saturating_sub(expected).saturating_add(tolerance);
+        watch.push((gpu, mem.used, expected, threshold, last_exit));
+    }
+    let mut first_drop: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut released_at: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut last_used: BTreeMap<u32, u64> = BTreeMap::new();
+    let wait_deadline = Instant::now() + opts.release_timeout;
+    while !watch.is_empty() && released_at.len() < watch.len() {
+        let used = env.used_memory().map_err(ExecuteError::Env)?;
+        let now = Instant::now();
+        for (gpu, before, _, threshold, _) in &watch {
+            let Some(u) = used.get(gpu).copied() else {
+                continue;
+            };
+            last_used.insert(*gpu, u);
+            let drop_tolerance = policy.tolerance_bytes.min(*before);
+            if u + drop_tolerance < *before {
+                first_drop.entry(*gpu).or_insert(now);
+            }
+            if u <= *threshold {
+                released_at.entry(*gpu).or_insert(now);
+            }
+        }
+        if now >= wait_deadline {
+            break;
+        }
+        std::thread::sleep(opts.poll);
+    }
+    for (gpu, before, expected, _, last_exit) in watch {
+        let after = last_used.get(&gpu).copied();
+        let since = |t: Option<&Instant>| {
+            t.map(|t| t.saturating_duration_since(last_exit).as_millis() as u64)
+        };
+        let rel = GpuRelease {
+            gpu,
+            used_before: before,
+            expected_bytes: expected,
+            used_after: after,
+            freed_bytes: after.map_or(0, |a| before.saturating_sub(a)),
+            released: released_at.contains_key(&gpu),
+            release_ms: since(released_at.get(&gpu)),
+            first_drop_ms: since(first_drop.get(&gpu)),
+        };
+        audit.record(
+            if rel.released {
+                "released"
+            } else {
+                "not_released"
+            },
+            serde_json::to_value(&rel).expect("serialises"),
+        )?;
+        releases.push(rel);
+    }
+
+    // 4. Resets, only when asked.
+    let mut resets = Vec::new();
+    if opts.reset != ResetMode::Never {
+        let (_, now_report) = env.snapshot().map_err(ExecuteError::Env)?;
+        for g in now_report
+            .gpus
+            .iter()
+            .filter(|g| plan.gpus.contains(&g.index))
+        {
+            let Some(un) = g.unaccounted.as_ref().filter(|u| u.significant) else {
+                continue;
+            };
+            let residue = un.cause == Some(UnaccountedCause::DriverResidue);
+            if !(residue || opts.reset == ResetMode::Force) {
+                audit.record(
+                    "reset_skipped",
+                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes,
+                            "reason": format!("not proven residue ({:?}); use --reset=force", un.cause) }),
+                )?;
+                resets.push(ResetOutcome {
+                    gpu: g.index,
+                    unaccounted_bytes: un.bytes,
+                    attempted: false,
+                    blockers: Vec::new(),
+                    result: format!(
+                        "skipped: the unaccounted memory is not proven residue ({}); --reset=force resets anyway",
+                        un.explanation.get(1).cloned().unwrap_or_default()
+                    ),
+                    used_after: g.memory.map(|m| m.used),
+                });
+                continue;
+            }
+            let blockers: Vec<String> = g
+                .reset_blockers
+                .iter()
+                .map(|b| {
+                    format!(
+                        "{} ({}): {}",
+                        b.pid,
+                        b.comm.as_deref().unwrap_or("?"),
+                        b.reason
+                    )
+                })
+                .collect();
+            if !blockers.is_empty() {
+                audit.record(
+                    "reset_refused",
+                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "blockers": blockers }),
+                )?;
+                resets.push(ResetOutcome {
+                    gpu: g.index,
+                    unaccounted_bytes: un.bytes,
+                    attempted: false,
+                    blockers,
+                    result: "refused: processes still hold the device; stop them first".into(),
+                    used_after: g.memory.map(|m| m.used),
+                });
+                continue;
+            }
+            audit.record(
+                "reset",
+                json!({ "gpu": g.index, "unaccounted_bytes": un.bytes }),
+            )?;
+            let result = env.reset(g.index);
+            let baseline = policy.baseline_for(g.index, g.uuid.as_deref());
+            let tolerance = g.memory.map_or(0, |m| policy.tolerance_for(m.total));
+            let mut used_after = None;
+            if result.is_ok() {
+                let deadline = Instant::now() + opts.release_timeout;
+                loop {
+                    let used = env.used_memory().map_err(ExecuteError::Env)?;
+                    used_after = used.get(&g.index).copied();
+                    if used_after.is_some_and(|u| u <= baseline + tolerance)
+                        || Instant::now() >= deadline
+                    {
+                        break;
+                    }
+                    std::thread::sleep(opts.poll);
+                }
+            }
+            let text = match &result {
+                Ok(msg) if used_after.is_some_and(|u| u <= baseline + tolerance) => {
+                    format!("reset done, memory back to baseline: {msg}")
+                }
+                Ok(msg) => format!("reset done but memory did not return to baseline: {msg}"),
+                Err(e) => format!("reset failed: {e}"),
+            };
+            audit.record(
+                if result.is_ok() {
+                    "reset_done"
+                } else {
+                    "reset_failed"
+                },
+                json!({ "gpu": g.index, "result": text, "used_after": used_after }),
+            )?;
+            resets.push(ResetOutcome {
+                gpu: g.index,
+                unaccounted_bytes: un.bytes,
+                attempted: true,
+                blockers: Vec::new(),
+                result: text,
+                used_after,
+            });
+        }
+    }
+
+    // 5. What remains.
+    let (_, last) = env.snapshot().map_err(ExecuteError::Env)?;
+    let mut remaining = Vec::new();
+    for g in last
+        .gpus
+        .iter()
+        .filter(|g| plan.gpus.contains(&g.index) && g.ghost_bytes > 0)
+    {
+        let mut why: Vec<String> = g
+            .holders
+            .iter()
+            .filter(|h| h.class.is_ghost())
+            .map(|h| format!("pid {} ({}): {}", h.pid, h.class, h.action.summary))
+            .collect();
+        if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
+            why.extend(u.explanation.iter().skip(1).cloned());
+            if opts.reset == ResetMode::Never && u.cause == Some(UnaccountedCause::DriverResidue) {
+                why.push(format!(
+                    "driver residue stays until a reset: vramguard reclaim --gpu {} --reset=auto",
+                    g.index
+                ));
+            }
+        }
+        remaining.push(Remaining {
+            gpu: g.index,
+            ghost_bytes: g.ghost_bytes,
+            why,
+        });
+    }
+    let exit_code = if remaining.is_empty() { 0 } else { 1 };
+    let targets: Vec<TargetOutcome> = outcomes.into_values().collect();
+    audit.record(
+        "result",
+        json!({ "exit_code": exit_code, "remaining": remaining,
+                "freed_bytes": releases.iter().map(|r| r.freed_bytes).sum::<u64>() }),
+    )?;
+    Ok(ReclaimOutcome {
+        schema_version: vramguard_core::SCHEMA_VERSION,
+        run_id: audit.run_id().to_string(),
+        plan: plan.clone(),
+        targets,
+        releases,
+        resets,
+        remaining,
+        exit_code,
+    })
+}

@@ -1,0 +1,422 @@
+//! `vramguard reclaim`: plan, confirm, execute, report.
+
+use crate::cli::ReclaimArgs;
+use crate::context::{Ctx, take_snapshot};
+use anyhow::{Context, Result, bail};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
+use vramguard_core::report::{Class, Report};
+use vramguard_core::snapshot::Snapshot;
+use vramguard_core::units::{format_bytes, format_duration, parse_duration};
+use vramguard_core::{Policy, classify};
+use vramguard_gpu::GpuSource;
+use vramguard_ops::reclaim::{ReclaimOutcome, identities};
+use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
+use vramguard_proc::{ProcCollector, ScanDepth};
+
+/// How a GPU is reset.
+pub(crate) enum ResetBackend {
+    /// The simulator's reset, on its state file.
+    Sim(PathBuf),
+    /// A command, run without a shell.
+    Command(Vec<String>),
+}
+
+pub(crate) struct Env {
+    pub(crate) source: Box<dyn GpuSource>,
+    pub(crate) collector: ProcCollector,
+    pub(crate) policy: Policy,
+    pub(crate) reset: ResetBackend,
+    pub(crate) last_report: Option<Report>,
+}
+
+impl ReclaimEnv for Env {
+    fn snapshot(&mut self) -> Result<(Snapshot, Report), String> {
+        let snap = take_snapshot(
+            self.source.as_mut(),
+            &mut self.collector,
+            &self.policy,
+            ScanDepth::Full,
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        let report = classify(&snap, &self.policy);
+        self.last_report = Some(report.clone());
+        Ok((snap, report))
+    }
+
+    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String> {
+        let sample = self
+            .source
+            .sample(Duration::from_secs(1))
+            .map_err(|e| e.to_string())?;
+        Ok(sample
+            .gpus
+            .iter()
+            .filter_map(|g| g.memory.map(|m| (g.index, m.used)))
+            .collect())
+    }
+
+    fn reset(&mut self, gpu: u32) -> Result<String, String> {
+        match &self.reset {
+            ResetBackend::Sim(state) => {
+                let mut sim = vramguard_sim::Sim::open(state).map_err(|e| e.to_string())?;
+                sim.reset(gpu)
+                    .map(|o| format!("simulated reset cleared {}", format_bytes(o.cleared_bytes)))
+                    .map_err(|e| e.to_string())
+            }
+            ResetBackend::Command(template) => {
+                let g = self
+                    .last_report
+                    .as_ref()
+                    .and_then(|r| r.gpus.iter().find(|g| g.index == gpu));
+                let fill = |arg: &String| {
+                    arg.replace("{index}", &gpu.to_string())
+                        .replace("{uuid}", g.and_then(|g| g.uuid.as_deref()).unwrap_or(""))
+                        .replace(
+                            "{pci_bus_id}",
+                            g.and_then(|g| g.pci_bus_id.as_deref()).unwrap_or(""),
+                        )
+                };
+                let argv: Vec<String> = template.iter().map(fill).collect();
+                let out = std::process::Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .output()
+                    .map_err(|e| format!("running {}: {e}", argv.join(" ")))?;
+                let text = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                if out.status.success() {
+                    Ok(format!("{}: {text}", argv.join(" ")))
+                } else {
+                    Err(format!(
+                        "{} exited with {}: {text}",
+                        argv.join(" "),
+                        out.status
+                    ))
+                }
+            }
+        }
+    }
+
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+fn parse_reset(s: &str) -> Result<ResetMode> {
+    Ok(match s {
+        "never" | "no" => ResetMode::Never,
+        "auto" => ResetMode::Auto,
+        "force" => ResetMode::Force,
+        other => bail!("--reset {other:?}: expected never, auto or force"),
+    })
+}
+
+fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
+    let mut include = BTreeSet::new();
+    for c in &args.include {
+        let class: Class = c
+            .trim()
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--include: {e}"))?;
+        if matches!(class, Class::Active | Class::System | Class::Foreign) {
+            bail!(
+                "--include {class}: {class} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace)"
+            );
+        }
+        include.insert(class);
+    }
+    Ok(ReclaimOptions {
+        gpus: (!args.gpu.is_empty()).then(|| args.gpu.iter().copied().collect()),
+        include,
+        idle_for_secs: parse_duration(&args.idle_for)?.as_secs(),
+    })
+}
+
+pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
+    let mut out = String::new();
+    let gpus: Vec<String> = plan.gpus.iter().map(|g| g.to_string()).collect();
+    let _ = writeln!(out, "vramguard reclaim · plan for GPU {}", gpus.join(","));
+    if plan.is_empty() {
+        let _ = writeln!(out, "  no process to signal");
+    }
+    for job in &plan.jobs {
+        let leader = match (job.leader_pid, &job.leader_command) {
+            (Some(p), Some(c)) => format!("job of leader {p} ({c}), gone"),
+            (Some(p), None) => format!("job of leader {p}, gone"),
+            (None, _) => "no job leader".into(),
+        };
+        let _ = writeln!(out, "  {leader}");
+        for t in &job.targets {
+            let bytes: u64 = t.gpus.iter().filter_map(|g| g.bytes).sum();
+            let mem = if t.gpus.iter().all(|g| g.bytes.is_none()) {
+                "unlisted".to_string()
+            } else {
+                format_bytes(bytes)
+            };
+            let _ = writeln!(
+                out,
+                "    TERM→KILL  pid {:<8} {:<7} {:>10}  {}",
+                t.pid,
+                t.class.as_str(),
+                mem,
+                t.command.as_deref().unwrap_or("?")
+            );
+            if let Some(e) = t.evidence.first() {
+                let _ = writeln!(out, "               {e}");
+            }
+        }
+    }
+    if !plan.left_alone.is_empty() {
+        let _ = writeln!(out, "  left alone:");
+        for l in &plan.left_alone {
+            let _ = writeln!(
+                out,
+                "    pid {:<8} {:<16} {:<7} {}",
+                l.pid,
+                l.comm.as_deref().unwrap_or("?"),
+                l.class.as_str(),
+                l.reason
+            );
+        }
+    }
+    for (gpu, bytes) in &plan.expected_free {
+        let _ = writeln!(
+            out,
+            "  expected back on GPU {gpu}: {}",
+            format_bytes(*bytes)
+        );
+    }
+    for g in report.gpus.iter().filter(|g| plan.gpus.contains(&g.index)) {
+        if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
+            let _ = writeln!(
+                out,
+                "  GPU {}: {} unaccounted: {}",
+                g.index,
+                format_bytes(u.bytes),
+                u.explanation.get(1).cloned().unwrap_or_default()
+            );
+        }
+    }
+    if dry {
+        let _ = writeln!(
+            out,
+            "dry run: nothing was signalled (pass --yes to act, or run it on a terminal to be asked)"
+        );
+    }
+    out
+}
+
+pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> String {
+    let mut out = String::new();
+    for t in &o.targets {
+        let what = match (t.result.as_str(), t.exited_after_ms) {
+            ("exited", Some(ms)) => format!(
+                "exited {} after SIGTERM",
+                format_duration(Duration::from_millis(ms))
+            ),
+            ("exited_after_kill", Some(ms)) => format!(
+                "ignored SIGTERM; SIGKILLed, exited {} after SIGTERM",
+                format_duration(Duration::from_millis(ms))
+            ),
+            (r, _) => format!("{r}: {}", t.detail.clone().unwrap_or_default()),
+        };
+        let _ = writeln!(
+            out,
+            "  pid {:<8} {:<16} {what}",
+            t.pid,
+            t.comm.as_deref().unwrap_or("?")
+        );
+    }
+    for r in &o.releases {
+        if r.released {
+            let _ = writeln!(
+                out,
+                "  GPU {}: {} freed; the driver released it {} after the last exit",
+                r.gpu,
+                format_bytes(r.freed_bytes),
+                format_duration(Duration::from_millis(r.release_ms.unwrap_or(0)))
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  GPU {}: only {} of the expected {} came back before --release-timeout",
+                r.gpu,
+                format_bytes(r.freed_bytes),
+                format_bytes(r.expected_bytes)
+            );
+        }
+    }
+    for r in &o.resets {
+        let _ = writeln!(out, "  reset GPU {}: {}", r.gpu, r.result);
+        for b in &r.blockers {
+            let _ = writeln!(out, "    blocker: {b}");
+        }
+    }
+    if o.remaining.is_empty() {
+        let _ = writeln!(
+            out,
+            "result: every byte of ghost memory on the selected GPUs is free"
+        );
+    } else {
+        for r in &o.remaining {
+            let _ = writeln!(
+                out,
+                "result: GPU {} still holds {} of ghost memory:",
+                r.gpu,
+                format_bytes(r.ghost_bytes)
+            );
+            for w in &r.why {
+                let _ = writeln!(out, "    {w}");
+            }
+        }
+    }
+    let _ = writeln!(out, "audit: {} (run {})", audit.display(), o.run_id);
+    out
+}
+
+/// Runs `vramguard reclaim`.
+pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
+    if ctx.global.replay.is_some() {
+        bail!("reclaim acts on this machine; --replay only works with status and diagnose");
+    }
+    let opts = options(args)?;
+    let reset = parse_reset(&args.reset)?;
+    let grace = parse_duration(&args.grace)?;
+    let release_timeout = parse_duration(&args.release_timeout)?;
+    let proc_root = ctx.global.proc_root.clone();
+    let own = std::fs::read_link(proc_root.join("self"))
+        .ok()
+        .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));
+    if own != Some(std::process::id()) {
+        bail!(
+            "reclaim signals processes, so it needs the /proc of its own PID namespace; {} is not (use the default /proc)",
+            proc_root.display()
+        );
+    }
+
+    let mut env = Env {
+        source: ctx.gpu_source()?,
+        collector: ctx.collector()?,
+        policy: ctx.policy.clone(),
+        reset: match (&args.reset_command, &ctx.global.sim) {
+            (Some(cmd), _) => {
+                let argv: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
+                if argv.is_empty() {
+                    bail!("--reset-command is empty");
+                }
+                ResetBackend::Command(argv)
+            }
+            (None, Some(state)) => ResetBackend::Sim(state.clone()),
+            (None, None) => ResetBackend::Command(
+                ["nvidia-smi", "--gpu-reset", "-i", "{index}"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+        },
+        last_report: None,
+    };
+    let (snap, report) = env.snapshot().map_err(anyhow::Error::msg)?;
+    if let Some(gpus) = &opts.gpus
+        && let Some(missing) = gpus
+            .iter()
+            .find(|g| !report.gpus.iter().any(|r| r.index == **g))
+    {
+        bail!(
+            "--gpu {missing}: no such GPU (this machine has {})",
+            report.gpus.len()
+        );
+    }
+    let plan = plan_reclaim(&snap, &report, &opts);
+    // Pin the targets now: from here on a reused pid is out of reach.
+    let pinned = vramguard_ops::identity::pin(&proc_root, identities(&plan));
+
+    let interactive = std::io::stdin().is_terminal();
+    let dry = args.dry_run || (!args.yes && !interactive);
+    if dry {
+        if args.json {
+            crate::print_json(
+                &serde_json::json!({ "schema_version": vramguard_core::SCHEMA_VERSION, "dry_run": true, "plan": plan }),
+            )?;
+        } else {
+            crate::print(&render_plan(&plan, &report, true))?;
+        }
+        return Ok(0);
+    }
+    if !args.json {
+        crate::print(&render_plan(&plan, &report, false))?;
+    }
+    if plan.is_empty() && reset == ResetMode::Never {
+        let ghost: u64 = report
+            .gpus
+            .iter()
+            .filter(|g| plan.gpus.contains(&g.index))
+            .map(|g| g.ghost_bytes)
+            .sum();
+        if args.json {
+            crate::print_json(
+                &serde_json::json!({ "schema_version": vramguard_core::SCHEMA_VERSION, "plan": plan, "ghost_bytes": ghost }),
+            )?;
+        } else if ghost > 0 {
+            crate::print(&format!(
+                "nothing to signal, but {} of ghost memory remains: see the reasons above (`vramguard diagnose` for the next step)\n",
+                format_bytes(ghost)
+            ))?;
+        } else {
+            crate::print("nothing to reclaim\n")?;
+        }
+        return Ok(if ghost > 0 { 1 } else { 0 });
+    }
+    // Open the audit log before asking: no confirmation is wasted on a run that cannot log.
+    let host = report.hostname.clone().unwrap_or_default();
+    let mut audit = AuditLog::open(&args.audit_log, &host).with_context(
+        || "no action is taken without an audit trail (choose another file with --audit-log)",
+    )?;
+    if !args.yes {
+        let bytes: u64 = plan.expected_free.values().sum();
+        eprint!(
+            "Signal {} process(es) to free {}{}? [y/N] ",
+            plan.targets().count(),
+            format_bytes(bytes),
+            if reset == ResetMode::Never {
+                ""
+            } else {
+                ", and reset GPUs holding residue"
+            }
+        );
+        std::io::stderr().flush().ok();
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("nothing done");
+            return Ok(2);
+        }
+    }
+    let outcome = execute(
+        &plan,
+        pinned,
+        &report,
+        &mut env,
+        &mut audit,
+        &ExecuteOptions {
+            grace,
+            kill_wait: Duration::from_secs(5),
+            release_timeout,
+            poll: Duration::from_millis(20),
+            reset,
+            proc_root,
+        },
+    )?;
+    if args.json {
+        crate::print_json(&outcome)?;
+    } else {
+        crate::print(&render_outcome(&outcome, audit.path()))?;
+    }
+    Ok(outcome.exit_code)
+}

@@ -1,0 +1,341 @@
+//! `vramguard reclaim` end to end: real processes, the NVML path of the simulated driver, the
+//! audit log on disk.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+use std::path::Path;
+
+/// A job whose leader crashed: `workers` listed workers (4 GiB each) and one unlisted
+/// DataLoader worker (2 GiB), all with `after_exit`; returns the holding (leader already dead).
+fn crashed_job(world: &World, after_exit: Value, ignore_term: bool) -> Holding {
+    let mut leader = spec(world, json!([hold(0, 1)]));
+    leader["group_leader"] = json!(true);
+    let worker = |listed: bool, gib: u64| {
+        json!({ "argv": ["python3", "train.py"], "spec": {
+            "state": world.state_path(), "lifetime_ms": 120_000, "ignore_term": ignore_term,
+            "holds": [{ "gpu": 0, "bytes": gib * GIB, "listed": listed, "after_exit": after_exit }] } })
+    };
+    leader["workers"] = json!([worker(true, 4), worker(true, 4), worker(false, 2)]);
+    let mut h = start(world, &["python3", "train.py"], leader);
+    h.crash();
+    h
+}
+
+fn live_job(world: &World, gib: u64) -> Holding {
+    let mut s = spec(
+        world,
+        json!([{ "gpu": 0, "bytes": gib * GIB, "sm_util": 70 }]),
+    );
+    s["new_session"] = json!(true);
+    start(world, &["python3", "serve.py"], s)
+}
+
+fn audit_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("torn audit record {l:?}: {e}")))
+        .collect()
+}
+
+#[test]
+fn reclaim_kills_exactly_the_orphans_and_measures_the_release_lag() {
+    let world = World::new(1);
+    let server = live_job(&world, 10);
+    let job = crashed_job(&world, json!({ "release_after_ms": 1500 }), false);
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args([
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--gpu".as_ref(),
+            "0".as_ref(),
+            "--json".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ])
+        .json(0);
+
+    let signalled: Vec<u64> = out["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap())
+        .collect();
+    let mut expected: Vec<u64> = job.workers.iter().map(|w| *w as u64).collect();
+    expected.sort();
+    assert_eq!(signalled, expected, "exactly the three orphaned workers");
+    for t in out["targets"].as_array().unwrap() {
+        assert_eq!(t["result"], "exited", "{t:#}");
+        assert_eq!(t["signals"], json!(["TERM"]));
+    }
+    for w in &job.workers {
+        assert!(!alive(*w));
+    }
+    assert!(alive(server.pid), "the live job on the same GPU survives");
+
+    let rel = &out["releases"][0];
+    assert_eq!(rel["released"], json!(true), "{rel:#}");
+    assert_eq!(
+        rel["freed_bytes"],
+        json!(10 * GIB),
+        "8 GiB listed + 2 GiB hidden"
+    );
+    let lag = rel["release_ms"].as_u64().unwrap();
+    assert!(
+        (1400..=2500).contains(&lag),
+        "teardown lag measured as {lag} ms, configured 1500 ms"
+    );
+    assert_eq!(out["remaining"], json!([]));
+
+    let lines = audit_lines(&audit);
+    let events: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    assert_eq!(events.first(), Some(&"start"));
+    assert_eq!(events.last(), Some(&"result"));
+    assert_eq!(events.iter().filter(|e| **e == "target").count(), 3);
+    assert_eq!(events.iter().filter(|e| **e == "signal").count(), 3);
+    assert_eq!(events.iter().filter(|e| **e == "exited").count(), 3);
+    assert!(events.contains(&"released"));
+    let left: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["event"] == "left_alone")
+        .collect();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["pid"], json!(server.pid));
+    assert_eq!(left[0]["reason"], "its job is alive");
+    let sig = lines.iter().find(|l| l["event"] == "signal").unwrap();
+    assert!(sig["start_ticks"].as_u64().is_some() && sig["ts"].as_str().unwrap().ends_with('Z'));
+}
+
+#[test]
+fn residue_is_freed_only_by_a_reset_which_is_refused_while_the_gpu_is_held() {
+    let world = World::new(1);
+    let mut bench = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    bench["new_session"] = json!(true);
+    let mut b = start(&world, &["python3", "bench.py"], bench);
+    b.crash();
+    let mut user = live_job(&world, 1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let reclaim = |extra: &[&str]| {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "reclaim".into(),
+            "--yes".into(),
+            "--audit-log".into(),
+            audit.clone().into_os_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.into()));
+        Vec::from_iter(args)
+    };
+
+    // Without --reset, nothing can free it, and it says how.
+    let out = Vg::new(&world, Path_::Nvml).args(reclaim(&[])).code(1);
+    assert!(stdout(&out).contains("6.0 GiB"), "{}", stdout(&out));
+
+    // --reset=auto, but a process holds the GPU: refused, the blocker named.
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(reclaim(&["--reset=auto", "--json"]))
+        .json(1);
+    let r = &out["resets"][0];
+    assert_eq!(r["attempted"], json!(false));
+    assert!(
+        r["blockers"][0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{} (", user.pid)),
+        "{r:#}"
+    );
+    assert!(alive(user.pid), "a reset blocker is never signalled");
+
+    // Once the GPU is free of processes, the reset runs and the memory comes back.
+    user.child.0.kill().unwrap();
+    user.child.0.wait().unwrap();
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(reclaim(&["--reset=auto", "--json"]))
+        .json(0);
+    let r = &out["resets"][0];
+    assert_eq!(r["attempted"], json!(true), "{r:#}");
+    assert!(
+        r["result"].as_str().unwrap().contains("back to baseline"),
+        "{r:#}"
+    );
+    assert_eq!(r["used_after"], json!(0));
+    let events: Vec<String> = audit_lines(&audit)
+        .iter()
+        .map(|l| l["event"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        events.contains(&"reset_refused".to_string()) && events.contains(&"reset_done".to_string()),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&world, Path_::InProcess)
+        .args([
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--grace".as_ref(),
+            "500ms".as_ref(),
+            "--json".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ])
+        .json(0);
+    for t in out["targets"].as_array().unwrap() {
+        assert_eq!(t["signals"], json!(["TERM", "KILL"]), "{t:#}");
+        assert_eq!(t["result"], "exited_after_kill");
+        assert!(t["exited_after_ms"].as_u64().unwrap() >= 500);
+    }
+    for w in &job.workers {
+        assert!(!alive(*w));
+    }
+}
+
+#[test]
+fn sigkill_in_the_middle_of_a_reclaim_leaves_a_whole_audit_log() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("audit.jsonl");
+    let mut reclaim = Reaped(
+        std::process::Command::new(BIN)
+            .env_remove("VRAMGUARD_SIM")
+            .args(["--sim".as_ref(), world.state_path().as_os_str()])
+            .args([
+                "reclaim".as_ref(),
+                "--yes".as_ref(),
+                "--grace".as_ref(),
+                "30s".as_ref(),
+                "--audit-log".as_ref(),
+                audit.as_os_str(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Killed while it waits out the grace period.
+    wait_until(20, "the SIGTERMs to be recorded", || {
+        std::fs::read_to_string(&audit)
+            .is_ok_and(|t| t.matches("\"event\":\"signal\"").count() == 3)
+    });
+    reclaim.0.kill().unwrap();
+    reclaim.0.wait().unwrap();
+    let lines = audit_lines(&audit);
+    assert!(lines.iter().all(|l| l["run_id"] == lines[0]["run_id"]));
+    assert_eq!(lines.last().unwrap()["event"], "signal");
+    assert!(
+        job.workers.iter().all(|w| alive(*w)),
+        "they ignore SIGTERM, and the KILL never came"
+    );
+    drop(job);
+}
+
+#[test]
+fn without_a_terminal_and_without_yes_it_only_plans() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), false);
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args([
+            "reclaim".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ])
+        .code(0);
+    let text = stdout(&out);
+    assert!(text.contains("dry run: nothing was signalled"), "{text}");
+    for w in &job.workers {
+        assert!(text.contains(&format!("pid {w}")), "{text}");
+        assert!(alive(*w));
+    }
+    assert!(!audit.exists(), "a dry run writes no audit record");
+    let plan = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--json"])
+        .json(0);
+    assert_eq!(plan["dry_run"], json!(true));
+    assert_eq!(
+        plan["plan"]["jobs"][0]["targets"].as_array().unwrap().len(),
+        3
+    );
+}
+
+#[test]
+fn without_root_other_users_orphans_are_left_alone_and_it_says_why() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), false);
+    Vg::new(&world, Path_::InProcess).args(["status"]).code(0);
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(world.dir.path()).unwrap().flatten() {
+        let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o777));
+    }
+    std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "--sim",
+        ])
+        .arg(world.state_path())
+        .args([
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--json".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        o["plan"]["left_alone"].to_string().contains("only root"),
+        "{o:#}"
+    );
+    for w in &job.workers {
+        assert!(alive(*w));
+    }
+}
+
+#[test]
+fn never_reclaimable_classes_are_refused_up_front() {
+    let world = World::new(1);
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["reclaim", "--include", "orphan,active", "--dry-run"])
+            .code(2),
+    );
+    assert!(
+        err.contains("--include active") && err.contains("never reclaimed"),
+        "{err}"
+    );
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["reclaim", "--gpu", "7", "--dry-run"])
+            .code(2),
+    );
+    assert!(err.contains("--gpu 7: no such GPU"), "{err}");
+    let job = crashed_job(&world, json!("release"), false);
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["reclaim", "--yes", "--audit-log", "/proc/nope/audit.jsonl"])
+            .code(2),
+    );
+    assert!(
+        err.contains("audit log /proc/nope/audit.jsonl") && err.contains("without an audit trail"),
+        "{err}"
+    );
+    assert!(
+        job.workers.iter().all(|w| alive(*w)),
+        "nothing is signalled without an audit trail"
+    );
+}
