@@ -501,18 +501,7 @@ fn gpu_checks(
     if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
         && un.cause == Some(UnaccountedCause::DriverResidue)
     {
-        let blockers: Vec<String> = gpu
-            .reset_blockers
-            .iter()
-            .map(|b| {
-                format!(
-                    "{} ({}): {}",
-                    b.pid,
-                    b.comm.as_deref().unwrap_or("?"),
-                    b.reason
-                )
-            })
-            .collect();
+        let blockers: Vec<String> = gpu.reset_blockers.iter().map(|b| b.to_string()).collect();
         if blockers.is_empty() {
             checks.push(check(
                 g,

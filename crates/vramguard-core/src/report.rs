@@ -194,6 +194,18 @@ pub struct ResetBlocker {
     pub reason: String,
 }
 
+impl std::fmt::Display for ResetBlocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.pid,
+            self.comm.as_deref().unwrap_or("?"),
+            self.reason
+        )
+    }
+}
+
 /// Everything concluded about one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuReport {

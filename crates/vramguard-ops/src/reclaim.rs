@@ -472,18 +472,7 @@ pub fn execute(
                 });
                 continue;
             }
-            let blockers: Vec<String> = g
-                .reset_blockers
-                .iter()
-                .map(|b| {
-                    format!(
-                        "{} ({}): {}",
-                        b.pid,
-                        b.comm.as_deref().unwrap_or("?"),
-                        b.reason
-                    )
-                })
-                .collect();
+            let blockers: Vec<String> = g.reset_blockers.iter().map(|b| b.to_string()).collect();
             if !blockers.is_empty() {
                 audit.record(
                     "reset_refused",

@@ -147,6 +147,20 @@ impl World {
     pub fn allocate(&self, a: SimAllocation) {
         self.update(|s| s.allocations.push(a));
     }
+    /// Lets an unprivileged user use this world (directory and every file in it world-writable),
+    /// for tests that run vramguard without root.
+    pub fn open_to_everyone(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let all = || std::fs::Permissions::from_mode(0o777);
+        for entry in std::fs::read_dir(self.dir.path())
+            .expect("world dir")
+            .flatten()
+        {
+            let _ = std::fs::set_permissions(entry.path(), all());
+        }
+        std::fs::set_permissions(self.dir.path(), all()).expect("chmod world dir");
+    }
+
     /// A process holding the given device files open (fd 3, 4...), sleeping `secs`.
     pub fn holder(&self, files: &[&str], secs: u32) -> Reaped {
         let mut script = String::new();

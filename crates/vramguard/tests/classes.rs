@@ -504,11 +504,7 @@ fn without_root_the_missing_facts_are_named() {
     // Let the simulator record its first sightings while we are root, then open the world
     // to an unprivileged user.
     Vg::new(&world, Path_::InProcess).args(["status"]).code(0);
-    use std::os::unix::fs::PermissionsExt;
-    for entry in std::fs::read_dir(world.dir.path()).unwrap().flatten() {
-        let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o777));
-    }
-    std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    world.open_to_everyone();
     let out = std::process::Command::new("setpriv")
         .args([
             "--reuid=65534",

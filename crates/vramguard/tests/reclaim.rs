@@ -271,11 +271,7 @@ fn without_root_other_users_orphans_are_left_alone_and_it_says_why() {
     let world = World::new(1);
     let job = crashed_job(&world, json!("release"), false);
     Vg::new(&world, Path_::InProcess).args(["status"]).code(0);
-    use std::os::unix::fs::PermissionsExt;
-    for entry in std::fs::read_dir(world.dir.path()).unwrap().flatten() {
-        let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o777));
-    }
-    std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    world.open_to_everyone();
     let audit = world.dir.path().join("audit.jsonl");
     let out = std::process::Command::new("setpriv")
         .args([
