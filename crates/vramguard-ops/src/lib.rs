@@ -7,9 +7,11 @@
 #![deny(missing_docs)]
 
 pub mod audit;
+pub mod cgroup;
 pub mod identity;
 pub mod reclaim;
 pub mod snapshot;
+pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
 pub use reclaim::{ExecuteOptions, ReclaimEnv, ReclaimOutcome, ResetMode, execute};

@@ -109,10 +109,13 @@ fn a_process_ignoring_sigterm_is_still_alive_at_the_deadline() {
             .unwrap(),
     );
     let quitter = sleeper();
-    wait_until(5, "the trap to be installed", || {
+    // SigIgn is a hex mask; bit 14 (0x4000) is SIGTERM (15).
+    wait_until(5, "the TERM trap to be installed", || {
         std::fs::read_to_string(format!("/proc/{}/status", ignorer.pid())).is_ok_and(|s| {
             s.lines()
-                .any(|l| l.starts_with("SigIgn:") && !l.ends_with("0000000000000000"))
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                .is_some_and(|m| m & 0x4000 != 0)
         })
     });
     let a = verify(Path::new("/proc"), identity_of(ignorer.pid())).unwrap();

@@ -56,6 +56,21 @@ pub enum Command {
     /// it, optionally reset; every action in the audit log (exit 0 all freed, 1 some remains,
     /// 2 error or refused)
     Reclaim(ReclaimArgs),
+    /// Run a job so that its whole process tree, and its GPU memory, is gone when it ends
+    /// (also as a container ENTRYPOINT); exits with the job's code, 128+signal if killed
+    Run(RunArgs),
+    /// Print the N GPUs with the most free memory (for CUDA_VISIBLE_DEVICES)
+    Pick(PickArgs),
+    /// (internal) kill a job if its supervisor dies
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog {
+        #[arg(long)]
+        parent: u32,
+        #[arg(long)]
+        pgid: u32,
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+    },
     /// Build a realistic incident on the simulated GPU with real processes, diagnose it, clean
     /// up (needs no NVIDIA driver)
     Demo(DemoArgs),
@@ -117,6 +132,58 @@ pub struct ReclaimArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Time between SIGTERM and SIGKILL for what remains when the job ends or is stopped
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub grace: String,
+    /// Time to wait for the driver to release the job's GPU memory after it ended
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub release_timeout: String,
+    /// Forward signals to the main process only (default: to its whole group or cgroup)
+    #[arg(long)]
+    pub no_signal_group: bool,
+    /// Containment: auto (cgroup v2 when writable, else process group), cgroup, group
+    #[arg(long, default_value = "auto", value_name = "HOW")]
+    pub isolation: String,
+    /// Pick GPUs and set CUDA_VISIBLE_DEVICES: auto:N (the N with the most free memory)
+    #[arg(long, value_name = "auto:N")]
+    pub gpus: Option<String>,
+    /// With --gpus: only GPUs with at least this much free memory
+    #[arg(long, value_name = "SIZE")]
+    pub min_free: Option<String>,
+    /// With --gpus: wait this long for enough GPUs to be free
+    #[arg(long, default_value = "0s", value_name = "DURATION")]
+    pub wait: String,
+    /// With --gpus: name GPUs by UUID in CUDA_VISIBLE_DEVICES (stable across reboots)
+    #[arg(long)]
+    pub by_uuid: bool,
+    /// Exit with 125 when the job's GPU memory is not released within --release-timeout
+    #[arg(long)]
+    pub strict: bool,
+    /// Also write the summary as JSON to this file
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<PathBuf>,
+    /// The command and its arguments
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct PickArgs {
+    /// How many GPUs
+    pub count: usize,
+    /// Only GPUs with at least this much free memory
+    #[arg(long, value_name = "SIZE")]
+    pub min_free: Option<String>,
+    /// Wait this long for enough GPUs to be free
+    #[arg(long, default_value = "0s", value_name = "DURATION")]
+    pub wait: String,
+    /// Print UUIDs instead of indices
+    #[arg(long)]
+    pub by_uuid: bool,
 }
 
 #[derive(Debug, Args, Clone)]

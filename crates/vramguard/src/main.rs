@@ -11,6 +11,7 @@ mod demo;
 mod holder;
 mod reclaim;
 mod render;
+mod run;
 mod simcmd;
 
 use anyhow::Result;
@@ -103,6 +104,19 @@ fn run(cli: cli::Cli) -> Result<i32> {
             let ctx = context::Ctx::new(cli.global)?;
             reclaim::run(&ctx, &args)
         }
+        Command::Run(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            run::run(&ctx, &args)
+        }
+        Command::Pick(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            run::pick(&ctx, &args)
+        }
+        Command::Watchdog {
+            parent,
+            pgid,
+            cgroup,
+        } => vramguard_ops::supervise::watchdog(parent, pgid, cgroup.as_deref()),
         Command::Demo(args) => demo::run(&cli.global, &args),
         Command::Sim(cmd) => simcmd::run(&cli.global, cmd),
     }

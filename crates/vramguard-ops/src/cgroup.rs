@@ -1,0 +1,128 @@
+//! A cgroup v2 leaf for one job: everything the job forks stays in it (unless it is moved out
+//! by someone allowed to), and `cgroup.kill` SIGKILLs the whole subtree race-free, catching
+//! processes forked during the kill (Linux ≥ 5.14).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Why no cgroup could be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cgroup v2: {0}")]
+pub struct CgroupError(pub String);
+
+/// The cgroup v2 mount point, from `/proc/self/mountinfo` (`/sys/fs/cgroup` on unified hosts,
+/// `/sys/fs/cgroup/unified` on hybrid ones).
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let text = std::fs::read("/proc/self/mountinfo").ok()?;
+    vramguard_proc::parse::parse_cgroup2_mount(&text).map(PathBuf::from)
+}
+
+/// This process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`).
+pub fn own_cgroup() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
+}
+
+/// A cgroup created for one job, removed by [`JobCgroup::remove`].
+#[derive(Debug, Clone)]
+pub struct JobCgroup {
+    dir: PathBuf,
+}
+
+impl JobCgroup {
+    /// Creates `name` below this process's own cgroup.
+    pub fn create(name: &str) -> Result<JobCgroup, CgroupError> {
+        let mount = cgroup2_mount()
+            .ok_or_else(|| CgroupError("no cgroup2 mount in /proc/self/mountinfo".into()))?;
+        let own = own_cgroup()
+            .ok_or_else(|| CgroupError("no cgroup v2 line in /proc/self/cgroup".into()))?;
+        let dir = mount.join(own.trim_start_matches('/')).join(name);
+        std::fs::create_dir(&dir)
+            .map_err(|e| CgroupError(format!("creating {}: {e}", dir.display())))?;
+        let cg = JobCgroup { dir };
+        if !cg.dir.join("cgroup.procs").exists() {
+            cg.remove();
+            return Err(CgroupError(format!(
+                "{} has no cgroup.procs",
+                cg.dir.display()
+            )));
+        }
+        Ok(cg)
+    }
+
+    /// Uses an existing cgroup directory (the watchdog's view).
+    pub fn at(dir: PathBuf) -> JobCgroup {
+        JobCgroup { dir }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `cgroup.procs`, which a process joins by writing `0` to it.
+    pub fn procs_file(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// The pids in it now.
+    pub fn pids(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.procs_file())
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether any process is in it (`populated 1` in `cgroup.events`).
+    pub fn populated(&self) -> bool {
+        match std::fs::read_to_string(self.dir.join("cgroup.events")) {
+            Ok(t) => t.lines().any(|l| l.trim() == "populated 1"),
+            Err(_) => !self.pids().is_empty(),
+        }
+    }
+
+    /// SIGKILLs every process in it; `cgroup.kill` where the kernel has it, else each pid until
+    /// none is left.
+    pub fn kill(&self) {
+        if std::fs::write(self.dir.join("cgroup.kill"), b"1").is_ok() {
+            return;
+        }
+        for _ in 0..100 {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until it is empty or `timeout` passes; returns whether it is empty.
+    pub fn wait_empty(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !self.populated() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Removes the directory (it must be empty).
+    pub fn remove(&self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! `vramguard run`: a supervisor that guarantees the job's whole process tree is gone when the
+//! job ends, in the manner of tini.
+//!
+//! - No asynchronous signal handlers: the forwarded signals and SIGCHLD are blocked, then
+//!   consumed with `sigtimedwait` in the main loop; children are reaped with
+//!   `waitpid(-1, WNOHANG)` in a loop. The job starts with an empty signal mask.
+//! - The job runs in its own process group, and in its own cgroup v2 leaf when the cgroup
+//!   tree is writable; vramguard is a child subreaper either way, so a descendant that escapes
+//!   with `setsid`, `setpgrp` or a double fork is re-parented to it and still found.
+//! - When the main process exits, or at the first SIGTERM/SIGINT: SIGTERM to every remaining
+//!   descendant, `grace`, then SIGKILL (`cgroup.kill` in a cgroup: race-free, it catches
+//!   processes forked during the kill; else repeated passes until none is left).
+//! - If vramguard itself is SIGKILLed: the direct child gets SIGKILL (`PR_SET_PDEATHSIG`, set
+//!   in the child and checked against `getppid` right after), and a watchdog process holding
+//!   a pidfd of vramguard kills the job's cgroup (or, without one, the job's process group).
+
+use crate::cgroup::{CgroupError, JobCgroup};
+use crate::identity::{Identity, verify};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{CString, OsString};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How the job is contained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// A cgroup when the tree is writable, else a process group.
+    Auto,
+    /// A cgroup v2 leaf (an error if impossible).
+    Cgroup,
+    /// Its own process group, with vramguard as child subreaper.
+    ProcessGroup,
+}
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct SuperviseOptions {
+    /// The command, argv[0] first.
+    pub argv: Vec<OsString>,
+    /// Extra environment (e.g. `CUDA_VISIBLE_DEVICES`).
+    pub env: Vec<(OsString, OsString)>,
+    /// SIGTERM → SIGKILL.
+    pub grace: Duration,
+    /// Forward signals to the whole group (or cgroup), not just the main process.
+    pub signal_group: bool,
+    /// Containment.
+    pub isolation: Isolation,
+    /// The executable to run as `EXE __watchdog …`; `None`: no watchdog.
+    pub watchdog: Option<PathBuf>,
+    /// How often `on_tick` is called while the job runs.
+    pub tick: Duration,
+}
+
+/// How the main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobEnd {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+}
+
+impl JobEnd {
+    /// The exit code a shell would report: the code, or 128 + the signal.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            JobEnd::Exited(c) => c,
+            JobEnd::Signaled(s) => 128 + s,
+        }
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Supervised {
+    /// The main process's pid.
+    pub main_pid: u32,
+    /// How it ended.
+    pub end: JobEnd,
+    /// The containment used.
+    pub isolation: Isolation,
+    /// Why a cgroup was not used, under `Auto`.
+    pub isolation_note: Option<String>,
+    /// Signals forwarded to the job, by name, in order.
+    pub forwarded: Vec<String>,
+    /// Descendants still alive when the shutdown began.
+    pub leftovers: usize,
+    /// Whether SIGKILL was needed after the grace period.
+    pub killed_after_grace: bool,
+    /// Processes that survived SIGKILL (threads in D state), described.
+    pub stuck: Vec<String>,
+    /// Milliseconds from start until the last process of the job was gone.
+    pub runtime_ms: u64,
+}
+
+/// The job could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    /// The command could not be executed; `code` is 127 (not found) or 126 (not executable).
+    #[error("cannot execute {program}: {cause}")]
+    Spawn {
+        /// argv[0].
+        program: String,
+        /// The cause.
+        cause: std::io::Error,
+        /// The exit code to use.
+        code: i32,
+    },
+    /// A cgroup was required but could not be created.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Anything else.
+    #[error("{0}")]
+    Setup(String),
+}
+
+const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// The name of a signal (`TERM`).
+pub fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "INT".into(),
+        libc::SIGTERM => "TERM".into(),
+        libc::SIGHUP => "HUP".into(),
+        libc::SIGQUIT => "QUIT".into(),
+        libc::SIGUSR1 => "USR1".into(),
+        libc::SIGUSR2 => "USR2".into(),
+        libc::SIGKILL => "KILL".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// The forwarded signals and SIGCHLD, blocked in this thread (and every thread it starts)
+/// until dropped. Block them before starting any thread, so that no thread with default
+/// dispositions can receive them.
+pub struct BlockedSignals {
+    set: libc::sigset_t,
+    old: libc::sigset_t,
+}
+
+impl BlockedSignals {
+    /// Blocks them.
+    pub fn block() -> BlockedSignals {
+        // SAFETY: plain sigset manipulation on locals.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGCHLD);
+            for s in FORWARDED {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            BlockedSignals { set, old }
+        }
+    }
+
+    /// The next pending signal, waiting up to `timeout`.
+    fn wait(&self, timeout: Duration) -> Option<i32> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the set is initialised; a null siginfo is allowed.
+        let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
+        (sig > 0).then_some(sig)
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in `block`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+/// Reaps every exited child; returns the main process's end if it was among them.
+fn reap(main: u32) -> Option<JobEnd> {
+    let mut end = None;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid status pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return end;
+        }
+        if pid as u32 == main {
+            end = Some(if libc::WIFSIGNALED(status) {
+                JobEnd::Signaled(libc::WTERMSIG(status))
+            } else {
+                JobEnd::Exited(libc::WEXITSTATUS(status))
+            });
+        }
+    }
+}
+
+/// Every descendant of `root` (through the parent links in `/proc`), with start times.
+pub fn descendants(root: u32, exclude: &BTreeSet<u32>) -> BTreeMap<u32, u64> {
+    let mut children: BTreeMap<u32, Vec<(u32, u64)>> = BTreeMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(bytes) = std::fs::read(e.path().join("stat")) else {
+                continue;
+            };
+            let Ok(stat) = vramguard_proc::parse::parse_stat(&bytes) else {
+                continue;
+            };
+            if stat.state == Some('Z') {
+                continue;
+            }
+            if let (Some(ppid), Some(start)) = (stat.ppid, stat.start_ticks) {
+                children.entry(ppid).or_default().push((pid, start));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for &(c, start) in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if !exclude.contains(&c) && out.insert(c, start).is_none() {
+                stack.push(c);
+            }
+        }
+    }
+    out
+}
+
+struct Job {
+    main: u32,
+    cgroup: Option<JobCgroup>,
+    me: u32,
+    exclude: BTreeSet<u32>,
+}
+
+impl Job {
+    /// The job's live processes: the cgroup's and every descendant of vramguard.
+    fn remaining(&self) -> BTreeMap<u32, u64> {
+        let mut all = descendants(self.me, &self.exclude);
+        if let Some(cg) = &self.cgroup {
+            for pid in cg.pids() {
+                if let Some(start) = crate::identity::start_ticks(Path::new("/proc"), pid) {
+                    all.entry(pid).or_insert(start);
+                }
+            }
+        }
+        all
+    }
+
+    fn pids_now(&self) -> Vec<u32> {
+        match &self.cgroup {
+            Some(cg) => cg.pids(),
+            None => self.remaining().into_keys().collect(),
+        }
+    }
+
+    /// Signals each remaining process, each verified by pid and start time.
+    fn signal_each(&self, sig: rustix::process::Signal) -> usize {
+        let mut n = 0;
+        for (pid, start_ticks) in self.remaining() {
+            if let Ok(v) = verify(Path::new("/proc"), Identity { pid, start_ticks })
+                && v.signal(sig).is_ok()
+            {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn forward(&self, sig: i32, group: bool) {
+        if !group {
+            // SAFETY: kill(2) on the main pid, which is our unreaped child or gone.
+            unsafe { libc::kill(self.main as i32, sig) };
+            return;
+        }
+        match &self.cgroup {
+            Some(cg) => {
+                for pid in cg.pids() {
+                    // SAFETY: kill(2) on a pid that is in the job's cgroup right now.
+                    unsafe { libc::kill(pid as i32, sig) };
+                }
+            }
+            None => {
+                // SAFETY: the job's process group; its id is the main pid, which we have not
+                // reaped while the group can still exist.
+                unsafe { libc::kill(-(self.main as i32), sig) };
+            }
+        }
+    }
+
+    fn kill_all(&self) {
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+        // Whatever left the cgroup, or everything without one: passes until none is left, so
+        // a process that forks in a loop is caught by the next pass.
+        for _ in 0..50 {
+            if self.signal_each(rustix::process::Signal::KILL) == 0 {
+                break;
+            }
+            let _ = reap(self.main);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn stuck_report(pids: impl Iterator<Item = u32>) -> Vec<String> {
+    pids.map(|pid| {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        format!("{pid} ({}) in {}", comm.trim(), wchan.trim())
+    })
+    .collect()
+}
+
+/// Runs and supervises the job. `on_tick` sees the job's pids periodically while it runs.
+pub fn supervise(
+    opts: &SuperviseOptions,
+    on_tick: &mut dyn FnMut(&[u32]),
+) -> Result<Supervised, SuperviseError> {
+    let started = Instant::now();
+    let me = std::process::id();
+    let signals = BlockedSignals::block();
+    // Descendants that escape (setsid, double fork) are re-parented to us, not to init.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| SuperviseError::Setup(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
+
+    let (cgroup, isolation, isolation_note) = match opts.isolation {
+        Isolation::ProcessGroup => (None, Isolation::ProcessGroup, None),
+        wanted => match JobCgroup::create(&format!("vramguard-run-{me}")) {
+            Ok(cg) => (Some(cg), Isolation::Cgroup, None),
+            Err(e) if wanted == Isolation::Cgroup => return Err(e.into()),
+            Err(e) => (
+                None,
+                Isolation::ProcessGroup,
+                Some(format!("{e}; using a process group")),
+            ),
+        },
+    };
+    let procs_file = cgroup.as_ref().map(|cg| {
+        CString::new(cg.procs_file().into_os_string().into_encoded_bytes()).expect("no NUL in path")
+    });
+
+    let Some((program, args)) = opts.argv.split_first() else {
+        return Err(SuperviseError::Setup("no command given".into()));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(opts.env.iter().cloned())
+        .process_group(0);
+    let parent = me as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and makes only async-signal-safe calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The job must not inherit the mask that lets vramguard consume signals with
+            // sigtimedwait: blocked signals survive exec, and SIGTERM would stay pending.
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            if let Some(path) = &procs_file {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+            }
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            // The parent may have died before prctl: then nobody would ever kill us.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            if libc::isatty(0) == 1 {
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, libc::getpid());
+                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(cause) => {
+            if let Some(cg) = &cgroup {
+                cg.remove();
+            }
+            let code = if cause.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(SuperviseError::Spawn {
+                program: program.to_string_lossy().into_owned(),
+                cause,
+                code,
+            });
+        }
+    };
+    let main = child.id();
+    // The Child handle is not waited on: reaping happens in `reap`, for every child alike.
+    std::mem::forget(child);
+
+    let mut watchdog: Option<Child> = opts.watchdog.as_ref().and_then(|exe| {
+        let mut w = Command::new(exe);
+        // SAFETY: only sigprocmask between fork and exec.
+        unsafe {
+            w.pre_exec(|| {
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        w.arg("__watchdog")
+            .arg("--parent")
+            .arg(me.to_string())
+            .arg("--pgid")
+            .arg(main.to_string())
+            .stdin(Stdio::null())
+            .process_group(0);
+        if let Some(cg) = &cgroup {
+            w.arg("--cgroup").arg(cg.dir());
+        }
+        w.spawn().ok()
+    });
+    let mut exclude = BTreeSet::new();
+    if let Some(w) = &watchdog {
+        exclude.insert(w.id());
+    }
+    let job = Job {
+        main,
+        cgroup,
+        me,
+        exclude,
+    };
+
+    enum Phase {
+        Running,
+        Terminating(Instant),
+        Killing(Instant),
+    }
+    let mut phase = Phase::Running;
+    let mut end: Option<JobEnd> = None;
+    let mut forwarded = Vec::new();
+    let mut leftovers = 0;
+    let mut killed_after_grace = false;
+    let mut stuck = Vec::new();
+    let mut last_tick = Instant::now();
+    loop {
+        let timeout = match phase {
+            Phase::Running => opts.tick,
+            _ => Duration::from_millis(20),
+        };
+        match signals.wait(timeout) {
+            Some(libc::SIGCHLD) => {}
+            Some(sig) => {
+                job.forward(sig, opts.signal_group);
+                forwarded.push(signal_name(sig));
+                if matches!(sig, libc::SIGTERM | libc::SIGINT) && matches!(phase, Phase::Running) {
+                    phase = Phase::Terminating(Instant::now() + opts.grace);
+                }
+            }
+            None => {}
+        }
+        if let Some(e) = reap(main) {
+            end = Some(e);
+        }
+        if matches!(phase, Phase::Running) && last_tick.elapsed() >= opts.tick {
+            on_tick(&job.pids_now());
+            last_tick = Instant::now();
+        }
+        match phase {
+            Phase::Running if end.is_some() => {
+                let rest = job.remaining();
+                if rest.is_empty() {
+                    break;
+                }
+                leftovers = rest.len();
+                job.signal_each(rustix::process::Signal::TERM);
+                phase = Phase::Terminating(Instant::now() + opts.grace);
+            }
+            Phase::Running => {}
+            Phase::Terminating(deadline) => {
+                let rest = job.remaining();
+                if end.is_some() && rest.is_empty() {
+                    break;
+                }
+                if leftovers == 0 {
+                    leftovers = rest.len().saturating_sub(usize::from(end.is_none()));
+                }
+                if Instant::now() >= deadline {
+                    killed_after_grace = !rest.is_empty();
+                    job.kill_all();
+                    phase = Phase::Killing(Instant::now());
+                }
+            }
+            Phase::Killing(since) => {
+                let rest = job.remaining();
+                if end.is_some() && rest.is_empty() {
+                    break;
+                }
+                if since.elapsed() > Duration::from_secs(5) {
+                    stuck = stuck_report(rest.into_keys());
+                    if end.is_none() {
+                        end = Some(JobEnd::Signaled(libc::SIGKILL));
+                    }
+                    break;
+                }
+                job.kill_all();
+            }
+        }
+    }
+    if let Some(cg) = &job.cgroup
+        && cg.wait_empty(Duration::from_secs(2))
+    {
+        cg.remove();
+    }
+    if let Some(w) = watchdog.as_mut() {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    drop(signals);
+    Ok(Supervised {
+        main_pid: main,
+        end: end.expect("the loop ends only once the main process has ended"),
+        isolation,
+        isolation_note,
+        forwarded,
+        leftovers,
+        killed_after_grace,
+        stuck,
+        runtime_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The watchdog: waits for `parent` to die (pidfd), then kills the job's cgroup, or the job's
+/// process group when there is no cgroup. Runs as its own process, so that it survives a
+/// SIGKILL of vramguard; vramguard kills it when the job ends normally.
+pub fn watchdog(parent: u32, pgid: u32, cgroup: Option<&Path>) -> ! {
+    // SAFETY: ignoring signals installs no handler code. A Ctrl-C meant for vramguard must not
+    // take the watchdog down with it.
+    unsafe {
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::signal(s, libc::SIG_IGN);
+        }
+    }
+    if let Some(p) = rustix::process::Pid::from_raw(parent as i32)
+        && let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+    {
+        use rustix::event::{PollFd, PollFlags, poll};
+        loop {
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            if poll(&mut fds, None).is_ok() && fds[0].revents().contains(PollFlags::IN) {
+                break;
+            }
+        }
+    }
+    match cgroup {
+        Some(dir) => {
+            let cg = JobCgroup::at(dir.to_path_buf());
+            cg.kill();
+            if cg.wait_empty(Duration::from_secs(5)) {
+                cg.remove();
+            }
+        }
+        None => {
+            // SAFETY: the job's process group.
+            unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
+        }
+    }
+    std::process::exit(0)
+}

@@ -1,0 +1,481 @@
+//! `vramguard run`: the supervisor's guarantees, each checked with real processes, in both
+//! containment modes (a cgroup v2 leaf, and a process group with vramguard as subreaper).
+//!
+//! "Nothing left behind" is checked by a marker in the job's environment: after `run`
+//! returns, no process on the host may carry it (a fork loop cannot be listed by pid).
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn marker() -> String {
+    format!(
+        "VG_TEST_MARK={}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// Pids of processes whose environment carries `mark`.
+fn marked(mark: &str) -> Vec<u32> {
+    let needle = mark.as_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let env = std::fs::read(e.path().join("environ")).ok()?;
+            env.split(|b| *b == 0).any(|v| v == needle).then_some(pid)
+        })
+        .filter(|p| alive(*p))
+        .collect()
+}
+
+/// Kills whatever still carries the mark (a failed test must not leave processes behind).
+struct Sweep(String);
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for _ in 0..20 {
+            let left = marked(&self.0);
+            if left.is_empty() {
+                return;
+            }
+            for p in left {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &p.to_string()])
+                    .status();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn run_job(isolation: &str, script: &str, mark: &str) -> Output {
+    let (k, v) = mark.split_once('=').unwrap();
+    Command::new(BIN)
+        .args([
+            "run",
+            "--grace",
+            "500ms",
+            "--isolation",
+            isolation,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env(k, v)
+        .env("NO_COLOR", "1")
+        .env_remove("VRAMGUARD_SIM")
+        .output()
+        .unwrap()
+}
+
+const SHAPES: &[(&str, &str)] = &[
+    (
+        "children that ignore SIGTERM",
+        "(trap '' TERM; sleep 60) & (trap '' TERM; sleep 60) & sleep 0.2; exit 0",
+    ),
+    (
+        "a double-forked daemonized grandchild",
+        "( ( trap '' TERM; exec sleep 60 ) & ) ; sleep 0.2; exit 0",
+    ),
+    (
+        "a child that calls setsid",
+        "setsid sh -c \"trap '' TERM; exec sleep 60\" & sleep 0.2; exit 0",
+    ),
+    (
+        "a child stuck forking in a loop",
+        "(trap '' TERM; while :; do ( sleep 60 & ) ; done) & sleep 0.3; exit 0",
+    ),
+    (
+        "a child that calls setpgrp (new group via setsid -f)",
+        "setsid -f sh -c \"trap '' TERM; exec sleep 60\"; sleep 0.2; exit 0",
+    ),
+];
+
+fn nothing_left_behind(isolation: &str) {
+    for (what, script) in SHAPES {
+        let mark = marker();
+        let _sweep = Sweep(mark.clone());
+        let t = Instant::now();
+        let out = run_job(isolation, script, &mark);
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", stderr(&out));
+        let left = marked(&mark);
+        assert!(
+            left.is_empty(),
+            "{what} ({isolation}): left {left:?} behind\n{}",
+            stderr(&out)
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{what}: took {:?}",
+            t.elapsed()
+        );
+        let err = stderr(&out);
+        let expected = if isolation == "cgroup" {
+            "(cgroup)"
+        } else {
+            "(process group)"
+        };
+        assert!(err.contains(expected), "{what}: {err}");
+    }
+}
+
+#[test]
+fn nothing_is_left_behind_in_cgroup_mode() {
+    nothing_left_behind("cgroup");
+}
+
+#[test]
+fn nothing_is_left_behind_in_process_group_mode() {
+    nothing_left_behind("group");
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    for (script, code) in [
+        ("exit 0", 0),
+        ("exit 3", 3),
+        ("kill -KILL $$", 137),
+        ("kill -TERM $$", 143),
+    ] {
+        let mark = marker();
+        let _sweep = Sweep(mark.clone());
+        assert_eq!(
+            run_job("auto", script, &mark).status.code(),
+            Some(code),
+            "{script}"
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["run", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr(&out).contains("cannot execute /nonexistent/program"),
+        "{}",
+        stderr(&out)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let not_executable = dir.path().join("data.txt");
+    std::fs::write(&not_executable, "not a program").unwrap();
+    let out = Command::new(BIN)
+        .arg("run")
+        .arg("--")
+        .arg(&not_executable)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+}
+
+/// Starts `vramguard run` on a script that records the signals it receives.
+fn recorder(world: &World, isolation: &str, mark: &str) -> (Reaped, std::path::PathBuf) {
+    let log = world.dir.path().join(format!("signals-{isolation}"));
+    let script = format!(
+        "for s in HUP USR1 USR2 QUIT; do trap \"echo $s >> {log}\" $s; done; \
+         trap \"echo TERM >> {log}; exit 0\" TERM; echo ready >> {log}; \
+         while :; do sleep 0.05; done",
+        log = log.display()
+    );
+    let (k, v) = mark.split_once('=').unwrap();
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--grace",
+            "2s",
+            "--isolation",
+            isolation,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env(k, v)
+        .env_remove("VRAMGUARD_SIM")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log2 = log.clone();
+    wait_until(10, "the job to start", || {
+        std::fs::read_to_string(&log2).is_ok_and(|t| t.contains("ready"))
+    });
+    (Reaped(child), log)
+}
+
+fn send(pid: u32, sig: &str) {
+    assert!(
+        Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+#[test]
+fn signals_are_forwarded_to_the_job() {
+    let world = World::new(1);
+    for isolation in ["cgroup", "group"] {
+        let mark = marker();
+        let _sweep = Sweep(mark.clone());
+        let (mut vg, log) = recorder(&world, isolation, &mark);
+        for sig in ["HUP", "USR1", "USR2", "QUIT"] {
+            send(vg.pid(), sig);
+            wait_until(10, &format!("{sig} to reach the job"), || {
+                std::fs::read_to_string(&log).is_ok_and(|t| t.contains(sig))
+            });
+        }
+        send(vg.pid(), "TERM");
+        let status = vg.0.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "the job handled TERM and exited 0");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            vec!["ready", "HUP", "USR1", "USR2", "QUIT", "TERM"],
+            "{isolation}"
+        );
+        assert!(marked(&mark).is_empty());
+    }
+}
+
+#[test]
+fn sigint_to_vramguard_ends_the_job_with_130() {
+    let mark = marker();
+    let _sweep = Sweep(mark.clone());
+    let (k, v) = mark.split_once('=').unwrap();
+    let mut vg = Reaped(
+        Command::new(BIN)
+            .args(["run", "--", "sleep", "60"])
+            .env(k, v)
+            .env_remove("VRAMGUARD_SIM")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // vramguard and its watchdog carry the mark too: wait for the job itself.
+    wait_until(10, "the job to start", || marked(&mark).len() >= 3);
+    send(vg.pid(), "INT");
+    assert_eq!(vg.0.wait().unwrap().code(), Some(130));
+    assert!(marked(&mark).is_empty());
+}
+
+#[test]
+fn sigkill_of_vramguard_does_not_leave_the_job_running() {
+    for isolation in ["cgroup", "group"] {
+        let mark = marker();
+        let _sweep = Sweep(mark.clone());
+        let (k, v) = mark.split_once('=').unwrap();
+        let mut vg = Reaped(
+            Command::new(BIN)
+                .args([
+                    "run",
+                    "--isolation",
+                    isolation,
+                    "--",
+                    "sh",
+                    "-c",
+                    "sleep 60 & exec sleep 60",
+                ])
+                .env(k, v)
+                .env_remove("VRAMGUARD_SIM")
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        // vramguard, its watchdog, the job and the job's child.
+        wait_until(10, "the job and its child", || marked(&mark).len() >= 4);
+        vg.0.kill().unwrap();
+        vg.0.wait().unwrap();
+        // The direct child dies by PR_SET_PDEATHSIG; the watchdog kills the rest.
+        wait_until(
+            10,
+            &format!("the job to die with vramguard ({isolation})"),
+            || marked(&mark).is_empty(),
+        );
+    }
+}
+
+#[test]
+fn as_pid_1_of_a_container_it_reaps_and_cleans_up() {
+    let mark = marker();
+    let _sweep = Sweep(mark.clone());
+    let (k, v) = mark.split_once('=').unwrap();
+    let out = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            BIN,
+            "run",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            "(trap '' TERM; sleep 60) & exit 5",
+        ])
+        .env(k, v)
+        .env_remove("VRAMGUARD_SIM")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(marked(&mark).is_empty());
+}
+
+#[test]
+fn the_summary_reports_the_drivers_release_lag() {
+    let world = World::new(2);
+    let summary = world.dir.path().join("summary.json");
+    let spec = serde_json::json!({
+        "state": world.state_path(), "lifetime_ms": 1200,
+        "holds": [{ "gpu": 1, "bytes": 4 * GIB, "after_exit": { "release_after_ms": 1000 } }],
+    });
+    let holder_env = format!("VRAMGUARD_HOLDER={spec}");
+    let out = Command::new(BIN)
+        .args([
+            "--sim".as_ref(),
+            world.state_path().as_os_str(),
+            "--nvml-lib".as_ref(),
+            sim_nvml_lib().as_os_str(),
+        ])
+        .args([
+            "run".as_ref(),
+            "--summary-json".as_ref(),
+            summary.as_os_str(),
+            "--".as_ref(),
+            "env".as_ref(),
+            holder_env.as_ref(),
+            BIN.as_ref(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let s: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let g = &s["gpus"][0];
+    assert_eq!(g["index"], 1);
+    assert_eq!(g["peak_job_bytes"], serde_json::json!(4 * GIB));
+    assert_eq!(g["released"], serde_json::json!(true));
+    let ms = g["release_ms"].as_u64().unwrap();
+    assert!(
+        (900..=1800).contains(&ms),
+        "release lag measured as {ms} ms, simulated 1000 ms"
+    );
+    let line = stderr(&out);
+    assert!(
+        line.contains("GPU 1: peak 4.0 GiB, released 1.0s after the job ended")
+            || line.contains("released 1."),
+        "{line}"
+    );
+}
+
+#[test]
+fn strict_mode_fails_when_the_memory_is_not_released() {
+    let world = World::new(1);
+    let spec = serde_json::json!({
+        "state": world.state_path(), "lifetime_ms": 600,
+        "holds": [{ "gpu": 0, "bytes": 4 * GIB, "after_exit": "leak" }],
+    });
+    let holder_env = format!("VRAMGUARD_HOLDER={spec}");
+    let out = Command::new(BIN)
+        .args(["--sim".as_ref(), world.state_path().as_os_str()])
+        .args([
+            "run",
+            "--strict",
+            "--release-timeout",
+            "500ms",
+            "--",
+            "env",
+            &holder_env,
+            BIN,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let line = stderr(&out);
+    assert!(
+        line.contains("NOT released") && line.contains("residue"),
+        "{line}"
+    );
+}
+
+#[test]
+fn gpus_auto_picks_the_freest_and_waits_when_none_is_free() {
+    let world = World::new(4);
+    let a = world.holder(&["nvidia1"], 60);
+    let b = world.holder(&["nvidia2"], 60);
+    world.allocate(allocation(1, a.pid(), 100 * GIB));
+    world.allocate(allocation(2, b.pid(), 50 * GIB));
+    let out = Vg::new(&world, Path_::Nvml).args(["pick", "2"]).code(0);
+    assert_eq!(stdout(&out).trim(), "0,3");
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["pick", "1", "--by-uuid"])
+        .code(0);
+    assert!(stdout(&out).trim().starts_with("GPU-"), "{}", stdout(&out));
+
+    let seen = world.dir.path().join("visible");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args([
+            "run".to_string(),
+            "--gpus".into(),
+            "auto:2".into(),
+            "--".into(),
+            "sh".into(),
+            "-c".into(),
+            format!("echo $CUDA_VISIBLE_DEVICES > {}", seen.display()),
+        ])
+        .code(0);
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap().trim(),
+        "0,3",
+        "{}",
+        stderr(&out)
+    );
+
+    // Every GPU busy: wait, then give up with 124 (run) or 1 (pick).
+    let c = world.holder(&["nvidia0"], 60);
+    let d = world.holder(&["nvidia3"], 60);
+    world.allocate(allocation(0, c.pid(), 100 * GIB));
+    world.allocate(allocation(3, d.pid(), 100 * GIB));
+    let t = Instant::now();
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["pick", "1", "--min-free", "100GiB", "--wait", "1s"])
+        .code(1);
+    assert!(t.elapsed() >= Duration::from_millis(900));
+    assert!(
+        stderr(&out).contains("only 0 of 4 GPU(s) have at least 100.0 GiB free"),
+        "{}",
+        stderr(&out)
+    );
+    Vg::new(&world, Path_::InProcess)
+        .args([
+            "run",
+            "--gpus",
+            "auto:1",
+            "--min-free",
+            "100GiB",
+            "--",
+            "true",
+        ])
+        .code(124);
+
+    // A GPU frees up while it waits.
+    let t = Instant::now();
+    let freer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(800));
+        drop(d);
+    });
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["pick", "1", "--min-free", "100GiB", "--wait", "20s"])
+        .code(0);
+    assert_eq!(stdout(&out).trim(), "3");
+    assert!(t.elapsed() >= Duration::from_millis(700));
+    freer.join().unwrap();
+    drop((a, b, c));
+}
