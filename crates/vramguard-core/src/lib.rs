@@ -16,6 +16,7 @@ pub mod policy;
 pub mod quirks;
 pub mod report;
 pub mod snapshot;
+pub mod trend;
 pub mod units;
 
 pub use classify::classify;

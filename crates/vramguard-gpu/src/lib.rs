@@ -62,10 +62,13 @@ pub enum SourceError {
 }
 
 /// Something that can read every GPU.
-pub trait GpuSource {
+pub trait GpuSource: Send {
     /// Reads every GPU. `utilization_window` is how far back to ask for per-process
     /// utilization samples.
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError>;
+
+    /// Used memory of one GPU, and nothing else: the call a high-rate sampler makes.
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError>;
 }
 
 pub(crate) fn init_advice(code: Option<u32>) -> &'static str {

@@ -237,6 +237,14 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl GpuSource for NvmlSource {
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|e| call_error("nvmlDeviceGetHandleByIndex_v2", &e))?;
+        NvmlDevice { device }.memory().map(|m| m.used)
+    }
+
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         let driver_version = self.nvml.sys_driver_version().ok();
         let nvml_version = self.nvml.sys_nvml_version().ok();

@@ -173,6 +173,15 @@ impl DeviceCalls for SimDevice<'_> {
 }
 
 impl GpuSource for SimSource {
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+        SimDevice {
+            sim: &mut self.sim,
+            index: gpu,
+        }
+        .memory()
+        .map(|m| m.used)
+    }
+
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         let state = self.sim.state().clone();
         let driver_version = match self.sim.fault("nvmlSystemGetDriverVersion", None) {

@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 
 pub mod codes;
+pub mod holder;
 pub mod model;
 pub mod state;
 pub mod store;

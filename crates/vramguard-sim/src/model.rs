@@ -352,22 +352,28 @@ impl Sim {
     fn update_lives(&mut self, now: u64) -> Result<HashMap<u32, Life>, SimError> {
         let mut lives = HashMap::new();
         let mut changes: Vec<(u32, PidRecord)> = Vec::new();
-        for a in &self.state.allocations {
-            if lives.contains_key(&a.pid) {
+        let pids: Vec<u32> = self
+            .state
+            .allocations
+            .iter()
+            .flat_map(|a| std::iter::once(a.pid).chain(a.held_by.iter().copied()))
+            .collect();
+        for pid in pids {
+            if lives.contains_key(&pid) {
                 continue;
             }
             let record = self
                 .runtime
                 .processes
-                .get(&a.pid)
+                .get(&pid)
                 .cloned()
                 .unwrap_or_default();
             let mut life = if record.gone_since_ms.is_some() {
-                self.stat_files.remove(&a.pid);
+                self.stat_files.remove(&pid);
                 Life::Gone
             } else {
-                let held = self.stat_files.entry(a.pid).or_default();
-                life_of(&self.state.proc_root, a.pid, held)
+                let held = self.stat_files.entry(pid).or_default();
+                life_of(&self.state.proc_root, pid, held)
             };
             if let Life::Alive { start_ticks } = life
                 && record.start_ticks.is_some()
@@ -388,9 +394,9 @@ impl Sim {
                 _ => None,
             };
             if let Some(w) = wanted {
-                changes.push((a.pid, w));
+                changes.push((pid, w));
             }
-            lives.insert(a.pid, life);
+            lives.insert(pid, life);
         }
         if !changes.is_empty() {
             self.update_runtime(|rt| {
@@ -418,6 +424,21 @@ impl Sim {
             }
         }
         Ok(lives)
+    }
+
+    /// When every keeper of `a` (its pid and `held_by`) is gone: the latest first sighting.
+    fn all_gone_since(&self, a: &crate::state::SimAllocation, now: u64) -> u64 {
+        std::iter::once(a.pid)
+            .chain(a.held_by.iter().copied())
+            .map(|p| {
+                self.runtime
+                    .processes
+                    .get(&p)
+                    .and_then(|r| r.gone_since_ms)
+                    .unwrap_or(now)
+            })
+            .max()
+            .unwrap_or(now)
     }
 
     fn last_reset(&self, gpu: u32) -> Option<u64> {
@@ -454,13 +475,12 @@ impl Sim {
         for a in &self.state.allocations {
             let gpu = &mut gpus[a.gpu as usize];
             let alive = matches!(lives.get(&a.pid), Some(Life::Alive { .. }));
-            let held = alive || {
-                let gone_since = self
-                    .runtime
-                    .processes
-                    .get(&a.pid)
-                    .and_then(|r| r.gone_since_ms)
-                    .unwrap_or(now);
+            let kept = a
+                .held_by
+                .iter()
+                .any(|p| matches!(lives.get(p), Some(Life::Alive { .. })));
+            let held = alive || kept || {
+                let gone_since = self.all_gone_since(a, now);
                 let reset_since = self.last_reset(a.gpu).is_some_and(|r| r >= gone_since);
                 match a.after_exit {
                     AfterExit::Release => false,

@@ -74,6 +74,10 @@ pub struct SimGpu {
     /// Driver bugs to reproduce on this GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quirks: Vec<Quirk>,
+    /// How this GPU's driver tears contexts down: the `after_exit` of allocations registered
+    /// by holders that do not choose one (the probe's holders).
+    #[serde(default)]
+    pub after_exit: AfterExit,
 }
 
 fn default_name() -> String {
@@ -98,6 +102,7 @@ impl SimGpu {
             mig: false,
             faults: vec![],
             quirks: vec![],
+            after_exit: AfterExit::Release,
         }
     }
 }
@@ -182,6 +187,11 @@ pub struct SimAllocation {
     /// Memory-controller utilization percent while alive.
     #[serde(default)]
     pub mem_util: u32,
+    /// Other processes holding the context's file descriptors (children forked after it was
+    /// created, like DataLoader workers): the memory stays while any of them lives, though
+    /// only `pid` is ever listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<u32>,
 }
 
 /// An error injected into one NVML call.

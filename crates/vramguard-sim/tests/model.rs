@@ -30,6 +30,7 @@ fn gpu(i: u32) -> SimGpu {
         mig: false,
         faults: vec![],
         quirks: vec![],
+        after_exit: AfterExit::Release,
     }
 }
 
@@ -44,6 +45,7 @@ fn alloc(gpu: u32, pid: u32, bytes: u64, after_exit: AfterExit) -> SimAllocation
         reported_pid: None,
         sm_util: 0,
         mem_util: 0,
+        held_by: vec![],
     }
 }
 
@@ -315,4 +317,30 @@ fn a_broken_state_file_is_reported_with_its_path() {
         err.contains("missing.json") && err.contains("No such file"),
         "{err}"
     );
+}
+
+#[test]
+fn an_inherited_context_is_held_by_the_children_and_listed_by_nobody() {
+    let mut owner = sleeper();
+    let mut child = sleeper();
+    let mut a = alloc(0, owner.0.id(), 5 * GIB, AfterExit::ReleaseAfterMs(300));
+    a.held_by = vec![child.0.id()];
+    let w = World::new(None, vec![a]);
+    let mut sim = w.sim();
+    assert_eq!(sim.observe().unwrap().gpus[0].processes.len(), 1);
+    owner.0.kill().unwrap();
+    owner.0.wait().unwrap();
+    let obs = sim.observe().unwrap();
+    assert_eq!(obs.gpus[0].used, 5 * GIB, "the child keeps the context");
+    assert!(obs.gpus[0].processes.is_empty(), "\"No running processes found\"");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(used(&mut sim, 0), 5 * GIB, "still held: the lag starts when the last keeper goes");
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let t = Instant::now();
+    while used(&mut sim, 0) != 0 {
+        assert!(t.elapsed() < Duration::from_secs(3));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(t.elapsed() >= Duration::from_millis(250), "{:?}", t.elapsed());
 }

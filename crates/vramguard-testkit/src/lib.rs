@@ -114,6 +114,7 @@ pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
         reported_pid: None,
         sm_util: 0,
         mem_util: 0,
+        held_by: vec![],
     }
 }
 

@@ -8,7 +8,7 @@
 //! demo killed with SIGKILL leaves nothing behind for long.
 
 use crate::cli::{DemoArgs, Global};
-use crate::holder::{self, Hold, HolderSpec, Ready, Worker};
+use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -92,6 +92,7 @@ fn spec(state: &Path, comm: &str, holds: Vec<Hold>) -> HolderSpec {
         lifetime_ms: LIFETIME_MS,
         ready_file: None,
         shape: None,
+        share_with_workers: false,
     }
 }
 
@@ -99,7 +100,7 @@ fn hold(gpu: u32, gib: u64, sm_util: u32) -> Hold {
     Hold {
         gpu,
         bytes: gib * GIB,
-        after_exit: AfterExit::Release,
+        after_exit: None,
         listed: true,
         reported_pid: None,
         sm_util,
@@ -123,9 +124,9 @@ impl Demo {
         let ready = self.dir.join(format!("ready{}", self.next_ready));
         self.next_ready += 1;
         spec.ready_file = Some(ready.clone());
-        let child = holder::spawn(argv, &spec)?;
+        let child = vramguard_sim::holder::spawn(argv, &spec)?;
         self.started.children.push(child);
-        let r = holder::wait_ready(&ready, Duration::from_secs(20))?;
+        let r = vramguard_sim::holder::wait_ready(&ready, Duration::from_secs(20))?;
         for w in &r.workers {
             self.started.track(*w);
         }
@@ -199,7 +200,7 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
     trainer.group_leader = true;
     // The workers' contexts take 800 ms to tear down once they exit, as big contexts do.
     let lagging = |gib| Hold {
-        after_exit: AfterExit::ReleaseAfterMs(800),
+        after_exit: Some(AfterExit::ReleaseAfterMs(800)),
         ..hold(0, gib, 0)
     };
     let worker = |comm: &str, h: Hold| Worker {
@@ -223,7 +224,7 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
         &state,
         "python3",
         vec![Hold {
-            after_exit: AfterExit::Leak,
+            after_exit: Some(AfterExit::Leak),
             ..hold(1, 6, 0)
         }],
     );

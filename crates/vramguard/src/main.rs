@@ -8,7 +8,6 @@ mod cli;
 mod config;
 mod context;
 mod demo;
-mod holder;
 mod reclaim;
 mod render;
 mod run;
@@ -20,10 +19,10 @@ use std::io::Write;
 
 fn main() {
     // A simulated holder re-executes vramguard with its spec in the environment.
-    if let Ok(spec) = std::env::var(holder::HOLDER_ENV) {
+    if let Ok(spec) = std::env::var(vramguard_sim::holder::HOLDER_ENV) {
         let code = match serde_json::from_str(&spec)
             .map_err(anyhow::Error::from)
-            .and_then(holder::run)
+            .and_then(|spec| vramguard_sim::holder::run(spec).map_err(anyhow::Error::from))
         {
             Ok(()) => 0,
             Err(e) => {

@@ -1,7 +1,7 @@
 //! `vramguard sim ...`: drive the simulated driver by hand.
 
 use crate::cli::{Global, HoldArgs, SimCommand};
-use crate::holder::{self, Hold, HolderSpec, Worker};
+use vramguard_sim::holder::{self, Hold, HolderSpec, Worker};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
@@ -61,7 +61,7 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
                 holds: vec![Hold {
                     gpu: args.gpu,
                     bytes: worker_bytes,
-                    after_exit: AfterExit::Release,
+                    after_exit: None,
                     listed: true,
                     reported_pid: None,
                     sm_util: 0,
@@ -76,6 +76,7 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
                 lifetime_ms: lifetime.as_millis() as u64,
                 ready_file: None,
                 shape: None,
+                share_with_workers: false,
             },
         })
         .collect();
@@ -101,7 +102,7 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
         holds: vec![Hold {
             gpu: args.gpu,
             bytes,
-            after_exit: parse_after_exit(&args.after_exit)?,
+            after_exit: Some(parse_after_exit(&args.after_exit)?),
             listed: !args.unlisted,
             reported_pid: None,
             sm_util: args.sm_util,
@@ -116,6 +117,7 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
         lifetime_ms: lifetime.as_millis() as u64,
         ready_file: None,
         shape: None,
+        share_with_workers: false,
     })?;
     Ok(0)
 }

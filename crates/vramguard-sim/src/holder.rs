@@ -6,14 +6,34 @@
 //! JSON spec in `VRAMGUARD_HOLDER` and a cosmetic argv (`python3 train.py`), so that `/proc`
 //! shows what a real incident shows.
 
-use anyhow::{Context, Result, bail};
+use crate::state::{AfterExit, AllocationKind, SimAllocation};
+use crate::{SimState, store};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vramguard_sim::state::{AfterExit, AllocationKind, SimAllocation};
-use vramguard_sim::{SimState, store};
+
+/// A holder that could not be started or could not register.
+#[derive(Debug, thiserror::Error)]
+#[error("simulated holder: {0}")]
+pub struct HolderError(pub String);
+
+type Result<T> = std::result::Result<T, HolderError>;
+
+trait Context<T> {
+    fn context(self, what: &str) -> Result<T>;
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: &str) -> Result<T> {
+        self.map_err(|e| HolderError(format!("{what}: {e}")))
+    }
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| HolderError(format!("{}: {e}", what())))
+    }
+}
 
 /// The environment variable carrying a [`HolderSpec`] to a re-executed vramguard.
 pub const HOLDER_ENV: &str = "VRAMGUARD_HOLDER";
@@ -25,9 +45,9 @@ pub struct Hold {
     pub gpu: u32,
     /// Bytes.
     pub bytes: u64,
-    /// What happens after exit.
+    /// What happens after exit; default: the GPU's own (`after_exit` of the simulated GPU).
     #[serde(default)]
-    pub after_exit: AfterExit,
+    pub after_exit: Option<AfterExit>,
     /// Listed by the driver.
     #[serde(default = "yes")]
     pub listed: bool,
@@ -97,6 +117,10 @@ pub struct HolderSpec {
     /// A process shape to take once ready.
     #[serde(default)]
     pub shape: Option<Shape>,
+    /// The workers inherit this holder's contexts (forked after CUDA init, like DataLoader
+    /// workers): its memory stays while any of them lives.
+    #[serde(default)]
+    pub share_with_workers: bool,
 }
 
 /// A worker: its cosmetic argv and its own spec.
@@ -117,17 +141,23 @@ pub struct Ready {
     pub workers: Vec<u32>,
 }
 
-/// Starts a holder as a child process with a cosmetic argv.
-pub fn spawn(argv: &[String], spec: &HolderSpec) -> Result<std::process::Child> {
-    let exe = std::env::current_exe().context("locating the vramguard executable")?;
+/// Starts a holder as a child process with a cosmetic argv: `exe` (the vramguard binary,
+/// whose `main` runs [`run`] when it finds [`HOLDER_ENV`]) under the name `argv[0]`.
+pub fn spawn_with(exe: &Path, argv: &[String], spec: &HolderSpec) -> Result<std::process::Child> {
     let mut cmd = std::process::Command::new(exe);
     if let Some((first, rest)) = argv.split_first() {
         cmd.arg0(first).args(rest);
     }
-    cmd.env(HOLDER_ENV, serde_json::to_string(spec)?)
+    cmd.env(HOLDER_ENV, serde_json::to_string(spec).context("encoding the holder spec")?)
         .stdin(std::process::Stdio::null())
         .spawn()
         .context("starting a simulated holder process")
+}
+
+/// [`spawn_with`] the current executable.
+pub fn spawn(argv: &[String], spec: &HolderSpec) -> Result<std::process::Child> {
+    let exe = std::env::current_exe().context("locating the vramguard executable")?;
+    spawn_with(&exe, argv, spec)
 }
 
 /// Waits for a ready file and reads it.
@@ -140,10 +170,10 @@ pub fn wait_ready(path: &Path, timeout: Duration) -> Result<Ready> {
             return Ok(ready);
         }
         if Instant::now() > deadline {
-            bail!(
-                "simulated holder did not become ready within {timeout:?} ({})",
+            return Err(HolderError(format!(
+                "did not become ready within {timeout:?} ({})",
                 path.display()
-            );
+            )));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -174,7 +204,7 @@ pub fn run(spec: HolderSpec) -> Result<()> {
         // SAFETY: installing SIG_IGN has no handler code to run.
         unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
     }
-    let state = SimState::load(&spec.state)?;
+    let state = SimState::load(&spec.state).context("loading the state")?;
     let mut files: Vec<File> = Vec::new();
     let mut open = |name: String| -> Result<()> {
         let path = state.dev_dir.join(&name);
@@ -206,12 +236,13 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     if !spec.holds.is_empty() {
         store::update_state(&spec.state, |s| {
             for h in &spec.holds {
+                let gpu_default = s.gpus.get(h.gpu as usize).map(|g| g.after_exit).unwrap_or_default();
                 s.allocations.push(SimAllocation {
                     gpu: h.gpu,
                     pid,
                     bytes: h.bytes,
                     kind: h.kind,
-                    after_exit: h.after_exit,
+                    after_exit: h.after_exit.unwrap_or(gpu_default),
                     listed: h.listed,
                     reported_pid: if h.report_namespace_pid {
                         Some(own_pid)
@@ -220,9 +251,11 @@ pub fn run(spec: HolderSpec) -> Result<()> {
                     },
                     sm_util: h.sm_util,
                     mem_util: 0,
+                    held_by: vec![],
                 });
             }
-        })?;
+        })
+        .context("registering allocations")?;
     }
     let mut worker_pids = Vec::new();
     let mut children = Vec::new();
@@ -240,12 +273,21 @@ pub fn run(spec: HolderSpec) -> Result<()> {
         worker_pids.push(wait_ready(&ready, Duration::from_secs(20))?.pid);
         children.push(child);
     }
+    if spec.share_with_workers && !worker_pids.is_empty() {
+        store::update_state(&spec.state, |s| {
+            for a in s.allocations.iter_mut().filter(|a| a.pid == pid) {
+                a.held_by.extend(worker_pids.iter().copied());
+            }
+        })
+        .context("sharing the context with the workers")?;
+    }
     let deadline = Instant::now() + Duration::from_millis(spec.lifetime_ms);
     if let Some(ready) = &spec.ready_file {
         let text = serde_json::to_string(&Ready {
             pid,
             workers: worker_pids,
-        })?;
+        })
+        .context("encoding readiness")?;
         store::write_atomic(ready, text.as_bytes())
             .with_context(|| format!("writing {}", ready.display()))?;
     }
