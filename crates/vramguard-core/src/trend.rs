@@ -104,7 +104,9 @@ mod tests {
 
     #[test]
     fn flat_noise_has_an_interval_around_zero() {
-        let pts: Vec<(f64, f64)> = (0..60).map(|i| (i as f64, ((i * 7919) % 13) as f64)).collect();
+        let pts: Vec<(f64, f64)> = (0..60)
+            .map(|i| (i as f64, ((i * 7919) % 13) as f64))
+            .collect();
         let t = theil_sen(&pts).unwrap();
         assert!(t.ci_low <= 0.0 && t.ci_high >= 0.0, "{t:?}");
         assert!(!t.rising());

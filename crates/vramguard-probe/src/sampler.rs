@@ -25,7 +25,12 @@ pub struct Sampler {
 
 impl Sampler {
     /// Starts reading `gpu` every `period`, timestamps relative to `epoch`.
-    pub fn start(mut source: Box<dyn GpuSource>, gpu: u32, period: Duration, epoch: Instant) -> Sampler {
+    pub fn start(
+        mut source: Box<dyn GpuSource>,
+        gpu: u32,
+        period: Duration,
+        epoch: Instant,
+    ) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::with_capacity(1 << 16)));
         let (s2, b2) = (stop.clone(), samples.clone());
@@ -34,7 +39,9 @@ impl Sampler {
             while !s2.load(Ordering::Relaxed) {
                 let used = source.memory_used(gpu).ok();
                 let t_ms = epoch.elapsed().as_secs_f64() * 1000.0;
-                b2.lock().expect("sampler buffer").push(Sample { t_ms, used });
+                b2.lock()
+                    .expect("sampler buffer")
+                    .push(Sample { t_ms, used });
                 next += period;
                 let now = Instant::now();
                 if next > now {
@@ -95,7 +102,11 @@ impl Sampler {
     pub fn median_over(&self, span: Duration) -> Option<u64> {
         let from = self.now_ms();
         std::thread::sleep(span);
-        let mut v: Vec<u64> = self.since(from).into_iter().filter_map(|s| s.used).collect();
+        let mut v: Vec<u64> = self
+            .since(from)
+            .into_iter()
+            .filter_map(|s| s.used)
+            .collect();
         if v.is_empty() {
             return self.latest().and_then(|s| s.used);
         }

@@ -132,6 +132,42 @@ pub struct Worker {
     pub spec: HolderSpec,
 }
 
+impl Hold {
+    /// `bytes` on `gpu`: listed, compute, the GPU's own `after_exit`, idle.
+    pub fn on(gpu: u32, bytes: u64) -> Hold {
+        Hold {
+            gpu,
+            bytes,
+            after_exit: None,
+            listed: true,
+            reported_pid: None,
+            sm_util: 0,
+            kind: AllocationKind::Compute,
+            report_namespace_pid: false,
+        }
+    }
+}
+
+impl HolderSpec {
+    /// A holder registering in `state`, living at most `lifetime_ms`, doing nothing else yet.
+    pub fn new(state: PathBuf, lifetime_ms: u64) -> HolderSpec {
+        HolderSpec {
+            state,
+            comm: None,
+            holds: vec![],
+            open_gpus: vec![],
+            group_leader: false,
+            new_session: false,
+            ignore_term: false,
+            workers: vec![],
+            lifetime_ms,
+            ready_file: None,
+            shape: None,
+            share_with_workers: false,
+        }
+    }
+}
+
 /// Written to the ready file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ready {
@@ -148,10 +184,13 @@ pub fn spawn_with(exe: &Path, argv: &[String], spec: &HolderSpec) -> Result<std:
     if let Some((first, rest)) = argv.split_first() {
         cmd.arg0(first).args(rest);
     }
-    cmd.env(HOLDER_ENV, serde_json::to_string(spec).context("encoding the holder spec")?)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .context("starting a simulated holder process")
+    cmd.env(
+        HOLDER_ENV,
+        serde_json::to_string(spec).context("encoding the holder spec")?,
+    )
+    .stdin(std::process::Stdio::null())
+    .spawn()
+    .context("starting a simulated holder process")
 }
 
 /// [`spawn_with`] the current executable.
@@ -236,7 +275,11 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     if !spec.holds.is_empty() {
         store::update_state(&spec.state, |s| {
             for h in &spec.holds {
-                let gpu_default = s.gpus.get(h.gpu as usize).map(|g| g.after_exit).unwrap_or_default();
+                let gpu_default = s
+                    .gpus
+                    .get(h.gpu as usize)
+                    .map(|g| g.after_exit)
+                    .unwrap_or_default();
                 s.allocations.push(SimAllocation {
                     gpu: h.gpu,
                     pid,

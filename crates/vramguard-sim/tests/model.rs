@@ -332,9 +332,16 @@ fn an_inherited_context_is_held_by_the_children_and_listed_by_nobody() {
     owner.0.wait().unwrap();
     let obs = sim.observe().unwrap();
     assert_eq!(obs.gpus[0].used, 5 * GIB, "the child keeps the context");
-    assert!(obs.gpus[0].processes.is_empty(), "\"No running processes found\"");
+    assert!(
+        obs.gpus[0].processes.is_empty(),
+        "\"No running processes found\""
+    );
     std::thread::sleep(Duration::from_millis(400));
-    assert_eq!(used(&mut sim, 0), 5 * GIB, "still held: the lag starts when the last keeper goes");
+    assert_eq!(
+        used(&mut sim, 0),
+        5 * GIB,
+        "still held: the lag starts when the last keeper goes"
+    );
     child.0.kill().unwrap();
     child.0.wait().unwrap();
     let t = Instant::now();
@@ -342,5 +349,9 @@ fn an_inherited_context_is_held_by_the_children_and_listed_by_nobody() {
         assert!(t.elapsed() < Duration::from_secs(3));
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(t.elapsed() >= Duration::from_millis(250), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
 }

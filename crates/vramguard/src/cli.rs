@@ -61,6 +61,22 @@ pub enum Command {
     Run(RunArgs),
     /// Print the N GPUs with the most free memory (for CUDA_VISIBLE_DEVICES)
     Pick(PickArgs),
+    /// Measure how the driver releases GPU memory: release latency per signal, concurrent
+    /// kills, and a soak that fits the trend of the baseline (Markdown, JSON and SVG reports)
+    #[command(subcommand)]
+    Probe(ProbeCommand),
+    /// (internal) the built-in CUDA holder of the probe
+    #[command(name = "__cuda-hold", hide = true)]
+    CudaHold {
+        #[arg(long)]
+        pci: String,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long, default_value_t = 0)]
+        children: u32,
+        #[arg(long, default_value_t = 3600)]
+        lifetime: u32,
+    },
     /// (internal) kill a job if its supervisor dies
     #[command(name = "__watchdog", hide = true)]
     Watchdog {
@@ -169,6 +185,87 @@ pub struct RunArgs {
     /// The command and its arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProbeCommand {
+    /// Kill a holder with each signal, REPEAT times; time the release
+    Release {
+        #[command(flatten)]
+        common: ProbeCommon,
+        /// Signals to send
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "TERM,INT,KILL",
+            value_name = "SIG"
+        )]
+        signals: Vec<String>,
+        /// Trials per signal
+        #[arg(long, default_value_t = 3)]
+        repeat: u32,
+        /// Children that inherit the holder's context (DataLoader-style); they keep the memory
+        /// after the holder dies, which the report flags
+        #[arg(long, default_value_t = 0)]
+        children: u32,
+    },
+    /// Start WORKERS holders at once, kill them one by one
+    Concurrent {
+        #[command(flatten)]
+        common: ProbeCommon,
+        /// Holders
+        #[arg(long, default_value_t = 4)]
+        workers: u32,
+        /// Kill order: random or sequential
+        #[arg(long, default_value = "random")]
+        kill: String,
+        /// Signal
+        #[arg(long, default_value = "KILL")]
+        signal: String,
+        /// Seed of the random kill order [default: from the clock, printed in the report]
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Allocate and free every CYCLE for DURATION; fit the trend of the baseline
+    Soak {
+        #[command(flatten)]
+        common: ProbeCommon,
+        /// How long
+        #[arg(long, default_value = "30m", value_name = "DURATION")]
+        duration: String,
+        /// One allocate/free cycle every
+        #[arg(long, default_value = "5s", value_name = "DURATION")]
+        cycle: String,
+        /// Kill the holder with TERM, KILL and INT in turn (default: TERM only)
+        #[arg(long)]
+        kill_cycles: bool,
+    },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ProbeCommon {
+    /// GPU index
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
+    /// Memory per holder
+    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
+    pub size: String,
+    /// Your own holder, run with `sh -c`: it gets VRAMGUARD_PROBE_BYTES and
+    /// CUDA_VISIBLE_DEVICES (e.g. a PyTorch one-liner, to measure your framework's context)
+    #[arg(long, value_name = "COMMAND")]
+    pub holder_cmd: Option<String>,
+    /// How long to wait for memory to appear, and to be released
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub timeout: String,
+    /// Readings per second
+    #[arg(long, default_value_t = 200)]
+    pub rate: u32,
+    /// Write report.md, report.json and SVG plots into this directory
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args, Clone)]

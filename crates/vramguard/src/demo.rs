@@ -8,7 +8,6 @@
 //! demo killed with SIGKILL leaves nothing behind for long.
 
 use crate::cli::{DemoArgs, Global};
-use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -19,6 +18,7 @@ use vramguard_core::Policy;
 use vramguard_core::units::format_bytes;
 use vramguard_gpu::SimSource;
 use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use vramguard_sim::state::AfterExit;
 
 const GIB: u64 = 1 << 30;
@@ -81,31 +81,16 @@ fn argv(words: &[&str]) -> Vec<String> {
 
 fn spec(state: &Path, comm: &str, holds: Vec<Hold>) -> HolderSpec {
     HolderSpec {
-        state: state.to_path_buf(),
         comm: Some(comm.into()),
         holds,
-        open_gpus: vec![],
-        group_leader: false,
-        new_session: false,
-        ignore_term: false,
-        workers: vec![],
-        lifetime_ms: LIFETIME_MS,
-        ready_file: None,
-        shape: None,
-        share_with_workers: false,
+        ..HolderSpec::new(state.to_path_buf(), LIFETIME_MS)
     }
 }
 
 fn hold(gpu: u32, gib: u64, sm_util: u32) -> Hold {
     Hold {
-        gpu,
-        bytes: gib * GIB,
-        after_exit: None,
-        listed: true,
-        reported_pid: None,
         sm_util,
-        kind: Default::default(),
-        report_namespace_pid: false,
+        ..Hold::on(gpu, gib * GIB)
     }
 }
 

@@ -8,6 +8,7 @@ mod cli;
 mod config;
 mod context;
 mod demo;
+mod probe;
 mod reclaim;
 mod render;
 mod run;
@@ -111,6 +112,22 @@ fn run(cli: cli::Cli) -> Result<i32> {
             let ctx = context::Ctx::new(cli.global)?;
             run::pick(&ctx, &args)
         }
+        Command::Probe(cmd) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            probe::run(&ctx, &cmd)
+        }
+        Command::CudaHold {
+            pci,
+            bytes,
+            children,
+            lifetime,
+        } => match vramguard_probe::cuda::hold(&pci, bytes, children, lifetime) {
+            Ok(()) => Ok(0),
+            Err(e) => {
+                eprintln!("vramguard cuda holder: {e}");
+                Ok(2)
+            }
+        },
         Command::Watchdog {
             parent,
             pgid,

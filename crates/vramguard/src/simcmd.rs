@@ -1,10 +1,10 @@
 //! `vramguard sim ...`: drive the simulated driver by hand.
 
 use crate::cli::{Global, HoldArgs, SimCommand};
-use vramguard_sim::holder::{self, Hold, HolderSpec, Worker};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
+use vramguard_sim::holder::{self, Hold, HolderSpec, Worker};
 use vramguard_sim::state::{AfterExit, SimState};
 use vramguard_sim::{Sim, store};
 
@@ -52,31 +52,14 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
     let bytes = parse_bytes(&args.bytes)?;
     let worker_bytes = parse_bytes(&args.worker_bytes)?;
     let me: Vec<String> = std::env::args().collect();
+    let lifetime_ms = lifetime.as_millis() as u64;
     let workers = (0..args.workers)
         .map(|_| Worker {
             argv: me.clone(),
             spec: HolderSpec {
-                state: state.clone(),
                 comm: args.comm.clone(),
-                holds: vec![Hold {
-                    gpu: args.gpu,
-                    bytes: worker_bytes,
-                    after_exit: None,
-                    listed: true,
-                    reported_pid: None,
-                    sm_util: 0,
-                    kind: Default::default(),
-                    report_namespace_pid: false,
-                }],
-                open_gpus: vec![],
-                group_leader: false,
-                new_session: false,
-                ignore_term: false,
-                workers: vec![],
-                lifetime_ms: lifetime.as_millis() as u64,
-                ready_file: None,
-                shape: None,
-                share_with_workers: false,
+                holds: vec![Hold::on(args.gpu, worker_bytes)],
+                ..HolderSpec::new(state.clone(), lifetime_ms)
             },
         })
         .collect();
@@ -97,27 +80,16 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
         std::process::id()
     );
     holder::run(HolderSpec {
-        state,
         comm: args.comm.clone(),
         holds: vec![Hold {
-            gpu: args.gpu,
-            bytes,
             after_exit: Some(parse_after_exit(&args.after_exit)?),
             listed: !args.unlisted,
-            reported_pid: None,
             sm_util: args.sm_util,
-            kind: Default::default(),
-            report_namespace_pid: false,
+            ..Hold::on(args.gpu, bytes)
         }],
-        open_gpus: vec![],
         group_leader: true,
-        new_session: false,
-        ignore_term: false,
         workers,
-        lifetime_ms: lifetime.as_millis() as u64,
-        ready_file: None,
-        shape: None,
-        share_with_workers: false,
+        ..HolderSpec::new(state, lifetime_ms)
     })?;
     Ok(0)
 }

@@ -1,0 +1,229 @@
+//! `vramguard probe ...`.
+
+use crate::cli::{ProbeCommand, ProbeCommon};
+use crate::context::Ctx;
+use anyhow::{Context, Result, anyhow, bail};
+use std::time::{Duration, Instant};
+use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
+use vramguard_probe::experiments::{self, Probe};
+use vramguard_probe::holders::HolderKind;
+use vramguard_probe::report::{self, GpuInfo, ProbeReport, Results};
+use vramguard_probe::sampler::Sampler;
+
+fn signal(name: &str) -> Result<(String, i32)> {
+    let n = name.trim().trim_start_matches("SIG").to_ascii_uppercase();
+    let num = match n.as_str() {
+        "TERM" => libc::SIGTERM,
+        "INT" => libc::SIGINT,
+        "KILL" => libc::SIGKILL,
+        "HUP" => libc::SIGHUP,
+        "QUIT" => libc::SIGQUIT,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        _ => bail!("unknown signal {name:?} (use TERM, INT, KILL, HUP, QUIT, USR1, USR2)"),
+    };
+    Ok((n, num))
+}
+
+/// Runs a probe. Exit 0: every holder's memory came back (and no rising trend); 1: something
+/// was left behind; 2: error.
+pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
+    let common: &ProbeCommon = match cmd {
+        ProbeCommand::Release { common, .. }
+        | ProbeCommand::Concurrent { common, .. }
+        | ProbeCommand::Soak { common, .. } => common,
+    };
+    let bytes = parse_bytes(&common.size)?;
+    let timeout = parse_duration(&common.timeout)?;
+    if common.rate == 0 || common.rate > 10_000 {
+        bail!(
+            "--rate {}: between 1 and 10000 readings per second",
+            common.rate
+        );
+    }
+    let period = Duration::from_secs_f64(1.0 / common.rate as f64);
+    let mut source = ctx.gpu_source()?;
+    let sample = source.sample(Duration::from_secs(1))?;
+    let g = sample
+        .gpus
+        .iter()
+        .find(|g| g.index == common.gpu)
+        .ok_or_else(|| {
+            anyhow!(
+                "--gpu {}: no such GPU (this machine has {})",
+                common.gpu,
+                sample.gpus.len()
+            )
+        })?;
+    if let Some(f) = &g.failure {
+        bail!("GPU {} cannot be read: {f}", g.index);
+    }
+    let mem = g
+        .memory
+        .ok_or_else(|| anyhow!("GPU {}: memory unknown", g.index))?;
+    let count = match cmd {
+        ProbeCommand::Concurrent { workers, .. } => *workers as u64,
+        _ => 1,
+    };
+    if bytes.saturating_mul(count) > mem.free {
+        bail!(
+            "GPU {} has {} free; {} × {} does not fit (choose a smaller --size)",
+            g.index,
+            format_bytes(mem.free),
+            count,
+            format_bytes(bytes)
+        );
+    }
+    let exe = std::env::current_exe().context("locating the vramguard executable")?;
+    let (holders, holder_name) = match (&ctx.global.sim, &common.holder_cmd) {
+        (Some(state), _) => (
+            HolderKind::Sim {
+                exe,
+                state: state.clone(),
+            },
+            "simulated".to_string(),
+        ),
+        (None, Some(cmd)) => (
+            HolderKind::Command {
+                cmd: format!("exec {cmd}"),
+                device: g.uuid.clone().unwrap_or_else(|| g.index.to_string()),
+            },
+            format!("command: {cmd}"),
+        ),
+        (None, None) => {
+            vramguard_probe::cuda::load_cuda().map_err(anyhow::Error::msg)?;
+            let bus = g
+                .pci_bus_id
+                .clone()
+                .ok_or_else(|| anyhow!("GPU {}: PCI bus id unknown", g.index))?;
+            (
+                HolderKind::Cuda {
+                    exe,
+                    pci_bus_id: bus,
+                },
+                "cuda (built-in)".to_string(),
+            )
+        }
+    };
+    let gpu_info = GpuInfo {
+        index: g.index,
+        name: g.name.clone(),
+        uuid: g.uuid.clone(),
+        pci_bus_id: g.pci_bus_id.clone(),
+        total: Some(mem.total),
+    };
+    let driver_version = sample
+        .driver
+        .driver_version
+        .clone()
+        .map(|v| match sample.driver.source {
+            vramguard_core::snapshot::DriverSource::Simulated => format!("{v} (simulated)"),
+            _ => v,
+        });
+    let scratch = tempfile::Builder::new()
+        .prefix("vramguard-probe-")
+        .tempdir()?;
+    let epoch = Instant::now();
+    let probe = Probe {
+        sampler: Sampler::start(source, common.gpu, period, epoch),
+        holders,
+        gpu: common.gpu,
+        scratch: scratch.path().to_path_buf(),
+        epoch,
+        timeout,
+    };
+    let results = match cmd {
+        ProbeCommand::Release {
+            signals,
+            repeat,
+            children,
+            ..
+        } => {
+            let sigs: Vec<(String, i32)> =
+                signals.iter().map(|s| signal(s)).collect::<Result<_>>()?;
+            Results::Release {
+                trials: experiments::release(&probe, bytes, &sigs, *repeat, *children)
+                    .map_err(anyhow::Error::msg)?,
+            }
+        }
+        ProbeCommand::Concurrent {
+            workers,
+            kill,
+            signal: sig,
+            seed,
+            ..
+        } => {
+            let random = match kill.as_str() {
+                "random" => true,
+                "sequential" => false,
+                other => bail!("--kill {other:?}: random or sequential"),
+            };
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+            Results::Concurrent(
+                experiments::concurrent(&probe, bytes, *workers, random, seed, signal(sig)?.1)
+                    .map_err(anyhow::Error::msg)?,
+            )
+        }
+        ProbeCommand::Soak {
+            duration,
+            cycle,
+            kill_cycles,
+            ..
+        } => {
+            let sigs = if *kill_cycles {
+                vec![signal("TERM")?, signal("KILL")?, signal("INT")?]
+            } else {
+                vec![signal("TERM")?]
+            };
+            Results::Soak(
+                experiments::soak(
+                    &probe,
+                    bytes,
+                    parse_duration(duration)?,
+                    parse_duration(cycle)?,
+                    &sigs,
+                )
+                .map_err(anyhow::Error::msg)?,
+            )
+        }
+    };
+    let (_, samples) = probe.sampler.stop();
+    let left_behind = match &results {
+        Results::Release { trials } => trials.iter().any(|t| !t.released),
+        Results::Concurrent(c) => c.leftover_bytes > 0,
+        Results::Soak(s) => s.trend_bytes_per_hour.is_some_and(|t| t.rising()),
+    };
+    let rep = ProbeReport {
+        schema_version: vramguard_core::SCHEMA_VERSION,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string()),
+        driver_version,
+        gpu: gpu_info,
+        holder: holder_name,
+        bytes,
+        period_ms: period.as_secs_f64() * 1000.0,
+        achieved_hz: report::achieved_hz(&samples),
+        results,
+        samples: samples.iter().map(|s| (s.t_ms, s.used)).collect(),
+    };
+    if common.json {
+        crate::print_json(&rep)?;
+    } else {
+        crate::print(&report::markdown(&rep))?;
+    }
+    if let Some(dir) = &common.report {
+        let files = report::write(dir, &rep).map_err(anyhow::Error::msg)?;
+        if !common.json {
+            let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            crate::print(&format!("\nreport: {}\n", names.join(", ")))?;
+        }
+    }
+    Ok(if left_behind { 1 } else { 0 })
+}

@@ -1,0 +1,267 @@
+//! `vramguard probe` on the simulated driver: the measured numbers must be the simulator's
+//! configured teardown lags and leaks.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use vramguard_sim::state::AfterExit;
+
+fn probe(world: &World, args: &[&str]) -> (i32, Value) {
+    let (out, shown) = Vg::new(world, Path_::InProcess)
+        .args(["probe"].iter().chain(args).chain(&["--json"]))
+        .output();
+    let code = out.status.code().unwrap_or(-1);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "$ {shown}\nnot JSON ({e}): {}\n{}",
+            stdout(&out),
+            stderr(&out)
+        )
+    });
+    (code, v)
+}
+
+fn lagging(world: &World, after_exit: AfterExit) {
+    world.update(|s| s.gpus[0].after_exit = after_exit);
+}
+
+#[test]
+fn release_recovers_the_configured_lag_for_every_signal() {
+    let world = World::new(1);
+    lagging(&world, AfterExit::ReleaseAfterMs(400));
+    let report_dir = world.dir.path().join("report");
+    let (code, r) = probe(
+        &world,
+        &[
+            "release",
+            "--size",
+            "2GiB",
+            "--signals",
+            "TERM,INT,KILL",
+            "--repeat",
+            "2",
+            "--report",
+            report_dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    let trials = r["results"]["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6);
+    for t in trials {
+        assert_eq!(t["released"], true);
+        let lag = t["driver_lag_ms"].as_f64().unwrap();
+        let res = t["resolution_ms"].as_f64().unwrap();
+        // The simulator starts the lag when it first sees the exit, at a reading; the release is
+        // seen at the next reading after the lag: within two sampling gaps (and some scheduling).
+        assert!(
+            lag >= 400.0 - 1.0 && lag <= 400.0 + 2.0 * res + 15.0,
+            "{} lag {lag} ms (resolution {res} ms)",
+            t["signal"]
+        );
+        assert!(t["exit_ms"].as_f64().unwrap() < 100.0);
+    }
+    assert!(
+        r["achieved_hz"].as_f64().unwrap() > 150.0,
+        "{}",
+        r["achieved_hz"]
+    );
+    for f in [
+        "report.md",
+        "report.json",
+        "release-term.svg",
+        "release-int.svg",
+        "release-kill.svg",
+    ] {
+        assert!(report_dir.join(f).exists(), "{f}");
+    }
+    for svg in ["release-term.svg", "release-kill.svg"] {
+        let text = std::fs::read_to_string(report_dir.join(svg)).unwrap();
+        let doc = roxmltree::Document::parse(&text)
+            .unwrap_or_else(|e| panic!("{svg} does not parse: {e}"));
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        assert!(
+            doc.descendants()
+                .any(|n| n.tag_name().name() == "polyline" || n.tag_name().name() == "path")
+        );
+    }
+    let md = std::fs::read_to_string(report_dir.join("report.md")).unwrap();
+    assert!(md.contains("| SIGKILL | 2 | 2/2 |"), "{md}");
+    assert!(
+        md.contains("580.159.03 (simulated)") && md.contains("NVIDIA H200"),
+        "{md}"
+    );
+}
+
+#[test]
+fn children_that_inherit_the_context_keep_the_memory_and_are_flagged() {
+    let world = World::new(1);
+    lagging(&world, AfterExit::ReleaseAfterMs(200));
+    let (code, r) = probe(
+        &world,
+        &[
+            "release",
+            "--size",
+            "2GiB",
+            "--signals",
+            "KILL",
+            "--repeat",
+            "1",
+            "--children",
+            "2",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(code, 1, "memory was left behind: {r:#}");
+    let t = &r["results"]["trials"][0];
+    assert_eq!(t["released"], false);
+    assert_eq!(t["orphans_kept_memory"], true);
+    assert_eq!(t["leftover_bytes"], serde_json::json!(2 * GIB));
+    let after = t["release_after_children_ms"]
+        .as_f64()
+        .expect("released once the children were killed");
+    assert!((190.0..400.0).contains(&after), "{after}");
+}
+
+#[test]
+fn concurrent_kills_release_one_by_one_and_leaks_are_flagged() {
+    let world = World::new(1);
+    lagging(&world, AfterExit::ReleaseAfterMs(150));
+    let (code, r) = probe(
+        &world,
+        &[
+            "concurrent",
+            "--size",
+            "1GiB",
+            "--workers",
+            "4",
+            "--seed",
+            "42",
+        ],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    let c = &r["results"];
+    assert_eq!(c["seed"], 42);
+    let kills = c["kills"].as_array().unwrap();
+    assert_eq!(kills.len(), 4);
+    for k in kills {
+        let ms = k["release_ms"].as_f64().unwrap();
+        assert!((145.0..260.0).contains(&ms), "{ms}");
+    }
+    assert_eq!(c["leftover_bytes"], 0);
+
+    lagging(&world, AfterExit::Leak);
+    let (code, r) = probe(
+        &world,
+        &[
+            "concurrent",
+            "--size",
+            "1GiB",
+            "--workers",
+            "2",
+            "--timeout",
+            "600ms",
+        ],
+    );
+    assert_eq!(code, 1, "{r:#}");
+    assert_eq!(r["results"]["leftover_bytes"], serde_json::json!(2 * GIB));
+}
+
+#[test]
+fn soak_fits_the_leak_rate_and_a_clean_driver_is_flat() {
+    let world = World::new(1);
+    lagging(&world, AfterExit::Leak);
+    let report_dir = world.dir.path().join("soak");
+    let (code, r) = probe(
+        &world,
+        &[
+            "soak",
+            "--size",
+            "1GiB",
+            "--duration",
+            "3s",
+            "--cycle",
+            "250ms",
+            "--report",
+            report_dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 1, "a rising baseline is a finding: {r:#}");
+    let s = &r["results"];
+    let cycles = s["cycles"].as_array().unwrap();
+    assert!(cycles.len() >= 5, "{}", cycles.len());
+    let (t0, t1) = (
+        cycles[0]["t_ms"].as_f64().unwrap(),
+        cycles.last().unwrap()["t_ms"].as_f64().unwrap(),
+    );
+    let expected = (cycles.len() - 1) as f64 * GIB as f64 / ((t1 - t0) / 3_600_000.0);
+    let slope = s["trend_bytes_per_hour"]["slope"].as_f64().unwrap();
+    assert!(
+        (slope - expected).abs() / expected < 0.25,
+        "slope {slope:e} B/h, expected {expected:e}"
+    );
+    assert!(s["trend_bytes_per_hour"]["ci_low"].as_f64().unwrap() > 0.0);
+    let text = std::fs::read_to_string(report_dir.join("soak.svg")).unwrap();
+    roxmltree::Document::parse(&text).expect("soak.svg parses");
+
+    let clean = World::new(1);
+    lagging(&clean, AfterExit::ReleaseAfterMs(20));
+    let (code, r) = probe(
+        &clean,
+        &[
+            "soak",
+            "--size",
+            "1GiB",
+            "--duration",
+            "2s",
+            "--cycle",
+            "200ms",
+            "--kill-cycles",
+        ],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    let t = &r["results"]["trend_bytes_per_hour"];
+    assert!(
+        t["ci_low"].as_f64().unwrap() <= 0.0 && t["ci_high"].as_f64().unwrap() >= 0.0,
+        "{t:#}"
+    );
+    let signals: Vec<&str> = r["results"]["cycles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["signal"].as_str().unwrap())
+        .collect();
+    assert_eq!(&signals[..3], &["TERM", "KILL", "INT"]);
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let world = World::new(1);
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["probe", "release", "--size", "500GiB"])
+            .code(2),
+    );
+    assert!(err.contains("does not fit"), "{err}");
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["probe", "release", "--gpu", "3"])
+            .code(2),
+    );
+    assert!(err.contains("--gpu 3: no such GPU"), "{err}");
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["probe", "release", "--signals", "TERM,FOO"])
+            .code(2),
+    );
+    assert!(err.contains("unknown signal \"FOO\""), "{err}");
+    // The built-in CUDA holder without a driver.
+    let out = Vg::bare()
+        .args(["__cuda-hold", "--pci", "00000000:19:00.0", "--bytes", "1"])
+        .code(2);
+    assert!(
+        stderr(&out).contains("libcuda.so.1 could not be loaded"),
+        "{}",
+        stderr(&out)
+    );
+}
