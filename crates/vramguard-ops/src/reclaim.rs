@@ -19,10 +19,14 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vramguard_core::Policy;
+use crate::snapshot::take_snapshot;
+use vramguard_core::{Policy, classify};
 use vramguard_core::plan::{Plan, Target};
 use vramguard_core::report::{Report, UnaccountedCause};
 use vramguard_core::snapshot::Snapshot;
+use vramguard_core::units::format_bytes;
+use vramguard_gpu::GpuSource;
+use vramguard_proc::{ProcCollector, ScanDepth};
 
 /// When to reset a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -582,3 +586,109 @@ pub fn execute(
         exit_code,
     })
 }
+
+/// How a GPU is reset.
+pub enum ResetBackend {
+    /// The simulator's reset, on its state file.
+    Sim(PathBuf),
+    /// A command, run without a shell; `{index}`, `{uuid}`, `{pci_bus_id}` are replaced.
+    Command(Vec<String>),
+}
+
+impl ResetBackend {
+    /// `nvidia-smi --gpu-reset -i {index}`.
+    pub fn nvidia_smi() -> ResetBackend {
+        ResetBackend::Command(["nvidia-smi", "--gpu-reset", "-i", "{index}"].map(String::from).to_vec())
+    }
+}
+
+/// The real machine (or the simulated one) as the executor sees it: a GPU source for the
+/// driver polls, a collector for the snapshots, and a way to reset a GPU.
+pub struct MachineEnv {
+    /// The GPUs.
+    pub source: Box<dyn GpuSource>,
+    /// The processes.
+    pub collector: ProcCollector,
+    /// Classification.
+    pub policy: Policy,
+    /// How to reset a GPU.
+    pub reset: ResetBackend,
+    /// The last report taken (names GPUs for the reset command).
+    pub last_report: Option<Report>,
+}
+
+impl ReclaimEnv for MachineEnv {
+    fn snapshot(&mut self) -> Result<(Snapshot, Report), String> {
+        let snap = take_snapshot(
+            self.source.as_mut(),
+            &mut self.collector,
+            &self.policy,
+            ScanDepth::Full,
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        let report = classify(&snap, &self.policy);
+        self.last_report = Some(report.clone());
+        Ok((snap, report))
+    }
+
+    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String> {
+        let sample = self
+            .source
+            .sample(Duration::from_secs(1))
+            .map_err(|e| e.to_string())?;
+        Ok(sample
+            .gpus
+            .iter()
+            .filter_map(|g| g.memory.map(|m| (g.index, m.used)))
+            .collect())
+    }
+
+    fn reset(&mut self, gpu: u32) -> Result<String, String> {
+        match &self.reset {
+            ResetBackend::Sim(state) => {
+                let mut sim = vramguard_sim::Sim::open(state).map_err(|e| e.to_string())?;
+                sim.reset(gpu)
+                    .map(|o| format!("simulated reset cleared {}", format_bytes(o.cleared_bytes)))
+                    .map_err(|e| e.to_string())
+            }
+            ResetBackend::Command(template) => {
+                let g = self
+                    .last_report
+                    .as_ref()
+                    .and_then(|r| r.gpus.iter().find(|g| g.index == gpu));
+                let fill = |arg: &String| {
+                    arg.replace("{index}", &gpu.to_string())
+                        .replace("{uuid}", g.and_then(|g| g.uuid.as_deref()).unwrap_or(""))
+                        .replace(
+                            "{pci_bus_id}",
+                            g.and_then(|g| g.pci_bus_id.as_deref()).unwrap_or(""),
+                        )
+                };
+                let argv: Vec<String> = template.iter().map(fill).collect();
+                let out = std::process::Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .output()
+                    .map_err(|e| format!("running {}: {e}", argv.join(" ")))?;
+                let text = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                if out.status.success() {
+                    Ok(format!("{}: {text}", argv.join(" ")))
+                } else {
+                    Err(format!(
+                        "{} exited with {}: {text}",
+                        argv.join(" "),
+                        out.status
+                    ))
+                }
+            }
+        }
+    }
+
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+

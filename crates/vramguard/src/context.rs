@@ -2,7 +2,7 @@
 //! snapshots with them.
 
 use crate::cli::Global;
-use crate::config::Config;
+use vramguard_agent::config::Config;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use vramguard_core::snapshot::Snapshot;
@@ -16,13 +16,15 @@ pub struct Ctx {
     pub global: Global,
     /// The classification policy (from the config).
     pub policy: Policy,
+    /// The whole config.
+    pub config: Config,
 }
 
 impl Ctx {
     /// Reads the config and prepares the environment for the NVML library.
     pub fn new(global: Global) -> Result<Ctx> {
         let config = Config::load(global.config.as_deref())?;
-        let policy = config.policy()?;
+        let policy = config.policy.clone();
         if global.nvml_lib.is_some()
             && let Some(sim) = &global.sim
         {
@@ -30,7 +32,11 @@ impl Ctx {
             // SAFETY: called from main before any thread is started.
             unsafe { std::env::set_var("VRAMGUARD_SIM", sim) };
         }
-        Ok(Ctx { global, policy })
+        Ok(Ctx {
+            global,
+            policy,
+            config,
+        })
     }
 
     /// The directory of the device files.

@@ -277,10 +277,11 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
 /// The incident, reclaimed: orphans and the hidden worker terminated, the release verified,
 /// a reset of the residue GPU attempted (and refused while the idle kernel holds it).
 fn reclaim_demo(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
-    use crate::reclaim::{Env, ResetBackend, render_outcome, render_plan};
+    use crate::reclaim::{render_outcome, render_plan};
+    use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
     use vramguard_ops::reclaim::identities;
     use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
-    let mut env = Env {
+    let mut env = MachineEnv {
         source: Box::new(SimSource::open(state)?),
         collector: ProcCollector::new("/proc", vramguard_sim::SimState::load(state)?.dev_dir)?,
         policy: policy.clone(),

@@ -5,7 +5,6 @@
 //! once, as one line with their causes, and exit with 2.
 
 mod cli;
-mod config;
 mod context;
 mod demo;
 mod probe;

@@ -1,113 +1,18 @@
 //! `vramguard reclaim`: plan, confirm, execute, report.
 
 use crate::cli::ReclaimArgs;
-use crate::context::{Ctx, take_snapshot};
+use crate::context::Ctx;
 use anyhow::{Context, Result, bail};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
 use std::time::Duration;
 use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
-use vramguard_core::snapshot::Snapshot;
 use vramguard_core::units::{format_bytes, format_duration, parse_duration};
-use vramguard_core::{Policy, classify};
-use vramguard_gpu::GpuSource;
 use vramguard_ops::reclaim::{ReclaimOutcome, identities};
+use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
 use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
-use vramguard_proc::{ProcCollector, ScanDepth};
-
-/// How a GPU is reset.
-pub(crate) enum ResetBackend {
-    /// The simulator's reset, on its state file.
-    Sim(PathBuf),
-    /// A command, run without a shell.
-    Command(Vec<String>),
-}
-
-pub(crate) struct Env {
-    pub(crate) source: Box<dyn GpuSource>,
-    pub(crate) collector: ProcCollector,
-    pub(crate) policy: Policy,
-    pub(crate) reset: ResetBackend,
-    pub(crate) last_report: Option<Report>,
-}
-
-impl ReclaimEnv for Env {
-    fn snapshot(&mut self) -> Result<(Snapshot, Report), String> {
-        let snap = take_snapshot(
-            self.source.as_mut(),
-            &mut self.collector,
-            &self.policy,
-            ScanDepth::Full,
-        )
-        .map_err(|e| format!("{e:#}"))?;
-        let report = classify(&snap, &self.policy);
-        self.last_report = Some(report.clone());
-        Ok((snap, report))
-    }
-
-    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String> {
-        let sample = self
-            .source
-            .sample(Duration::from_secs(1))
-            .map_err(|e| e.to_string())?;
-        Ok(sample
-            .gpus
-            .iter()
-            .filter_map(|g| g.memory.map(|m| (g.index, m.used)))
-            .collect())
-    }
-
-    fn reset(&mut self, gpu: u32) -> Result<String, String> {
-        match &self.reset {
-            ResetBackend::Sim(state) => {
-                let mut sim = vramguard_sim::Sim::open(state).map_err(|e| e.to_string())?;
-                sim.reset(gpu)
-                    .map(|o| format!("simulated reset cleared {}", format_bytes(o.cleared_bytes)))
-                    .map_err(|e| e.to_string())
-            }
-            ResetBackend::Command(template) => {
-                let g = self
-                    .last_report
-                    .as_ref()
-                    .and_then(|r| r.gpus.iter().find(|g| g.index == gpu));
-                let fill = |arg: &String| {
-                    arg.replace("{index}", &gpu.to_string())
-                        .replace("{uuid}", g.and_then(|g| g.uuid.as_deref()).unwrap_or(""))
-                        .replace(
-                            "{pci_bus_id}",
-                            g.and_then(|g| g.pci_bus_id.as_deref()).unwrap_or(""),
-                        )
-                };
-                let argv: Vec<String> = template.iter().map(fill).collect();
-                let out = std::process::Command::new(&argv[0])
-                    .args(&argv[1..])
-                    .output()
-                    .map_err(|e| format!("running {}: {e}", argv.join(" ")))?;
-                let text = format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout).trim(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-                if out.status.success() {
-                    Ok(format!("{}: {text}", argv.join(" ")))
-                } else {
-                    Err(format!(
-                        "{} exited with {}: {text}",
-                        argv.join(" "),
-                        out.status
-                    ))
-                }
-            }
-        }
-    }
-
-    fn policy(&self) -> &Policy {
-        &self.policy
-    }
-}
 
 fn parse_reset(s: &str) -> Result<ResetMode> {
     Ok(match s {
@@ -301,7 +206,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         );
     }
 
-    let mut env = Env {
+    let mut env = MachineEnv {
         source: ctx.gpu_source()?,
         collector: ctx.collector()?,
         policy: ctx.policy.clone(),

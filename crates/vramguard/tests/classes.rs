@@ -413,7 +413,7 @@ fn bad_inputs_give_one_clear_line_and_exit_2() {
                 "/nonexistent/config.toml".into(),
                 "status".into(),
             ],
-            "reading config /nonexistent/config.toml",
+            "config /nonexistent/config.toml: cannot be read",
         ),
         (
             vec![

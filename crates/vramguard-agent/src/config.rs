@@ -1,0 +1,542 @@
+//! The config file (`/etc/vramguard/config.toml`), shared by every command: `[policy]` for
+//! classification, and for the agent `[agent]`, `[alerts]` and `[reclaim]`. Sizes and durations
+//! are written the way admins write them (`"256MiB"`, `"10m"`); unknown keys are errors with
+//! their line, and every value is checked when the file is read, so a reload with a bad file
+//! keeps the running config.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vramguard_core::Policy;
+use vramguard_core::report::Class;
+use vramguard_core::units::{parse_bytes, parse_duration};
+
+/// The default config path, read when it exists.
+pub const DEFAULT_CONFIG: &str = "/etc/vramguard/config.toml";
+
+/// A config that cannot be used: the file, and what is wrong where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config {path}: {message}")]
+pub struct ConfigError {
+    /// The file.
+    pub path: String,
+    /// What is wrong (with the key and line).
+    pub message: String,
+}
+
+/// The file as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    policy: RawPolicy,
+    #[serde(default)]
+    agent: RawAgent,
+    #[serde(default)]
+    alerts: RawAlerts,
+    #[serde(default)]
+    reclaim: RawReclaim,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    tolerance: Option<String>,
+    tolerance_ratio: Option<f64>,
+    idle_after: Option<String>,
+    #[serde(default)]
+    baseline: BTreeMap<String, String>,
+    #[serde(default)]
+    system_comms: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    listen: Option<String>,
+    interval: Option<String>,
+    discover_every: Option<String>,
+    full_scan_every: Option<String>,
+    top_holders: Option<usize>,
+    trend_window: Option<String>,
+    timeline: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlerts {
+    #[serde(default = "yes")]
+    log: bool,
+    #[serde(default)]
+    rule: Vec<RawRule>,
+    #[serde(default)]
+    webhook: Vec<RawWebhook>,
+    #[serde(default)]
+    exec: Vec<RawExec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for RawAlerts {
+    fn default() -> Self {
+        RawAlerts {
+            log: true,
+            rule: Vec::new(),
+            webhook: Vec::new(),
+            exec: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    when: String,
+    above: Option<toml::Value>,
+    #[serde(rename = "for")]
+    for_: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebhook {
+    url: String,
+    timeout: Option<String>,
+    retries: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExec {
+    argv: Vec<String>,
+    timeout: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReclaim {
+    #[serde(default)]
+    auto: bool,
+    min_age: Option<String>,
+    include: Option<Vec<String>>,
+    grace: Option<String>,
+    release_timeout: Option<String>,
+    reset: Option<String>,
+    audit_log: Option<String>,
+}
+
+/// `[agent]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// Where to serve metrics and the status page. Default `127.0.0.1:9835`: loopback;
+    /// binding elsewhere is an explicit choice.
+    pub listen: String,
+    /// Steady-state sampling interval. Default 1 s.
+    pub interval: Duration,
+    /// How often to look for new processes (a `/proc` listing). Default 5 s.
+    pub discover_every: Duration,
+    /// How often to scan every process's open files (hidden holders). Default 60 s, and
+    /// whenever a GPU shows unaccounted memory (at most every 10 s).
+    pub full_scan_every: Duration,
+    /// Holders exported per GPU; the rest are rolled up as `pid="other"`. Default 10.
+    pub top_holders: usize,
+    /// Window of the leak trend. Default 30 min.
+    pub trend_window: Duration,
+    /// Length of the status page's memory timeline. Default 10 min.
+    pub timeline: Duration,
+}
+
+/// What an alert rule watches, per GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Condition {
+    /// Ghost memory (orphan, zombie, significant unaccounted) above a size.
+    GhostBytes(u64),
+    /// Used memory above a size.
+    UsedBytes(u64),
+    /// Used memory above a share of total (0–1).
+    UsedRatio(f64),
+    /// The used-memory trend's lower 95% bound above this many bytes per hour.
+    LeakSlope(f64),
+    /// Holders of a class (`orphan`, `zombie`...) present.
+    Holders(Class),
+    /// The GPU cannot be read.
+    GpuLost,
+}
+
+/// One alert rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Its name (in notifications and metrics).
+    pub name: String,
+    /// The condition.
+    pub condition: Condition,
+    /// How long the condition must hold before it fires.
+    pub for_: Duration,
+}
+
+/// A webhook sink: POST of a JSON body, retried with backoff.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Webhook {
+    /// URL (`http://` or `https://`).
+    pub url: String,
+    /// Per attempt.
+    pub timeout: Duration,
+    /// Attempts after the first.
+    pub retries: u32,
+}
+
+/// An exec sink: run argv (no shell) with the alert in `VRAMGUARD_ALERT_*` variables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exec {
+    /// The command and its arguments.
+    pub argv: Vec<String>,
+    /// Kill it after this long.
+    pub timeout: Duration,
+}
+
+/// `[alerts]`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AlertsConfig {
+    /// Log every firing and resolution.
+    pub log: bool,
+    /// Rules.
+    pub rules: Vec<Rule>,
+    /// Webhooks.
+    pub webhooks: Vec<Webhook>,
+    /// Commands.
+    pub execs: Vec<Exec>,
+}
+
+/// `[reclaim]`: automatic reclaim by the agent (off by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReclaimConfig {
+    /// Reclaim on its own.
+    pub auto: bool,
+    /// A target must have been reclaimable this long.
+    pub min_age: Duration,
+    /// Classes to target.
+    pub include: Vec<Class>,
+    /// SIGTERM → SIGKILL.
+    pub grace: Duration,
+    /// Wait for the driver.
+    pub release_timeout: Duration,
+    /// `never`, `auto` or `force`.
+    pub reset: String,
+    /// The audit log.
+    pub audit_log: PathBuf,
+}
+
+/// The whole, checked config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where it was read from.
+    pub path: Option<PathBuf>,
+    /// Classification.
+    pub policy: Policy,
+    /// The agent.
+    pub agent: AgentConfig,
+    /// Alerts.
+    pub alerts: AlertsConfig,
+    /// Auto-reclaim.
+    pub reclaim: ReclaimConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_raw(None, RawConfig::default()).expect("the defaults are valid")
+    }
+}
+
+impl Config {
+    /// Reads `path`, or the default path when it exists, or nothing.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let path = match path {
+            Some(p) => p.to_path_buf(),
+            None if Path::new(DEFAULT_CONFIG).exists() => PathBuf::from(DEFAULT_CONFIG),
+            None => return Ok(Config::default()),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError {
+            path: path.display().to_string(),
+            message: format!("cannot be read: {e}"),
+        })?;
+        Config::parse(&path, &text)
+    }
+
+    /// Parses a config document; `path` names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
+            path: path.display().to_string(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        Config::from_raw(Some(path), raw)
+    }
+
+    fn from_raw(path: Option<&Path>, raw: RawConfig) -> Result<Config, ConfigError> {
+        let name = path.map_or("(defaults)".to_string(), |p| p.display().to_string());
+        let err = |key: &str, msg: String| ConfigError {
+            path: name.clone(),
+            message: format!("{key}: {msg}"),
+        };
+        let dur = |key: &str, v: &Option<String>, default: Duration| -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) => parse_duration(s).map_err(|e| err(key, e.to_string())),
+            }
+        };
+        let size = |key: &str, s: &str| parse_bytes(s).map_err(|e| err(key, e.to_string()));
+
+        let mut policy = Policy::default();
+        let p = &raw.policy;
+        if let Some(t) = &p.tolerance {
+            policy.tolerance_bytes = size("policy.tolerance", t)?;
+        }
+        if let Some(r) = p.tolerance_ratio {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(err("policy.tolerance_ratio", format!("{r} is not between 0 and 1")));
+            }
+            policy.tolerance_ratio = r;
+        }
+        policy.idle_after_secs = dur("policy.idle_after", &p.idle_after, Duration::from_secs(policy.idle_after_secs))?.as_secs();
+        for (gpu, s) in &p.baseline {
+            policy.baseline_bytes.insert(gpu.clone(), size(&format!("policy.baseline.{gpu}"), s)?);
+        }
+        policy.system_comms.extend(p.system_comms.iter().cloned());
+
+        let a = &raw.agent;
+        let agent = AgentConfig {
+            listen: a.listen.clone().unwrap_or_else(|| "127.0.0.1:9835".into()),
+            interval: dur("agent.interval", &a.interval, Duration::from_secs(1))?,
+            discover_every: dur("agent.discover_every", &a.discover_every, Duration::from_secs(5))?,
+            full_scan_every: dur("agent.full_scan_every", &a.full_scan_every, Duration::from_secs(60))?,
+            top_holders: a.top_holders.unwrap_or(10),
+            trend_window: dur("agent.trend_window", &a.trend_window, Duration::from_secs(1800))?,
+            timeline: dur("agent.timeline", &a.timeline, Duration::from_secs(600))?,
+        };
+        if agent.interval < Duration::from_millis(50) {
+            return Err(err("agent.interval", "at least 50ms".into()));
+        }
+        if agent.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(err("agent.listen", format!("{:?} is not an address:port", agent.listen)));
+        }
+
+        let mut rules = Vec::new();
+        for (i, r) in raw.alerts.rule.iter().enumerate() {
+            let key = format!("alerts.rule[{i}] ({})", r.name);
+            let above_str = |what: &str| -> Result<String, ConfigError> {
+                match &r.above {
+                    Some(toml::Value::String(s)) => Ok(s.clone()),
+                    Some(toml::Value::Integer(n)) => Ok(n.to_string()),
+                    Some(toml::Value::Float(f)) => Ok(f.to_string()),
+                    _ => Err(err(&key, format!("`above` ({what}) is required"))),
+                }
+            };
+            let condition = match r.when.as_str() {
+                "ghost_bytes" => Condition::GhostBytes(size(&key, &above_str("a size")?)?),
+                "used_bytes" => Condition::UsedBytes(size(&key, &above_str("a size")?)?),
+                "used_ratio" => {
+                    let v: f64 = above_str("a ratio")?.parse().map_err(|_| err(&key, "above: a ratio between 0 and 1".into()))?;
+                    if !(0.0..=1.0).contains(&v) {
+                        return Err(err(&key, "above: a ratio between 0 and 1".into()));
+                    }
+                    Condition::UsedRatio(v)
+                }
+                "leak_slope" => {
+                    let s = above_str("a size per hour, e.g. \"1GiB\"")?;
+                    Condition::LeakSlope(size(&key, s.trim_end_matches("/h"))? as f64)
+                }
+                "gpu_lost" => Condition::GpuLost,
+                other => match other.strip_suffix("_holders").map(str::parse::<Class>) {
+                    Some(Ok(class)) => Condition::Holders(class),
+                    _ => {
+                        return Err(err(
+                            &key,
+                            format!(
+                                "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost or <class>_holders (orphan_holders, zombie_holders...)"
+                            ),
+                        ));
+                    }
+                },
+            };
+            rules.push(Rule {
+                name: r.name.clone(),
+                condition,
+                for_: dur(&format!("{key}.for"), &r.for_, Duration::ZERO)?,
+            });
+        }
+        let mut webhooks = Vec::new();
+        for (i, w) in raw.alerts.webhook.iter().enumerate() {
+            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                return Err(err(&format!("alerts.webhook[{i}].url"), format!("{:?} is not an http(s) URL", w.url)));
+            }
+            webhooks.push(Webhook {
+                url: w.url.clone(),
+                timeout: dur(&format!("alerts.webhook[{i}].timeout"), &w.timeout, Duration::from_secs(5))?,
+                retries: w.retries.unwrap_or(3),
+            });
+        }
+        let mut execs = Vec::new();
+        for (i, x) in raw.alerts.exec.iter().enumerate() {
+            if x.argv.is_empty() {
+                return Err(err(&format!("alerts.exec[{i}].argv"), "empty".into()));
+            }
+            execs.push(Exec {
+                argv: x.argv.clone(),
+                timeout: dur(&format!("alerts.exec[{i}].timeout"), &x.timeout, Duration::from_secs(30))?,
+            });
+        }
+
+        let rc = &raw.reclaim;
+        let include = match &rc.include {
+            None => vec![Class::Orphan, Class::Hidden],
+            Some(list) => list
+                .iter()
+                .map(|c| {
+                    let class: Class = c.parse().map_err(|e: String| err("reclaim.include", e))?;
+                    if matches!(class, Class::Active | Class::System | Class::Foreign) {
+                        return Err(err("reclaim.include", format!("{class} holders are never reclaimed")));
+                    }
+                    Ok(class)
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let reset = rc.reset.clone().unwrap_or_else(|| "never".into());
+        if !matches!(reset.as_str(), "never" | "auto" | "force") {
+            return Err(err("reclaim.reset", format!("{reset:?}: expected never, auto or force")));
+        }
+        let reclaim = ReclaimConfig {
+            auto: rc.auto,
+            min_age: dur("reclaim.min_age", &rc.min_age, Duration::from_secs(300))?,
+            include,
+            grace: dur("reclaim.grace", &rc.grace, Duration::from_secs(10))?,
+            release_timeout: dur("reclaim.release_timeout", &rc.release_timeout, Duration::from_secs(60))?,
+            reset,
+            audit_log: rc
+                .audit_log
+                .as_deref()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(vramguard_ops::DEFAULT_AUDIT_LOG)),
+        };
+        Ok(Config {
+            path: path.map(Path::to_path_buf),
+            policy,
+            agent,
+            alerts: AlertsConfig {
+                log: raw.alerts.log,
+                rules,
+                webhooks,
+                execs,
+            },
+            reclaim,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file() {
+        let c = Config::parse(
+            Path::new("c.toml"),
+            r#"
+[policy]
+tolerance = "512MiB"
+idle_after = "2h"
+baseline = { "0" = "300MiB" }
+system_comms = ["my-exporter"]
+
+[agent]
+listen = "0.0.0.0:9835"
+interval = "500ms"
+top_holders = 5
+
+[[alerts.rule]]
+name = "ghost-memory"
+when = "ghost_bytes"
+above = "1GiB"
+for = "30s"
+
+[[alerts.rule]]
+name = "orphans"
+when = "orphan_holders"
+
+[[alerts.rule]]
+name = "leak"
+when = "leak_slope"
+above = "2GiB/h"
+
+[[alerts.rule]]
+name = "full"
+when = "used_ratio"
+above = 0.95
+
+[[alerts.webhook]]
+url = "http://127.0.0.1:9000/hook"
+retries = 5
+
+[[alerts.exec]]
+argv = ["/usr/local/bin/page", "--team", "gpu"]
+
+[reclaim]
+auto = true
+min_age = "2m"
+include = ["orphan"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.policy.tolerance_bytes, 512 << 20);
+        assert_eq!(c.policy.idle_after_secs, 7200);
+        assert!(c.policy.is_system_comm("my-exporter"));
+        assert_eq!(c.agent.interval, Duration::from_millis(500));
+        assert_eq!(c.agent.top_holders, 5);
+        assert_eq!(c.alerts.rules[0].condition, Condition::GhostBytes(1 << 30));
+        assert_eq!(c.alerts.rules[0].for_, Duration::from_secs(30));
+        assert_eq!(c.alerts.rules[1].condition, Condition::Holders(Class::Orphan));
+        assert_eq!(c.alerts.rules[2].condition, Condition::LeakSlope((2u64 << 30) as f64));
+        assert_eq!(c.alerts.rules[3].condition, Condition::UsedRatio(0.95));
+        assert_eq!(c.alerts.webhooks[0].retries, 5);
+        assert_eq!(c.alerts.execs[0].argv[0], "/usr/local/bin/page");
+        assert!(c.reclaim.auto);
+        assert_eq!(c.reclaim.include, vec![Class::Orphan]);
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::default();
+        assert_eq!(c.agent.listen, "127.0.0.1:9835");
+        assert_eq!(c.agent.interval, Duration::from_secs(1));
+        assert!(!c.reclaim.auto);
+        assert!(c.alerts.log);
+        assert_eq!(c.reclaim.audit_log, PathBuf::from("/var/log/vramguard/audit.jsonl"));
+    }
+
+    #[test]
+    fn errors_name_the_file_the_key_and_the_line() {
+        let e = Config::parse(Path::new("/etc/v.toml"), "[policy]\ntolerence = \"1GiB\"\n").unwrap_err().to_string();
+        assert!(e.contains("/etc/v.toml") && e.contains("tolerence") && e.contains("line 2"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[policy]\nidle_after = \"ten minutes\"\n").unwrap_err().to_string();
+        assert!(e.contains("policy.idle_after") && e.contains("ten minutes"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[[alerts.rule]]\nname = \"x\"\nwhen = \"sunspots\"\n").unwrap_err().to_string();
+        assert!(e.contains("alerts.rule[0] (x)") && e.contains("sunspots"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[reclaim]\ninclude = [\"active\"]\n").unwrap_err().to_string();
+        assert!(e.contains("never reclaimed"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[agent]\nlisten = \"everywhere\"\n").unwrap_err().to_string();
+        assert!(e.contains("agent.listen"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[[alerts.webhook]]\nurl = \"ftp://x\"\n").unwrap_err().to_string();
+        assert!(e.contains("alerts.webhook[0].url"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[policy\n").unwrap_err().to_string();
+        assert!(e.contains("v.toml"), "{e}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_text_never_panics(s in "(\\[(policy|agent|alerts|reclaim)\\]\n)?[a-z_ =\"0-9.\n\\[\\]{}]{0,160}") {
+            let _ = Config::parse(Path::new("fuzz.toml"), &s);
+        }
+    }
+}

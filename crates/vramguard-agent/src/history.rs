@@ -1,0 +1,102 @@
+//! Recent history: the series the leak trends are fitted on and the status page's timeline.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use vramguard_core::trend::{Trend, theil_sen};
+
+/// Points fitted at most: a 30-minute window at 1 s would be 1,800 points and 1.6 M pairwise
+/// slopes; evenly thinned to this many, the fit costs ~7,000 slopes and loses nothing a leak
+/// shows.
+const FIT_POINTS: usize = 120;
+
+/// A time series over a sliding window. Time in seconds since the agent started.
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    points: VecDeque<(f64, f64)>,
+}
+
+impl Series {
+    /// Appends a point and forgets those older than `window_secs`.
+    pub fn push(&mut self, t: f64, v: f64, window_secs: f64) {
+        self.points.push_back((t, v));
+        while self.points.front().is_some_and(|(t0, _)| t - t0 > window_secs) {
+            self.points.pop_front();
+        }
+    }
+
+    /// The points, oldest first.
+    pub fn points(&self) -> impl Iterator<Item = &(f64, f64)> {
+        self.points.iter()
+    }
+
+    /// Theil–Sen slope (per second) over the window; `None` until it covers `min_span` seconds.
+    pub fn trend(&self, min_span: f64) -> Option<Trend> {
+        let (first, last) = (self.points.front()?, self.points.back()?);
+        if last.0 - first.0 < min_span {
+            return None;
+        }
+        let n = self.points.len();
+        let step = n.div_ceil(FIT_POINTS).max(1);
+        let pts: Vec<(f64, f64)> = self.points.iter().step_by(step).copied().collect();
+        theil_sen(&pts)
+    }
+}
+
+/// A holder's identity across samples.
+pub type HolderKey = (u32, u32, u64);
+
+/// Everything the agent remembers between samples.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Used bytes per GPU (trend window).
+    pub gpu_used: BTreeMap<u32, Series>,
+    /// Used memory of each holder, by (gpu, pid, start ticks) (trend window).
+    pub holder_used: HashMap<HolderKey, Series>,
+    /// (used, ghost) bytes per GPU (timeline window).
+    pub timeline: BTreeMap<u32, VecDeque<(f64, u64, u64)>>,
+}
+
+impl History {
+    /// Records one sample of a GPU.
+    pub fn record_gpu(&mut self, gpu: u32, t: f64, used: u64, ghost: u64, trend_window: f64, timeline_window: f64) {
+        self.gpu_used.entry(gpu).or_default().push(t, used as f64, trend_window);
+        let tl = self.timeline.entry(gpu).or_default();
+        tl.push_back((t, used, ghost));
+        while tl.front().is_some_and(|(t0, _, _)| t - t0 > timeline_window) {
+            tl.pop_front();
+        }
+    }
+
+    /// Records a holder's memory.
+    pub fn record_holder(&mut self, key: HolderKey, t: f64, used: u64, window: f64) {
+        self.holder_used.entry(key).or_default().push(t, used as f64, window);
+    }
+
+    /// Forgets holders not seen for a whole window.
+    pub fn prune(&mut self, t: f64, window: f64) {
+        self.holder_used
+            .retain(|_, s| s.points.back().is_some_and(|(last, _)| t - last <= window));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_slides_and_the_trend_sees_a_leak() {
+        let mut s = Series::default();
+        for i in 0..3600 {
+            s.push(i as f64, 1000.0 + 2.0 * i as f64 + ((i * 37) % 11) as f64, 1800.0);
+        }
+        assert!(s.points().count() <= 1801);
+        let t = s.trend(60.0).unwrap();
+        assert!((t.slope - 2.0).abs() < 0.05, "{t:?}");
+        assert!(t.rising());
+        assert!(Series::default().trend(0.0).is_none());
+        let mut short = Series::default();
+        for i in 0..10 {
+            short.push(i as f64, i as f64, 100.0);
+        }
+        assert!(short.trend(60.0).is_none(), "needs a minimum span");
+    }
+}

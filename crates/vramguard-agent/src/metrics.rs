@@ -1,0 +1,392 @@
+//! The agent's metrics, in OpenMetrics text through `prometheus-client`.
+//!
+//! Names follow node_exporter: `vramguard_<subsystem>_<name>_<unit>`. Gauges describing the
+//! current state are refilled from each sample (a GPU or holder that disappears disappears from
+//! the scrape); counters and the release-lag histogram accumulate. The text is rendered once
+//! per sample and served as-is: a scrape never touches NVML or `/proc`.
+//!
+//! Cardinality is bounded: per GPU, the `top_holders` largest holders get their own
+//! `vramguard_holder_memory_bytes` series; the rest are summed per class under
+//! `pid="other"`. Nothing else is labelled with a pid.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use vramguard_core::report::{Class, Report};
+use vramguard_core::trend::Trend;
+
+type F64Gauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+    uuid: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    gpu: String,
+    uuid: String,
+    model: String,
+    class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HolderLabels {
+    gpu: String,
+    uuid: String,
+    model: String,
+    pid: String,
+    comm: String,
+    class: String,
+    container: String,
+    pod_uid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuOnly {
+    gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    rule: String,
+    gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriverLabels {
+    driver_version: String,
+    nvml_version: String,
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    gpu: String,
+    xid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RowLabels {
+    gpu: String,
+    kind: String,
+}
+
+/// Buckets of the release-lag histogram, seconds: a few hundred ms is normal, tens of seconds
+/// have been seen on large GPUs.
+const LAG_BUCKETS: [f64; 11] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+fn lag_histogram() -> Histogram {
+    Histogram::new(LAG_BUCKETS)
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    up: Family<GpuLabels, Gauge>,
+    total: Family<GpuLabels, Gauge>,
+    used: Family<GpuLabels, Gauge>,
+    free: Family<GpuLabels, Gauge>,
+    reserved: Family<GpuLabels, Gauge>,
+    class_bytes: Family<ClassLabels, Gauge>,
+    holders: Family<ClassLabels, Gauge>,
+    ghost: Family<GpuLabels, Gauge>,
+    holder_bytes: Family<HolderLabels, Gauge>,
+    holder_slope: Family<HolderLabels, F64Gauge>,
+    gpu_slope: Family<GpuLabels, F64Gauge>,
+    gpu_slope_low: Family<GpuLabels, F64Gauge>,
+    release_lag: Family<GpuOnly, Histogram, fn() -> Histogram>,
+    release_timeouts: Family<GpuOnly, Counter>,
+    reclaim_actions: Family<ActionLabels, Counter>,
+    reclaimed_bytes: Family<GpuOnly, Counter>,
+    collection_seconds: F64Gauge,
+    collections: Family<KindLabels, Counter>,
+    errors: Family<KindLabels, Counter>,
+    last_collection: F64Gauge,
+    alerts: Family<RuleLabels, Gauge>,
+    driver: Family<DriverLabels, Gauge>,
+    retired_pending: Family<GpuOnly, Gauge>,
+    remapped_rows: Family<RowLabels, Gauge>,
+    xid: Family<XidLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Per-sample facts besides the report.
+pub struct SampleFacts<'a> {
+    /// How long the collection took.
+    pub duration_secs: f64,
+    /// `holders`, `new_processes` or `full`.
+    pub depth: &'a str,
+    /// Seconds since the epoch.
+    pub timestamp_secs: f64,
+    /// Per-GPU used-memory trends (per second).
+    pub gpu_trends: &'a BTreeMap<u32, Trend>,
+    /// Per-holder trends, by (gpu, pid).
+    pub holder_trends: &'a BTreeMap<(u32, u32), Trend>,
+    /// Firing incidents.
+    pub firing: &'a [(String, u32)],
+    /// How many holders per GPU get their own series.
+    pub top_holders: usize,
+}
+
+impl Metrics {
+    /// A registry with every metric, prefixed `vramguard_`.
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("vramguard");
+        let m = Metrics {
+            up: Family::default(),
+            total: Family::default(),
+            used: Family::default(),
+            free: Family::default(),
+            reserved: Family::default(),
+            class_bytes: Family::default(),
+            holders: Family::default(),
+            ghost: Family::default(),
+            holder_bytes: Family::default(),
+            holder_slope: Family::default(),
+            gpu_slope: Family::default(),
+            gpu_slope_low: Family::default(),
+            release_lag: Family::new_with_constructor(lag_histogram),
+            release_timeouts: Family::default(),
+            reclaim_actions: Family::default(),
+            reclaimed_bytes: Family::default(),
+            collection_seconds: F64Gauge::default(),
+            collections: Family::default(),
+            errors: Family::default(),
+            last_collection: F64Gauge::default(),
+            alerts: Family::default(),
+            driver: Family::default(),
+            retired_pending: Family::default(),
+            remapped_rows: Family::default(),
+            xid: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register("up", "Whether the GPU could be read (1) or failed (0)", m.up.clone());
+        r.register("gpu_memory_total_bytes", "Installed GPU memory", m.total.clone());
+        r.register("gpu_memory_used_bytes", "Used GPU memory (nvmlDeviceGetMemoryInfo_v2)", m.used.clone());
+        r.register("gpu_memory_free_bytes", "Free GPU memory", m.free.clone());
+        r.register("gpu_memory_reserved_bytes", "GPU memory reserved by the driver", m.reserved.clone());
+        r.register(
+            "gpu_memory_class_bytes",
+            "Used GPU memory by holder class; class=unaccounted: used memory no listed process accounts for",
+            m.class_bytes.clone(),
+        );
+        r.register("gpu_holders", "Processes holding the GPU, by class", m.holders.clone());
+        r.register("gpu_ghost_bytes", "GPU memory held by no live job (orphans, zombies, significant unaccounted memory)", m.ghost.clone());
+        r.register(
+            "holder_memory_bytes",
+            "GPU memory of the largest holders (top N per GPU; the rest summed under pid=\"other\")",
+            m.holder_bytes.clone(),
+        );
+        r.register("holder_leak_slope_bytes_per_second", "Theil-Sen slope of a holder's GPU memory over the trend window", m.holder_slope.clone());
+        r.register("gpu_leak_slope_bytes_per_second", "Theil-Sen slope of the GPU's used memory over the trend window", m.gpu_slope.clone());
+        r.register(
+            "gpu_leak_slope_lower_bytes_per_second",
+            "Lower 95% bound of that slope: above 0 means a steady increase",
+            m.gpu_slope_low.clone(),
+        );
+        r.register("release_lag_seconds", "Time from a GPU holder's exit to the driver releasing its memory", m.release_lag.clone());
+        r.register("release_timeouts", "Exits whose memory was not released within 120 s", m.release_timeouts.clone());
+        r.register("reclaim_actions", "Actions of automatic reclaim (term, kill, reset, skipped)", m.reclaim_actions.clone());
+        r.register("reclaimed_bytes", "GPU memory freed by automatic reclaim", m.reclaimed_bytes.clone());
+        r.register("collection_duration_seconds", "Duration of the last collection", m.collection_seconds.clone());
+        r.register("collections", "Collections, by depth (holders, new_processes, full)", m.collections.clone());
+        r.register("collection_errors", "Collection errors, by kind (gpu_call, source, proc)", m.errors.clone());
+        r.register("last_collection_timestamp_seconds", "When the last collection finished", m.last_collection.clone());
+        r.register("alert_firing", "Incidents of the agent's own alert rules that are firing", m.alerts.clone());
+        r.register("driver_info", "The NVIDIA driver (value 1)", m.driver.clone());
+        r.register("gpu_retired_pages_pending", "Pages waiting to be retired at the next reset (1) or not (0)", m.retired_pending.clone());
+        r.register("gpu_remapped_rows", "Remapped memory rows, by kind (correctable, uncorrectable, pending, failure)", m.remapped_rows.clone());
+        r.register("xid_events", "Critical Xid events seen, by Xid", m.xid.clone());
+        r.register(
+            "build_info",
+            "vramguard's version (value 1)",
+            Family::<Vec<(String, String)>, Gauge>::default().tap(|f| {
+                f.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())]).set(1);
+            }),
+        );
+        Metrics { registry: r, ..m }
+    }
+
+    /// Records one collection error.
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&KindLabels { kind: kind.into() }).inc();
+    }
+
+    /// Records a measured release lag.
+    pub fn release_lag(&self, gpu: u32, secs: f64) {
+        self.release_lag.get_or_create(&GpuOnly { gpu: gpu.to_string() }).observe(secs);
+    }
+
+    /// Records an exit whose memory never came back.
+    pub fn release_timeout(&self, gpu: u32) {
+        self.release_timeouts.get_or_create(&GpuOnly { gpu: gpu.to_string() }).inc();
+    }
+
+    /// Records reclaim actions.
+    pub fn reclaim(&self, action: &str, n: u64) {
+        self.reclaim_actions.get_or_create(&ActionLabels { action: action.into() }).inc_by(n);
+    }
+
+    /// Records bytes freed by reclaim on a GPU.
+    pub fn reclaimed(&self, gpu: u32, bytes: u64) {
+        self.reclaimed_bytes.get_or_create(&GpuOnly { gpu: gpu.to_string() }).inc_by(bytes);
+    }
+
+    /// Records Xid events.
+    pub fn xid(&self, gpu: u32, xid: u64) {
+        self.xid.get_or_create(&XidLabels { gpu: gpu.to_string(), xid: xid.to_string() }).inc();
+    }
+
+    /// Refills the state gauges from a report.
+    pub fn update(&self, report: &Report, facts: &SampleFacts<'_>) {
+        for f in [&self.up, &self.total, &self.used, &self.free, &self.reserved, &self.ghost] {
+            f.clear();
+        }
+        self.class_bytes.clear();
+        self.holders.clear();
+        self.holder_bytes.clear();
+        self.holder_slope.clear();
+        self.gpu_slope.clear();
+        self.gpu_slope_low.clear();
+        self.alerts.clear();
+        self.driver.clear();
+        self.collection_seconds.set(facts.duration_secs);
+        self.last_collection.set(facts.timestamp_secs);
+        self.collections.get_or_create(&KindLabels { kind: facts.depth.into() }).inc();
+        self.driver
+            .get_or_create(&DriverLabels {
+                driver_version: report.driver.driver_version.clone().unwrap_or_default(),
+                nvml_version: report.driver.nvml_version.clone().unwrap_or_default(),
+                source: match report.driver.source {
+                    vramguard_core::snapshot::DriverSource::Nvml => "nvml".into(),
+                    vramguard_core::snapshot::DriverSource::Simulated => "simulated".into(),
+                },
+            })
+            .set(1);
+        for g in &report.gpus {
+            let gl = GpuLabels {
+                gpu: g.index.to_string(),
+                uuid: g.uuid.clone().unwrap_or_default(),
+                model: g.name.clone().unwrap_or_default(),
+            };
+            self.up.get_or_create(&gl).set(i64::from(g.failure.is_none()));
+            if let Some(m) = g.memory {
+                self.total.get_or_create(&gl).set(m.total as i64);
+                self.used.get_or_create(&gl).set(m.used as i64);
+                self.free.get_or_create(&gl).set(m.free as i64);
+                self.reserved.get_or_create(&gl).set(m.reserved as i64);
+            }
+            self.ghost.get_or_create(&gl).set(g.ghost_bytes as i64);
+            let class_l = |class: &str| ClassLabels {
+                gpu: gl.gpu.clone(),
+                uuid: gl.uuid.clone(),
+                model: gl.model.clone(),
+                class: class.into(),
+            };
+            for class in Class::ALL {
+                let n = g.holders.iter().filter(|h| h.class == class).count();
+                self.holders.get_or_create(&class_l(class.as_str())).set(n as i64);
+                let bytes = g.bytes_by_class.get(&class).copied().unwrap_or(0);
+                self.class_bytes.get_or_create(&class_l(class.as_str())).set(bytes as i64);
+            }
+            let unaccounted = g.unaccounted.as_ref().map_or(0, |u| u.bytes);
+            self.class_bytes.get_or_create(&class_l("unaccounted")).set(unaccounted as i64);
+            if let Some(t) = facts.gpu_trends.get(&g.index) {
+                self.gpu_slope.get_or_create(&gl).set(t.slope);
+                self.gpu_slope_low.get_or_create(&gl).set(t.ci_low);
+            }
+            let mut rest: BTreeMap<Class, i64> = BTreeMap::new();
+            for (i, h) in g.holders.iter().enumerate() {
+                let bytes = h.used_bytes.unwrap_or(0) as i64;
+                if i >= facts.top_holders {
+                    *rest.entry(h.class).or_default() += bytes;
+                    continue;
+                }
+                let hl = HolderLabels {
+                    gpu: gl.gpu.clone(),
+                    uuid: gl.uuid.clone(),
+                    model: gl.model.clone(),
+                    pid: h.pid.to_string(),
+                    comm: h.comm.clone().unwrap_or_default(),
+                    class: h.class.as_str().into(),
+                    container: h.container.as_ref().map(|c| c.id.chars().take(12).collect()).unwrap_or_default(),
+                    pod_uid: h.pod_uid.clone().unwrap_or_default(),
+                };
+                self.holder_bytes.get_or_create(&hl).set(bytes);
+                if let Some(t) = facts.holder_trends.get(&(g.index, h.pid)) {
+                    self.holder_slope.get_or_create(&hl).set(t.slope);
+                }
+            }
+            for (class, bytes) in rest {
+                let hl = HolderLabels {
+                    gpu: gl.gpu.clone(),
+                    uuid: gl.uuid.clone(),
+                    model: gl.model.clone(),
+                    pid: "other".into(),
+                    comm: "other".into(),
+                    class: class.as_str().into(),
+                    container: String::new(),
+                    pod_uid: String::new(),
+                };
+                self.holder_bytes.get_or_create(&hl).set(bytes);
+            }
+        }
+        for (rule, gpu) in facts.firing {
+            self.alerts
+                .get_or_create(&RuleLabels { rule: rule.clone(), gpu: gpu.to_string() })
+                .set(1);
+        }
+    }
+
+    /// Sets GPU health gauges.
+    pub fn health(&self, gpu: u32, retired_pending: Option<bool>, remapped: Option<[u32; 4]>) {
+        if let Some(p) = retired_pending {
+            self.retired_pending.get_or_create(&GpuOnly { gpu: gpu.to_string() }).set(i64::from(p));
+        }
+        if let Some(rows) = remapped {
+            for (kind, n) in ["correctable", "uncorrectable", "pending", "failure"].iter().zip(rows) {
+                self.remapped_rows
+                    .get_or_create(&RowLabels { gpu: gpu.to_string(), kind: (*kind).into() })
+                    .set(i64::from(n));
+            }
+        }
+    }
+
+    /// The OpenMetrics text.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+trait Tap: Sized {
+    fn tap(self, f: impl FnOnce(&Self)) -> Self {
+        f(&self);
+        self
+    }
+}
+impl<T> Tap for T {}
