@@ -17,6 +17,12 @@ need=()
 for tool in unshare setpriv mount; do
     command -v "$tool" >/dev/null 2>&1 || need+=(util-linux)
 done
+# The agent's tests run a real Prometheus (and promtool on the shipped rules) and render the
+# status page in headless Chromium.
+for tool in prometheus promtool; do
+    command -v "$tool" >/dev/null 2>&1 || need+=(prometheus)
+done
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
     mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
     if command -v apt-get >/dev/null 2>&1; then

@@ -52,12 +52,26 @@ fn check(rule: &Rule, g: &GpuReport, trend: Option<&Trend>) -> (bool, f64, Strin
         Condition::GhostBytes(limit) => (
             g.ghost_bytes > *limit,
             g.ghost_bytes as f64,
-            format!("GPU {}: {} of ghost memory (held by no live job)", g.index, format_bytes(g.ghost_bytes)),
+            format!(
+                "GPU {}: {} of ghost memory (held by no live job)",
+                g.index,
+                format_bytes(g.ghost_bytes)
+            ),
         ),
-        Condition::UsedBytes(limit) => (used > *limit, used as f64, format!("GPU {}: {} used", g.index, format_bytes(used))),
+        Condition::UsedBytes(limit) => (
+            used > *limit,
+            used as f64,
+            format!("GPU {}: {} used", g.index, format_bytes(used)),
+        ),
         Condition::UsedRatio(limit) => {
-            let ratio = g.memory.map_or(0.0, |m| m.used as f64 / m.total.max(1) as f64);
-            (ratio > *limit, ratio, format!("GPU {}: {:.0}% of memory used", g.index, ratio * 100.0))
+            let ratio = g
+                .memory
+                .map_or(0.0, |m| m.used as f64 / m.total.max(1) as f64);
+            (
+                ratio > *limit,
+                ratio,
+                format!("GPU {}: {:.0}% of memory used", g.index, ratio * 100.0),
+            )
         }
         Condition::LeakSlope(per_hour) => {
             let low = trend.map_or(0.0, |t| t.ci_low * 3600.0);
@@ -65,12 +79,20 @@ fn check(rule: &Rule, g: &GpuReport, trend: Option<&Trend>) -> (bool, f64, Strin
             (
                 low > *per_hour,
                 slope,
-                format!("GPU {}: used memory grows steadily, {}/h", g.index, format_bytes(slope.max(0.0) as u64)),
+                format!(
+                    "GPU {}: used memory grows steadily, {}/h",
+                    g.index,
+                    format_bytes(slope.max(0.0) as u64)
+                ),
             )
         }
         Condition::Holders(class) => {
             let n = g.holders.iter().filter(|h| h.class == *class).count();
-            (n > 0, n as f64, format!("GPU {}: {n} {class} holder(s)", g.index))
+            (
+                n > 0,
+                n as f64,
+                format!("GPU {}: {n} {class} holder(s)", g.index),
+            )
         }
         Condition::GpuLost => (
             g.failure.is_some(),
@@ -101,7 +123,12 @@ impl AlertEngine {
     }
 
     /// Evaluates every rule on every GPU of `report`.
-    pub fn evaluate(&mut self, report: &Report, trends: &BTreeMap<u32, Trend>, now_ms: u64) -> Vec<Notification> {
+    pub fn evaluate(
+        &mut self,
+        report: &Report,
+        trends: &BTreeMap<u32, Trend>,
+        now_ms: u64,
+    ) -> Vec<Notification> {
         let mut out = Vec::new();
         for rule in &self.rules {
             for g in &report.gpus {
@@ -197,14 +224,20 @@ mod tests {
         let none = BTreeMap::new();
         assert!(e.evaluate(&report(0), &none, 0).is_empty());
         assert!(e.evaluate(&report(20), &none, 1000).is_empty(), "pending");
-        assert!(e.evaluate(&report(20), &none, 2000).is_empty(), "still pending");
+        assert!(
+            e.evaluate(&report(20), &none, 2000).is_empty(),
+            "still pending"
+        );
         let fired = e.evaluate(&report(20), &none, 3000);
         assert_eq!(fired.len(), 1);
         assert_eq!(fired[0].status, "firing");
         assert_eq!(fired[0].started_at_ms, 1000);
         assert_eq!(e.firing(), vec![("ghost".to_string(), 0)]);
         for t in 4..10 {
-            assert!(e.evaluate(&report(30), &none, t * 1000).is_empty(), "fires once");
+            assert!(
+                e.evaluate(&report(30), &none, t * 1000).is_empty(),
+                "fires once"
+            );
         }
         let resolved = e.evaluate(&report(0), &none, 11_000);
         assert_eq!(resolved.len(), 1);
@@ -220,7 +253,10 @@ mod tests {
         assert!(e.evaluate(&report(20), &none, 0).is_empty());
         assert!(e.evaluate(&report(0), &none, 1000).is_empty());
         assert!(e.evaluate(&report(20), &none, 2000).is_empty());
-        assert!(e.evaluate(&report(20), &none, 6000).is_empty(), "the clock restarted at 2000");
+        assert!(
+            e.evaluate(&report(20), &none, 6000).is_empty(),
+            "the clock restarted at 2000"
+        );
         assert_eq!(e.evaluate(&report(20), &none, 7000).len(), 1);
     }
 
@@ -229,10 +265,20 @@ mod tests {
         let mut e = engine("0s");
         let none = BTreeMap::new();
         assert_eq!(e.evaluate(&report(20), &none, 0).len(), 1);
-        let c = Config::parse(Path::new("t.toml"), "[[alerts.rule]]\nname = \"ghost\"\nwhen = \"ghost_bytes\"\nabove = 10\n").unwrap();
+        let c = Config::parse(
+            Path::new("t.toml"),
+            "[[alerts.rule]]\nname = \"ghost\"\nwhen = \"ghost_bytes\"\nabove = 10\n",
+        )
+        .unwrap();
         e.set_rules(&c.alerts);
-        assert!(e.evaluate(&report(20), &none, 1000).is_empty(), "not fired again");
+        assert!(
+            e.evaluate(&report(20), &none, 1000).is_empty(),
+            "not fired again"
+        );
         e.set_rules(&Config::default().alerts);
-        assert!(e.firing().is_empty(), "a removed rule's incidents go with it");
+        assert!(
+            e.firing().is_empty(),
+            "a removed rule's incidents go with it"
+        );
     }
 }

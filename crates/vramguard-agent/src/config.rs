@@ -281,12 +281,13 @@ impl Config {
             path: name.clone(),
             message: format!("{key}: {msg}"),
         };
-        let dur = |key: &str, v: &Option<String>, default: Duration| -> Result<Duration, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(s) => parse_duration(s).map_err(|e| err(key, e.to_string())),
-            }
-        };
+        let dur =
+            |key: &str, v: &Option<String>, default: Duration| -> Result<Duration, ConfigError> {
+                match v {
+                    None => Ok(default),
+                    Some(s) => parse_duration(s).map_err(|e| err(key, e.to_string())),
+                }
+            };
         let size = |key: &str, s: &str| parse_bytes(s).map_err(|e| err(key, e.to_string()));
 
         let mut policy = Policy::default();
@@ -296,13 +297,23 @@ impl Config {
         }
         if let Some(r) = p.tolerance_ratio {
             if !(0.0..=1.0).contains(&r) {
-                return Err(err("policy.tolerance_ratio", format!("{r} is not between 0 and 1")));
+                return Err(err(
+                    "policy.tolerance_ratio",
+                    format!("{r} is not between 0 and 1"),
+                ));
             }
             policy.tolerance_ratio = r;
         }
-        policy.idle_after_secs = dur("policy.idle_after", &p.idle_after, Duration::from_secs(policy.idle_after_secs))?.as_secs();
+        policy.idle_after_secs = dur(
+            "policy.idle_after",
+            &p.idle_after,
+            Duration::from_secs(policy.idle_after_secs),
+        )?
+        .as_secs();
         for (gpu, s) in &p.baseline {
-            policy.baseline_bytes.insert(gpu.clone(), size(&format!("policy.baseline.{gpu}"), s)?);
+            policy
+                .baseline_bytes
+                .insert(gpu.clone(), size(&format!("policy.baseline.{gpu}"), s)?);
         }
         policy.system_comms.extend(p.system_comms.iter().cloned());
 
@@ -310,17 +321,32 @@ impl Config {
         let agent = AgentConfig {
             listen: a.listen.clone().unwrap_or_else(|| "127.0.0.1:9835".into()),
             interval: dur("agent.interval", &a.interval, Duration::from_secs(1))?,
-            discover_every: dur("agent.discover_every", &a.discover_every, Duration::from_secs(5))?,
-            full_scan_every: dur("agent.full_scan_every", &a.full_scan_every, Duration::from_secs(60))?,
+            discover_every: dur(
+                "agent.discover_every",
+                &a.discover_every,
+                Duration::from_secs(5),
+            )?,
+            full_scan_every: dur(
+                "agent.full_scan_every",
+                &a.full_scan_every,
+                Duration::from_secs(60),
+            )?,
             top_holders: a.top_holders.unwrap_or(10),
-            trend_window: dur("agent.trend_window", &a.trend_window, Duration::from_secs(1800))?,
+            trend_window: dur(
+                "agent.trend_window",
+                &a.trend_window,
+                Duration::from_secs(1800),
+            )?,
             timeline: dur("agent.timeline", &a.timeline, Duration::from_secs(600))?,
         };
         if agent.interval < Duration::from_millis(50) {
             return Err(err("agent.interval", "at least 50ms".into()));
         }
         if agent.listen.parse::<std::net::SocketAddr>().is_err() {
-            return Err(err("agent.listen", format!("{:?} is not an address:port", agent.listen)));
+            return Err(err(
+                "agent.listen",
+                format!("{:?} is not an address:port", agent.listen),
+            ));
         }
 
         let mut rules = Vec::new();
@@ -338,7 +364,9 @@ impl Config {
                 "ghost_bytes" => Condition::GhostBytes(size(&key, &above_str("a size")?)?),
                 "used_bytes" => Condition::UsedBytes(size(&key, &above_str("a size")?)?),
                 "used_ratio" => {
-                    let v: f64 = above_str("a ratio")?.parse().map_err(|_| err(&key, "above: a ratio between 0 and 1".into()))?;
+                    let v: f64 = above_str("a ratio")?
+                        .parse()
+                        .map_err(|_| err(&key, "above: a ratio between 0 and 1".into()))?;
                     if !(0.0..=1.0).contains(&v) {
                         return Err(err(&key, "above: a ratio between 0 and 1".into()));
                     }
@@ -370,11 +398,18 @@ impl Config {
         let mut webhooks = Vec::new();
         for (i, w) in raw.alerts.webhook.iter().enumerate() {
             if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-                return Err(err(&format!("alerts.webhook[{i}].url"), format!("{:?} is not an http(s) URL", w.url)));
+                return Err(err(
+                    &format!("alerts.webhook[{i}].url"),
+                    format!("{:?} is not an http(s) URL", w.url),
+                ));
             }
             webhooks.push(Webhook {
                 url: w.url.clone(),
-                timeout: dur(&format!("alerts.webhook[{i}].timeout"), &w.timeout, Duration::from_secs(5))?,
+                timeout: dur(
+                    &format!("alerts.webhook[{i}].timeout"),
+                    &w.timeout,
+                    Duration::from_secs(5),
+                )?,
                 retries: w.retries.unwrap_or(3),
             });
         }
@@ -385,7 +420,11 @@ impl Config {
             }
             execs.push(Exec {
                 argv: x.argv.clone(),
-                timeout: dur(&format!("alerts.exec[{i}].timeout"), &x.timeout, Duration::from_secs(30))?,
+                timeout: dur(
+                    &format!("alerts.exec[{i}].timeout"),
+                    &x.timeout,
+                    Duration::from_secs(30),
+                )?,
             });
         }
 
@@ -397,7 +436,10 @@ impl Config {
                 .map(|c| {
                     let class: Class = c.parse().map_err(|e: String| err("reclaim.include", e))?;
                     if matches!(class, Class::Active | Class::System | Class::Foreign) {
-                        return Err(err("reclaim.include", format!("{class} holders are never reclaimed")));
+                        return Err(err(
+                            "reclaim.include",
+                            format!("{class} holders are never reclaimed"),
+                        ));
                     }
                     Ok(class)
                 })
@@ -405,14 +447,21 @@ impl Config {
         };
         let reset = rc.reset.clone().unwrap_or_else(|| "never".into());
         if !matches!(reset.as_str(), "never" | "auto" | "force") {
-            return Err(err("reclaim.reset", format!("{reset:?}: expected never, auto or force")));
+            return Err(err(
+                "reclaim.reset",
+                format!("{reset:?}: expected never, auto or force"),
+            ));
         }
         let reclaim = ReclaimConfig {
             auto: rc.auto,
             min_age: dur("reclaim.min_age", &rc.min_age, Duration::from_secs(300))?,
             include,
             grace: dur("reclaim.grace", &rc.grace, Duration::from_secs(10))?,
-            release_timeout: dur("reclaim.release_timeout", &rc.release_timeout, Duration::from_secs(60))?,
+            release_timeout: dur(
+                "reclaim.release_timeout",
+                &rc.release_timeout,
+                Duration::from_secs(60),
+            )?,
             reset,
             audit_log: rc
                 .audit_log
@@ -496,8 +545,14 @@ include = ["orphan"]
         assert_eq!(c.agent.top_holders, 5);
         assert_eq!(c.alerts.rules[0].condition, Condition::GhostBytes(1 << 30));
         assert_eq!(c.alerts.rules[0].for_, Duration::from_secs(30));
-        assert_eq!(c.alerts.rules[1].condition, Condition::Holders(Class::Orphan));
-        assert_eq!(c.alerts.rules[2].condition, Condition::LeakSlope((2u64 << 30) as f64));
+        assert_eq!(
+            c.alerts.rules[1].condition,
+            Condition::Holders(Class::Orphan)
+        );
+        assert_eq!(
+            c.alerts.rules[2].condition,
+            Condition::LeakSlope((2u64 << 30) as f64)
+        );
         assert_eq!(c.alerts.rules[3].condition, Condition::UsedRatio(0.95));
         assert_eq!(c.alerts.webhooks[0].retries, 5);
         assert_eq!(c.alerts.execs[0].argv[0], "/usr/local/bin/page");
@@ -512,24 +567,59 @@ include = ["orphan"]
         assert_eq!(c.agent.interval, Duration::from_secs(1));
         assert!(!c.reclaim.auto);
         assert!(c.alerts.log);
-        assert_eq!(c.reclaim.audit_log, PathBuf::from("/var/log/vramguard/audit.jsonl"));
+        assert_eq!(
+            c.reclaim.audit_log,
+            PathBuf::from("/var/log/vramguard/audit.jsonl")
+        );
     }
 
     #[test]
     fn errors_name_the_file_the_key_and_the_line() {
-        let e = Config::parse(Path::new("/etc/v.toml"), "[policy]\ntolerence = \"1GiB\"\n").unwrap_err().to_string();
-        assert!(e.contains("/etc/v.toml") && e.contains("tolerence") && e.contains("line 2"), "{e}");
-        let e = Config::parse(Path::new("v.toml"), "[policy]\nidle_after = \"ten minutes\"\n").unwrap_err().to_string();
-        assert!(e.contains("policy.idle_after") && e.contains("ten minutes"), "{e}");
-        let e = Config::parse(Path::new("v.toml"), "[[alerts.rule]]\nname = \"x\"\nwhen = \"sunspots\"\n").unwrap_err().to_string();
-        assert!(e.contains("alerts.rule[0] (x)") && e.contains("sunspots"), "{e}");
-        let e = Config::parse(Path::new("v.toml"), "[reclaim]\ninclude = [\"active\"]\n").unwrap_err().to_string();
+        let e = Config::parse(Path::new("/etc/v.toml"), "[policy]\ntolerence = \"1GiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/etc/v.toml") && e.contains("tolerence") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = Config::parse(
+            Path::new("v.toml"),
+            "[policy]\nidle_after = \"ten minutes\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("policy.idle_after") && e.contains("ten minutes"),
+            "{e}"
+        );
+        let e = Config::parse(
+            Path::new("v.toml"),
+            "[[alerts.rule]]\nname = \"x\"\nwhen = \"sunspots\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("alerts.rule[0] (x)") && e.contains("sunspots"),
+            "{e}"
+        );
+        let e = Config::parse(Path::new("v.toml"), "[reclaim]\ninclude = [\"active\"]\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("never reclaimed"), "{e}");
-        let e = Config::parse(Path::new("v.toml"), "[agent]\nlisten = \"everywhere\"\n").unwrap_err().to_string();
+        let e = Config::parse(Path::new("v.toml"), "[agent]\nlisten = \"everywhere\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("agent.listen"), "{e}");
-        let e = Config::parse(Path::new("v.toml"), "[[alerts.webhook]]\nurl = \"ftp://x\"\n").unwrap_err().to_string();
+        let e = Config::parse(
+            Path::new("v.toml"),
+            "[[alerts.webhook]]\nurl = \"ftp://x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("alerts.webhook[0].url"), "{e}");
-        let e = Config::parse(Path::new("v.toml"), "[policy\n").unwrap_err().to_string();
+        let e = Config::parse(Path::new("v.toml"), "[policy\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("v.toml"), "{e}");
     }
 

@@ -18,7 +18,11 @@ impl Series {
     /// Appends a point and forgets those older than `window_secs`.
     pub fn push(&mut self, t: f64, v: f64, window_secs: f64) {
         self.points.push_back((t, v));
-        while self.points.front().is_some_and(|(t0, _)| t - t0 > window_secs) {
+        while self
+            .points
+            .front()
+            .is_some_and(|(t0, _)| t - t0 > window_secs)
+        {
             self.points.pop_front();
         }
     }
@@ -44,6 +48,12 @@ impl Series {
 /// A holder's identity across samples.
 pub type HolderKey = (u32, u32, u64);
 
+/// (time in seconds, used bytes, ghost bytes) samples of one GPU, oldest first.
+pub type Timeline = VecDeque<(f64, u64, u64)>;
+
+/// Timelines by GPU index.
+pub type Timelines = BTreeMap<u32, Timeline>;
+
 /// Everything the agent remembers between samples.
 #[derive(Debug, Default)]
 pub struct History {
@@ -52,23 +62,40 @@ pub struct History {
     /// Used memory of each holder, by (gpu, pid, start ticks) (trend window).
     pub holder_used: HashMap<HolderKey, Series>,
     /// (used, ghost) bytes per GPU (timeline window).
-    pub timeline: BTreeMap<u32, VecDeque<(f64, u64, u64)>>,
+    pub timeline: Timelines,
 }
 
 impl History {
     /// Records one sample of a GPU.
-    pub fn record_gpu(&mut self, gpu: u32, t: f64, used: u64, ghost: u64, trend_window: f64, timeline_window: f64) {
-        self.gpu_used.entry(gpu).or_default().push(t, used as f64, trend_window);
+    pub fn record_gpu(
+        &mut self,
+        gpu: u32,
+        t: f64,
+        used: u64,
+        ghost: u64,
+        trend_window: f64,
+        timeline_window: f64,
+    ) {
+        self.gpu_used
+            .entry(gpu)
+            .or_default()
+            .push(t, used as f64, trend_window);
         let tl = self.timeline.entry(gpu).or_default();
         tl.push_back((t, used, ghost));
-        while tl.front().is_some_and(|(t0, _, _)| t - t0 > timeline_window) {
+        while tl
+            .front()
+            .is_some_and(|(t0, _, _)| t - t0 > timeline_window)
+        {
             tl.pop_front();
         }
     }
 
     /// Records a holder's memory.
     pub fn record_holder(&mut self, key: HolderKey, t: f64, used: u64, window: f64) {
-        self.holder_used.entry(key).or_default().push(t, used as f64, window);
+        self.holder_used
+            .entry(key)
+            .or_default()
+            .push(t, used as f64, window);
     }
 
     /// Forgets holders not seen for a whole window.
@@ -86,7 +113,11 @@ mod tests {
     fn the_window_slides_and_the_trend_sees_a_leak() {
         let mut s = Series::default();
         for i in 0..3600 {
-            s.push(i as f64, 1000.0 + 2.0 * i as f64 + ((i * 37) % 11) as f64, 1800.0);
+            s.push(
+                i as f64,
+                1000.0 + 2.0 * i as f64 + ((i * 37) % 11) as f64,
+                1800.0,
+            );
         }
         assert!(s.points().count() <= 1801);
         let t = s.trend(60.0).unwrap();

@@ -1,7 +1,19 @@
-//! The per-node agent.
+//! The per-node agent: `vramguard agent`.
+//!
+//! A collector thread ([`agent`]) samples the GPUs and `/proc` on its own schedule and wakes at
+//! once when a GPU holder exits; each sample is classified by the core, fed to the leak
+//! [`history`] and the [`alerts`] rules, and rendered into [`metrics`] text, a status [`page`]
+//! and JSON, which the [`http`] server hands out as they are. Notifications go out on their own
+//! thread ([`notify`]). The [`config`] module reads the config file every command shares.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod alerts;
 pub mod config;
 pub mod history;
+pub mod http;
 pub mod metrics;
+pub mod notify;
+pub mod page;
+
+pub use agent::{AgentSetup, ResetSpec, SourceFactory, run};

@@ -183,48 +183,133 @@ impl Metrics {
             xid: Family::default(),
             registry: Registry::default(),
         };
-        r.register("up", "Whether the GPU could be read (1) or failed (0)", m.up.clone());
-        r.register("gpu_memory_total_bytes", "Installed GPU memory", m.total.clone());
-        r.register("gpu_memory_used_bytes", "Used GPU memory (nvmlDeviceGetMemoryInfo_v2)", m.used.clone());
+        r.register(
+            "up",
+            "Whether the GPU could be read (1) or failed (0)",
+            m.up.clone(),
+        );
+        r.register(
+            "gpu_memory_total_bytes",
+            "Installed GPU memory",
+            m.total.clone(),
+        );
+        r.register(
+            "gpu_memory_used_bytes",
+            "Used GPU memory (nvmlDeviceGetMemoryInfo_v2)",
+            m.used.clone(),
+        );
         r.register("gpu_memory_free_bytes", "Free GPU memory", m.free.clone());
-        r.register("gpu_memory_reserved_bytes", "GPU memory reserved by the driver", m.reserved.clone());
+        r.register(
+            "gpu_memory_reserved_bytes",
+            "GPU memory reserved by the driver",
+            m.reserved.clone(),
+        );
         r.register(
             "gpu_memory_class_bytes",
             "Used GPU memory by holder class; class=unaccounted: used memory no listed process accounts for",
             m.class_bytes.clone(),
         );
-        r.register("gpu_holders", "Processes holding the GPU, by class", m.holders.clone());
-        r.register("gpu_ghost_bytes", "GPU memory held by no live job (orphans, zombies, significant unaccounted memory)", m.ghost.clone());
+        r.register(
+            "gpu_holders",
+            "Processes holding the GPU, by class",
+            m.holders.clone(),
+        );
+        r.register(
+            "gpu_ghost_bytes",
+            "GPU memory held by no live job (orphans, zombies, significant unaccounted memory)",
+            m.ghost.clone(),
+        );
         r.register(
             "holder_memory_bytes",
             "GPU memory of the largest holders (top N per GPU; the rest summed under pid=\"other\")",
             m.holder_bytes.clone(),
         );
-        r.register("holder_leak_slope_bytes_per_second", "Theil-Sen slope of a holder's GPU memory over the trend window", m.holder_slope.clone());
-        r.register("gpu_leak_slope_bytes_per_second", "Theil-Sen slope of the GPU's used memory over the trend window", m.gpu_slope.clone());
+        r.register(
+            "holder_leak_slope_bytes_per_second",
+            "Theil-Sen slope of a holder's GPU memory over the trend window",
+            m.holder_slope.clone(),
+        );
+        r.register(
+            "gpu_leak_slope_bytes_per_second",
+            "Theil-Sen slope of the GPU's used memory over the trend window",
+            m.gpu_slope.clone(),
+        );
         r.register(
             "gpu_leak_slope_lower_bytes_per_second",
             "Lower 95% bound of that slope: above 0 means a steady increase",
             m.gpu_slope_low.clone(),
         );
-        r.register("release_lag_seconds", "Time from a GPU holder's exit to the driver releasing its memory", m.release_lag.clone());
-        r.register("release_timeouts", "Exits whose memory was not released within 120 s", m.release_timeouts.clone());
-        r.register("reclaim_actions", "Actions of automatic reclaim (term, kill, reset, skipped)", m.reclaim_actions.clone());
-        r.register("reclaimed_bytes", "GPU memory freed by automatic reclaim", m.reclaimed_bytes.clone());
-        r.register("collection_duration_seconds", "Duration of the last collection", m.collection_seconds.clone());
-        r.register("collections", "Collections, by depth (holders, new_processes, full)", m.collections.clone());
-        r.register("collection_errors", "Collection errors, by kind (gpu_call, source, proc)", m.errors.clone());
-        r.register("last_collection_timestamp_seconds", "When the last collection finished", m.last_collection.clone());
-        r.register("alert_firing", "Incidents of the agent's own alert rules that are firing", m.alerts.clone());
-        r.register("driver_info", "The NVIDIA driver (value 1)", m.driver.clone());
-        r.register("gpu_retired_pages_pending", "Pages waiting to be retired at the next reset (1) or not (0)", m.retired_pending.clone());
-        r.register("gpu_remapped_rows", "Remapped memory rows, by kind (correctable, uncorrectable, pending, failure)", m.remapped_rows.clone());
-        r.register("xid_events", "Critical Xid events seen, by Xid", m.xid.clone());
+        r.register(
+            "release_lag_seconds",
+            "Time from a GPU holder's exit to the driver releasing its memory",
+            m.release_lag.clone(),
+        );
+        r.register(
+            "release_timeouts",
+            "Exits whose memory was not released within 120 s",
+            m.release_timeouts.clone(),
+        );
+        r.register(
+            "reclaim_actions",
+            "Actions of automatic reclaim (term, kill, reset, skipped)",
+            m.reclaim_actions.clone(),
+        );
+        r.register(
+            "reclaimed_bytes",
+            "GPU memory freed by automatic reclaim",
+            m.reclaimed_bytes.clone(),
+        );
+        r.register(
+            "collection_duration_seconds",
+            "Duration of the last collection",
+            m.collection_seconds.clone(),
+        );
+        r.register(
+            "collections",
+            "Collections, by depth (holders, new_processes, full)",
+            m.collections.clone(),
+        );
+        r.register(
+            "collection_errors",
+            "Collection errors, by kind (gpu_call, source, proc)",
+            m.errors.clone(),
+        );
+        r.register(
+            "last_collection_timestamp_seconds",
+            "When the last collection finished",
+            m.last_collection.clone(),
+        );
+        r.register(
+            "alert_firing",
+            "Incidents of the agent's own alert rules that are firing",
+            m.alerts.clone(),
+        );
+        r.register(
+            "driver_info",
+            "The NVIDIA driver (value 1)",
+            m.driver.clone(),
+        );
+        r.register(
+            "gpu_retired_pages_pending",
+            "Pages waiting to be retired at the next reset (1) or not (0)",
+            m.retired_pending.clone(),
+        );
+        r.register(
+            "gpu_remapped_rows",
+            "Remapped memory rows, by kind (correctable, uncorrectable, pending, failure)",
+            m.remapped_rows.clone(),
+        );
+        r.register(
+            "xid_events",
+            "Critical Xid events seen, by Xid",
+            m.xid.clone(),
+        );
         r.register(
             "build_info",
             "vramguard's version (value 1)",
             Family::<Vec<(String, String)>, Gauge>::default().tap(|f| {
-                f.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())]).set(1);
+                f.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])
+                    .set(1);
             }),
         );
         Metrics { registry: r, ..m }
@@ -232,37 +317,67 @@ impl Metrics {
 
     /// Records one collection error.
     pub fn error(&self, kind: &str) {
-        self.errors.get_or_create(&KindLabels { kind: kind.into() }).inc();
+        self.errors
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
     }
 
     /// Records a measured release lag.
     pub fn release_lag(&self, gpu: u32, secs: f64) {
-        self.release_lag.get_or_create(&GpuOnly { gpu: gpu.to_string() }).observe(secs);
+        self.release_lag
+            .get_or_create(&GpuOnly {
+                gpu: gpu.to_string(),
+            })
+            .observe(secs);
     }
 
     /// Records an exit whose memory never came back.
     pub fn release_timeout(&self, gpu: u32) {
-        self.release_timeouts.get_or_create(&GpuOnly { gpu: gpu.to_string() }).inc();
+        self.release_timeouts
+            .get_or_create(&GpuOnly {
+                gpu: gpu.to_string(),
+            })
+            .inc();
     }
 
     /// Records reclaim actions.
     pub fn reclaim(&self, action: &str, n: u64) {
-        self.reclaim_actions.get_or_create(&ActionLabels { action: action.into() }).inc_by(n);
+        self.reclaim_actions
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+            })
+            .inc_by(n);
     }
 
     /// Records bytes freed by reclaim on a GPU.
     pub fn reclaimed(&self, gpu: u32, bytes: u64) {
-        self.reclaimed_bytes.get_or_create(&GpuOnly { gpu: gpu.to_string() }).inc_by(bytes);
+        self.reclaimed_bytes
+            .get_or_create(&GpuOnly {
+                gpu: gpu.to_string(),
+            })
+            .inc_by(bytes);
     }
 
     /// Records Xid events.
     pub fn xid(&self, gpu: u32, xid: u64) {
-        self.xid.get_or_create(&XidLabels { gpu: gpu.to_string(), xid: xid.to_string() }).inc();
+        self.xid
+            .get_or_create(&XidLabels {
+                gpu: gpu.to_string(),
+                xid: xid.to_string(),
+            })
+            .inc();
     }
 
     /// Refills the state gauges from a report.
     pub fn update(&self, report: &Report, facts: &SampleFacts<'_>) {
-        for f in [&self.up, &self.total, &self.used, &self.free, &self.reserved, &self.ghost] {
+        for f in [
+            &self.up,
+            &self.total,
+            &self.used,
+            &self.free,
+            &self.reserved,
+            &self.ghost,
+        ] {
             f.clear();
         }
         self.class_bytes.clear();
@@ -275,7 +390,11 @@ impl Metrics {
         self.driver.clear();
         self.collection_seconds.set(facts.duration_secs);
         self.last_collection.set(facts.timestamp_secs);
-        self.collections.get_or_create(&KindLabels { kind: facts.depth.into() }).inc();
+        self.collections
+            .get_or_create(&KindLabels {
+                kind: facts.depth.into(),
+            })
+            .inc();
         self.driver
             .get_or_create(&DriverLabels {
                 driver_version: report.driver.driver_version.clone().unwrap_or_default(),
@@ -292,7 +411,9 @@ impl Metrics {
                 uuid: g.uuid.clone().unwrap_or_default(),
                 model: g.name.clone().unwrap_or_default(),
             };
-            self.up.get_or_create(&gl).set(i64::from(g.failure.is_none()));
+            self.up
+                .get_or_create(&gl)
+                .set(i64::from(g.failure.is_none()));
             if let Some(m) = g.memory {
                 self.total.get_or_create(&gl).set(m.total as i64);
                 self.used.get_or_create(&gl).set(m.used as i64);
@@ -308,12 +429,18 @@ impl Metrics {
             };
             for class in Class::ALL {
                 let n = g.holders.iter().filter(|h| h.class == class).count();
-                self.holders.get_or_create(&class_l(class.as_str())).set(n as i64);
+                self.holders
+                    .get_or_create(&class_l(class.as_str()))
+                    .set(n as i64);
                 let bytes = g.bytes_by_class.get(&class).copied().unwrap_or(0);
-                self.class_bytes.get_or_create(&class_l(class.as_str())).set(bytes as i64);
+                self.class_bytes
+                    .get_or_create(&class_l(class.as_str()))
+                    .set(bytes as i64);
             }
             let unaccounted = g.unaccounted.as_ref().map_or(0, |u| u.bytes);
-            self.class_bytes.get_or_create(&class_l("unaccounted")).set(unaccounted as i64);
+            self.class_bytes
+                .get_or_create(&class_l("unaccounted"))
+                .set(unaccounted as i64);
             if let Some(t) = facts.gpu_trends.get(&g.index) {
                 self.gpu_slope.get_or_create(&gl).set(t.slope);
                 self.gpu_slope_low.get_or_create(&gl).set(t.ci_low);
@@ -332,7 +459,11 @@ impl Metrics {
                     pid: h.pid.to_string(),
                     comm: h.comm.clone().unwrap_or_default(),
                     class: h.class.as_str().into(),
-                    container: h.container.as_ref().map(|c| c.id.chars().take(12).collect()).unwrap_or_default(),
+                    container: h
+                        .container
+                        .as_ref()
+                        .map(|c| c.id.chars().take(12).collect())
+                        .unwrap_or_default(),
                     pod_uid: h.pod_uid.clone().unwrap_or_default(),
                 };
                 self.holder_bytes.get_or_create(&hl).set(bytes);
@@ -356,7 +487,10 @@ impl Metrics {
         }
         for (rule, gpu) in facts.firing {
             self.alerts
-                .get_or_create(&RuleLabels { rule: rule.clone(), gpu: gpu.to_string() })
+                .get_or_create(&RuleLabels {
+                    rule: rule.clone(),
+                    gpu: gpu.to_string(),
+                })
                 .set(1);
         }
     }
@@ -364,12 +498,22 @@ impl Metrics {
     /// Sets GPU health gauges.
     pub fn health(&self, gpu: u32, retired_pending: Option<bool>, remapped: Option<[u32; 4]>) {
         if let Some(p) = retired_pending {
-            self.retired_pending.get_or_create(&GpuOnly { gpu: gpu.to_string() }).set(i64::from(p));
+            self.retired_pending
+                .get_or_create(&GpuOnly {
+                    gpu: gpu.to_string(),
+                })
+                .set(i64::from(p));
         }
         if let Some(rows) = remapped {
-            for (kind, n) in ["correctable", "uncorrectable", "pending", "failure"].iter().zip(rows) {
+            for (kind, n) in ["correctable", "uncorrectable", "pending", "failure"]
+                .iter()
+                .zip(rows)
+            {
                 self.remapped_rows
-                    .get_or_create(&RowLabels { gpu: gpu.to_string(), kind: (*kind).into() })
+                    .get_or_create(&RowLabels {
+                        gpu: gpu.to_string(),
+                        kind: (*kind).into(),
+                    })
                     .set(i64::from(n));
             }
         }
@@ -378,7 +522,8 @@ impl Metrics {
     /// The OpenMetrics text.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }

@@ -183,6 +183,20 @@ impl GpuSource for SimSource {
     }
 
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
+        // One observation for the whole reading, as one instant of a real driver: fresh at the
+        // start, then reused by every call of this sample.
+        let ttl = self.sim.cache_ttl();
+        self.sim.invalidate();
+        self.sim.set_cache_ttl(Duration::from_secs(3600));
+        let result = self.sample_once(utilization_window);
+        self.sim.set_cache_ttl(ttl);
+        self.sim.invalidate();
+        result
+    }
+}
+
+impl SimSource {
+    fn sample_once(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         let state = self.sim.state().clone();
         let driver_version = match self.sim.fault("nvmlSystemGetDriverVersion", None) {
             None => Some(state.driver_version.clone()),

@@ -10,7 +10,7 @@
 //! between reading `/proc` and opening the pidfd, when a pid cannot wrap around; the pidfd
 //! guards everything after, however long a confirmation prompt waits. Pin early.
 
-use rustix::fd::OwnedFd;
+use rustix::fd::{AsFd, OwnedFd};
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, Signal};
 use std::path::Path;
@@ -82,6 +82,12 @@ pub fn verify(proc_root: &Path, id: Identity) -> Result<Verified, Refusal> {
             planned: id.start_ticks,
             now,
         }),
+    }
+}
+
+impl AsFd for Verified {
+    fn as_fd(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.pidfd.as_fd()
     }
 }
 

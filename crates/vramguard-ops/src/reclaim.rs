@@ -13,18 +13,18 @@
 
 use crate::audit::{AuditError, AuditLog};
 use crate::identity::{Identity, Pinned, Refusal, Verified, wait_all};
+use crate::snapshot::take_snapshot;
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use crate::snapshot::take_snapshot;
-use vramguard_core::{Policy, classify};
 use vramguard_core::plan::{Plan, Target};
 use vramguard_core::report::{Report, UnaccountedCause};
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::units::format_bytes;
+use vramguard_core::{Policy, classify};
 use vramguard_gpu::GpuSource;
 use vramguard_proc::{ProcCollector, ScanDepth};
 
@@ -598,7 +598,11 @@ pub enum ResetBackend {
 impl ResetBackend {
     /// `nvidia-smi --gpu-reset -i {index}`.
     pub fn nvidia_smi() -> ResetBackend {
-        ResetBackend::Command(["nvidia-smi", "--gpu-reset", "-i", "{index}"].map(String::from).to_vec())
+        ResetBackend::Command(
+            ["nvidia-smi", "--gpu-reset", "-i", "{index}"]
+                .map(String::from)
+                .to_vec(),
+        )
     }
 }
 
@@ -691,4 +695,3 @@ impl ReclaimEnv for MachineEnv {
         &self.policy
     }
 }
-

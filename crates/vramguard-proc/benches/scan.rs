@@ -16,26 +16,7 @@ use std::time::{Duration, Instant};
 use vramguard_core::{Policy, classify};
 use vramguard_gpu::{GpuSource, SimSource};
 use vramguard_proc::{ProcCollector, ScanDepth};
-use vramguard_testkit::{GIB, World, allocation};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-struct Kids(Vec<Child>);
-impl Drop for Kids {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-        }
-        for c in &mut self.0 {
-            let _ = c.wait();
-        }
-    }
-}
+use vramguard_testkit::{Children, GIB, World, allocation, env_or};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -85,7 +66,7 @@ fn main() {
         files.iter().map(|f| f.as_raw_fd()).collect()
     };
     let (plain_fds, holding_fds) = (raw(&plain), raw(&holding));
-    let mut kids = Kids(Vec::with_capacity(procs));
+    let mut kids = Children(Vec::with_capacity(procs));
     for i in 0..procs {
         let fds = if i < holders {
             holding_fds.clone()

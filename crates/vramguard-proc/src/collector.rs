@@ -427,6 +427,18 @@ impl ProcCollector {
             f.comm = Some(stat.comm);
         }
         let exiting = stat.flags.is_some_and(|f| f & PF_EXITING != 0);
+        if stat.state == Some('Z') || exiting {
+            // Exiting closes files: a cached fd scan of a process that is dying is stale.
+            let devices = match self.fs.device_files(pid, &self.devices)? {
+                Found::Yes(d) => d,
+                Found::Gone => return Ok(None),
+                Found::Denied => FdScan::Denied,
+            };
+            if let Some(k) = self.known.get_mut(&pid) {
+                k.devices = devices.clone();
+            }
+            facts.device_files = devices;
+        }
         if matches!(stat.state, Some('Z' | 'D')) || exiting {
             facts.threads = self.fs.threads(pid)?.ok();
         }

@@ -290,6 +290,16 @@ impl Sim {
         self.cache_ttl = ttl;
     }
 
+    /// Forgets the cached observation: the next [`Sim::observe`] reads the processes again.
+    pub fn invalidate(&mut self) {
+        self.cache = None;
+    }
+
+    /// The observation cache's lifetime.
+    pub fn cache_ttl(&self) -> Duration {
+        self.cache_ttl
+    }
+
     fn reload_state(&mut self) -> Result<(), SimError> {
         let now = stamp(&self.path);
         if now != self.state_stamp || now.is_none() {

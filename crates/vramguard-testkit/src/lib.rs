@@ -34,6 +34,30 @@ impl Drop for Reaped {
     }
 }
 
+/// Many children (a benchmark's process table), all killed first and then all reaped on drop,
+/// so tearing down thousands does not wait for each in turn.
+#[derive(Debug, Default)]
+pub struct Children(pub Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A benchmark knob: the environment variable `name` parsed, or `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Pids a test caused to exist but did not spawn directly (grandchildren re-parented to
 /// init): SIGKILLed on drop, each after checking it is still the process recorded (same
 /// start time), so a reused pid is never hit.

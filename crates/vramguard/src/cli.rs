@@ -61,6 +61,9 @@ pub enum Command {
     Run(RunArgs),
     /// Print the N GPUs with the most free memory (for CUDA_VISIBLE_DEVICES)
     Pick(PickArgs),
+    /// Watch this node: Prometheus metrics, leak trends, alerts, a status page, optional
+    /// automatic reclaim (loopback by default; see [agent] in the config)
+    Agent(AgentArgs),
     /// Measure how the driver releases GPU memory: release latency per signal, concurrent
     /// kills, and a soak that fits the trend of the baseline (Markdown, JSON and SVG reports)
     #[command(subcommand)]
@@ -185,6 +188,20 @@ pub struct RunArgs {
     /// The command and its arguments
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct AgentArgs {
+    /// Address to serve /metrics, / and /api/status on [default: [agent] listen, or
+    /// 127.0.0.1:9835]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Sampling interval [default: [agent] interval, or 1s]
+    #[arg(long, value_name = "DURATION")]
+    pub interval: Option<String>,
+    /// Log debug messages too
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]

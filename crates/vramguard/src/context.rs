@@ -2,9 +2,9 @@
 //! snapshots with them.
 
 use crate::cli::Global;
-use vramguard_agent::config::Config;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
+use vramguard_agent::config::Config;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
 use vramguard_gpu::{GpuSource, NvmlSource, SimSource};

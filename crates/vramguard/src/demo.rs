@@ -278,8 +278,8 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
 /// a reset of the residue GPU attempted (and refused while the idle kernel holds it).
 fn reclaim_demo(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
     use crate::reclaim::{render_outcome, render_plan};
-    use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
     use vramguard_ops::reclaim::identities;
+    use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
     use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
     let mut env = MachineEnv {
         source: Box::new(SimSource::open(state)?),

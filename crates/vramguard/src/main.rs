@@ -4,6 +4,7 @@
 //! hands the facts to the pure core and prints or acts on what comes back. Errors are printed
 //! once, as one line with their causes, and exit with 2.
 
+mod agent;
 mod cli;
 mod context;
 mod demo;
@@ -110,6 +111,10 @@ fn run(cli: cli::Cli) -> Result<i32> {
         Command::Pick(args) => {
             let ctx = context::Ctx::new(cli.global)?;
             run::pick(&ctx, &args)
+        }
+        Command::Agent(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            agent::run(ctx, &args)
         }
         Command::Probe(cmd) => {
             let ctx = context::Ctx::new(cli.global)?;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
 use vramguard_core::units::{format_bytes, format_duration, parse_duration};
-use vramguard_ops::reclaim::{ReclaimOutcome, identities};
 use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
+use vramguard_ops::reclaim::{ReclaimOutcome, identities};
 use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
 
 fn parse_reset(s: &str) -> Result<ResetMode> {

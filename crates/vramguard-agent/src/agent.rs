@@ -1,0 +1,691 @@
+//! The collector loop.
+//!
+//! One thread samples on its own schedule: a steady-state collection every `interval`, a
+//! `/proc` listing every `discover_every`, a full fd scan every `full_scan_every` and whenever
+//! a GPU shows unaccounted memory. Between samples it sleeps in `poll` on a pidfd of every GPU
+//! holder (and a wake pipe for signals): when a holder exits, it samples at once, so a ghost left
+//! by a kill shows within a second, and it watches that GPU's used memory every 20 ms until
+//! the exited holder's memory is back, to measure the driver's release lag.
+
+use crate::alerts::AlertEngine;
+use crate::config::{AlertsConfig, Config};
+use crate::history::History;
+use crate::http::{Published, Server, Shared};
+use crate::metrics::{Metrics, SampleFacts};
+use crate::notify::Notifier;
+use axum::body::Bytes;
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fd::{AsFd, OwnedFd};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
+use vramguard_core::report::{Class, Report, UnaccountedCause};
+use vramguard_core::snapshot::Snapshot;
+use vramguard_core::trend::Trend;
+use vramguard_core::{Policy, classify};
+use vramguard_gpu::GpuSource;
+use vramguard_ops::identity::{Identity, Verified, verify};
+use vramguard_ops::reclaim::{MachineEnv, ReclaimOutcome, ResetBackend, identities};
+use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, take_snapshot};
+use vramguard_proc::{ProcCollector, ScanDepth};
+
+/// (GPU index, used bytes) of one holder on each GPU it uses.
+type HeldMemory = Vec<(u32, Option<u64>)>;
+
+/// Makes a GPU source (the agent needs a second one for each automatic reclaim).
+pub type SourceFactory = Arc<dyn Fn() -> Result<Box<dyn GpuSource>, String> + Send + Sync>;
+
+/// Everything the agent needs from the command line.
+pub struct AgentSetup {
+    /// The config.
+    pub config: Config,
+    /// Where it came from (re-read on SIGHUP).
+    pub config_path: Option<PathBuf>,
+    /// The `/proc` to scan.
+    pub proc_root: PathBuf,
+    /// The device directory.
+    pub dev_dir: PathBuf,
+    /// GPU sources.
+    pub make_source: SourceFactory,
+    /// How automatic reclaim resets GPUs.
+    pub reset: ResetSpec,
+    /// Set by the caller to stop the agent (tests); SIGTERM and SIGINT set it too.
+    pub shutdown: Arc<AtomicBool>,
+}
+
+/// How to reset a GPU (a cloneable description of [`ResetBackend`]).
+#[derive(Debug, Clone)]
+pub enum ResetSpec {
+    /// The simulator's reset.
+    Sim(PathBuf),
+    /// `nvidia-smi --gpu-reset -i N`.
+    NvidiaSmi,
+}
+
+impl ResetSpec {
+    fn backend(&self) -> ResetBackend {
+        match self {
+            ResetSpec::Sim(p) => ResetBackend::Sim(p.clone()),
+            ResetSpec::NvidiaSmi => ResetBackend::nvidia_smi(),
+        }
+    }
+}
+
+/// A holder whose exit is watched.
+struct Watched {
+    pidfd: Verified,
+    comm: Option<String>,
+    /// (gpu, listed bytes) at the last sample.
+    gpus: HeldMemory,
+}
+
+/// An exit whose memory is expected back.
+struct PendingLag {
+    gpu: u32,
+    exited: Instant,
+    threshold: u64,
+    deadline: Instant,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct Agent {
+    setup_proc: PathBuf,
+    setup_dev: PathBuf,
+    make_source: SourceFactory,
+    reset: ResetSpec,
+    config: Config,
+    source: Box<dyn GpuSource>,
+    collector: ProcCollector,
+    metrics: Metrics,
+    history: History,
+    alerts: AlertEngine,
+    alerts_config: Arc<RwLock<AlertsConfig>>,
+    notifier: Notifier,
+    shared: Shared,
+    started: Instant,
+    last_discover: Instant,
+    last_full: Option<Instant>,
+    needs_full: bool,
+    watched: HashMap<(u32, u64), Watched>,
+    /// Holders seen exiting: never watched again (an unreaped zombie's pidfd stays readable).
+    exited: BTreeSet<(u32, u64)>,
+    pending: Vec<PendingLag>,
+    last_used: BTreeMap<u32, (u64, u64)>,
+    reclaimable_since: HashMap<(u32, u64), Instant>,
+    reclaim_job: Option<Receiver<Result<ReclaimOutcome, String>>>,
+}
+
+impl Agent {
+    /// One collection, classification, and everything that follows from it.
+    fn sample(&mut self) {
+        let t0 = Instant::now();
+        let full_due = self
+            .last_full
+            .is_none_or(|t| t.elapsed() >= self.config.agent.full_scan_every)
+            || (self.needs_full
+                && self
+                    .last_full
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(10)));
+        let depth = if full_due {
+            ScanDepth::Full
+        } else if self.last_discover.elapsed() >= self.config.agent.discover_every {
+            ScanDepth::NewProcesses
+        } else {
+            ScanDepth::Holders
+        };
+        let snap = match take_snapshot(
+            self.source.as_mut(),
+            &mut self.collector,
+            &self.config.policy,
+            depth,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                let kind = match e {
+                    vramguard_ops::snapshot::SnapshotError::Gpu(_) => "source",
+                    vramguard_ops::snapshot::SnapshotError::Proc(_) => "proc",
+                };
+                self.metrics.error(kind);
+                tracing::error!("collection failed: {e}");
+                self.publish_metrics_only();
+                return;
+            }
+        };
+        match depth {
+            ScanDepth::Full => {
+                self.last_full = Some(Instant::now());
+                self.last_discover = Instant::now();
+            }
+            ScanDepth::NewProcesses => self.last_discover = Instant::now(),
+            ScanDepth::Holders => {}
+        }
+        for g in &snap.gpus {
+            if g.failure.is_some() {
+                self.metrics.error("gpu_call");
+            }
+            for _ in &g.warnings {
+                self.metrics.error("gpu_call");
+            }
+        }
+        let report = classify(&snap, &self.config.policy);
+        self.needs_full = report.gpus.iter().any(|g| {
+            g.unaccounted
+                .as_ref()
+                .is_some_and(|u| u.significant && u.cause == Some(UnaccountedCause::Unknown))
+        });
+        let t = self.started.elapsed().as_secs_f64();
+        let (trend_window, timeline) = (
+            self.config.agent.trend_window.as_secs_f64(),
+            self.config.agent.timeline.as_secs_f64(),
+        );
+        let min_span = (trend_window / 10.0).clamp(10.0, 300.0);
+        let mut gpu_trends: BTreeMap<u32, Trend> = BTreeMap::new();
+        let mut holder_trends: BTreeMap<(u32, u32), Trend> = BTreeMap::new();
+        for g in &report.gpus {
+            if let Some(m) = g.memory {
+                self.history
+                    .record_gpu(g.index, t, m.used, g.ghost_bytes, trend_window, timeline);
+                self.last_used
+                    .insert(g.index, (m.used, self.config.policy.tolerance_for(m.total)));
+            }
+            if let Some(tr) = self
+                .history
+                .gpu_used
+                .get(&g.index)
+                .and_then(|s| s.trend(min_span))
+            {
+                gpu_trends.insert(g.index, tr);
+            }
+            for h in g.holders.iter().take(self.config.agent.top_holders) {
+                if let (Some(b), Some(start)) = (h.used_bytes, h.start_ticks) {
+                    let key = (g.index, h.pid, start);
+                    self.history.record_holder(key, t, b, trend_window);
+                    if let Some(tr) = self
+                        .history
+                        .holder_used
+                        .get(&key)
+                        .and_then(|s| s.trend(min_span))
+                    {
+                        holder_trends.insert((g.index, h.pid), tr);
+                    }
+                }
+            }
+        }
+        self.history.prune(t, trend_window);
+
+        for n in self.alerts.evaluate(&report, &gpu_trends, now_ms()) {
+            self.notifier.send(n);
+        }
+        let firing = self.alerts.firing();
+        self.metrics.update(
+            &report,
+            &SampleFacts {
+                duration_secs: t0.elapsed().as_secs_f64(),
+                depth: match depth {
+                    ScanDepth::Full => "full",
+                    ScanDepth::NewProcesses => "new_processes",
+                    ScanDepth::Holders => "holders",
+                },
+                timestamp_secs: now_ms() as f64 / 1000.0,
+                gpu_trends: &gpu_trends,
+                holder_trends: &holder_trends,
+                firing: &firing,
+                top_holders: self.config.agent.top_holders,
+            },
+        );
+        self.watch_holders(&report);
+        if self.config.reclaim.auto {
+            self.track_reclaimable(&snap, &report);
+        }
+        self.publish(report, &firing);
+    }
+
+    fn publish_metrics_only(&self) {
+        let metrics = Bytes::from(self.metrics.render());
+        let mut p = self.shared.write().expect("published state");
+        let old = &**p;
+        *p = Arc::new(Published {
+            metrics,
+            report: old.report.clone(),
+            timelines: old.timelines.clone(),
+            firing: old.firing.clone(),
+            refresh_secs: old.refresh_secs,
+            updated: old.updated,
+            samples: old.samples,
+            stale_after: old.stale_after,
+            ..Published::default()
+        });
+    }
+
+    fn publish(&self, report: Report, firing: &[(String, u32)]) {
+        let metrics = Bytes::from(self.metrics.render());
+        let samples = self.shared.read().expect("published state").samples + 1;
+        let next = Arc::new(Published {
+            metrics,
+            report: Some(Arc::new(report)),
+            timelines: Arc::new(self.history.timeline.clone()),
+            firing: firing.to_vec(),
+            refresh_secs: self.config.agent.interval.as_secs().clamp(2, 30),
+            updated: Instant::now(),
+            samples,
+            stale_after: (self.config.agent.interval * 5).max(Duration::from_secs(10)),
+            ..Published::default()
+        });
+        *self.shared.write().expect("published state") = next;
+    }
+
+    /// Keeps a pidfd of every holder, to wake at its exit.
+    fn watch_holders(&mut self, report: &Report) {
+        let mut present: BTreeSet<(u32, u64)> = BTreeSet::new();
+        let mut per_holder: HashMap<(u32, u64), (Option<String>, HeldMemory)> = HashMap::new();
+        for (gpu, h) in report.holders() {
+            let Some(start) = h.start_ticks else { continue };
+            if h.class == Class::Foreign || h.class == Class::System {
+                continue;
+            }
+            let key = (h.pid, start);
+            present.insert(key);
+            let e = per_holder
+                .entry(key)
+                .or_insert((h.comm.clone(), Vec::new()));
+            e.1.push((gpu, h.used_bytes));
+        }
+        self.watched.retain(|k, _| present.contains(k));
+        self.exited.retain(|k| present.contains(k));
+        for (key, (comm, gpus)) in per_holder {
+            if self.exited.contains(&key) {
+                continue;
+            }
+            match self.watched.get_mut(&key) {
+                Some(w) => w.gpus = gpus,
+                None => {
+                    if let Ok(pidfd) = verify(
+                        &self.setup_proc,
+                        Identity {
+                            pid: key.0,
+                            start_ticks: key.1,
+                        },
+                    ) {
+                        self.watched.insert(key, Watched { pidfd, comm, gpus });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sleeps until `deadline`, a holder's exit, or the wake pipe; returns the exits.
+    fn wait(&mut self, deadline: Instant, wake: &OwnedFd) -> Vec<(u32, Watched, Instant)> {
+        let keys: Vec<(u32, u64)> = self.watched.keys().copied().collect();
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(keys.len() + 1);
+        fds.push(PollFd::new(wake, PollFlags::IN));
+        for k in &keys {
+            fds.push(PollFd::from_borrowed_fd(
+                self.watched[k].pidfd_fd(),
+                PollFlags::IN,
+            ));
+        }
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        let _ = poll(&mut fds, Some(&ts));
+        let now = Instant::now();
+        let fired: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        if fired[0] {
+            let mut buf = [0u8; 64];
+            let _ = rustix::io::read(wake, &mut buf);
+        }
+        let mut exits = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            if fired[i + 1]
+                && let Some(w) = self.watched.remove(k)
+            {
+                self.exited.insert(*k);
+                exits.push((k.0, w, now));
+            }
+        }
+        exits
+    }
+
+    /// Starts measuring the release of exited holders' memory.
+    fn on_exits(&mut self, exits: Vec<(u32, Watched, Instant)>) {
+        for (pid, w, at) in exits {
+            tracing::debug!(pid, comm = ?w.comm, "GPU holder exited");
+            for (gpu, bytes) in w.gpus {
+                let (Some(bytes), Some((used, tol))) = (bytes, self.last_used.get(&gpu).copied())
+                else {
+                    continue;
+                };
+                if bytes == 0 {
+                    continue;
+                }
+                self.pending.push(PendingLag {
+                    gpu,
+                    exited: at,
+                    threshold: used.saturating_sub(bytes).saturating_add(tol),
+                    deadline: at + Duration::from_secs(120),
+                });
+            }
+        }
+    }
+
+    /// Checks the GPUs with pending releases.
+    fn poll_lags(&mut self) {
+        let gpus: BTreeSet<u32> = self.pending.iter().map(|p| p.gpu).collect();
+        let now = Instant::now();
+        for gpu in gpus {
+            let used = match self.source.memory_used(gpu) {
+                Ok(u) => u,
+                Err(_) => continue,
+            };
+            let metrics = &self.metrics;
+            self.pending.retain(|p| {
+                if p.gpu != gpu {
+                    return true;
+                }
+                if used <= p.threshold {
+                    metrics.release_lag(gpu, now.duration_since(p.exited).as_secs_f64());
+                    false
+                } else if now >= p.deadline {
+                    metrics.release_timeout(gpu);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+
+    fn track_reclaimable(&mut self, snap: &Snapshot, report: &Report) {
+        let rc = &self.config.reclaim;
+        let opts = ReclaimOptions {
+            gpus: None,
+            include: rc.include.iter().copied().collect(),
+            idle_for_secs: 0,
+        };
+        let plan = plan_reclaim(snap, report, &opts);
+        let now = Instant::now();
+        let current: BTreeSet<(u32, u64)> =
+            plan.targets().map(|t| (t.pid, t.start_ticks)).collect();
+        self.reclaimable_since.retain(|k, _| current.contains(k));
+        for k in current {
+            self.reclaimable_since.entry(k).or_insert(now);
+        }
+        if !rc.auto || self.reclaim_job.is_some() {
+            return;
+        }
+        let eligible: BTreeSet<(u32, u64)> = self
+            .reclaimable_since
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= rc.min_age)
+            .map(|(k, _)| *k)
+            .collect();
+        if eligible.is_empty() {
+            return;
+        }
+        let (tx, rx) = channel();
+        let make_source = self.make_source.clone();
+        let (proc_root, dev_dir) = (self.setup_proc.clone(), self.setup_dev.clone());
+        let (policy, rc, reset) = (self.config.policy.clone(), rc.clone(), self.reset.clone());
+        let host = report.hostname.clone().unwrap_or_default();
+        std::thread::Builder::new()
+            .name("vramguard-reclaim".into())
+            .spawn(move || {
+                let r = auto_reclaim(
+                    make_source,
+                    proc_root,
+                    dev_dir,
+                    policy,
+                    rc,
+                    reset,
+                    host,
+                    eligible,
+                );
+                let _ = tx.send(r);
+            })
+            .expect("spawn the reclaim thread");
+        self.reclaim_job = Some(rx);
+    }
+
+    fn collect_reclaim(&mut self) {
+        let Some(rx) = &self.reclaim_job else { return };
+        let Ok(result) = rx.try_recv() else { return };
+        self.reclaim_job = None;
+        match result {
+            Ok(outcome) => {
+                let term = outcome
+                    .targets
+                    .iter()
+                    .filter(|t| t.signals.iter().any(|s| s == "TERM"))
+                    .count();
+                let kill = outcome
+                    .targets
+                    .iter()
+                    .filter(|t| t.signals.iter().any(|s| s == "KILL"))
+                    .count();
+                let skipped = outcome
+                    .targets
+                    .iter()
+                    .filter(|t| t.signals.is_empty())
+                    .count();
+                self.metrics.reclaim("term", term as u64);
+                self.metrics.reclaim("kill", kill as u64);
+                self.metrics.reclaim("skipped", skipped as u64);
+                self.metrics.reclaim(
+                    "reset",
+                    outcome.resets.iter().filter(|r| r.attempted).count() as u64,
+                );
+                for r in &outcome.releases {
+                    self.metrics.reclaimed(r.gpu, r.freed_bytes);
+                }
+                tracing::warn!(
+                    targets = outcome.targets.len(),
+                    freed = outcome.releases.iter().map(|r| r.freed_bytes).sum::<u64>(),
+                    run = %outcome.run_id,
+                    "automatic reclaim done"
+                );
+            }
+            Err(e) => {
+                self.metrics.error("reclaim");
+                tracing::error!("automatic reclaim failed: {e}");
+            }
+        }
+    }
+
+    fn reload(&mut self, path: Option<&std::path::Path>) {
+        match Config::load(path) {
+            Ok(c) => {
+                if c.agent.listen != self.config.agent.listen {
+                    tracing::warn!(
+                        "a new listen address ({}) takes effect at the next restart",
+                        c.agent.listen
+                    );
+                }
+                self.alerts.set_rules(&c.alerts);
+                *self.alerts_config.write().expect("alerts config") = c.alerts.clone();
+                let listen = self.config.agent.listen.clone();
+                self.config = c;
+                self.config.agent.listen = listen;
+                tracing::info!("config reloaded");
+            }
+            Err(e) => tracing::error!("config reload failed, keeping the running config: {e}"),
+        }
+    }
+}
+
+impl Watched {
+    fn pidfd_fd(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn auto_reclaim(
+    make_source: SourceFactory,
+    proc_root: PathBuf,
+    dev_dir: PathBuf,
+    policy: Policy,
+    rc: crate::config::ReclaimConfig,
+    reset: ResetSpec,
+    host: String,
+    eligible: BTreeSet<(u32, u64)>,
+) -> Result<ReclaimOutcome, String> {
+    let mut env = MachineEnv {
+        source: make_source()?,
+        collector: ProcCollector::new(&proc_root, &dev_dir).map_err(|e| e.to_string())?,
+        policy,
+        reset: reset.backend(),
+        last_report: None,
+    };
+    use vramguard_ops::ReclaimEnv;
+    let (snap, report) = env.snapshot()?;
+    let opts = ReclaimOptions {
+        gpus: None,
+        include: rc.include.iter().copied().collect(),
+        idle_for_secs: 0,
+    };
+    let mut plan = plan_reclaim(&snap, &report, &opts);
+    // Only targets that have been reclaimable for min_age, re-checked from a fresh snapshot.
+    for job in &mut plan.jobs {
+        job.targets
+            .retain(|t| eligible.contains(&(t.pid, t.start_ticks)));
+    }
+    plan.jobs.retain(|j| !j.targets.is_empty());
+    let pinned = vramguard_ops::identity::pin(&proc_root, identities(&plan));
+    let mut audit = AuditLog::open(&rc.audit_log, &host).map_err(|e| e.to_string())?;
+    let reset_mode = match rc.reset.as_str() {
+        "auto" => ResetMode::Auto,
+        "force" => ResetMode::Force,
+        _ => ResetMode::Never,
+    };
+    vramguard_ops::execute(
+        &plan,
+        pinned,
+        &report,
+        &mut env,
+        &mut audit,
+        &ExecuteOptions {
+            grace: rc.grace,
+            kill_wait: Duration::from_secs(5),
+            release_timeout: rc.release_timeout,
+            poll: Duration::from_millis(20),
+            reset: reset_mode,
+            proc_root,
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// A running agent's HTTP address, for callers that bound port 0.
+pub type BoundAddr = Arc<RwLock<Option<std::net::SocketAddr>>>;
+
+/// Runs the agent until SIGTERM/SIGINT (or `setup.shutdown`). SIGHUP reloads the config.
+pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
+    let (wake_rx, wake_tx) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .map_err(|e| format!("creating the wake pipe: {e}"))?;
+    let wake_tx = Arc::new(wake_tx);
+    let reload = Arc::new(AtomicBool::new(false));
+    let shutdown = setup.shutdown.clone();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| format!("installing signal handlers: {e}"))?;
+    let signals_handle = signals.handle();
+    {
+        let (reload, shutdown, wake_tx) = (reload.clone(), shutdown.clone(), wake_tx.clone());
+        std::thread::Builder::new()
+            .name("vramguard-signals".into())
+            .spawn(move || {
+                for sig in signals.forever() {
+                    match sig {
+                        signal_hook::consts::SIGHUP => reload.store(true, Ordering::SeqCst),
+                        _ => shutdown.store(true, Ordering::SeqCst),
+                    }
+                    let _ = rustix::io::write(&*wake_tx, b"x");
+                }
+            })
+            .map_err(|e| format!("starting the signal thread: {e}"))?;
+    }
+
+    let shared: Shared = Arc::new(RwLock::new(Arc::new(Published::default())));
+    let server = Server::start(&setup.config.agent.listen, shared.clone())?;
+    if let Some(b) = &bound {
+        *b.write().expect("bound address") = Some(server.addr);
+    }
+    tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
+    let alerts_config = Arc::new(RwLock::new(setup.config.alerts.clone()));
+    let mut agent = Agent {
+        setup_proc: setup.proc_root.clone(),
+        setup_dev: setup.dev_dir.clone(),
+        make_source: setup.make_source.clone(),
+        reset: setup.reset.clone(),
+        source: (setup.make_source)()?,
+        collector: ProcCollector::new(&setup.proc_root, &setup.dev_dir)
+            .map_err(|e| e.to_string())?,
+        metrics: Metrics::new(),
+        history: History::default(),
+        alerts: AlertEngine::new(&setup.config.alerts),
+        notifier: Notifier::start(alerts_config.clone()),
+        alerts_config,
+        shared,
+        started: Instant::now(),
+        last_discover: Instant::now(),
+        last_full: None,
+        needs_full: false,
+        watched: HashMap::new(),
+        exited: BTreeSet::new(),
+        pending: Vec::new(),
+        last_used: BTreeMap::new(),
+        reclaimable_since: HashMap::new(),
+        reclaim_job: None,
+        config: setup.config,
+    };
+
+    let mut next = Instant::now();
+    while !shutdown.load(Ordering::SeqCst) {
+        if reload.swap(false, Ordering::SeqCst) {
+            agent.reload(setup.config_path.as_deref());
+        }
+        agent.collect_reclaim();
+        let now = Instant::now();
+        if now >= next {
+            agent.sample();
+            next = Instant::now() + agent.config.agent.interval;
+        }
+        let until = if agent.pending.is_empty() {
+            next
+        } else {
+            next.min(Instant::now() + Duration::from_millis(20))
+        };
+        let exits = agent.wait(until, &wake_rx);
+        if !exits.is_empty() {
+            agent.on_exits(exits);
+            // A kill may have left a ghost: report it now, not at the next tick.
+            next = Instant::now();
+        }
+        if !agent.pending.is_empty() {
+            agent.poll_lags();
+        }
+    }
+    tracing::info!("vramguard agent stopping");
+    signals_handle.close();
+    server.stop();
+    agent.notifier.stop();
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! The agent's HTTP endpoints. Every response is bytes the collector rendered after its last
+//! sample: a scrape costs a lock and an `Arc` clone, never a driver call.
+//!
+//! - `GET /metrics`: OpenMetrics text.
+//! - `GET /`: the status page.
+//! - `GET /api/status`: the last report as JSON (the `status --json` schema).
+//! - `GET /healthz`: 200 while collections are recent, 503 when they stall.
+
+use crate::history::Timelines;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+use vramguard_core::report::Report;
+
+/// What the HTTP side serves, replaced after every sample. The metrics text is rendered by
+/// the collector (every scrape wants it); the page and the JSON are rendered by the first
+/// request after a sample and kept for the next ones.
+#[derive(Debug)]
+pub struct Published {
+    /// OpenMetrics text.
+    pub metrics: Bytes,
+    /// The last report.
+    pub report: Option<Arc<Report>>,
+    /// (time, used, ghost) per GPU, for the page.
+    pub timelines: Arc<Timelines>,
+    /// Firing incidents.
+    pub firing: Vec<(String, u32)>,
+    /// The page's refresh period.
+    pub refresh_secs: u64,
+    /// When the last collection finished.
+    pub updated: Instant,
+    /// Collections so far.
+    pub samples: u64,
+    /// Collections older than this make `/healthz` fail.
+    pub stale_after: Duration,
+    pub(crate) page: OnceLock<Bytes>,
+    pub(crate) status: OnceLock<Bytes>,
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Published {
+            metrics: Bytes::new(),
+            report: None,
+            timelines: Arc::default(),
+            firing: Vec::new(),
+            refresh_secs: 5,
+            updated: Instant::now(),
+            samples: 0,
+            stale_after: Duration::from_secs(10),
+            page: OnceLock::new(),
+            status: OnceLock::new(),
+        }
+    }
+}
+
+impl Published {
+    fn page(&self) -> Bytes {
+        self.page
+            .get_or_init(|| match &self.report {
+                Some(r) => Bytes::from(crate::page::render(
+                    r,
+                    &self.timelines,
+                    &self.firing,
+                    self.refresh_secs,
+                )),
+                None => Bytes::from_static(
+                    b"<!doctype html><title>vramguard</title><p>starting: no collection yet</p>",
+                ),
+            })
+            .clone()
+    }
+
+    fn status(&self) -> Bytes {
+        self.status
+            .get_or_init(|| match &self.report {
+                Some(r) => Bytes::from(serde_json::to_vec(&**r).expect("report serialises")),
+                None => Bytes::from_static(b"{}"),
+            })
+            .clone()
+    }
+}
+
+/// Shared between the collector and the server.
+pub type Shared = Arc<RwLock<Arc<Published>>>;
+
+fn read(s: &Shared) -> Arc<Published> {
+    s.read().expect("published state").clone()
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    let p = read(&s);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        p.metrics.clone(),
+    )
+        .into_response()
+}
+
+async fn page(State(s): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        read(&s).page(),
+    )
+        .into_response()
+}
+
+async fn status(State(s): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        read(&s).status(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(s): State<Shared>) -> Response {
+    let p = read(&s);
+    let age = p.updated.elapsed();
+    if p.samples == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: no collection yet\n",
+        )
+            .into_response();
+    }
+    if age > p.stale_after {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stale: last collection {:.1}s ago\n", age.as_secs_f64()),
+        )
+            .into_response();
+    }
+    (
+        StatusCode::OK,
+        format!(
+            "ok: {} collections, last {:.1}s ago\n",
+            p.samples,
+            age.as_secs_f64()
+        ),
+    )
+        .into_response()
+}
+
+/// The router.
+pub fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/", get(page))
+        .route("/api/status", get(status))
+        .route("/healthz", get(healthz))
+        .with_state(shared)
+}
+
+/// A running server.
+pub struct Server {
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The address actually bound (port 0 picks one).
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    /// Binds `listen` and serves on a thread of its own; binding errors are returned here.
+    pub fn start(listen: &str, shared: Shared) -> Result<Server, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("vramguard-http")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
+        let std_listener = std::net::TcpListener::bind(listen).map_err(|e| {
+            format!("listening on {listen}: {e} (is another agent running? choose [agent] listen)")
+        })?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("listening on {listen}: {e}"))?;
+        let addr = std_listener.local_addr().map_err(|e| e.to_string())?;
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let app = router(shared);
+        let thread = std::thread::Builder::new()
+            .name("vramguard-http".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!("HTTP listener: {e}");
+                            return;
+                        }
+                    };
+                    let shutdown = async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    };
+                    if let Err(e) = axum::serve(listener, app)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                    {
+                        tracing::error!("HTTP server: {e}");
+                    }
+                });
+            })
+            .map_err(|e| format!("starting the HTTP thread: {e}"))?;
+        Ok(Server {
+            stop,
+            thread: Some(thread),
+            addr,
+        })
+    }
+
+    /// Stops serving (in-flight requests finish).
+    pub fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

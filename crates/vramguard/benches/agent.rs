@@ -1,0 +1,327 @@
+//! The agent under load, not in CI: `cargo bench -p vramguard --bench agent`.
+//!
+//! Starts PROCS processes (HOLDERS of them holding simulated GPU memory), runs `vramguard
+//! agent` on them, and prints:
+//! - CPU time per steady-state sample and RSS of the agent process (from /proc/PID);
+//! - the same with a /proc listing (new-process discovery) in every sample;
+//! - /metrics latency (p50, p99, max) under SCRAPERS concurrent scrapers;
+//! - with SOAK_SECS set (e.g. 600), RSS every 30 s while holders come and go.
+//!
+//! Every process it starts is killed by pid when it ends.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vramguard_testkit::{Children, GIB, World, allocation, env_or};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
+
+fn spawn_sleeper(files: &[std::fs::File]) -> Child {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+    let mut cmd = Command::new("sleep");
+    cmd.arg("3600").stdin(Stdio::null());
+    // SAFETY: dup2 only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for (n, fd) in fds.iter().enumerate() {
+                libc_dup2(*fd, 100 + n as i32);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn")
+}
+
+unsafe extern "C" {
+    fn dup2(old: i32, new: i32) -> i32;
+}
+unsafe fn libc_dup2(a: i32, b: i32) {
+    unsafe { dup2(a, b) };
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n"
+    );
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (
+        code,
+        buf.split_once("\r\n\r\n")
+            .map(|x| x.1.to_string())
+            .unwrap_or_default(),
+    )
+}
+
+/// A keep-alive client, as Prometheus scrapes: one connection, many requests.
+struct KeepAlive {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl KeepAlive {
+    fn new(addr: SocketAddr) -> KeepAlive {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        KeepAlive {
+            writer: s.try_clone().unwrap(),
+            reader: BufReader::new(s),
+        }
+    }
+
+    fn get(&mut self, path: &str) -> (u16, usize) {
+        write!(self.writer, "GET {path} HTTP/1.1\r\nHost: b\r\n\r\n").unwrap();
+        let mut status = String::new();
+        self.reader.read_line(&mut status).unwrap();
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; len];
+        self.reader.read_exact(&mut body).unwrap();
+        (
+            status
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
+            len,
+        )
+    }
+}
+
+fn collections(addr: SocketAddr) -> f64 {
+    get(addr, "/metrics")
+        .1
+        .lines()
+        .filter(|l| l.starts_with("vramguard_collections_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+struct AgentProc {
+    child: Child,
+    addr: SocketAddr,
+}
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(world: &World, config: &str) -> AgentProc {
+    let cfg = world.dir.path().join("bench.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let mut child = Command::new(BIN)
+        .env_remove("VRAMGUARD_SIM")
+        .args([
+            "--sim".as_ref(),
+            world.state_path().as_os_str(),
+            "--config".as_ref(),
+            cfg.as_os_str(),
+        ])
+        .args(["agent", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("agent output").unwrap();
+        let plain: String = line.chars().filter(|c| !c.is_control()).collect();
+        if let Some(a) = plain
+            .split("listen=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| {
+                a.trim_end_matches(|c: char| !c.is_ascii_digit())
+                    .parse()
+                    .ok()
+            })
+        {
+            break a;
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    while get(addr, "/healthz").0 != 200 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    AgentProc { child, addr }
+}
+
+fn per_sample(agent: &AgentProc, secs: u64) -> (f64, f64) {
+    let hz = 100.0;
+    let (t0, c0) = (cpu_ticks(agent.child.id()), collections(agent.addr));
+    std::thread::sleep(Duration::from_secs(secs));
+    let (t1, c1) = (cpu_ticks(agent.child.id()), collections(agent.addr));
+    let samples = (c1 - c0).max(1.0);
+    (((t1 - t0) as f64 / hz) * 1000.0 / samples, samples)
+}
+
+fn main() {
+    let procs = env_or("PROCS", 2000);
+    let holders = env_or("HOLDERS", 200);
+    let scrapers = env_or("SCRAPERS", 50);
+    let world = World::new(1);
+    let files: Vec<std::fs::File> = ["nvidiactl", "nvidia-uvm", "nvidia0"]
+        .iter()
+        .map(|f| std::fs::File::open(world.dev(f)).unwrap())
+        .collect();
+    let idle: Vec<std::fs::File> = (0..3)
+        .map(|_| std::fs::File::open("/etc/hostname").unwrap())
+        .collect();
+    let t = Instant::now();
+    let mut kids = Children(Vec::new());
+    for i in 0..procs {
+        kids.0
+            .push(spawn_sleeper(if i < holders { &files } else { &idle }));
+    }
+    world.update(|s| {
+        for c in kids.0.iter().take(holders as usize) {
+            s.allocations.push(allocation(0, c.id(), GIB / 4));
+        }
+    });
+    println!(
+        "setup: {procs} processes, {holders} holding simulated GPU memory ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
+
+    {
+        let agent = start_agent(
+            &world,
+            "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n",
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let (ms, n) = per_sample(&agent, 15);
+        println!(
+            "steady state: {ms:.2} ms CPU per sample ({n:.0} samples), RSS {} KiB",
+            rss_kib(agent.child.id())
+        );
+        // Scrapers.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads: Vec<_> = (0..scrapers)
+            .map(|_| {
+                let stop = stop.clone();
+                let addr = agent.addr;
+                std::thread::spawn(move || {
+                    let mut lat = Vec::new();
+                    let mut client = KeepAlive::new(addr);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let (code, len) = client.get("/metrics");
+                        assert_eq!(code, 200);
+                        assert!(len > 1000);
+                        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                        // Prometheus scrapes every few seconds; here, as fast as possible
+                        // with a short pause, so that 50 scrapers stay 50 concurrent requests.
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    lat
+                })
+            })
+            .collect();
+        let (ms_loaded, _) = per_sample(&agent, 10);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut lat: Vec<f64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        lat.sort_by(f64::total_cmp);
+        let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+        println!(
+            "/metrics under {scrapers} concurrent keep-alive scrapers: {} scrapes in 10 s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; agent CPU per sample meanwhile {ms_loaded:.2} ms, RSS {} KiB",
+            lat.len(),
+            pct(0.5),
+            pct(0.99),
+            lat[lat.len() - 1],
+            rss_kib(agent.child.id())
+        );
+    }
+    {
+        let agent = start_agent(
+            &world,
+            "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1ms\"\nfull_scan_every = \"1h\"\n",
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let (ms, n) = per_sample(&agent, 10);
+        println!(
+            "with a /proc listing in every sample: {ms:.2} ms CPU per sample ({n:.0} samples)"
+        );
+    }
+    let soak = env_or("SOAK_SECS", 0);
+    if soak > 0 {
+        let agent = start_agent(&world, "[agent]\ninterval = \"1s\"\n");
+        let t = Instant::now();
+        let mut churn: Vec<Child> = Vec::new();
+        let mut rss = Vec::new();
+        let mut next_report = Instant::now();
+        while t.elapsed() < Duration::from_secs(soak) {
+            // Holders come and go: ten every five seconds.
+            for mut c in churn.drain(..) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let fresh: Vec<Child> = (0..10).map(|_| spawn_sleeper(&files)).collect();
+            world.update(|s| {
+                for c in &fresh {
+                    s.allocations.push(allocation(0, c.id(), GIB / 8));
+                }
+            });
+            churn = fresh;
+            let _ = get(agent.addr, "/metrics");
+            if Instant::now() >= next_report {
+                let r = rss_kib(agent.child.id());
+                rss.push(r);
+                println!("soak {:>4}s: RSS {r} KiB", t.elapsed().as_secs());
+                next_report += Duration::from_secs(30);
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        for mut c in churn {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let (min, max) = (rss.iter().min().unwrap(), rss.iter().max().unwrap());
+        println!(
+            "soak {soak}s: RSS from {} to {} KiB (min {min}, max {max})",
+            rss[0],
+            rss[rss.len() - 1]
+        );
+    }
+}

@@ -1,0 +1,710 @@
+//! `vramguard agent` end to end: the real binary on the simulated driver, real processes,
+//! a real Prometheus, a real webhook receiver, headless Chromium.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running agent; killed on drop.
+struct Agent {
+    child: Reaped,
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    fn start(world: &World, path: Path_, config: &str) -> Agent {
+        let cfg = world
+            .dir
+            .path()
+            .join(format!("agent-{}.toml", std::process::id()));
+        std::fs::write(&cfg, config).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("VRAMGUARD_SIM")
+            .args(["--sim".as_ref(), world.state_path().as_os_str()]);
+        if path == Path_::Nvml {
+            cmd.arg("--nvml-lib").arg(sim_nvml_lib());
+        }
+        let mut child = cmd
+            .args([
+                "--config".as_ref(),
+                cfg.as_os_str(),
+                "agent".as_ref(),
+                "--listen".as_ref(),
+                "127.0.0.1:0".as_ref(),
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let child = Reaped(child);
+        let mut addr = None;
+        wait_until(20, "the agent to listen", || {
+            addr = log.lock().unwrap().iter().find_map(|l| {
+                let plain = strip_ansi(l);
+                plain
+                    .split("listen=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            });
+            addr.is_some()
+        });
+        let agent = Agent {
+            child,
+            addr: addr.unwrap(),
+            log,
+        };
+        wait_until(20, "the first collection", || {
+            agent.get("/healthz").0 == 200
+        });
+        agent
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.addr, path)
+    }
+
+    fn metrics(&self) -> String {
+        self.get("/metrics").1
+    }
+
+    fn log_text(&self) -> String {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| strip_ansi(l))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    );
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the first sample of `metric` whose labels contain all of `labels`.
+fn sample(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// A training job: a group leader (1 GiB, released after `lag_ms`) with two listed workers.
+fn job(world: &World, lag_ms: u64) -> Holding {
+    let mut s = spec(
+        world,
+        json!([{ "gpu": 0, "bytes": GIB, "after_exit": { "release_after_ms": lag_ms } }]),
+    );
+    s["group_leader"] = json!(true);
+    let w = json!({ "argv": ["python3", "train.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 2)] } });
+    s["workers"] = json!([w.clone(), w]);
+    start(world, &["python3", "train.py"], s)
+}
+
+#[test]
+fn a_ghost_left_by_a_kill_shows_within_a_second_and_the_release_lag_is_measured() {
+    let world = World::new(2);
+    // A 5 s interval: only the exit-driven resample can report the ghost within a second.
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"5s\"\n");
+    let mut j = job(&world, 600);
+    wait_until(20, "the job to be seen", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_holders",
+            &["gpu=\"0\"", "class=\"active\""],
+        ) == Some(3.0)
+    });
+    j.crash();
+    let t = Instant::now();
+    wait_until(5, "ghost memory in the metrics", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_ghost_bytes",
+            &["gpu=\"0\""],
+        )
+        .unwrap_or(0.0)
+            > 0.0
+    });
+    let seen = t.elapsed();
+    assert!(
+        seen < Duration::from_secs(1),
+        "ghost memory reported {seen:?} after the kill"
+    );
+    let m = agent.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_gpu_holders",
+            &["gpu=\"0\"", "class=\"orphan\""]
+        ),
+        Some(2.0),
+        "{m}"
+    );
+    // The orphans' 4 GiB, plus the leader's 1 GiB while the driver still tears it down.
+    let ghost = sample(&m, "vramguard_gpu_ghost_bytes", &["gpu=\"0\""]).unwrap();
+    assert!(
+        ghost == (4 * GIB) as f64 || ghost == (5 * GIB) as f64,
+        "{ghost}"
+    );
+    // The leader's 1 GiB comes back 600 ms after its exit; the agent watched it.
+    wait_until(5, "the release lag to be observed", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_release_lag_seconds_count",
+            &["gpu=\"0\""],
+        ) == Some(1.0)
+    });
+    let m = agent.metrics();
+    let lag = sample(&m, "vramguard_release_lag_seconds_sum", &["gpu=\"0\""]).unwrap();
+    wait_until(5, "the teardown to end", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_ghost_bytes",
+            &["gpu=\"0\""],
+        ) == Some((4 * GIB) as f64)
+    });
+    assert!((0.55..1.2).contains(&lag), "release lag {lag}");
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_release_lag_seconds_bucket",
+            &["gpu=\"0\"", "le=\"1.0\""]
+        ),
+        Some(1.0)
+    );
+    // Bounded cardinality and the evidence of the page / JSON.
+    assert!(m.contains("vramguard_holder_memory_bytes{") && m.contains("class=\"orphan\""));
+    let status: Value = serde_json::from_str(&agent.get("/api/status").1).unwrap();
+    assert_eq!(status["gpus"][0]["holders"][0]["class"], "orphan");
+    let leader_cmd = status["gpus"][0]["holders"][0]["dead_job"]["leader_command"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        leader_cmd.contains("train.py"),
+        "the agent remembers the dead leader's command: {leader_cmd:?}"
+    );
+    drop(j);
+}
+
+#[test]
+fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
+    let world = World::new(2);
+    let h = world.holder(&["nvidia0"], 60);
+    world.allocate(allocation(0, h.pid(), GIB));
+    world.update(|s| {
+        s.gpus[1].faults.push(vramguard_sim::state::Fault {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            code: 15,
+            after_calls: 2,
+            times: None,
+        });
+        s.gpus[0].faults.push(vramguard_sim::state::Fault {
+            call: "nvmlDeviceGetComputeRunningProcesses_v3".into(),
+            code: 10,
+            after_calls: 3,
+            times: Some(2),
+        });
+    });
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    wait_until(10, "GPU 1 to be reported down", || {
+        sample(&agent.metrics(), "vramguard_up", &["gpu=\"1\""]) == Some(0.0)
+    });
+    wait_until(10, "the timeout to pass", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_collections_total",
+            &["kind=\"holders\""],
+        )
+        .unwrap_or(0.0)
+            > 8.0
+    });
+    let m = agent.metrics();
+    assert_eq!(sample(&m, "vramguard_up", &["gpu=\"0\""]), Some(1.0));
+    assert!(
+        sample(
+            &m,
+            "vramguard_collection_errors_total",
+            &["kind=\"gpu_call\""]
+        )
+        .unwrap_or(0.0)
+            >= 2.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "vramguard_gpu_memory_used_bytes", &["gpu=\"0\""]),
+        Some(GIB as f64),
+        "GPU 0 still read"
+    );
+    assert_eq!(agent.get("/healthz").0, 200);
+}
+
+/// A webhook receiver: records every POST body.
+fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g2 = got.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            if let Ok(v) = serde_json::from_slice(&body) {
+                g2.lock().unwrap().push(v);
+            }
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (addr, got)
+}
+
+#[test]
+fn sinks_see_exactly_one_firing_and_one_resolved_per_incident() {
+    let world = World::new(1);
+    let (addr, got) = receiver();
+    let exec_log = world.dir.path().join("exec.log");
+    let config = format!(
+        "[agent]\ninterval = \"200ms\"\n\n[[alerts.rule]]\nname = \"ghost\"\nwhen = \"ghost_bytes\"\nabove = \"1GiB\"\nfor = \"400ms\"\n\n[[alerts.webhook]]\nurl = \"http://{addr}/hook\"\n\n[[alerts.exec]]\nargv = [\"sh\", \"-c\", \"echo $VRAMGUARD_ALERT_STATUS $VRAMGUARD_ALERT_RULE $VRAMGUARD_ALERT_GPU >> {}\"]\n",
+        exec_log.display()
+    );
+    let agent = Agent::start(&world, Path_::InProcess, &config);
+    let mut j = job(&world, 0);
+    j.crash();
+    wait_until(10, "the firing notification", || {
+        !got.lock().unwrap().is_empty()
+    });
+    let first = got.lock().unwrap()[0].clone();
+    assert_eq!(first["status"], "firing");
+    assert_eq!(first["rule"], "ghost");
+    assert_eq!(first["gpu"], 0);
+    assert_eq!(first["value"], json!((4 * GIB) as f64));
+    assert!(
+        first["summary"]
+            .as_str()
+            .unwrap()
+            .contains("4.0 GiB of ghost memory")
+    );
+    assert!(
+        sample(
+            &agent.metrics(),
+            "vramguard_alert_firing",
+            &["rule=\"ghost\""]
+        ) == Some(1.0)
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(got.lock().unwrap().len(), 1, "fires once per incident");
+    // End the incident: the workers go.
+    drop(j);
+    wait_until(10, "the resolved notification", || {
+        got.lock().unwrap().len() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    let all = got.lock().unwrap().clone();
+    let statuses: Vec<&str> = all.iter().map(|v| v["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, vec!["firing", "resolved"]);
+    assert_eq!(all[1]["started_at"], all[0]["started_at"]);
+    wait_until(5, "the exec sink", || {
+        std::fs::read_to_string(&exec_log).is_ok_and(|t| t.lines().count() == 2)
+    });
+    assert_eq!(
+        std::fs::read_to_string(&exec_log).unwrap(),
+        "firing ghost 0\nresolved ghost 0\n"
+    );
+}
+
+#[test]
+fn sighup_reloads_the_config_and_keeps_it_when_the_new_one_is_bad() {
+    let world = World::new(1);
+    let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    let cfg = world
+        .dir
+        .path()
+        .join(format!("agent-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[agent]\ninterval = \"forever\"\n").unwrap();
+    let hup = |pid: u32| {
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    hup(agent.child.pid());
+    wait_until(5, "the reload failure to be logged", || {
+        agent.log_text().contains("config reload failed")
+    });
+    assert!(
+        agent.log_text().contains("agent.interval"),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(
+        agent.get("/healthz").0,
+        200,
+        "still running on the old config"
+    );
+    std::fs::write(&cfg, "[agent]\ninterval = \"200ms\"\n[[alerts.rule]]\nname = \"orphans\"\nwhen = \"orphan_holders\"\n").unwrap();
+    hup(agent.child.pid());
+    wait_until(5, "the reload", || {
+        agent.log_text().contains("config reloaded")
+    });
+    let mut j = job(&world, 0);
+    j.crash();
+    wait_until(5, "the new rule to fire", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_alert_firing",
+            &["rule=\"orphans\""],
+        ) == Some(1.0)
+    });
+}
+
+#[test]
+fn sigterm_stops_it_gracefully() {
+    let world = World::new(1);
+    let mut agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &agent.child.pid().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let t = Instant::now();
+    let status = agent.child.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert!(agent.log_text().contains("vramguard agent stopping"));
+}
+
+#[test]
+fn automatic_reclaim_terminates_orphans_after_min_age() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let config = format!(
+        "[agent]\ninterval = \"200ms\"\n[reclaim]\nauto = true\nmin_age = \"1s\"\ngrace = \"2s\"\naudit_log = \"{}\"\n",
+        audit.display()
+    );
+    let agent = Agent::start(&world, Path_::InProcess, &config);
+    let mut j = job(&world, 0);
+    j.crash();
+    let t = Instant::now();
+    wait_until(15, "the orphans to be reclaimed", || {
+        j.workers.iter().all(|w| !alive(*w))
+    });
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "min_age respected: {:?}",
+        t.elapsed()
+    );
+    wait_until(5, "the counters", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_reclaim_actions_total",
+            &["action=\"term\""],
+        ) == Some(2.0)
+    });
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "vramguard_reclaimed_bytes_total", &["gpu=\"0\""]),
+        Some((4 * GIB) as f64),
+        "{m}"
+    );
+    let events: Vec<String> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(events.first().map(String::as_str), Some("start"));
+    assert_eq!(events.last().map(String::as_str), Some("result"));
+}
+
+fn chromium() -> PathBuf {
+    for c in [
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome",
+    ] {
+        if Path::new(c).exists() {
+            return c.into();
+        }
+    }
+    panic!("no Chromium: install it (Debian package chromium; scripts/test.sh does)");
+}
+
+#[test]
+fn the_status_page_renders_in_headless_chromium() {
+    let world = World::new(2);
+    let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    let mut j = job(&world, 0);
+    j.crash();
+    wait_until(5, "the orphans", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_holders",
+            &["class=\"orphan\"", "gpu=\"0\""],
+        ) == Some(2.0)
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("http://{}/", agent.addr))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("<section class=\"gpu\" id=\"gpu-0\">"),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dom.contains("id=\"gpu-1\""));
+    assert_eq!(dom.matches("class=\"holder orphan\"").count(), 2, "{dom}");
+    assert!(dom.contains("<svg class=\"timeline\""), "a memory timeline");
+    assert!(dom.contains("GiB ghost"));
+    assert!(
+        !dom.contains("http://") || dom.matches("href=\"http").count() == 0,
+        "no external assets"
+    );
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn deploy(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .join(path)
+}
+
+#[test]
+fn promtool_checks_and_unit_tests_the_rules() {
+    let promtool = which("promtool");
+    let out = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(deploy("prometheus/vramguard-rules.yml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = Command::new(&promtool)
+        .args(["test", "rules", "vramguard-rules.test.yml"])
+        .current_dir(deploy("prometheus"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn which(tool: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+        let p = Path::new(dir).join(tool);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("no {tool}: install the Debian package prometheus (scripts/test.sh does)");
+}
+
+fn prom_query(addr: SocketAddr, q: &str) -> Value {
+    let enc: String = q
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let (_, body) = http_get(addr, &format!("/api/v1/query?query={enc}"));
+    serde_json::from_str(&body).unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_agent_and_the_shipped_rules_fire() {
+    let world = World::new(1);
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"250ms\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    // The shipped rules, with their `for` durations shortened for the test.
+    let rules = std::fs::read_to_string(deploy("prometheus/vramguard-rules.yml")).unwrap();
+    let rules: String = rules
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("for:") {
+                "        for: 1s".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{}']\n",
+            agent.addr
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let prom_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let _prom = Reaped(
+        Command::new(which("prometheus"))
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(30, "Prometheus to be ready", || {
+        http_get(prom_addr, "/-/ready").0 == 200
+    });
+    wait_until(20, "the first scrape", || {
+        prom_query(prom_addr, "up{job=\"vramguard\"}")["data"]["result"][0]["value"][1] == "1"
+    });
+    let mut j = job(&world, 0);
+    j.crash();
+    let t = Instant::now();
+    wait_until(10, "ghost memory in Prometheus", || {
+        prom_query(prom_addr, "vramguard_gpu_ghost_bytes{gpu=\"0\"} > 0")["data"]["result"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    });
+    let seen = t.elapsed();
+    assert!(
+        seen <= Duration::from_millis(2500),
+        "ghost memory reached Prometheus after {seen:?} (scrape interval 1s)"
+    );
+    for alert in ["VramguardGhostMemory", "VramguardOrphanHolders"] {
+        wait_until(15, &format!("{alert} to fire"), || {
+            prom_query(
+                prom_addr,
+                &format!("ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"}}"),
+            )["data"]["result"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+        });
+    }
+    // Every query of the Grafana dashboard is valid PromQL against these metrics.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy("grafana/vramguard-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut n = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap().replace("$instance", ".*");
+            let r = prom_query(prom_addr, &expr);
+            assert_eq!(
+                r["status"], "success",
+                "panel {:?}: {expr}: {r}",
+                p["title"]
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 15, "{n} dashboard queries checked");
+    drop(j);
+}
