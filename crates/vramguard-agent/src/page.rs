@@ -192,6 +192,6 @@ mod tests {
             .collect();
         let svg = timeline(&pts, 100);
         assert!(svg.contains("0.0,80.0 300.0,40.0 600.0,0.0"), "{svg}");
-        assert!(timeline(&VecDeque::new(), 100).is_empty());
+        assert!(timeline(&Timeline::new(), 100).is_empty());
     }
 }
