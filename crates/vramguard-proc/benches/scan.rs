@@ -11,7 +11,7 @@
 //!
 //! Every process it starts is killed by pid when it ends.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use vramguard_core::{Policy, classify};
 use vramguard_gpu::{GpuSource, SimSource};
