@@ -202,6 +202,65 @@ pub struct GpuSample {
     /// Non-fatal failures of optional calls (name, PCI info, utilization...).
     #[serde(default)]
     pub warnings: Vec<CallError>,
+    /// Memory health: row remapping, page retirement, Xid events.
+    #[serde(default)]
+    pub health: GpuHealth,
+}
+
+/// What the driver says about the health of a GPU's memory. Each part is `None` where the
+/// GPU does not support it (row remapping came with Ampere; page retirement is pre-Ampere).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    /// `nvmlDeviceGetRemappedRows`.
+    pub remapped_rows: Option<RemappedRows>,
+    /// `nvmlDeviceGetRetiredPages` and `nvmlDeviceGetRetiredPagesPendingStatus`.
+    pub retired_pages: Option<RetiredPages>,
+    /// Critical Xid events received since the reader started (an NVML event set only sees
+    /// events after it registers: a one-shot `status` sees none; the agent counts them).
+    #[serde(default)]
+    pub xid_events: Vec<XidCount>,
+}
+
+/// Row remapping (Ampere and later): bad memory rows replaced by spare ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    /// Rows remapped after correctable errors.
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remap waits for the next GPU reset; until then the bad row is only fenced off.
+    pub pending: bool,
+    /// A remap failed: the GPU needs service.
+    pub failure: bool,
+}
+
+/// Page retirement (before Ampere).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredPages {
+    /// Pages retired after multiple single-bit ECC errors.
+    pub single_bit_ecc: u32,
+    /// Pages retired after a double-bit ECC error.
+    pub double_bit_ecc: u32,
+    /// Pages wait for a reset (or reboot) to be retired.
+    pub pending: bool,
+}
+
+/// How many times one Xid was reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidCount {
+    /// The Xid (e.g. 48: double-bit ECC error, 79: fallen off the bus, 94/95: contained /
+    /// uncontained ECC error).
+    pub xid: u64,
+    /// Events received.
+    pub count: u64,
+}
+
+impl GpuHealth {
+    /// A reset is needed to finish what the driver started (a pending remap or retirement).
+    pub fn reset_pending(&self) -> bool {
+        self.remapped_rows.is_some_and(|r| r.pending)
+            || self.retired_pages.is_some_and(|r| r.pending)
+    }
 }
 
 /// A `/dev/nvidia*` file a process holds open.

@@ -35,6 +35,7 @@ fn gpu(index: u32, used: u64, procs: &[(u32, Option<u64>)]) -> GpuSample {
         utilization: None,
         failure: None,
         warnings: vec![],
+        health: Default::default(),
     }
 }
 

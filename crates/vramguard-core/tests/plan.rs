@@ -36,6 +36,7 @@ fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> GpuSample {
         utilization: None,
         failure: None,
         warnings: vec![],
+        health: Default::default(),
     }
 }
 

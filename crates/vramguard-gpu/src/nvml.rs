@@ -1,15 +1,19 @@
 //! NVML through `nvml-wrapper`.
 
-use crate::read::{DeviceCalls, RawProcess, RawUtilization, read_gpu};
+use crate::read::{DeviceCalls, RawProcess, RawUtilization, XidTally, read_gpu};
 use crate::{DEFAULT_NVML_LIB, DriverSample, GpuSource, SourceError, init_advice};
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::RetirementCause;
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::{Device, EventSet, Nvml};
 use std::ffi::OsStr;
 use std::path::Path;
 use std::time::Duration;
 use vramguard_core::snapshot::{
-    CallError, DriverFacts, DriverSource, GpuMemory, GpuSample, ProcessKind, ProcessListState,
+    CallError, DriverFacts, DriverSource, GpuHealth, GpuMemory, GpuSample, ProcessKind,
+    ProcessListState, RemappedRows, RetiredPages,
 };
 
 /// The NVML return code of an error, when it came from the library.
@@ -58,10 +62,25 @@ fn call_error(call: &str, e: &NvmlError) -> CallError {
     }
 }
 
+/// One Xid event set per GPU, registered at open (`None` where registration failed: events
+/// are then not counted for that GPU). One set per GPU, because nvml-wrapper frees a set
+/// whose registration fails, and one unsupported GPU must not cost the others their events.
+type XidSets<'nvml> = Vec<Result<EventSet<'nvml>, CallError>>;
+
+self_cell::self_cell!(
+    /// The library and the event sets that borrow it.
+    struct Library {
+        owner: Nvml,
+        #[covariant]
+        dependent: XidSets,
+    }
+);
+
 /// Reads GPUs through an NVML library.
 pub struct NvmlSource {
-    nvml: Nvml,
+    library: Library,
     lib: String,
+    xids: XidTally,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -71,6 +90,27 @@ impl std::fmt::Debug for NvmlSource {
             .finish()
     }
 }
+
+/// Registers an event set for critical Xid errors on every GPU.
+fn register_xid_sets(nvml: &Nvml) -> XidSets<'_> {
+    let count = nvml.device_count().unwrap_or(0);
+    (0..count)
+        .map(|index| {
+            let device = nvml
+                .device_by_index(index)
+                .map_err(|e| call_error("nvmlDeviceGetHandleByIndex_v2", &e))?;
+            let set = nvml
+                .create_event_set()
+                .map_err(|e| call_error("nvmlEventSetCreate", &e))?;
+            device
+                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                .map_err(|e| call_error("nvmlDeviceRegisterEvents", &e.error))
+        })
+        .collect()
+}
+
+/// The most events taken from one set per sample: a storm of Xids must not stall sampling.
+const MAX_EVENTS_PER_SAMPLE: usize = 1024;
 
 impl NvmlSource {
     /// Loads and initialises NVML from `lib` (default `libnvidia-ml.so.1`).
@@ -99,9 +139,45 @@ impl NvmlSource {
             }
         })?;
         Ok(NvmlSource {
-            nvml,
+            library: Library::new(nvml, register_xid_sets),
             lib: lib_name,
+            xids: XidTally::default(),
         })
+    }
+
+    fn nvml(&self) -> &Nvml {
+        self.library.borrow_owner()
+    }
+
+    /// Takes the Xid events waiting in `gpu`'s set (zero timeout).
+    fn receive_xids(&mut self, gpu: u32, health: &mut GpuHealth, warnings: &mut Vec<CallError>) {
+        let xids = &mut self.xids;
+        self.library
+            .with_dependent(|_, sets| match sets.get(gpu as usize) {
+                Some(Ok(set)) => {
+                    for _ in 0..MAX_EVENTS_PER_SAMPLE {
+                        match set.wait(0) {
+                            Ok(event) => xids.record(
+                                gpu,
+                                match event.event_data {
+                                    Some(XidError::Value(v)) => v,
+                                    Some(XidError::Unknown) | None => 999,
+                                },
+                            ),
+                            Err(NvmlError::Timeout) => break,
+                            Err(e) => {
+                                warnings.push(call_error("nvmlEventSetWait_v2", &e));
+                                break;
+                            }
+                        }
+                    }
+                }
+                Some(Err(e)) if e.code != Some(crate::read::NOT_SUPPORTED) => {
+                    warnings.push(e.clone());
+                }
+                _ => {}
+            });
+        health.xid_events = self.xids.counts(gpu);
     }
 }
 
@@ -207,6 +283,60 @@ impl DeviceCalls for NvmlDevice<'_> {
             })
             .map_err(|e| call_error("nvmlDeviceGetProcessUtilization", &e))
     }
+    fn remapped_rows(&mut self) -> Result<RemappedRows, CallError> {
+        // nvml-wrapper has no wrapper for this call: use the symbol it loaded.
+        const CALL: &str = "nvmlDeviceGetRemappedRows";
+        let fail = |code: u32| CallError {
+            call: CALL.into(),
+            code: Some(code),
+            message: vramguard_sim::codes::message(code).into(),
+        };
+        let sym = match self.device.nvml().lib().nvmlDeviceGetRemappedRows.as_ref() {
+            Ok(sym) => sym,
+            // An old driver without the call: the feature is not there.
+            Err(_) => return Err(fail(crate::read::NOT_SUPPORTED)),
+        };
+        let (mut correctable, mut uncorrectable, mut pending, mut failure) = (0, 0, 0, 0);
+        // SAFETY: the handle is valid while `self.device` lives; the four outputs are
+        // plain integers owned by this frame.
+        let code = unsafe {
+            sym(
+                self.device.handle(),
+                &mut correctable,
+                &mut uncorrectable,
+                &mut pending,
+                &mut failure,
+            )
+        };
+        if code != 0 {
+            return Err(fail(code));
+        }
+        Ok(RemappedRows {
+            correctable,
+            uncorrectable,
+            pending: pending != 0,
+            failure: failure != 0,
+        })
+    }
+    fn retired_pages(&mut self) -> Result<RetiredPages, CallError> {
+        let count = |cause| {
+            self.device
+                .retired_pages(cause)
+                .map(|pages| pages.len() as u32)
+                .map_err(|e| call_error("nvmlDeviceGetRetiredPages", &e))
+        };
+        let single_bit_ecc = count(RetirementCause::MultipleSingleBitEccErrors)?;
+        let double_bit_ecc = count(RetirementCause::DoubleBitEccError)?;
+        let pending = self
+            .device
+            .are_pages_pending_retired()
+            .map_err(|e| call_error("nvmlDeviceGetRetiredPagesPendingStatus", &e))?;
+        Ok(RetiredPages {
+            single_bit_ecc,
+            double_bit_ecc,
+            pending,
+        })
+    }
 }
 
 /// A sample for a GPU whose handle could not even be obtained.
@@ -226,6 +356,7 @@ pub(crate) fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
         utilization: None,
         failure: Some(error),
         warnings: Vec::new(),
+        health: Default::default(),
     }
 }
 
@@ -239,24 +370,24 @@ pub(crate) fn now_ms() -> u64 {
 impl GpuSource for NvmlSource {
     fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
         let device = self
-            .nvml
+            .nvml()
             .device_by_index(gpu)
             .map_err(|e| call_error("nvmlDeviceGetHandleByIndex_v2", &e))?;
         NvmlDevice { device }.memory().map(|m| m.used)
     }
 
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
-        let driver_version = self.nvml.sys_driver_version().ok();
-        let nvml_version = self.nvml.sys_nvml_version().ok();
+        let driver_version = self.nvml().sys_driver_version().ok();
+        let nvml_version = self.nvml().sys_nvml_version().ok();
         let count = self
-            .nvml
+            .nvml()
             .device_count()
             .map_err(|e| SourceError::Call(call_error("nvmlDeviceGetCount_v2", &e)))?;
         let now = now_ms();
         let since = now.saturating_sub(utilization_window.as_millis() as u64);
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
-            gpus.push(match self.nvml.device_by_index(index) {
+            let mut sample = match self.nvml().device_by_index(index) {
                 Ok(device) => read_gpu(
                     index,
                     &mut NvmlDevice { device },
@@ -264,8 +395,16 @@ impl GpuSource for NvmlSource {
                     now,
                     since,
                 ),
-                Err(e) => unreachable_gpu(index, call_error("nvmlDeviceGetHandleByIndex_v2", &e)),
-            });
+                Err(e) => {
+                    gpus.push(unreachable_gpu(
+                        index,
+                        call_error("nvmlDeviceGetHandleByIndex_v2", &e),
+                    ));
+                    continue;
+                }
+            };
+            self.receive_xids(index, &mut sample.health, &mut sample.warnings);
+            gpus.push(sample);
         }
         Ok(DriverSample {
             driver: DriverFacts {

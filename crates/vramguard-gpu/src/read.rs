@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 use vramguard_core::snapshot::{
-    CallError, GpuMemory, GpuProcess, GpuSample, ProcessKind, ProcessListState, UtilizationSample,
-    UtilizationWindow,
+    CallError, GpuMemory, GpuProcess, GpuSample, ProcessKind, ProcessListState, RemappedRows,
+    RetiredPages, UtilizationSample, UtilizationWindow, XidCount,
 };
 
 /// Linux's `PID_MAX_LIMIT` on 64-bit: no real pid is larger.
@@ -57,6 +57,45 @@ pub trait DeviceCalls {
     fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError>;
     /// `nvmlDeviceGetProcessUtilization` since `since_us`.
     fn utilization(&mut self, since_us: u64) -> Result<Vec<RawUtilization>, CallError>;
+    /// `nvmlDeviceGetRemappedRows`.
+    fn remapped_rows(&mut self) -> Result<RemappedRows, CallError>;
+    /// `nvmlDeviceGetRetiredPages` for both causes and `nvmlDeviceGetRetiredPagesPendingStatus`.
+    fn retired_pages(&mut self) -> Result<RetiredPages, CallError>;
+}
+
+/// Critical Xid events counted per GPU since a source started listening.
+#[derive(Debug, Default, Clone)]
+pub struct XidTally {
+    counts: BTreeMap<(u32, u64), u64>,
+}
+
+impl XidTally {
+    /// Counts one event.
+    pub fn record(&mut self, gpu: u32, xid: u64) {
+        *self.counts.entry((gpu, xid)).or_default() += 1;
+    }
+
+    /// The counts of one GPU, by Xid.
+    pub fn counts(&self, gpu: u32) -> Vec<XidCount> {
+        self.counts
+            .range((gpu, 0)..=(gpu, u64::MAX))
+            .map(|(&(_, xid), &count)| XidCount { xid, count })
+            .collect()
+    }
+}
+
+/// An optional answer: absent where the GPU does not support the call; other errors are
+/// kept as warnings.
+fn optional<T>(r: Result<T, CallError>, warnings: &mut Vec<CallError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if e.code != Some(NOT_SUPPORTED) {
+                warnings.push(e);
+            }
+            None
+        }
+    }
 }
 
 fn plausible(p: &RawProcess, total: Option<u64>) -> bool {
@@ -104,20 +143,10 @@ pub fn read_gpu(
     utilization_since_ms: u64,
 ) -> GpuSample {
     let mut warnings = Vec::new();
-    let optional = |r: Result<String, CallError>, w: &mut Vec<CallError>| match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            if e.code != Some(NOT_SUPPORTED) {
-                w.push(e);
-            }
-            None
-        }
-    };
     let uuid = optional(dev.uuid(), &mut warnings);
     let name = optional(dev.name(), &mut warnings);
     let pci_bus_id = optional(dev.pci_bus_id(), &mut warnings);
-    let minor_number = optional(dev.minor_number().map(|m| m.to_string()), &mut warnings)
-        .and_then(|m| m.parse().ok());
+    let minor_number = optional(dev.minor_number(), &mut warnings);
     let mut sample = GpuSample {
         index,
         uuid,
@@ -131,6 +160,7 @@ pub fn read_gpu(
         utilization: None,
         failure: None,
         warnings: Vec::new(),
+        health: Default::default(),
     };
     match dev.memory() {
         Ok(m) => sample.memory = Some(m),
@@ -144,11 +174,9 @@ pub fn read_gpu(
             return sample;
         }
     }
-    match dev.persistence_mode() {
-        Ok(p) => sample.persistence_mode = Some(p),
-        Err(e) if e.code == Some(NOT_SUPPORTED) => {}
-        Err(e) => warnings.push(e),
-    }
+    sample.persistence_mode = optional(dev.persistence_mode(), &mut warnings);
+    sample.health.remapped_rows = optional(dev.remapped_rows(), &mut warnings);
+    sample.health.retired_pages = optional(dev.retired_pages(), &mut warnings);
 
     let total = sample.memory.map(|m| m.total);
     let mut merged: BTreeMap<u32, GpuProcess> = BTreeMap::new();
@@ -365,6 +393,16 @@ mod tests {
         fn utilization(&mut self, _since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
             Ok(self.util.clone())
         }
+        fn remapped_rows(&mut self) -> Result<RemappedRows, CallError> {
+            Ok(RemappedRows {
+                correctable: 2,
+                pending: true,
+                ..RemappedRows::default()
+            })
+        }
+        fn retired_pages(&mut self) -> Result<RetiredPages, CallError> {
+            Err(err("nvmlDeviceGetRetiredPages", NOT_SUPPORTED))
+        }
     }
 
     fn p(pid: u32, gib: u64) -> RawProcess {
@@ -390,6 +428,12 @@ mod tests {
             "name failed; minor not supported is silent"
         );
         assert!(!d.calls.iter().any(|c| c.ends_with("_v2")));
+        assert_eq!(
+            s.health.remapped_rows.map(|r| (r.correctable, r.pending)),
+            Some((2, true))
+        );
+        assert_eq!(s.health.retired_pages, None, "not supported is silent");
+        assert!(s.health.reset_pending());
     }
 
     #[test]
@@ -569,10 +613,15 @@ mod tests {
                 })
             }
             fn utilization(&mut self, _since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
-                Err(CallError {
-                    call: "nvmlDeviceGetProcessUtilization".into(),
-                    code: Some(NOT_FOUND),
-                    message: "Not Found".into(),
+                Err(err("nvmlDeviceGetProcessUtilization", NOT_FOUND))
+            }
+            fn remapped_rows(&mut self) -> Result<RemappedRows, CallError> {
+                Err(err("nvmlDeviceGetRemappedRows", NOT_SUPPORTED))
+            }
+            fn retired_pages(&mut self) -> Result<RetiredPages, CallError> {
+                Ok(RetiredPages {
+                    double_bit_ecc: 1,
+                    ..RetiredPages::default()
                 })
             }
         }
@@ -583,6 +632,9 @@ mod tests {
             vec![ProcessKind::Compute, ProcessKind::Graphics]
         );
         assert_eq!(s.processes[0].used_bytes, Some(4 << 30));
+        assert_eq!(s.health.remapped_rows, None);
+        assert_eq!(s.health.retired_pages.map(|p| p.double_bit_ecc), Some(1));
+        assert!(!s.health.reset_pending());
         assert_eq!(
             s.utilization.unwrap().samples,
             vec![],

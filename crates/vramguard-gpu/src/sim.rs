@@ -1,11 +1,15 @@
 //! The simulation model, in-process (`vramguard --sim STATE`).
 
 use crate::nvml::{now_ms, unreachable_gpu};
-use crate::read::{DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, read_gpu};
+use crate::read::{
+    DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, XidTally, read_gpu,
+};
 use crate::{DriverSample, GpuSource, SourceError, init_advice};
 use std::path::Path;
 use std::time::Duration;
-use vramguard_core::snapshot::{CallError, DriverFacts, DriverSource, GpuMemory, ProcessKind};
+use vramguard_core::snapshot::{
+    CallError, DriverFacts, DriverSource, GpuMemory, ProcessKind, RemappedRows, RetiredPages,
+};
 use vramguard_sim::codes::{self, VALUE_NOT_AVAILABLE_U64};
 use vramguard_sim::state::Quirk;
 use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
@@ -15,6 +19,10 @@ use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
 #[derive(Debug)]
 pub struct SimSource {
     sim: Sim,
+    /// Per GPU, how many of its Xid events were already received (the event set registered
+    /// at open, as [`crate::NvmlSource`]'s does).
+    xid_seen: Vec<usize>,
+    xids: XidTally,
 }
 
 impl SimSource {
@@ -30,7 +38,17 @@ impl SimSource {
         }
         // nvml-wrapper's init reads the driver version once; count it the same way.
         let _ = sim.fault("nvmlSystemGetDriverVersion", None);
-        Ok(SimSource { sim })
+        let xid_seen = sim
+            .state()
+            .gpus
+            .iter()
+            .map(|g| g.health.xid_events.len())
+            .collect();
+        Ok(SimSource {
+            sim,
+            xid_seen,
+            xids: XidTally::default(),
+        })
     }
 
     /// The model, for resets and tests.
@@ -147,6 +165,44 @@ impl DeviceCalls for SimDevice<'_> {
                 .collect())
         })
     }
+    fn remapped_rows(&mut self) -> Result<RemappedRows, CallError> {
+        self.call("nvmlDeviceGetRemappedRows", |g| {
+            let r = g.health.remapped_rows.ok_or(NOT_SUPPORTED)?;
+            Ok(RemappedRows {
+                correctable: r.correctable,
+                uncorrectable: r.uncorrectable,
+                pending: r.pending,
+                failure: r.failure,
+            })
+        })
+    }
+    fn retired_pages(&mut self) -> Result<RetiredPages, CallError> {
+        // As nvml-wrapper asks: a count per cause, then the pending status.
+        let mut counts = [0u32; 2];
+        for (cause, count) in counts.iter_mut().enumerate() {
+            *count = self.call("nvmlDeviceGetRetiredPages", |g| {
+                let p = g.health.retired_pages.as_ref().ok_or(NOT_SUPPORTED)?;
+                let list = if cause == 0 {
+                    &p.single_bit_ecc
+                } else {
+                    &p.double_bit_ecc
+                };
+                Ok(list.len() as u32)
+            })?;
+        }
+        let pending = self.call("nvmlDeviceGetRetiredPagesPendingStatus", |g| {
+            Ok(g.health
+                .retired_pages
+                .as_ref()
+                .ok_or(NOT_SUPPORTED)?
+                .pending)
+        })?;
+        Ok(RetiredPages {
+            single_bit_ecc: counts[0],
+            double_bit_ecc: counts[1],
+            pending,
+        })
+    }
     fn utilization(&mut self, since_us: u64) -> Result<Vec<RawUtilization>, CallError> {
         self.call("nvmlDeviceGetProcessUtilization", |g| {
             if g.mig {
@@ -196,6 +252,27 @@ impl GpuSource for SimSource {
 }
 
 impl SimSource {
+    /// Takes the Xid events raised on `gpu` since the last sample, as `nvmlEventSetWait_v2`
+    /// with a zero timeout would deliver them.
+    fn receive_xids(&mut self, gpu: u32, warnings: &mut Vec<CallError>) {
+        const CALL: &str = "nvmlEventSetWait_v2";
+        let Some(seen) = self.xid_seen.get(gpu as usize).copied() else {
+            return;
+        };
+        if let Some(code) = self.sim.fault(CALL, Some(gpu)) {
+            warnings.push(fault_error(CALL, code));
+            return;
+        }
+        let Ok(obs) = self.sim.observe() else { return };
+        let Some(g) = obs.gpus.get(gpu as usize) else {
+            return;
+        };
+        for &xid in g.health.xid_events.iter().skip(seen) {
+            self.xids.record(gpu, xid);
+        }
+        self.xid_seen[gpu as usize] = g.health.xid_events.len().max(seen);
+    }
+
     fn sample_once(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         let state = self.sim.state().clone();
         let driver_version = match self.sim.fault("nvmlSystemGetDriverVersion", None) {
@@ -228,13 +305,10 @@ impl SimSource {
                 sim: &mut self.sim,
                 index,
             };
-            gpus.push(read_gpu(
-                index,
-                &mut dev,
-                driver_version.as_deref(),
-                now,
-                since,
-            ));
+            let mut sample = read_gpu(index, &mut dev, driver_version.as_deref(), now, since);
+            self.receive_xids(index, &mut sample.warnings);
+            sample.health.xid_events = self.xids.counts(index);
+            gpus.push(sample);
         }
         Ok(DriverSample {
             driver: DriverFacts {

@@ -183,3 +183,119 @@ fn a_timeout_after_some_calls_fails_only_that_gpu() {
     }
     assert_eq!(second.gpus[0].processes.len(), 1, "GPU 0 unaffected");
 }
+
+#[test]
+fn health_and_xid_events_agree_and_count_only_what_came_after_open() {
+    use vramguard_sim::state::{SimRemappedRows, SimRetiredPages};
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(3);
+    world.update(|s| {
+        s.gpus[0].health.remapped_rows = Some(SimRemappedRows {
+            correctable: 3,
+            pending: true,
+            ..Default::default()
+        });
+        // An older GPU: page retirement instead of row remapping.
+        s.gpus[1].health.remapped_rows = None;
+        s.gpus[1].health.retired_pages = Some(SimRetiredPages {
+            single_bit_ecc: vec![0x1000, 0x2000],
+            double_bit_ecc: vec![0x3000],
+            pending: true,
+        });
+        // Raised before anyone listened: never counted.
+        s.gpus[0].health.xid_events = vec![48];
+    });
+    let mut via_nvml = {
+        unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+        NvmlSource::open(Some(&sim_nvml_lib())).unwrap()
+    };
+    let mut in_process = SimSource::open(&world.state_path()).unwrap();
+    world.update(|s| {
+        s.gpus[0].health.xid_events.push(79);
+        s.gpus[2].health.xid_events.extend([94, 94]);
+    });
+    // The library answers from one observation per millisecond (one instant of the driver):
+    // let the one made at registration expire.
+    let settle = || std::thread::sleep(Duration::from_millis(5));
+    settle();
+    let window = Duration::from_secs(60);
+    let (a, b) = (
+        via_nvml.sample(window).unwrap().gpus,
+        in_process.sample(window).unwrap().gpus,
+    );
+    assert_eq!(normalized(a.clone()), normalized(b));
+    let rows = a[0].health.remapped_rows.unwrap();
+    assert_eq!((rows.correctable, rows.pending), (3, true));
+    assert!(a[0].health.reset_pending());
+    assert_eq!(
+        a[0].health.retired_pages, None,
+        "Hopper does not retire pages"
+    );
+    let pages = a[1].health.retired_pages.unwrap();
+    assert_eq!(
+        (pages.single_bit_ecc, pages.double_bit_ecc, pages.pending),
+        (2, 1, true)
+    );
+    assert_eq!(a[1].health.remapped_rows, None);
+    let xids = |g: &GpuSample| -> Vec<(u64, u64)> {
+        g.health
+            .xid_events
+            .iter()
+            .map(|x| (x.xid, x.count))
+            .collect()
+    };
+    assert_eq!(
+        xids(&a[0]),
+        vec![(79, 1)],
+        "the Xid 48 from before open is not counted"
+    );
+    assert_eq!(xids(&a[2]), vec![(94, 2)]);
+    assert!(a.iter().all(|g| g.warnings.is_empty()), "{a:?}");
+
+    // Counts are cumulative: nothing new, nothing added; a new event adds one.
+    world.update(|s| s.gpus[2].health.xid_events.push(94));
+    settle();
+    let (a, b) = (
+        via_nvml.sample(window).unwrap().gpus,
+        in_process.sample(window).unwrap().gpus,
+    );
+    assert_eq!(normalized(a.clone()), normalized(b));
+    assert_eq!(xids(&a[0]), vec![(79, 1)]);
+    assert_eq!(xids(&a[2]), vec![(94, 3)]);
+
+    // A reset applies the pending remap; the counts stay.
+    let mut sim = vramguard_sim::Sim::open(world.state_path()).unwrap();
+    sim.reset(0).unwrap();
+    settle();
+    let a = via_nvml.sample(window).unwrap().gpus;
+    let rows = a[0].health.remapped_rows.unwrap();
+    assert_eq!((rows.correctable, rows.pending), (3, false));
+}
+
+#[test]
+fn a_failing_event_wait_is_a_warning_not_a_failure() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(1);
+    world.update(|s| {
+        s.gpus[0].faults.push(Fault {
+            call: "nvmlEventSetWait_v2".into(),
+            code: 999,
+            after_calls: 0,
+            times: None,
+        })
+    });
+    let mut via_nvml = {
+        unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+        NvmlSource::open(Some(&sim_nvml_lib())).unwrap()
+    };
+    let mut in_process = SimSource::open(&world.state_path()).unwrap();
+    for gpus in [
+        via_nvml.sample(Duration::from_secs(60)).unwrap().gpus,
+        in_process.sample(Duration::from_secs(60)).unwrap().gpus,
+    ] {
+        assert_eq!(gpus[0].failure, None);
+        assert!(gpus[0].memory.is_some());
+        let w: Vec<&str> = gpus[0].warnings.iter().map(|w| w.call.as_str()).collect();
+        assert_eq!(w, vec!["nvmlEventSetWait_v2"]);
+    }
+}

@@ -11,17 +11,21 @@
 //! - MIG ids are `0xFFFFFFFF` (MIG off); per-process memory is `NVML_VALUE_NOT_AVAILABLE` in
 //!   MIG mode; strings too long for the caller's buffer give `INSUFFICIENT_SIZE`;
 //! - `nvmlDeviceGetProcessUtilization` returns `NOT_FOUND` when there are no samples;
-//! - `nvmlErrorString` gives NVML's messages; injected faults return their codes.
+//! - `nvmlErrorString` gives NVML's messages; injected faults return their codes;
+//! - row remapping and page retirement answer `NOT_SUPPORTED` where the state has none; an
+//!   event set receives the Xid events raised after it registered (`nvmlEventSetWait_v2`).
 //!
 //! Without `VRAMGUARD_SIM`, `nvmlInit_v2` returns `DRIVER_NOT_LOADED`, as NVML does on a
 //! machine without the kernel module.
 
 use nvml_wrapper_sys::bindings::{
-    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t,
-    nvmlProcessUtilizationSample_t,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlProcessInfo_t, nvmlProcessUtilizationSample_t,
 };
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use vramguard_sim::codes::*;
 use vramguard_sim::state::Quirk;
 use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
@@ -546,5 +550,276 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             unsafe { *samples.add(i) = s };
         }
         SUCCESS
+    })
+}
+
+/// # Safety
+/// The four outputs must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: nvmlDevice_t,
+    corr_rows: *mut c_uint,
+    unc_rows: *mut c_uint,
+    is_pending: *mut c_uint,
+    failure_occurred: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetRemappedRows", device, |_, gpu| {
+        if corr_rows.is_null()
+            || unc_rows.is_null()
+            || is_pending.is_null()
+            || failure_occurred.is_null()
+        {
+            return INVALID_ARGUMENT;
+        }
+        let Some(rows) = gpu.health.remapped_rows else {
+            return NOT_SUPPORTED;
+        };
+        unsafe {
+            *corr_rows = rows.correctable;
+            *unc_rows = rows.uncorrectable;
+            *is_pending = rows.pending as c_uint;
+            *failure_occurred = rows.failure as c_uint;
+        }
+        SUCCESS
+    })
+}
+
+/// `NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS` (0) or `..._DOUBLE_BIT_ECC_ERROR`
+/// (1): the addresses retired for that cause, with the count-then-fill protocol. `call: None`
+/// does not count the call (the fill half).
+unsafe fn retired_pages(
+    call: Option<&str>,
+    device: nvmlDevice_t,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> c_uint {
+    with_gpu_counted(call, device, |_, gpu| {
+        if count.is_null() || addresses.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let Some(pages) = gpu.health.retired_pages.as_ref() else {
+            return NOT_SUPPORTED;
+        };
+        let list = match cause {
+            0 => &pages.single_bit_ecc,
+            1 => &pages.double_bit_ecc,
+            _ => return INVALID_ARGUMENT,
+        };
+        let capacity = unsafe { *count } as usize;
+        unsafe { *count = list.len() as c_uint };
+        if capacity < list.len() {
+            return INSUFFICIENT_SIZE;
+        }
+        for (i, a) in list.iter().enumerate() {
+            unsafe {
+                *addresses.add(i) = *a;
+                if !timestamps.is_null() {
+                    *timestamps.add(i) = 0;
+                }
+            }
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `count` must be writable; `addresses` must hold `*count` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    device: nvmlDevice_t,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+) -> c_uint {
+    unsafe {
+        retired_pages(
+            Some("nvmlDeviceGetRetiredPages"),
+            device,
+            cause,
+            count,
+            addresses,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// The fill call nvml-wrapper makes after counting with [`nvmlDeviceGetRetiredPages`].
+///
+/// # Safety
+/// `count` must be writable; `addresses` and `timestamps` must hold `*count` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    device: nvmlDevice_t,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> c_uint {
+    unsafe { retired_pages(None, device, cause, count, addresses, timestamps) }
+}
+
+/// # Safety
+/// `pending` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: nvmlDevice_t,
+    pending: *mut c_uint,
+) -> c_uint {
+    with_gpu(
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        device,
+        |_, gpu| {
+            if pending.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            let Some(pages) = gpu.health.retired_pages.as_ref() else {
+                return NOT_SUPPORTED;
+            };
+            unsafe { *pending = pages.pending as c_uint };
+            SUCCESS
+        },
+    )
+}
+
+/// `nvmlEventTypeXidCriticalError`: the only event type the simulator raises.
+const EVENT_TYPE_XID: u64 = 0x8;
+
+/// An event set: per registered GPU, how many of its Xid events were already delivered.
+#[derive(Default)]
+struct EventSet {
+    cursors: BTreeMap<u32, usize>,
+}
+
+/// Event sets by handle, and the next handle.
+static EVENT_SETS: Mutex<(usize, BTreeMap<usize, EventSet>)> = Mutex::new((1, BTreeMap::new()));
+
+fn with_event_sets<T>(f: impl FnOnce(&mut usize, &mut BTreeMap<usize, EventSet>) -> T) -> T {
+    let mut guard = EVENT_SETS.lock().unwrap_or_else(|p| p.into_inner());
+    let (next, sets) = &mut *guard;
+    f(next, sets)
+}
+
+/// # Safety
+/// `set` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> c_uint {
+    with_sim(|_| {
+        if set.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let id = with_event_sets(|next, sets| {
+            let id = *next;
+            *next += 1;
+            sets.insert(id, EventSet::default());
+            id
+        });
+        unsafe { *set = id as nvmlEventSet_t };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `types` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetSupportedEventTypes", device, |_, _| {
+        if types.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *types = EVENT_TYPE_XID };
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceRegisterEvents", device, |_, gpu| {
+        if types & !EVENT_TYPE_XID != 0 {
+            return NOT_SUPPORTED;
+        }
+        let seen = gpu.health.xid_events.len();
+        with_event_sets(|_, sets| match sets.get_mut(&(set as usize)) {
+            Some(s) => {
+                // Only events raised from now on are delivered.
+                s.cursors.insert(gpu.index, seen);
+                SUCCESS
+            }
+            None => INVALID_ARGUMENT,
+        })
+    })
+}
+
+/// One undelivered event of the set, if any: `Ok(None)` when there is none.
+fn next_event(set: usize) -> Result<Option<nvmlEventData_t>, u32> {
+    let registered: Vec<(u32, usize)> = with_event_sets(|_, sets| match sets.get(&set) {
+        Some(s) => Ok(s.cursors.iter().map(|(g, c)| (*g, *c)).collect()),
+        None => Err(INVALID_ARGUMENT),
+    })?;
+    for (gpu, cursor) in registered {
+        let mut found = None;
+        let code = with_gpu("nvmlEventSetWait_v2", handle_of(gpu as usize), |_, g| {
+            found = g.health.xid_events.get(cursor).copied();
+            SUCCESS
+        });
+        if code != SUCCESS {
+            return Err(code);
+        }
+        if let Some(xid) = found {
+            with_event_sets(|_, sets| {
+                if let Some(s) = sets.get_mut(&set) {
+                    s.cursors.insert(gpu, cursor + 1);
+                }
+            });
+            return Ok(Some(nvmlEventData_t {
+                device: handle_of(gpu as usize),
+                eventType: EVENT_TYPE_XID,
+                eventData: xid,
+                gpuInstanceId: NO_INSTANCE,
+                computeInstanceId: NO_INSTANCE,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// # Safety
+/// `data` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> c_uint {
+    if data.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
+    loop {
+        match next_event(set as usize) {
+            Err(code) => return code,
+            Ok(Some(event)) => {
+                unsafe { *data = event };
+                return SUCCESS;
+            }
+            Ok(None) if Instant::now() >= deadline => return TIMEOUT,
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> c_uint {
+    with_event_sets(|_, sets| match sets.remove(&(set as usize)) {
+        Some(_) => SUCCESS,
+        None => INVALID_ARGUMENT,
     })
 }

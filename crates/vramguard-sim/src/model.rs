@@ -1,6 +1,6 @@
 //! The simulation: evaluates the state file against the live process table.
 
-use crate::state::{AfterExit, AllocationKind, Quirk, SimState, StateError};
+use crate::state::{AfterExit, AllocationKind, Quirk, SimHealth, SimState, StateError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -96,6 +96,8 @@ pub struct ObservedGpu {
     pub utilization: Vec<ObservedUtilization>,
     /// Quirks in effect.
     pub quirks: Vec<Quirk>,
+    /// Memory health.
+    pub health: SimHealth,
 }
 
 /// What the driver would answer at one instant.
@@ -480,6 +482,7 @@ impl Sim {
                 processes: Vec::new(),
                 utilization: Vec::new(),
                 quirks: g.quirks.clone(),
+                health: g.health.clone(),
             })
             .collect();
         for a in &self.state.allocations {
@@ -584,6 +587,19 @@ impl Sim {
         let cleared = g.used.saturating_sub(baseline);
         let at_ms = now_ms();
         self.update_runtime(|rt| rt.resets.push(ResetRecord { gpu, at_ms }))?;
+        if self.state.gpus[gpu as usize].health_pending() {
+            // A reset applies pending row remaps and page retirements.
+            self.state = crate::store::update_state(&self.path, |s| {
+                let h = &mut s.gpus[gpu as usize].health;
+                if let Some(r) = h.remapped_rows.as_mut() {
+                    r.pending = false;
+                }
+                if let Some(p) = h.retired_pages.as_mut() {
+                    p.pending = false;
+                }
+            })?;
+            self.state_stamp = stamp(&self.path);
+        }
         self.cache = None;
         Ok(ResetOutcome {
             gpu,

@@ -78,6 +78,58 @@ pub struct SimGpu {
     /// by holders that do not choose one (the probe's holders).
     #[serde(default)]
     pub after_exit: AfterExit,
+    /// Memory health the driver reports; absent parts answer `NOT_SUPPORTED`.
+    #[serde(default)]
+    pub health: SimHealth,
+}
+
+/// A GPU's memory health, as NVML reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimHealth {
+    /// Row remapping (Ampere and later); `None`: `NOT_SUPPORTED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows: Option<SimRemappedRows>,
+    /// Page retirement (before Ampere); `None`: `NOT_SUPPORTED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages: Option<SimRetiredPages>,
+    /// Critical Xid errors raised on this GPU, oldest first. An event set receives the ones
+    /// raised after it registered, as NVML's do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xid_events: Vec<u64>,
+}
+
+/// `nvmlDeviceGetRemappedRows`' answer. A GPU reset applies a pending remap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimRemappedRows {
+    /// Rows remapped after correctable errors.
+    #[serde(default)]
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable errors.
+    #[serde(default)]
+    pub uncorrectable: u32,
+    /// A remap waits for the next reset.
+    #[serde(default)]
+    pub pending: bool,
+    /// A remap failed.
+    #[serde(default)]
+    pub failure: bool,
+}
+
+/// Retired pages, by cause. A GPU reset retires pending pages.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimRetiredPages {
+    /// Addresses retired after multiple single-bit ECC errors.
+    #[serde(default)]
+    pub single_bit_ecc: Vec<u64>,
+    /// Addresses retired after a double-bit ECC error.
+    #[serde(default)]
+    pub double_bit_ecc: Vec<u64>,
+    /// Pages wait for a reset.
+    #[serde(default)]
+    pub pending: bool,
 }
 
 fn default_name() -> String {
@@ -85,6 +137,16 @@ fn default_name() -> String {
 }
 
 impl SimGpu {
+    /// A row remap or page retirement waits for a reset.
+    pub fn health_pending(&self) -> bool {
+        self.health.remapped_rows.is_some_and(|r| r.pending)
+            || self
+                .health
+                .retired_pages
+                .as_ref()
+                .is_some_and(|p| p.pending)
+    }
+
     /// An NVIDIA H200 (141 GB, 544 MiB reserved) numbered `index`: UUID and PCI bus id are
     /// derived from the index, so every world built from it looks the same.
     pub fn h200(index: u32) -> SimGpu {
@@ -103,6 +165,11 @@ impl SimGpu {
             faults: vec![],
             quirks: vec![],
             after_exit: AfterExit::Release,
+            // Hopper remaps rows and does not retire pages.
+            health: SimHealth {
+                remapped_rows: Some(SimRemappedRows::default()),
+                ..SimHealth::default()
+            },
         }
     }
 }
@@ -229,6 +296,11 @@ pub const FAULTABLE_CALLS: &[&str] = &[
     "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetGraphicsRunningProcesses_v2",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait_v2",
 ];
 
 /// A state file that cannot be used, with the file and what is wrong.

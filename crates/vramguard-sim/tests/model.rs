@@ -31,6 +31,7 @@ fn gpu(i: u32) -> SimGpu {
         faults: vec![],
         quirks: vec![],
         after_exit: AfterExit::Release,
+        health: Default::default(),
     }
 }
 
