@@ -5,6 +5,7 @@
 use crate::config::{AlertsConfig, Condition, Rule};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use vramguard_core::health::{FindingKind, findings};
 use vramguard_core::report::{GpuReport, Report};
 use vramguard_core::trend::Trend;
 use vramguard_core::units::format_bytes;
@@ -92,6 +93,25 @@ fn check(rule: &Rule, g: &GpuReport, trend: Option<&Trend>) -> (bool, f64, Strin
                 n > 0,
                 n as f64,
                 format!("GPU {}: {n} {class} holder(s)", g.index),
+            )
+        }
+        Condition::MemoryHealth => {
+            let h = &g.health;
+            let bad = h.reset_pending() || h.remapped_rows.is_some_and(|r| r.failure);
+            let what = findings(g.index, h)
+                .into_iter()
+                .filter(|f| f.kind != FindingKind::Xid)
+                .map(|f| f.message)
+                .collect::<Vec<_>>()
+                .join("; ");
+            (
+                bad,
+                f64::from(u8::from(bad)),
+                if bad {
+                    format!("GPU {}: {what}", g.index)
+                } else {
+                    format!("GPU {}: memory health is back to normal", g.index)
+                },
             )
         }
         Condition::GpuLost => (

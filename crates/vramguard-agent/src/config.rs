@@ -165,6 +165,8 @@ pub enum Condition {
     Holders(Class),
     /// The GPU cannot be read.
     GpuLost,
+    /// A row remap or page retirement waits for a reset, or a remap failed.
+    MemoryHealth,
 }
 
 /// One alert rule.
@@ -377,13 +379,14 @@ impl Config {
                     Condition::LeakSlope(size(&key, s.trim_end_matches("/h"))? as f64)
                 }
                 "gpu_lost" => Condition::GpuLost,
+                "memory_health" => Condition::MemoryHealth,
                 other => match other.strip_suffix("_holders").map(str::parse::<Class>) {
                     Some(Ok(class)) => Condition::Holders(class),
                     _ => {
                         return Err(err(
                             &key,
                             format!(
-                                "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost or <class>_holders (orphan_holders, zombie_holders...)"
+                                "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost, memory_health or <class>_holders (orphan_holders, zombie_holders...)"
                             ),
                         ));
                     }

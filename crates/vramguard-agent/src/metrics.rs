@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use vramguard_core::report::{Class, Report};
+use vramguard_core::snapshot::GpuHealth;
 use vramguard_core::trend::Trend;
 
 type F64Gauge = Gauge<f64, AtomicU64>;
@@ -84,9 +85,11 @@ struct XidLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RowLabels {
+struct CauseLabels {
     gpu: String,
-    kind: String,
+    uuid: String,
+    model: String,
+    cause: String,
 }
 
 /// Buckets of the release-lag histogram, seconds: a few hundred ms is normal, tens of seconds
@@ -122,9 +125,15 @@ pub struct Metrics {
     last_collection: F64Gauge,
     alerts: Family<RuleLabels, Gauge>,
     driver: Family<DriverLabels, Gauge>,
-    retired_pending: Family<GpuOnly, Gauge>,
-    remapped_rows: Family<RowLabels, Gauge>,
+    remapped_rows: Family<CauseLabels, Gauge>,
+    remap_pending: Family<GpuLabels, Gauge>,
+    remap_failure: Family<GpuLabels, Gauge>,
+    retired_pages: Family<CauseLabels, Gauge>,
+    retired_pending: Family<GpuLabels, Gauge>,
     xid: Family<XidLabels, Counter>,
+    /// The Xid counts already added to `xid`, per (GPU, Xid): the source reports running
+    /// totals, the counter takes increments.
+    xid_added: std::sync::Mutex<BTreeMap<(u32, u64), u64>>,
 }
 
 impl Default for Metrics {
@@ -178,9 +187,13 @@ impl Metrics {
             last_collection: F64Gauge::default(),
             alerts: Family::default(),
             driver: Family::default(),
-            retired_pending: Family::default(),
             remapped_rows: Family::default(),
+            remap_pending: Family::default(),
+            remap_failure: Family::default(),
+            retired_pages: Family::default(),
+            retired_pending: Family::default(),
             xid: Family::default(),
+            xid_added: Default::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -290,18 +303,33 @@ impl Metrics {
             m.driver.clone(),
         );
         r.register(
-            "gpu_retired_pages_pending",
-            "Pages waiting to be retired at the next reset (1) or not (0)",
-            m.retired_pending.clone(),
-        );
-        r.register(
             "gpu_remapped_rows",
-            "Remapped memory rows, by kind (correctable, uncorrectable, pending, failure)",
+            "Memory rows remapped to spares, by cause (correctable, uncorrectable); Ampere and later",
             m.remapped_rows.clone(),
         );
         r.register(
-            "xid_events",
-            "Critical Xid events seen, by Xid",
+            "gpu_row_remap_pending",
+            "A row remap waits for the next GPU reset (1) or not (0)",
+            m.remap_pending.clone(),
+        );
+        r.register(
+            "gpu_row_remap_failure",
+            "A row remap failed: the GPU needs service (1) or not (0)",
+            m.remap_failure.clone(),
+        );
+        r.register(
+            "gpu_retired_pages",
+            "Retired memory pages, by cause (single_bit_ecc, double_bit_ecc); before Ampere",
+            m.retired_pages.clone(),
+        );
+        r.register(
+            "gpu_retired_pages_pending",
+            "Pages wait to be retired at the next GPU reset (1) or not (0)",
+            m.retired_pending.clone(),
+        );
+        r.register(
+            "gpu_xid_events",
+            "Critical Xid events received since the agent started, by Xid",
             m.xid.clone(),
         );
         r.register(
@@ -358,16 +386,6 @@ impl Metrics {
             .inc_by(bytes);
     }
 
-    /// Records Xid events.
-    pub fn xid(&self, gpu: u32, xid: u64) {
-        self.xid
-            .get_or_create(&XidLabels {
-                gpu: gpu.to_string(),
-                xid: xid.to_string(),
-            })
-            .inc();
-    }
-
     /// Refills the state gauges from a report.
     pub fn update(&self, report: &Report, facts: &SampleFacts<'_>) {
         for f in [
@@ -388,6 +406,11 @@ impl Metrics {
         self.gpu_slope_low.clear();
         self.alerts.clear();
         self.driver.clear();
+        self.remapped_rows.clear();
+        self.remap_pending.clear();
+        self.remap_failure.clear();
+        self.retired_pages.clear();
+        self.retired_pending.clear();
         self.collection_seconds.set(facts.duration_secs);
         self.last_collection.set(facts.timestamp_secs);
         self.collections
@@ -421,6 +444,7 @@ impl Metrics {
                 self.reserved.get_or_create(&gl).set(m.reserved as i64);
             }
             self.ghost.get_or_create(&gl).set(g.ghost_bytes as i64);
+            self.health(&gl, g.index, &g.health);
             let class_l = |class: &str| ClassLabels {
                 gpu: gl.gpu.clone(),
                 uuid: gl.uuid.clone(),
@@ -495,27 +519,43 @@ impl Metrics {
         }
     }
 
-    /// Sets GPU health gauges.
-    pub fn health(&self, gpu: u32, retired_pending: Option<bool>, remapped: Option<[u32; 4]>) {
-        if let Some(p) = retired_pending {
-            self.retired_pending
-                .get_or_create(&GpuOnly {
-                    gpu: gpu.to_string(),
-                })
-                .set(i64::from(p));
+    fn health(&self, gl: &GpuLabels, gpu: u32, health: &GpuHealth) {
+        let cause = |cause: &str| CauseLabels {
+            gpu: gl.gpu.clone(),
+            uuid: gl.uuid.clone(),
+            model: gl.model.clone(),
+            cause: cause.into(),
+        };
+        if let Some(r) = health.remapped_rows {
+            let rows = &self.remapped_rows;
+            rows.get_or_create(&cause("correctable"))
+                .set(r.correctable.into());
+            rows.get_or_create(&cause("uncorrectable"))
+                .set(r.uncorrectable.into());
+            self.remap_pending.get_or_create(gl).set(r.pending.into());
+            self.remap_failure.get_or_create(gl).set(r.failure.into());
         }
-        if let Some(rows) = remapped {
-            for (kind, n) in ["correctable", "uncorrectable", "pending", "failure"]
-                .iter()
-                .zip(rows)
-            {
-                self.remapped_rows
-                    .get_or_create(&RowLabels {
-                        gpu: gpu.to_string(),
-                        kind: (*kind).into(),
-                    })
-                    .set(i64::from(n));
-            }
+        if let Some(p) = health.retired_pages {
+            let pages = &self.retired_pages;
+            pages
+                .get_or_create(&cause("single_bit_ecc"))
+                .set(p.single_bit_ecc.into());
+            pages
+                .get_or_create(&cause("double_bit_ecc"))
+                .set(p.double_bit_ecc.into());
+            self.retired_pending.get_or_create(gl).set(p.pending.into());
+        }
+        let mut added = self.xid_added.lock().unwrap_or_else(|p| p.into_inner());
+        for x in &health.xid_events {
+            let before = added.entry((gpu, x.xid)).or_default();
+            // A restarted source starts its totals again: count what it reports from there.
+            let increment = x.count.checked_sub(*before).unwrap_or(x.count);
+            *before = x.count;
+            let counter = self.xid.get_or_create(&XidLabels {
+                gpu: gl.gpu.clone(),
+                xid: x.xid.to_string(),
+            });
+            counter.inc_by(increment);
         }
     }
 

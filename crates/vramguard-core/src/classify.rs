@@ -248,6 +248,7 @@ impl<'a> Context<'a> {
             persistence_mode: gpu.persistence_mode,
             failure: gpu.failure.clone(),
             warnings: gpu.warnings.clone(),
+            health: gpu.health.clone(),
             process_list: gpu.process_list.clone(),
             holders,
             accounted_bytes,

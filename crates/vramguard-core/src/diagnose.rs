@@ -1,5 +1,6 @@
 //! `diagnose`: the report turned into a check-list, a verdict and the exact next command.
 
+use crate::health::Severity;
 use crate::quirks::known_quirks;
 use crate::report::{Class, GpuReport, Holder, Report, UnaccountedCause};
 use crate::snapshot::{DriverSource, ProcessListState};
@@ -306,6 +307,26 @@ fn gpu_checks(
         });
         if gpu.memory.is_none() {
             return;
+        }
+    }
+    for finding in crate::health::findings(gpu.index, &gpu.health) {
+        checks.push(check(
+            g,
+            "memory health",
+            match finding.severity {
+                Severity::Warn => CheckStatus::Warn,
+                Severity::Fail => CheckStatus::Fail,
+            },
+            finding.message.clone(),
+        ));
+        if !steps
+            .iter()
+            .any(|s| s.command.as_deref() == Some(finding.command.as_str()))
+        {
+            steps.push(NextStep {
+                why: format!("GPU {}: {}", gpu.index, finding.message),
+                command: Some(finding.command),
+            });
         }
     }
     match &gpu.process_list {

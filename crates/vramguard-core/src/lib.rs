@@ -11,6 +11,7 @@
 
 pub mod classify;
 pub mod diagnose;
+pub mod health;
 pub mod plan;
 pub mod policy;
 pub mod quirks;

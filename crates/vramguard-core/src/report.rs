@@ -3,7 +3,8 @@
 //! Serialised as-is by `status --json` (see `docs/json-schema.md`).
 
 use crate::snapshot::{
-    CallError, ContainerRef, DeviceFile, DriverFacts, GpuMemory, ProcessKind, ProcessListState,
+    CallError, ContainerRef, DeviceFile, DriverFacts, GpuHealth, GpuMemory, ProcessKind,
+    ProcessListState,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -227,6 +228,9 @@ pub struct GpuReport {
     pub failure: Option<CallError>,
     /// Non-fatal call failures.
     pub warnings: Vec<CallError>,
+    /// Memory health (row remapping, page retirement, Xid events).
+    #[serde(default)]
+    pub health: GpuHealth,
     /// Whether the process list can be believed.
     pub process_list: ProcessListState,
     /// Holders, largest memory first.

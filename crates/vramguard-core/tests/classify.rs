@@ -682,3 +682,45 @@ fn an_unreadable_pid_without_a_candidate_is_taken_at_its_word() {
     assert_eq!(h.pid, 4000);
     assert_eq!(h.class, Class::Active);
 }
+
+#[test]
+fn memory_health_findings_are_checks_with_a_command() {
+    use vramguard_core::snapshot::{RemappedRows, XidCount};
+    let mut pending = gpu(0, 0, &[]);
+    pending.health.remapped_rows = Some(RemappedRows {
+        correctable: 1,
+        pending: true,
+        ..Default::default()
+    });
+    let mut fallen = gpu(1, 0, &[]);
+    fallen.health.xid_events = vec![XidCount { xid: 79, count: 1 }];
+    let d = diagnose(classify(
+        &snapshot(vec![pending, fallen], vec![init()]),
+        &Policy::default(),
+    ));
+    let health: Vec<_> = d
+        .checks
+        .iter()
+        .filter(|c| c.name == "memory health")
+        .map(|c| (c.gpu, c.status))
+        .collect();
+    assert_eq!(
+        health,
+        vec![(Some(0), CheckStatus::Warn), (Some(1), CheckStatus::Fail)]
+    );
+    assert!(
+        !d.verdict.clean,
+        "a GPU that fell off the bus needs attention"
+    );
+    let commands: Vec<_> = d
+        .verdict
+        .next_steps
+        .iter()
+        .filter_map(|s| s.command.as_deref())
+        .collect();
+    assert!(
+        commands.contains(&"nvidia-smi --gpu-reset -i 0"),
+        "{commands:?}"
+    );
+    assert!(commands.contains(&"dmesg | grep -i xid"), "{commands:?}");
+}

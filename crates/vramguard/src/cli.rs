@@ -332,6 +332,32 @@ pub enum SimCommand {
     },
     /// Print what the simulated driver reports now, as JSON
     Show,
+    /// Raise a critical Xid error on a simulated GPU (seen by NVML event sets, e.g. the agent's)
+    Xid {
+        /// GPU index
+        #[arg(long)]
+        gpu: u32,
+        /// The Xid, e.g. 79 (fallen off the bus) or 94 (contained ECC error)
+        xid: u64,
+    },
+    /// Set a simulated GPU's row-remapper counters (a reset applies a pending remap)
+    Remap {
+        /// GPU index
+        #[arg(long)]
+        gpu: u32,
+        /// Rows remapped after correctable errors
+        #[arg(long, default_value_t = 0)]
+        correctable: u32,
+        /// Rows remapped after uncorrectable errors
+        #[arg(long, default_value_t = 0)]
+        uncorrectable: u32,
+        /// A remap waits for the next reset
+        #[arg(long)]
+        pending: bool,
+        /// A remap failed
+        #[arg(long)]
+        failure: bool,
+    },
 }
 
 #[derive(Debug, Args, Clone)]

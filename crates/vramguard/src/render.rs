@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use vramguard_core::diagnose::{CheckStatus, Diagnosis};
+use vramguard_core::health::Severity;
 use vramguard_core::report::{Class, GpuReport, Holder, Report};
 use vramguard_core::snapshot::{DriverSource, ProcessListState};
 use vramguard_core::units::format_bytes;
@@ -156,6 +157,13 @@ pub fn status(r: &Report, st: &Style) -> String {
         if let Some(f) = &g.failure {
             let _ = writeln!(out, "  {} {f}", st.red("error:"));
             continue;
+        }
+        for f in vramguard_core::health::findings(g.index, &g.health) {
+            let label = match f.severity {
+                Severity::Warn => st.yellow("health:"),
+                Severity::Fail => st.red("health:"),
+            };
+            let _ = writeln!(out, "  {label} {} (`{}`)", f.message, f.command);
         }
         if let ProcessListState::Unreliable { reason } = &g.process_list {
             let _ = writeln!(

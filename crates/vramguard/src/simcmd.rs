@@ -5,7 +5,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
 use vramguard_sim::holder::{self, Hold, HolderSpec, Worker};
-use vramguard_sim::state::{AfterExit, SimState};
+use vramguard_sim::state::{AfterExit, SimRemappedRows, SimState};
 use vramguard_sim::{Sim, store};
 
 fn state_path(global: &Global) -> Result<&Path> {
@@ -94,6 +94,18 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Fails unless the state has GPU `gpu`.
+fn check_gpu(path: &Path, gpu: u32) -> Result<()> {
+    let count = SimState::load(path)?.gpus.len();
+    if gpu as usize >= count {
+        bail!(
+            "--gpu {gpu}: the simulated node has {count} GPU(s) (0 to {})",
+            count - 1
+        );
+    }
+    Ok(())
+}
+
 /// Runs a `sim` subcommand.
 pub fn run(global: &Global, cmd: SimCommand) -> Result<i32> {
     match cmd {
@@ -117,6 +129,38 @@ pub fn run(global: &Global, cmd: SimCommand) -> Result<i32> {
             println!(
                 "simulated GPU {gpu} reset: {} of residue cleared",
                 format_bytes(out.cleared_bytes)
+            );
+            Ok(0)
+        }
+        SimCommand::Xid { gpu, xid } => {
+            let path = state_path(global)?;
+            check_gpu(path, gpu)?;
+            store::update_state(path, |s| s.gpus[gpu as usize].health.xid_events.push(xid))?;
+            println!("simulated GPU {gpu}: Xid {xid} raised");
+            Ok(0)
+        }
+        SimCommand::Remap {
+            gpu,
+            correctable,
+            uncorrectable,
+            pending,
+            failure,
+        } => {
+            let path = state_path(global)?;
+            check_gpu(path, gpu)?;
+            store::update_state(path, |s| {
+                s.gpus[gpu as usize].health.remapped_rows = Some(SimRemappedRows {
+                    correctable,
+                    uncorrectable,
+                    pending,
+                    failure,
+                });
+            })?;
+            println!(
+                "simulated GPU {gpu}: {correctable} correctable, {uncorrectable} uncorrectable \
+                 row(s) remapped{}{}",
+                if pending { ", remap pending" } else { "" },
+                if failure { ", remap failed" } else { "" }
             );
             Ok(0)
         }

@@ -290,6 +290,80 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
     assert_eq!(agent.get("/healthz").0, 200);
 }
 
+#[test]
+fn memory_health_and_xid_events_become_metrics_and_an_alert() {
+    let world = World::new(2);
+    let exec_log = world.dir.path().join("health.log");
+    let config = format!(
+        "[agent]\ninterval = \"200ms\"\n\n[[alerts.rule]]\nname = \"health\"\nwhen = \"memory_health\"\n\n[[alerts.exec]]\nargv = [\"sh\", \"-c\", \"echo $VRAMGUARD_ALERT_STATUS $VRAMGUARD_ALERT_RULE $VRAMGUARD_ALERT_GPU >> {}\"]\n",
+        exec_log.display()
+    );
+    // Through nvml-wrapper's event sets and the simulated library.
+    let agent = Agent::start(&world, Path_::Nvml, &config);
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "vramguard_gpu_row_remap_pending", &["gpu=\"0\""]),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "vramguard_gpu_xid_events_total", &[]), None);
+    world.update(|s| {
+        s.gpus[1].health.xid_events.push(79);
+        s.gpus[0].health.remapped_rows = Some(vramguard_sim::state::SimRemappedRows {
+            correctable: 4,
+            pending: true,
+            ..Default::default()
+        });
+    });
+    let xid79 = ["gpu=\"1\"", "xid=\"79\""];
+    wait_until(10, "the Xid and the pending remap in the metrics", || {
+        let m = agent.metrics();
+        sample(&m, "vramguard_gpu_xid_events_total", &xid79) == Some(1.0)
+            && sample(&m, "vramguard_gpu_row_remap_pending", &["gpu=\"0\""]) == Some(1.0)
+    });
+    let m = agent.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_gpu_remapped_rows",
+            &["gpu=\"0\"", "cause=\"correctable\""]
+        ),
+        Some(4.0)
+    );
+    assert_eq!(
+        sample(&m, "vramguard_gpu_retired_pages_pending", &[]),
+        None,
+        "an H200 does not retire pages: no series"
+    );
+    world.update(|s| s.gpus[1].health.xid_events.push(79));
+    wait_until(10, "the second Xid", || {
+        sample(&agent.metrics(), "vramguard_gpu_xid_events_total", &xid79) == Some(2.0)
+    });
+    wait_until(10, "the health alert", || {
+        std::fs::read_to_string(&exec_log).is_ok_and(|t| t == "firing health 0\n")
+    });
+    // A reset applies the remap: the incident resolves, the counters stay.
+    vramguard_sim::Sim::open(world.state_path())
+        .unwrap()
+        .reset(0)
+        .unwrap();
+    wait_until(10, "the health alert to resolve", || {
+        std::fs::read_to_string(&exec_log)
+            .is_ok_and(|t| t == "firing health 0\nresolved health 0\n")
+    });
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "vramguard_gpu_row_remap_pending", &["gpu=\"0\""]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&m, "vramguard_gpu_xid_events_total", &xid79),
+        Some(2.0)
+    );
+    let status = agent.get("/api/status").1;
+    assert!(status.contains("\"xid\":79"), "{status}");
+}
+
 /// A webhook receiver: records every POST body.
 fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
