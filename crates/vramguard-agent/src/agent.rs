@@ -114,6 +114,7 @@ struct Agent {
     shared: Shared,
     started: Instant,
     last_discover: Instant,
+    last_recheck: Instant,
     last_full: Option<Instant>,
     needs_full: bool,
     watched: HashMap<(u32, u64), Watched>,
@@ -140,8 +141,10 @@ impl Agent {
             ScanDepth::Full
         } else if self.last_discover.elapsed() >= self.config.agent.discover_every {
             ScanDepth::NewProcesses
-        } else {
+        } else if self.last_recheck.elapsed() >= self.config.agent.recheck_every {
             ScanDepth::Holders
+        } else {
+            ScanDepth::Cached
         };
         let snap = match take_snapshot(
             self.source.as_mut(),
@@ -161,13 +164,19 @@ impl Agent {
                 return;
             }
         };
+        let now = Instant::now();
         match depth {
             ScanDepth::Full => {
-                self.last_full = Some(Instant::now());
-                self.last_discover = Instant::now();
+                self.last_full = Some(now);
+                self.last_discover = now;
+                self.last_recheck = now;
             }
-            ScanDepth::NewProcesses => self.last_discover = Instant::now(),
-            ScanDepth::Holders => {}
+            ScanDepth::NewProcesses => {
+                self.last_discover = now;
+                self.last_recheck = now;
+            }
+            ScanDepth::Holders => self.last_recheck = now,
+            ScanDepth::Cached => {}
         }
         for g in &snap.gpus {
             if g.failure.is_some() {
@@ -235,6 +244,7 @@ impl Agent {
                     ScanDepth::Full => "full",
                     ScanDepth::NewProcesses => "new_processes",
                     ScanDepth::Holders => "holders",
+                    ScanDepth::Cached => "cached",
                 },
                 timestamp_secs: now_ms() as f64 / 1000.0,
                 gpu_trends: &gpu_trends,
@@ -646,6 +656,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         shared,
         started: Instant::now(),
         last_discover: Instant::now(),
+        last_recheck: Instant::now(),
         last_full: None,
         needs_full: false,
         watched: HashMap::new(),

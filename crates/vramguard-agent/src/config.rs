@@ -57,6 +57,7 @@ struct RawAgent {
     listen: Option<String>,
     interval: Option<String>,
     discover_every: Option<String>,
+    recheck_every: Option<String>,
     full_scan_every: Option<String>,
     top_holders: Option<usize>,
     trend_window: Option<String>,
@@ -139,6 +140,10 @@ pub struct AgentConfig {
     pub interval: Duration,
     /// How often to look for new processes (a `/proc` listing). Default 5 s.
     pub discover_every: Duration,
+    /// How often to re-read every holder's `/proc` state even though no watched process
+    /// exited (exits are seen at once through pidfds). Bounds how late a leader thread that
+    /// exits while another thread hangs in D state is seen. Default 5 s.
+    pub recheck_every: Duration,
     /// How often to scan every process's open files (hidden holders). Default 60 s, and
     /// whenever a GPU shows unaccounted memory (at most every 10 s).
     pub full_scan_every: Duration,
@@ -326,6 +331,11 @@ impl Config {
             discover_every: dur(
                 "agent.discover_every",
                 &a.discover_every,
+                Duration::from_secs(5),
+            )?,
+            recheck_every: dur(
+                "agent.recheck_every",
+                &a.recheck_every,
                 Duration::from_secs(5),
             )?,
             full_scan_every: dur(

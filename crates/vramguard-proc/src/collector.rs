@@ -30,6 +30,12 @@ pub enum ScanDepth {
     NewProcesses,
     /// Known holders, listed pids and their relatives only; no listing of `/proc`.
     Holders,
+    /// Like [`ScanDepth::Holders`], but re-reads nothing unless something exited: facts read
+    /// by the last collection are reused while no watched process's pidfd says it exited (an
+    /// exit changes states and re-parents children, so any exit means a full re-read). What
+    /// no pidfd announces (a leader thread exiting while other threads live on, a change of
+    /// process group) waits for the next [`ScanDepth::Holders`] collection.
+    Cached,
 }
 
 /// The process half of a snapshot.
@@ -56,6 +62,10 @@ struct Known {
     interesting: bool,
     /// `stat`, kept open for cheap re-reads.
     stat_fd: Option<OwnedFd>,
+    /// A pidfd, readable once the process exited: what [`ScanDepth::Cached`] polls.
+    pidfd: Option<OwnedFd>,
+    /// The facts the last re-read produced, for [`ScanDepth::Cached`].
+    last: Option<ProcessFacts>,
 }
 
 const DEPARTED_KEEP: usize = 256;
@@ -77,6 +87,9 @@ pub struct ProcCollector {
     host: HostFacts,
     open_stat_fds: usize,
     max_stat_fds: usize,
+    /// The tree shows this process's PID namespace, so a pidfd names the process its pid
+    /// names there.
+    pidfds_usable: bool,
 }
 
 impl ProcCollector {
@@ -106,7 +119,9 @@ impl ProcCollector {
             open_stat_fds: 0,
             // Leave most of the fd budget to everything else.
             max_stat_fds: (nofile / 2).saturating_sub(64) as usize,
+            pidfds_usable: false,
         };
+        c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
         Ok(c)
     }
@@ -154,10 +169,92 @@ impl ProcCollector {
 
     fn forget(&mut self, pid: u32) -> Option<Known> {
         let k = self.known.remove(&pid)?;
-        if k.stat_fd.is_some() {
-            self.open_stat_fds -= 1;
-        }
+        self.open_stat_fds -= usize::from(k.stat_fd.is_some()) + usize::from(k.pidfd.is_some());
         Some(k)
+    }
+
+    /// Processes whose pidfd says they exited since their facts were read; their pidfds are
+    /// closed (the exit is news once). `None` when polling failed: treat it as news.
+    fn take_exits(&mut self) -> Option<Vec<u32>> {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let (pids, mut fds): (Vec<u32>, Vec<PollFd<'_>>) = self
+            .known
+            .iter()
+            .filter_map(|(pid, k)| Some((*pid, PollFd::new(k.pidfd.as_ref()?, PollFlags::IN))))
+            .unzip();
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        poll(&mut fds, Some(&now)).ok()?;
+        let exited: Vec<u32> = pids
+            .into_iter()
+            .zip(&fds)
+            .filter(|(_, fd)| !fd.revents().is_empty())
+            .map(|(pid, _)| pid)
+            .collect();
+        drop(fds);
+        for pid in &exited {
+            if let Some(k) = self.known.get_mut(pid)
+                && k.pidfd.take().is_some()
+            {
+                self.open_stat_fds -= 1;
+            }
+        }
+        Some(exited)
+    }
+
+    /// The facts of `pid` as the last re-read left them, when they can be reused: it has a
+    /// pidfd (which said nothing) and was neither dying nor in D state.
+    fn cached(&self, pid: u32) -> Option<ProcessFacts> {
+        let k = self.known.get(&pid)?;
+        k.pidfd.as_ref()?;
+        let f = k.last.as_ref()?;
+        let dying = matches!(f.state, Some('Z' | 'D' | 'X'))
+            || f.flags.is_some_and(|fl| fl & PF_EXITING != 0);
+        (!dying).then(|| f.clone())
+    }
+
+    /// The facts of one pid: reused under [`ScanDepth::Cached`] when nothing exited, else
+    /// re-read.
+    fn facts(&mut self, pid: u32, reuse: bool) -> Result<Option<ProcessFacts>, ProcError> {
+        if reuse && let Some(f) = self.cached(pid) {
+            return Ok(Some(f));
+        }
+        let facts = self.refresh(pid)?;
+        if let Some(f) = &facts {
+            self.follow(pid, f);
+        }
+        Ok(facts)
+    }
+
+    /// Keeps the facts just read, and opens a pidfd for the process if it has none.
+    fn follow(&mut self, pid: u32, facts: &ProcessFacts) {
+        let (usable, room) = (self.pidfds_usable, self.open_stat_fds < self.max_stat_fds);
+        let Some(k) = self.known.get_mut(&pid) else {
+            return;
+        };
+        k.last = Some(facts.clone());
+        // A process already dead has nothing more to announce.
+        let dead = matches!(facts.state, Some('Z' | 'X'));
+        if k.pidfd.is_some() || dead || !usable || !room {
+            return;
+        }
+        let Some(stat_fd) = k.stat_fd.as_ref() else {
+            return;
+        };
+        let Some(fd) = rustix::process::Pid::from_raw(pid as i32).and_then(|p| {
+            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+        }) else {
+            return;
+        };
+        // The held stat file belongs to the process just read: if it still reads, the pid was
+        // not reused before the pidfd was opened.
+        if matches!(self.fs.reread_stat(pid, stat_fd), Ok(Found::Yes(s)) if s.start_ticks == facts.start_ticks)
+        {
+            k.pidfd = Some(fd);
+            self.open_stat_fds += 1;
+        }
     }
 
     /// Forgets a pid that is gone, remembering it in `departed` if it mattered.
@@ -190,7 +287,7 @@ impl ProcCollector {
         }
         // Without a listing, a pid is presumed present until reading it says otherwise.
         let listing = match depth {
-            ScanDepth::Holders => None,
+            ScanDepth::Holders | ScanDepth::Cached => None,
             _ => Some(self.lister.list()?),
         };
         if let Some(pids) = &listing {
@@ -254,10 +351,11 @@ impl ProcCollector {
         wanted.sort_unstable();
         wanted.dedup();
 
+        let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
         let mut out: HashMap<u32, ProcessFacts> = HashMap::new();
         let mut relatives = Vec::new();
         for pid in wanted {
-            match self.refresh(pid)? {
+            match self.facts(pid, reuse)? {
                 Some(facts) => {
                     for rel in [facts.ppid, facts.pgid].into_iter().flatten() {
                         if rel > 0 && rel != pid {
@@ -273,7 +371,7 @@ impl ProcCollector {
             if out.contains_key(&pid) {
                 continue;
             }
-            match self.refresh(pid)? {
+            match self.facts(pid, reuse)? {
                 Some(facts) => {
                     out.insert(pid, facts);
                 }
@@ -313,9 +411,6 @@ impl ProcCollector {
 
     /// Fd-scans `pids`, on every core when there are many.
     fn scan_fds(&self, pids: &[u32]) -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8);
         let (fs, devices) = (&self.fs, &self.devices);
         let scan_chunk = |chunk: &[u32]| -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
             chunk
@@ -323,7 +418,14 @@ impl ProcCollector {
                 .map(|&pid| Ok((pid, fs.device_files(pid, devices)?)))
                 .collect()
         };
-        if threads < 2 || pids.len() < PARALLEL_SCAN_MIN {
+        if pids.len() < PARALLEL_SCAN_MIN {
+            return scan_chunk(pids);
+        }
+        // Asked only here: it reads cgroup files, too dear for every steady-state sample.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
+        if threads < 2 {
             return scan_chunk(pids);
         }
         let chunk = pids.len().div_ceil(threads);

@@ -232,3 +232,68 @@ fn the_steady_state_finds_a_listed_pid_it_never_saw() {
     let got = c.collect(&[pid], ScanDepth::NewProcesses, 0).unwrap();
     assert!(got.processes.iter().any(|p| p.pid == other.0.id()));
 }
+
+#[test]
+fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    let dev = dev_dir();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    // A job: a shell whose child holds the device.
+    let script = format!(
+        "sh -c 'exec 3<{}; exec sleep 60' & wait",
+        dev.path().join("nvidia0").display()
+    );
+    let mut job = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+    let leader = job.0.id();
+    let mut worker = 0;
+    wait_until("the worker to hold the device", || {
+        let got = c.collect(&[], ScanDepth::Full, 0).unwrap();
+        worker = got
+            .processes
+            .iter()
+            .find(|p| p.ppid == Some(leader) && p.device_files.holds_any() == Some(true))
+            .map_or(0, |p| p.pid);
+        worker != 0
+    });
+    // Pinned while its parent is the job, so the cleanup never signals a reused pid.
+    let pidfd = pidfd_open(Pid::from_raw(worker as i32).unwrap(), PidfdFlags::empty()).unwrap();
+    struct Kill(rustix::fd::OwnedFd);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = pidfd_send_signal(&self.0, Signal::KILL);
+        }
+    }
+    let worker_fd = Kill(pidfd);
+    let state_of = |c: &mut ProcCollector, depth| {
+        let got = c.collect(&[], depth, 0).unwrap();
+        let p = got.processes.into_iter().find(|p| p.pid == worker).unwrap();
+        (p.state, p.ppid)
+    };
+    assert_eq!(
+        state_of(&mut c, ScanDepth::Cached),
+        (Some('S'), Some(leader))
+    );
+
+    // Stopping it announces nothing: a cached collection does not see it, a re-read does.
+    pidfd_send_signal(&worker_fd.0, Signal::STOP).unwrap();
+    wait_until("the worker to stop", || {
+        std::fs::read_to_string(format!("/proc/{worker}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('T'))
+    });
+    assert_eq!(state_of(&mut c, ScanDepth::Cached).0, Some('S'));
+    assert_eq!(state_of(&mut c, ScanDepth::Holders).0, Some('T'));
+    assert_eq!(state_of(&mut c, ScanDepth::Cached).0, Some('T'));
+    pidfd_send_signal(&worker_fd.0, Signal::CONT).unwrap();
+
+    // The job's leader exits: its pidfd announces it, and the cached collection re-reads
+    // everything, seeing the worker re-parented.
+    job.0.kill().unwrap();
+    job.0.wait().unwrap();
+    let (_, ppid) = state_of(&mut c, ScanDepth::Cached);
+    assert_ne!(
+        ppid,
+        Some(leader),
+        "the orphaned worker's new parent is seen at once"
+    );
+    drop(worker_fd);
+}

@@ -1,6 +1,7 @@
 //! The simulation: evaluates the state file against the live process table.
 
 use crate::state::{AfterExit, AllocationKind, Quirk, SimHealth, SimState, StateError};
+use rustix::process::{Pid, PidfdFlags};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -252,8 +253,32 @@ pub struct Sim {
     calls: HashMap<(String, Option<u32>), u64>,
     cache: Option<(Instant, Observation)>,
     cache_ttl: Duration,
-    /// `stat` files of allocation pids, kept open between observations.
-    stat_files: HashMap<u32, Option<std::fs::File>>,
+    /// How each allocation pid seen alive is followed between observations.
+    tracked: HashMap<u32, Tracked>,
+    /// `proc_root` shows this process's PID namespace, so a pidfd names the same process as
+    /// `proc_root/PID`.
+    pidfds_usable: bool,
+}
+
+/// A pid the simulator saw alive, and how it learns that the process finished exiting.
+#[derive(Debug)]
+enum Tracked {
+    /// A pidfd: readable once the whole thread group has exited (files closed), which is
+    /// exactly when a real driver releases; one `poll` answers for every tracked pid.
+    Pidfd {
+        fd: rustix::fd::OwnedFd,
+        start_ticks: Option<u64>,
+    },
+    /// Its `stat` file, re-read with one `pread` (a `proc_root` of another PID namespace).
+    Stat(std::fs::File),
+}
+
+/// Whether `proc_root` is this process's PID namespace: its `self` names our pid.
+fn proc_root_is_ours(proc_root: &Path) -> bool {
+    std::fs::read_link(proc_root.join("self"))
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok())
+        == Some(std::process::id())
 }
 
 impl Sim {
@@ -270,8 +295,10 @@ impl Sim {
             calls: HashMap::new(),
             cache: None,
             cache_ttl: Duration::from_millis(1),
-            stat_files: HashMap::new(),
+            tracked: HashMap::new(),
+            pidfds_usable: false,
         };
+        sim.pidfds_usable = proc_root_is_ours(&sim.state.proc_root);
         sim.reload_runtime()?;
         Ok(sim)
     }
@@ -305,7 +332,12 @@ impl Sim {
     fn reload_state(&mut self) -> Result<(), SimError> {
         let now = stamp(&self.path);
         if now != self.state_stamp || now.is_none() {
-            self.state = SimState::load(&self.path)?;
+            let state = SimState::load(&self.path)?;
+            if state.proc_root != self.state.proc_root {
+                self.tracked.clear();
+                self.pidfds_usable = proc_root_is_ours(&state.proc_root);
+            }
+            self.state = state;
             self.state_stamp = now;
         }
         Ok(())
@@ -360,6 +392,70 @@ impl Sim {
         Ok(obs)
     }
 
+    /// The tracked pids whose pidfd says the process finished exiting.
+    fn poll_pidfds(&self) -> std::collections::HashSet<u32> {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let (pids, mut fds): (Vec<u32>, Vec<PollFd<'_>>) = self
+            .tracked
+            .iter()
+            .filter_map(|(pid, t)| match t {
+                Tracked::Pidfd { fd, .. } => Some((*pid, PollFd::new(fd, PollFlags::IN))),
+                Tracked::Stat(_) => None,
+            })
+            .unzip();
+        if fds.is_empty() {
+            return Default::default();
+        }
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if poll(&mut fds, Some(&now)).is_err() {
+            return Default::default();
+        }
+        pids.into_iter()
+            .zip(fds)
+            .filter(|(_, fd)| !fd.revents().is_empty())
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+
+    /// Whether `pid` is alive (not finished exiting), from its pidfd when tracked by one
+    /// (checked by [`Sim::poll_pidfds`] already), else from `/proc`; starts tracking it.
+    fn life_of(&mut self, pid: u32) -> Life {
+        let proc_root = &self.state.proc_root;
+        let mut held = match self.tracked.remove(&pid) {
+            Some(Tracked::Pidfd { fd, start_ticks }) => {
+                self.tracked.insert(pid, Tracked::Pidfd { fd, start_ticks });
+                return Life::Alive { start_ticks };
+            }
+            Some(Tracked::Stat(f)) => Some(f),
+            None => None,
+        };
+        let life = life_of(proc_root, pid, &mut held);
+        let Life::Alive { start_ticks } = life else {
+            return life;
+        };
+        let pidfd = self
+            .pidfds_usable
+            .then(|| Pid::from_raw(pid as i32))
+            .flatten()
+            .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+        match pidfd {
+            // The held stat file belongs to the process first read: if it still reads alive,
+            // the pid was not reused before the pidfd was opened.
+            Some(fd) if matches!(life_of(proc_root, pid, &mut held), Life::Alive { .. }) => {
+                self.tracked.insert(pid, Tracked::Pidfd { fd, start_ticks });
+            }
+            _ => {
+                if let Some(f) = held {
+                    self.tracked.insert(pid, Tracked::Stat(f));
+                }
+            }
+        }
+        life
+    }
+
     /// Checks every allocation's process and records first sightings in the runtime file.
     fn update_lives(&mut self, now: u64) -> Result<HashMap<u32, Life>, SimError> {
         let mut lives = HashMap::new();
@@ -370,6 +466,7 @@ impl Sim {
             .iter()
             .flat_map(|a| std::iter::once(a.pid).chain(a.held_by.iter().copied()))
             .collect();
+        let exited = self.poll_pidfds();
         for pid in pids {
             if lives.contains_key(&pid) {
                 continue;
@@ -380,12 +477,11 @@ impl Sim {
                 .get(&pid)
                 .cloned()
                 .unwrap_or_default();
-            let mut life = if record.gone_since_ms.is_some() {
-                self.stat_files.remove(&pid);
+            let mut life = if record.gone_since_ms.is_some() || exited.contains(&pid) {
+                self.tracked.remove(&pid);
                 Life::Gone
             } else {
-                let held = self.stat_files.entry(pid).or_default();
-                life_of(&self.state.proc_root, pid, held)
+                self.life_of(pid)
             };
             if let Life::Alive { start_ticks } = life
                 && record.start_ticks.is_some()

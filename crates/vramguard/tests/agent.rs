@@ -265,7 +265,7 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
         sample(
             &agent.metrics(),
             "vramguard_collections_total",
-            &["kind=\"holders\""],
+            &["kind=\"cached\""],
         )
         .unwrap_or(0.0)
             > 8.0
