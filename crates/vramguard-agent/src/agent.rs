@@ -262,7 +262,7 @@ impl Agent {
 
     fn publish_metrics_only(&self) {
         let metrics = Bytes::from(self.metrics.render());
-        let mut p = self.shared.write().expect("published state");
+        let mut p = self.shared.write().unwrap_or_else(|p| p.into_inner());
         let old = &**p;
         *p = Arc::new(Published {
             metrics,
@@ -279,7 +279,12 @@ impl Agent {
 
     fn publish(&self, report: Report, firing: &[(String, u32)]) {
         let metrics = Bytes::from(self.metrics.render());
-        let samples = self.shared.read().expect("published state").samples + 1;
+        let samples = self
+            .shared
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .samples
+            + 1;
         let next = Arc::new(Published {
             metrics,
             report: Some(Arc::new(report)),
@@ -291,7 +296,7 @@ impl Agent {
             stale_after: (self.config.agent.interval * 5).max(Duration::from_secs(10)),
             ..Published::default()
         });
-        *self.shared.write().expect("published state") = next;
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
 
     /// Keeps a pidfd of every holder, to wake at its exit.

@@ -91,7 +91,7 @@ impl Published {
 pub type Shared = Arc<RwLock<Arc<Published>>>;
 
 fn read(s: &Shared) -> Arc<Published> {
-    s.read().expect("published state").clone()
+    s.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {

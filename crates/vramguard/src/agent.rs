@@ -34,6 +34,9 @@ pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
     }
     if let Some(i) = &args.interval {
         config.agent.interval = parse_duration(i)?;
+        if config.agent.interval < std::time::Duration::from_millis(50) {
+            return Err(anyhow!("--interval {i}: at least 50ms"));
+        }
     }
     // Fail now, with the driver's own message, rather than in the loop.
     drop(ctx.gpu_source()?);
