@@ -122,6 +122,10 @@ struct Agent {
     exited: BTreeSet<(u32, u64)>,
     pending: Vec<PendingLag>,
     last_used: BTreeMap<u32, (u64, u64)>,
+    /// Trends from the last fit, and when it was.
+    gpu_trends: BTreeMap<u32, Trend>,
+    holder_trends: HashMap<(u32, u32, u64), Trend>,
+    last_fit: Option<Instant>,
     reclaimable_since: HashMap<(u32, u64), Instant>,
     reclaim_job: Option<Receiver<Result<ReclaimOutcome, String>>>,
 }
@@ -198,8 +202,16 @@ impl Agent {
             self.config.agent.timeline.as_secs_f64(),
         );
         let min_span = (trend_window / 10.0).clamp(10.0, 300.0);
-        let mut gpu_trends: BTreeMap<u32, Trend> = BTreeMap::new();
-        let mut holder_trends: BTreeMap<(u32, u32), Trend> = BTreeMap::new();
+        // A fit moves only when a bucket of the series closes: refit at that pace, not at
+        // every sample.
+        let refit = self
+            .last_fit
+            .is_none_or(|at| at.elapsed().as_secs_f64() >= trend_window / 240.0);
+        if refit {
+            self.gpu_trends.clear();
+            self.holder_trends.clear();
+            self.last_fit = Some(Instant::now());
+        }
         for g in &report.gpus {
             if let Some(m) = g.memory {
                 self.history
@@ -207,32 +219,43 @@ impl Agent {
                 self.last_used
                     .insert(g.index, (m.used, self.config.policy.tolerance_for(m.total)));
             }
-            if let Some(tr) = self
-                .history
-                .gpu_used
-                .get(&g.index)
-                .and_then(|s| s.trend(min_span))
+            if refit
+                && let Some(tr) = self
+                    .history
+                    .gpu_used
+                    .get(&g.index)
+                    .and_then(|s| s.trend(min_span))
             {
-                gpu_trends.insert(g.index, tr);
+                self.gpu_trends.insert(g.index, tr);
             }
             for h in g.holders.iter().take(self.config.agent.top_holders) {
                 if let (Some(b), Some(start)) = (h.used_bytes, h.start_ticks) {
                     let key = (g.index, h.pid, start);
                     self.history.record_holder(key, t, b, trend_window);
-                    if let Some(tr) = self
-                        .history
-                        .holder_used
-                        .get(&key)
-                        .and_then(|s| s.trend(min_span))
+                    if refit
+                        && let Some(tr) = self
+                            .history
+                            .holder_used
+                            .get(&key)
+                            .and_then(|s| s.trend(min_span))
                     {
-                        holder_trends.insert((g.index, h.pid), tr);
+                        self.holder_trends.insert(key, tr);
                     }
                 }
             }
         }
+        let gpu_trends = &self.gpu_trends;
+        // Exported under (gpu, pid) for the holders of this sample only.
+        let holder_trends: BTreeMap<(u32, u32), Trend> = report
+            .holders()
+            .filter_map(|(gpu, h)| {
+                let tr = self.holder_trends.get(&(gpu, h.pid, h.start_ticks?))?;
+                Some(((gpu, h.pid), *tr))
+            })
+            .collect();
         self.history.prune(t, trend_window);
 
-        for n in self.alerts.evaluate(&report, &gpu_trends, now_ms()) {
+        for n in self.alerts.evaluate(&report, gpu_trends, now_ms()) {
             self.notifier.send(n);
         }
         let firing = self.alerts.firing();
@@ -247,7 +270,7 @@ impl Agent {
                     ScanDepth::Cached => "cached",
                 },
                 timestamp_secs: now_ms() as f64 / 1000.0,
-                gpu_trends: &gpu_trends,
+                gpu_trends,
                 holder_trends: &holder_trends,
                 firing: &firing,
                 top_holders: self.config.agent.top_holders,
@@ -396,8 +419,10 @@ impl Agent {
         }
     }
 
-    /// Checks the GPUs with pending releases.
-    fn poll_lags(&mut self) {
+    /// Checks the GPUs with pending releases; true when one ended (the memory came back, or
+    /// the wait timed out): the GPU changed, and the metrics should say so.
+    fn poll_lags(&mut self) -> bool {
+        let before = self.pending.len();
         let gpus: BTreeSet<u32> = self.pending.iter().map(|p| p.gpu).collect();
         let now = Instant::now();
         for gpu in gpus {
@@ -421,6 +446,7 @@ impl Agent {
                 }
             });
         }
+        self.pending.len() < before
     }
 
     fn track_reclaimable(&mut self, snap: &Snapshot, report: &Report) {
@@ -668,6 +694,9 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         exited: BTreeSet::new(),
         pending: Vec::new(),
         last_used: BTreeMap::new(),
+        gpu_trends: BTreeMap::new(),
+        holder_trends: HashMap::new(),
+        last_fit: None,
         reclaimable_since: HashMap::new(),
         reclaim_job: None,
         config: setup.config,
@@ -695,8 +724,9 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
             // A kill may have left a ghost: report it now, not at the next tick.
             next = Instant::now();
         }
-        if !agent.pending.is_empty() {
-            agent.poll_lags();
+        if !agent.pending.is_empty() && agent.poll_lags() {
+            // Memory came back: sample now, so the ghost and the lag are exported together.
+            next = Instant::now();
         }
     }
     tracing::info!("vramguard agent stopping");

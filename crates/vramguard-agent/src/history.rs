@@ -3,21 +3,30 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use vramguard_core::trend::{Trend, theil_sen};
 
-/// Points fitted at most: a 30-minute window at 1 s would be 1,800 points and 1.6 M pairwise
-/// slopes; evenly thinned to this many, the fit costs ~7,000 slopes and loses nothing a leak
-/// shows.
-const FIT_POINTS: usize = 120;
+/// Points kept per window: a 30-minute window sampled every second would be 1,800 points per
+/// series; kept as 240 buckets (one per 7.5 s, holding the bucket's latest value) the memory
+/// of a series is bounded whatever the interval, and a leak shows just the same.
+const BUCKETS: f64 = 240.0;
+
+/// Points fitted at most: evenly thinned to this many, a fit costs ~1,800 pairwise slopes.
+const FIT_POINTS: usize = 60;
 
 /// A time series over a sliding window. Time in seconds since the agent started.
 #[derive(Debug, Clone, Default)]
 pub struct Series {
+    /// (start of the bucket, latest value in it), oldest first.
     points: VecDeque<(f64, f64)>,
 }
 
 impl Series {
-    /// Appends a point and forgets those older than `window_secs`.
+    /// Records a value at `t` (into the current bucket, or a new one) and forgets buckets
+    /// older than `window_secs`.
     pub fn push(&mut self, t: f64, v: f64, window_secs: f64) {
-        self.points.push_back((t, v));
+        let width = window_secs / BUCKETS;
+        match self.points.back_mut() {
+            Some(back) if t - back.0 < width => back.1 = v,
+            _ => self.points.push_back((t, v)),
+        }
         while self
             .points
             .front()
@@ -119,7 +128,7 @@ mod tests {
                 1800.0,
             );
         }
-        assert!(s.points().count() <= 1801);
+        assert!(s.points().count() <= 241, "bounded: {}", s.points().count());
         let t = s.trend(60.0).unwrap();
         assert!((t.slope - 2.0).abs() < 0.05, "{t:?}");
         assert!(t.rising());

@@ -506,8 +506,13 @@ impl Sim {
             }
             lives.insert(pid, life);
         }
+        // Processes no allocation names any more need no following.
+        self.tracked.retain(|pid, _| lives.contains_key(pid));
         if !changes.is_empty() {
             self.update_runtime(|rt| {
+                // A dead pid no allocation names is history: drop it, so the file stays small.
+                rt.processes
+                    .retain(|pid, r| r.gone_since_ms.is_none() || lives.contains_key(pid));
                 for (pid, rec) in changes {
                     let entry = rt.processes.entry(pid).or_default();
                     // First writer wins: another process may have recorded it first.

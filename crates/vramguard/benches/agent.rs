@@ -292,11 +292,14 @@ fn main() {
         let mut rss = Vec::new();
         let mut next_report = Instant::now();
         while t.elapsed() < Duration::from_secs(soak) {
-            // Holders come and go: ten every five seconds.
+            // Holders come and go: ten every five seconds. The driver forgets the ones that
+            // went, as a real one does.
+            let gone: Vec<u32> = churn.iter().map(|c| c.id()).collect();
             for mut c in churn.drain(..) {
                 let _ = c.kill();
                 let _ = c.wait();
             }
+            world.update(|s| s.allocations.retain(|a| !gone.contains(&a.pid)));
             let fresh: Vec<Child> = (0..10).map(|_| spawn_sleeper(&files)).collect();
             world.update(|s| {
                 for c in &fresh {
