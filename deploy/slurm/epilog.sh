@@ -5,32 +5,40 @@
 #
 # slurm.conf:  Epilog=/etc/slurm/epilog.d/vramguard.sh
 # Environment from slurmd: SLURM_JOB_ID, SLURM_JOB_GPUS (e.g. "0,1"), SLURMD_NODENAME.
+# Knobs: VRAMGUARD (the binary), VRAMGUARD_EPILOG_LOG, VRAMGUARD_AUDIT_LOG,
+# VRAMGUARD_EPILOG_TRIES and VRAMGUARD_EPILOG_SLEEP (how long the driver gets to tear the
+# job's contexts down before anything is reclaimed: 6 x 5 s by default).
 set -uo pipefail
 VRAMGUARD=${VRAMGUARD:-/usr/local/bin/vramguard}
 GPUS=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
 NODE=${SLURMD_NODENAME:-$(hostname -s)}
 LOG=${VRAMGUARD_EPILOG_LOG:-/var/log/vramguard/epilog.log}
+AUDIT=${VRAMGUARD_AUDIT_LOG:-/var/log/vramguard/audit.jsonl}
+TRIES=${VRAMGUARD_EPILOG_TRIES:-6}
+SLEEP=${VRAMGUARD_EPILOG_SLEEP:-5}
 mkdir -p "$(dirname "$LOG")"
 log() { echo "$(date -Is) job=${SLURM_JOB_ID:-?} $*" >>"$LOG"; }
 
 [ -n "$GPUS" ] || exit 0
 [ -x "$VRAMGUARD" ] || { log "no vramguard at $VRAMGUARD"; exit 0; }
 
-# The driver may take a few seconds to tear the job's contexts down.
-for _ in 1 2 3 4 5 6; do
-    "$VRAMGUARD" diagnose >/dev/null 2>&1 && { log "GPUs $GPUS clean"; exit 0; }
-    sleep 5
+# Only the job's GPUs: another job's problem is that job's epilog's business.
+for ((i = 1; i <= TRIES; i++)); do
+    "$VRAMGUARD" diagnose --gpu "$GPUS" >/dev/null 2>&1 && { log "GPUs $GPUS clean"; exit 0; }
+    [ "$i" -lt "$TRIES" ] && sleep "$SLEEP"
 done
 
 log "GPUs $GPUS not clean after the job; reclaiming"
-"$VRAMGUARD" reclaim --yes --gpu "$GPUS" --grace 10s --release-timeout 60s >>"$LOG" 2>&1
+"$VRAMGUARD" reclaim --yes --gpu "$GPUS" --grace 10s --release-timeout 60s \
+    --audit-log "$AUDIT" >>"$LOG" 2>&1
 rc=$?
-if [ $rc -eq 0 ]; then
+if [ $rc -eq 0 ] && "$VRAMGUARD" diagnose --gpu "$GPUS" >/dev/null 2>&1; then
     log "reclaimed"
     exit 0
 fi
-reason=$("$VRAMGUARD" diagnose --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["verdict"]["summary"][:200])' 2>/dev/null)
-reason=${reason:-"vramguard: GPU memory still held after job ${SLURM_JOB_ID:-?}"}
+# The verdict line of the diagnosis is the reason an admin reads in `sinfo -R`.
+reason=$(NO_COLOR=1 "$VRAMGUARD" diagnose --gpu "$GPUS" 2>&1 | sed -n 's/^verdict: //p' | head -c 200)
+reason=${reason:-"GPU memory still held after job ${SLURM_JOB_ID:-?}"}
 log "draining $NODE: $reason"
 scontrol update NodeName="$NODE" State=DRAIN Reason="vramguard: $reason" >>"$LOG" 2>&1
 # An epilog failure would itself drain the node with a less useful reason: exit 0.

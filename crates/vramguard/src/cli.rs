@@ -48,7 +48,7 @@ pub enum Command {
     Status(OutputArgs),
     /// The full check-list with a verdict and the exact next command (exit 0 clean, 1 found
     /// ghost memory or orphaned holders, 2 error)
-    Diagnose(OutputArgs),
+    Diagnose(DiagnoseArgs),
     /// Print the raw facts (driver + /proc) as JSON, to replay with --replay or attach to a
     /// bug report
     Snapshot,
@@ -103,6 +103,16 @@ pub struct OutputArgs {
     /// Print JSON (stable schema, see docs/json-schema.md)
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DiagnoseArgs {
+    /// Print JSON (stable schema, see docs/json-schema.md)
+    #[arg(long)]
+    pub json: bool,
+    /// Only these GPUs, e.g. a finished job's (0,3) [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
+    pub gpu: Vec<u32>,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -83,7 +83,20 @@ fn run(cli: cli::Cli) -> Result<i32> {
         }
         Command::Diagnose(args) => {
             let ctx = context::Ctx::new(cli.global)?;
-            let (_, report) = ctx.report()?;
+            let (_, mut report) = ctx.report()?;
+            if let Some(missing) = args
+                .gpu
+                .iter()
+                .find(|i| !report.gpus.iter().any(|g| g.index == **i))
+            {
+                anyhow::bail!(
+                    "--gpu {missing}: this node has {} GPU(s)",
+                    report.gpus.len()
+                );
+            }
+            if !args.gpu.is_empty() {
+                report.gpus.retain(|g| args.gpu.contains(&g.index));
+            }
             let diagnosis = vramguard_core::diagnose::diagnose(report);
             if args.json {
                 print_json(&diagnosis)?;
