@@ -4,7 +4,9 @@
 #   1. the release probe: TERM, INT and KILL, 3 repeats each, 4 GiB, with report and plots;
 #   2. status/diagnose on real processes: a CUDA holder with two children that inherited its
 #      context, after the parent is SIGKILLed (the DataLoader case), then reclaim;
-#   3. `vramguard run` around a CUDA holder: the release summary with the driver's real lag.
+#   3. `vramguard run` around a CUDA holder: the release summary with the driver's real lag;
+#   4. the agent for 20 s around a killed CUDA holder: its metrics (release-lag histogram,
+#      memory health, Xid event sets registered on the real driver) and /api/status.
 # Usage: scripts/gpu-check.sh [VRAMGUARD_BINARY] [OUT_DIR] [GPU_INDEX]
 # It starts only processes of its own, and kills them by pid.
 set -uo pipefail
@@ -53,4 +55,19 @@ log "run: a CUDA holder under vramguard run"
 "$BIN" run --summary-json "$OUT/run-summary.json" -- "$BIN" __cuda-hold --pci "$BUS" --bytes $((4 << 30)) --lifetime 3 \
     >"$OUT/run.txt" 2>&1
 log "run exit: $?"
+
+log "agent: 20 s, a CUDA holder killed in the middle"
+"$BIN" agent --listen 127.0.0.1:19835 --interval 1s >"$OUT/agent.log" 2>&1 &
+AGENT=$!
+sleep 3
+"$BIN" __cuda-hold --pci "$BUS" --bytes $((2 << 30)) --lifetime 120 >"$OUT/agent-holder.out" 2>>"$OUT/check.log" &
+HOLDER=$!
+sleep 5
+kill -KILL "$HOLDER"
+sleep 10
+curl -s 127.0.0.1:19835/metrics >"$OUT/agent-metrics.txt" 2>>"$OUT/check.log"
+curl -s 127.0.0.1:19835/api/status >"$OUT/agent-status.json" 2>>"$OUT/check.log"
+kill -TERM "$AGENT"
+wait "$AGENT"
+log "agent exit: $? (release lags: $(grep -c '^vramguard_release_lag_seconds_count' "$OUT/agent-metrics.txt"))"
 log "done"

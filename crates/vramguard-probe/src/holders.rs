@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use vramguard_ops::identity::{Identity, start_ticks, verify};
+use vramguard_sim::holder::with_default_signals;
 use vramguard_sim::holder::{HolderSpec, Worker};
 
 /// How holders are made.
@@ -67,7 +68,7 @@ impl HolderKind {
     ) -> Result<Holding, HolderError> {
         match self {
             HolderKind::Cuda { exe, pci_bus_id } => {
-                let mut child = Command::new(exe)
+                let mut child = with_default_signals(&mut Command::new(exe))
                     .args(["__cuda-hold", "--pci", pci_bus_id])
                     .args([
                         "--bytes",
@@ -148,7 +149,7 @@ impl HolderKind {
                 })
             }
             HolderKind::Command { cmd, device } => {
-                let child = Command::new("sh")
+                let child = with_default_signals(&mut Command::new("sh"))
                     .args(["-c", cmd])
                     .env("VRAMGUARD_PROBE_BYTES", bytes.to_string())
                     .env("CUDA_VISIBLE_DEVICES", device)
