@@ -370,6 +370,11 @@ pub fn supervise(
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            // A shell without job control starts background jobs with SIGINT and SIGQUIT
+            // ignored, and that would survive exec: the Ctrl-C vramguard forwards must reach
+            // the job. (SIGHUP is left as it is: `nohup vramguard run` keeps meaning nohup.)
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
             if let Some(path) = &procs_file {
                 let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
