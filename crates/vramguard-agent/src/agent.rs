@@ -617,14 +617,7 @@ fn auto_reclaim(
         &report,
         &mut env,
         &mut audit,
-        &ExecuteOptions {
-            grace: rc.grace,
-            kill_wait: Duration::from_secs(5),
-            release_timeout: rc.release_timeout,
-            poll: Duration::from_millis(20),
-            reset: reset_mode,
-            proc_root,
-        },
+        &ExecuteOptions::new(rc.grace, rc.release_timeout, reset_mode, proc_root),
     )
     .map_err(|e| e.to_string())
 }

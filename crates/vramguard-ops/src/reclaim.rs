@@ -58,6 +58,25 @@ pub struct ExecuteOptions {
     pub proc_root: PathBuf,
 }
 
+impl ExecuteOptions {
+    /// The usual options: 5 s for SIGKILLed processes to exit, the driver polled every 20 ms.
+    pub fn new(
+        grace: Duration,
+        release_timeout: Duration,
+        reset: ResetMode,
+        proc_root: PathBuf,
+    ) -> ExecuteOptions {
+        ExecuteOptions {
+            grace,
+            kill_wait: Duration::from_secs(5),
+            release_timeout,
+            poll: Duration::from_millis(20),
+            reset,
+            proc_root,
+        }
+    }
+}
+
 /// What the executor needs from the machine.
 pub trait ReclaimEnv {
     /// A fresh snapshot with a full scan, and its report.

@@ -303,14 +303,12 @@ fn reclaim_demo(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
         &report,
         &mut env,
         &mut audit,
-        &ExecuteOptions {
-            grace: Duration::from_secs(10),
-            kill_wait: Duration::from_secs(5),
-            release_timeout: Duration::from_secs(20),
-            poll: Duration::from_millis(20),
-            reset: ResetMode::Auto,
-            proc_root: PathBuf::from("/proc"),
-        },
+        &ExecuteOptions::new(
+            Duration::from_secs(10),
+            Duration::from_secs(20),
+            ResetMode::Auto,
+            PathBuf::from("/proc"),
+        ),
     )?;
     print!("{}", render_outcome(&outcome, &audit_path));
     Ok(())

@@ -309,14 +309,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         &report,
         &mut env,
         &mut audit,
-        &ExecuteOptions {
-            grace,
-            kill_wait: Duration::from_secs(5),
-            release_timeout,
-            poll: Duration::from_millis(20),
-            reset,
-            proc_root,
-        },
+        &ExecuteOptions::new(grace, release_timeout, reset, proc_root),
     )?;
     if args.json {
         crate::print_json(&outcome)?;
