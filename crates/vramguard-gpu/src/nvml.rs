@@ -62,10 +62,11 @@ fn call_error(call: &str, e: &NvmlError) -> CallError {
     }
 }
 
-/// One Xid event set per GPU, registered at open (`None` where registration failed: events
-/// are then not counted for that GPU). One set per GPU, because nvml-wrapper frees a set
-/// whose registration fails, and one unsupported GPU must not cost the others their events.
-type XidSets<'nvml> = Vec<Result<EventSet<'nvml>, CallError>>;
+/// One Xid event set per GPU, registered at open; where registration failed, the error,
+/// until the first sample reports it (once: a GPU whose events cannot be had is not a fresh
+/// error at every sample). One set per GPU, because nvml-wrapper frees a set whose
+/// registration fails, and one unsupported GPU must not cost the others their events.
+type XidSets<'nvml> = Vec<Result<EventSet<'nvml>, Option<CallError>>>;
 
 self_cell::self_cell!(
     /// The library and the event sets that borrow it.
@@ -106,6 +107,7 @@ fn register_xid_sets(nvml: &Nvml) -> XidSets<'_> {
                 .register_events(EventTypes::CRITICAL_XID_ERROR, set)
                 .map_err(|e| call_error("nvmlDeviceRegisterEvents", &e.error))
         })
+        .map(|r| r.map_err(Some))
         .collect()
 }
 
@@ -153,7 +155,7 @@ impl NvmlSource {
     fn receive_xids(&mut self, gpu: u32, health: &mut GpuHealth, warnings: &mut Vec<CallError>) {
         let xids = &mut self.xids;
         self.library
-            .with_dependent(|_, sets| match sets.get(gpu as usize) {
+            .with_dependent_mut(|_, sets| match sets.get_mut(gpu as usize) {
                 Some(Ok(set)) => {
                     for _ in 0..MAX_EVENTS_PER_SAMPLE {
                         match set.wait(0) {
@@ -172,10 +174,14 @@ impl NvmlSource {
                         }
                     }
                 }
-                Some(Err(e)) if e.code != Some(crate::read::NOT_SUPPORTED) => {
-                    warnings.push(e.clone());
+                Some(Err(unreported)) => {
+                    if let Some(e) = unreported.take()
+                        && e.code != Some(crate::read::NOT_SUPPORTED)
+                    {
+                        warnings.push(e);
+                    }
                 }
-                _ => {}
+                None => {}
             });
         health.xid_events = self.xids.counts(gpu);
     }

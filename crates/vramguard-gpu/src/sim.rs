@@ -20,8 +20,8 @@ use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
 pub struct SimSource {
     sim: Sim,
     /// Per GPU, how many of its Xid events were already received (the event set registered
-    /// at open, as [`crate::NvmlSource`]'s does).
-    xid_seen: Vec<usize>,
+    /// at open, as [`crate::NvmlSource`]'s does), or why registering failed, until reported.
+    xid_seen: Vec<Result<usize, Option<CallError>>>,
     xids: XidTally,
 }
 
@@ -38,12 +38,29 @@ impl SimSource {
         }
         // nvml-wrapper's init reads the driver version once; count it the same way.
         let _ = sim.fault("nvmlSystemGetDriverVersion", None);
-        let xid_seen = sim
+        let seen: Vec<usize> = sim
             .state()
             .gpus
             .iter()
             .map(|g| g.health.xid_events.len())
             .collect();
+        // Registering the event sets makes the calls NvmlSource makes at open, counted the
+        // same way for fault injection: the count, then a handle and a registration per GPU.
+        let xid_seen = match sim.fault("nvmlDeviceGetCount_v2", None) {
+            Some(_) => Vec::new(),
+            None => seen
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    for call in ["nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceRegisterEvents"] {
+                        if let Some(code) = sim.fault(call, Some(i as u32)) {
+                            return Err(Some(fault_error(call, code)));
+                        }
+                    }
+                    Ok(n)
+                })
+                .collect(),
+        };
         Ok(SimSource {
             sim,
             xid_seen,
@@ -256,8 +273,17 @@ impl SimSource {
     /// with a zero timeout would deliver them.
     fn receive_xids(&mut self, gpu: u32, warnings: &mut Vec<CallError>) {
         const CALL: &str = "nvmlEventSetWait_v2";
-        let Some(seen) = self.xid_seen.get(gpu as usize).copied() else {
-            return;
+        let seen = match self.xid_seen.get_mut(gpu as usize) {
+            Some(Ok(seen)) => *seen,
+            Some(Err(unreported)) => {
+                if let Some(e) = unreported.take()
+                    && e.code != Some(NOT_SUPPORTED)
+                {
+                    warnings.push(e);
+                }
+                return;
+            }
+            None => return,
         };
         if let Some(code) = self.sim.fault(CALL, Some(gpu)) {
             warnings.push(fault_error(CALL, code));
@@ -270,7 +296,7 @@ impl SimSource {
         for &xid in g.health.xid_events.iter().skip(seen) {
             self.xids.record(gpu, xid);
         }
-        self.xid_seen[gpu as usize] = g.health.xid_events.len().max(seen);
+        self.xid_seen[gpu as usize] = Ok(g.health.xid_events.len().max(seen));
     }
 
     fn sample_once(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {

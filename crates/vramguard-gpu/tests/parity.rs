@@ -299,3 +299,45 @@ fn a_failing_event_wait_is_a_warning_not_a_failure() {
         assert_eq!(w, vec!["nvmlEventSetWait_v2"]);
     }
 }
+
+#[test]
+fn an_event_registration_refused_is_reported_once() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(2);
+    world.update(|s| {
+        s.gpus[1].faults.push(Fault {
+            call: "nvmlDeviceRegisterEvents".into(),
+            code: 4,
+            after_calls: 0,
+            times: None,
+        })
+    });
+    let mut via_nvml = {
+        unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+        NvmlSource::open(Some(&sim_nvml_lib())).unwrap()
+    };
+    let mut in_process = SimSource::open(&world.state_path()).unwrap();
+    let window = Duration::from_secs(60);
+    let warned = |gpus: &[GpuSample]| -> Vec<(u32, String)> {
+        gpus.iter()
+            .flat_map(|g| g.warnings.iter().map(|w| (g.index, w.to_string())))
+            .collect()
+    };
+    for source in [&mut via_nvml as &mut dyn GpuSource, &mut in_process] {
+        let first = source.sample(window).unwrap().gpus;
+        assert_eq!(
+            warned(&first),
+            vec![(
+                1,
+                "nvmlDeviceRegisterEvents: Insufficient Permissions (code 4)".to_string()
+            )]
+        );
+        assert!(first.iter().all(|g| g.failure.is_none()));
+        let second = source.sample(window).unwrap().gpus;
+        assert_eq!(
+            warned(&second),
+            vec![],
+            "reported once, not at every sample"
+        );
+    }
+}

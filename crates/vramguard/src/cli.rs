@@ -180,15 +180,8 @@ pub struct RunArgs {
     /// Pick GPUs and set CUDA_VISIBLE_DEVICES: auto:N (the N with the most free memory)
     #[arg(long, value_name = "auto:N")]
     pub gpus: Option<String>,
-    /// With --gpus: only GPUs with at least this much free memory
-    #[arg(long, value_name = "SIZE")]
-    pub min_free: Option<String>,
-    /// With --gpus: wait this long for enough GPUs to be free
-    #[arg(long, default_value = "0s", value_name = "DURATION")]
-    pub wait: String,
-    /// With --gpus: name GPUs by UUID in CUDA_VISIBLE_DEVICES (stable across reboots)
-    #[arg(long)]
-    pub by_uuid: bool,
+    #[command(flatten)]
+    pub choice: GpuChoice,
     /// Exit with 125 when the job's GPU memory is not released within --release-timeout
     #[arg(long)]
     pub strict: bool,
@@ -299,13 +292,20 @@ pub struct ProbeCommon {
 pub struct PickArgs {
     /// How many GPUs
     pub count: usize,
+    #[command(flatten)]
+    pub choice: GpuChoice,
+}
+
+/// How `run --gpus auto:N` and `pick N` choose GPUs.
+#[derive(Debug, Args, Clone)]
+pub struct GpuChoice {
     /// Only GPUs with at least this much free memory
     #[arg(long, value_name = "SIZE")]
     pub min_free: Option<String>,
     /// Wait this long for enough GPUs to be free
     #[arg(long, default_value = "0s", value_name = "DURATION")]
     pub wait: String,
-    /// Print UUIDs instead of indices
+    /// Name GPUs by UUID (stable across reboots) instead of index
     #[arg(long)]
     pub by_uuid: bool,
 }

@@ -1,6 +1,6 @@
 //! `vramguard run -- CMD` and `vramguard pick N`.
 
-use crate::cli::{PickArgs, RunArgs};
+use crate::cli::{GpuChoice, PickArgs, RunArgs};
 use crate::context::Ctx;
 use anyhow::{Result, bail};
 use serde::Serialize;
@@ -23,13 +23,19 @@ pub const EXIT_NOT_RELEASED: i32 = 125;
 fn choose_gpus(
     source: &mut dyn GpuSource,
     count: usize,
-    min_free: u64,
-    wait: Duration,
-    by_uuid: bool,
+    choice: &GpuChoice,
 ) -> Result<Option<Vec<String>>> {
     if count == 0 {
         bail!("asked for 0 GPUs");
     }
+    let min_free = choice
+        .min_free
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()?
+        .unwrap_or(0);
+    let wait = parse_duration(&choice.wait)?;
+    let by_uuid = choice.by_uuid;
     let deadline = Instant::now() + wait;
     loop {
         let sample = source.sample(Duration::from_secs(1))?;
@@ -83,20 +89,8 @@ fn choose_gpus(
 
 /// `vramguard pick N`.
 pub fn pick(ctx: &Ctx, args: &PickArgs) -> Result<i32> {
-    let min_free = args
-        .min_free
-        .as_deref()
-        .map(parse_bytes)
-        .transpose()?
-        .unwrap_or(0);
     let mut source = ctx.gpu_source()?;
-    match choose_gpus(
-        source.as_mut(),
-        args.count,
-        min_free,
-        parse_duration(&args.wait)?,
-        args.by_uuid,
-    )? {
+    match choose_gpus(source.as_mut(), args.count, &args.choice)? {
         Some(ids) => {
             crate::print(&format!("{}\n", ids.join(",")))?;
             Ok(0)
@@ -263,20 +257,8 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
             .strip_prefix("auto:")
             .and_then(|n| n.parse().ok())
             .ok_or_else(|| anyhow::anyhow!("--gpus {spec:?}: expected auto:N, e.g. auto:2"))?;
-        let min_free = args
-            .min_free
-            .as_deref()
-            .map(parse_bytes)
-            .transpose()?
-            .unwrap_or(0);
         let source = tracker.source.as_mut().expect("checked above");
-        match choose_gpus(
-            source.as_mut(),
-            count,
-            min_free,
-            parse_duration(&args.wait)?,
-            args.by_uuid,
-        )? {
+        match choose_gpus(source.as_mut(), count, &args.choice)? {
             Some(ids) => {
                 let value = ids.join(",");
                 eprintln!("vramguard run: CUDA_VISIBLE_DEVICES={value}");
