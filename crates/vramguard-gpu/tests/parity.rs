@@ -272,23 +272,30 @@ fn health_and_xid_events_agree_and_count_only_what_came_after_open() {
     assert_eq!((rows.correctable, rows.pending), (3, false));
 }
 
-#[test]
-fn a_failing_event_wait_is_a_warning_not_a_failure() {
-    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
-    let world = World::new(1);
+/// Both sources on `world`, with a fault that always returns `code` from `call` on `gpu`.
+/// The caller holds `NVML`.
+fn both_with_fault(world: &World, gpu: usize, call: &str, code: u32) -> (NvmlSource, SimSource) {
     world.update(|s| {
-        s.gpus[0].faults.push(Fault {
-            call: "nvmlEventSetWait_v2".into(),
-            code: 999,
+        s.gpus[gpu].faults.push(Fault {
+            call: call.into(),
+            code,
             after_calls: 0,
             times: None,
         })
     });
-    let mut via_nvml = {
-        unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
-        NvmlSource::open(Some(&sim_nvml_lib())).unwrap()
-    };
-    let mut in_process = SimSource::open(&world.state_path()).unwrap();
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    (
+        NvmlSource::open(Some(&sim_nvml_lib())).unwrap(),
+        SimSource::open(&world.state_path()).unwrap(),
+    )
+}
+
+#[test]
+fn a_failing_event_wait_is_a_warning_not_a_failure() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(1);
+    let (mut via_nvml, mut in_process) = both_with_fault(&world, 0, "nvmlEventSetWait_v2", 999);
     for gpus in [
         via_nvml.sample(Duration::from_secs(60)).unwrap().gpus,
         in_process.sample(Duration::from_secs(60)).unwrap().gpus,
@@ -304,19 +311,7 @@ fn a_failing_event_wait_is_a_warning_not_a_failure() {
 fn an_event_registration_refused_is_reported_once() {
     let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
     let world = World::new(2);
-    world.update(|s| {
-        s.gpus[1].faults.push(Fault {
-            call: "nvmlDeviceRegisterEvents".into(),
-            code: 4,
-            after_calls: 0,
-            times: None,
-        })
-    });
-    let mut via_nvml = {
-        unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
-        NvmlSource::open(Some(&sim_nvml_lib())).unwrap()
-    };
-    let mut in_process = SimSource::open(&world.state_path()).unwrap();
+    let (mut via_nvml, mut in_process) = both_with_fault(&world, 1, "nvmlDeviceRegisterEvents", 4);
     let window = Duration::from_secs(60);
     let warned = |gpus: &[GpuSample]| -> Vec<(u32, String)> {
         gpus.iter()
