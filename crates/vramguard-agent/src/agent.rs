@@ -31,7 +31,7 @@ use vramguard_gpu::GpuSource;
 use vramguard_ops::identity::{Identity, Verified, verify};
 use vramguard_ops::reclaim::{MachineEnv, ReclaimOutcome, ResetBackend, identities};
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, take_snapshot};
-use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_proc::{ProcCollector, ScanDepth, WorkSampler};
 
 /// (GPU index, used bytes) of one holder on each GPU it uses.
 type HeldMemory = Vec<(u32, Option<u64>)>;
@@ -128,6 +128,8 @@ struct Agent {
     last_fit: Option<Instant>,
     reclaimable_since: HashMap<(u32, u64), Instant>,
     reclaim_job: Option<Receiver<Result<ReclaimOutcome, String>>>,
+    /// CPU and run-state history of the processes of jobs that are gone.
+    work: WorkSampler,
 }
 
 impl Agent {
@@ -190,7 +192,11 @@ impl Agent {
                 self.metrics.error("gpu_call");
             }
         }
-        let report = classify(&snap, &self.config.policy);
+        let mut snap = snap;
+        let mut report = classify(&snap, &self.config.policy);
+        if self.attach_work(&mut snap, &report) {
+            report = classify(&snap, &self.config.policy);
+        }
         self.needs_full = report.gpus.iter().any(|g| {
             g.unaccounted
                 .as_ref()
@@ -281,6 +287,32 @@ impl Agent {
             self.track_reclaimable(&snap, &report);
         }
         self.publish(report, &firing);
+    }
+
+    /// Observes the processes when a holder's job is gone, and attaches the window of work
+    /// the history covers: whether such a holder is `orphan` or `detached` rests on it, and an
+    /// automatic reclaim needs it continuously idle for `min_age`. Returns whether a window
+    /// was attached.
+    fn attach_work(&mut self, snap: &mut Snapshot, report: &Report) -> bool {
+        let now = now_ms();
+        let window_ms = (self
+            .config
+            .reclaim
+            .sample
+            .max(self.config.agent.interval * 3))
+        .as_millis() as u64;
+        self.work.forget_before(now.saturating_sub(window_ms));
+        if !report.holders().any(|(_, h)| h.dead_job.is_some()) {
+            return false;
+        }
+        let pids = vramguard_ops::snapshot::sampled_pids(snap);
+        if let Err(e) = self.work.observe(self.collector.procfs(), &pids, now) {
+            tracing::warn!("observing work: {e}");
+            return false;
+        }
+        snap.work = Some(self.work.window(now.saturating_sub(window_ms), now));
+        snap.normalize();
+        true
     }
 
     fn publish_metrics_only(&self) {
@@ -589,9 +621,9 @@ fn auto_reclaim(
         policy,
         reset: reset.backend(),
         last_report: None,
+        sample: rc.sample,
     };
-    use vramguard_ops::ReclaimEnv;
-    let (snap, report) = env.snapshot()?;
+    let (snap, report) = env.planning_snapshot()?;
     let opts = ReclaimOptions {
         gpus: None,
         include: rc.include.iter().copied().collect(),
@@ -692,6 +724,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         last_fit: None,
         reclaimable_since: HashMap::new(),
         reclaim_job: None,
+        work: WorkSampler::new(),
         config: setup.config,
     };
 

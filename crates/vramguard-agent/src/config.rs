@@ -49,6 +49,9 @@ struct RawPolicy {
     baseline: BTreeMap<String, String>,
     #[serde(default)]
     system_comms: Vec<String>,
+    work_cpu_percent: Option<f64>,
+    gpu_busy_recent: Option<String>,
+    system_max_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -128,6 +131,7 @@ struct RawReclaim {
     release_timeout: Option<String>,
     reset: Option<String>,
     audit_log: Option<String>,
+    sample: Option<String>,
 }
 
 /// `[agent]`.
@@ -233,6 +237,9 @@ pub struct ReclaimConfig {
     pub release_timeout: Duration,
     /// `never`, `auto` or `force`.
     pub reset: String,
+    /// How long an automatic reclaim watches its targets work before it acts (the agent's
+    /// own history must also show no work for `min_age`).
+    pub sample: Duration,
     /// The audit log.
     pub audit_log: PathBuf,
 }
@@ -323,6 +330,25 @@ impl Config {
                 .insert(gpu.clone(), size(&format!("policy.baseline.{gpu}"), s)?);
         }
         policy.system_comms.extend(p.system_comms.iter().cloned());
+        if let Some(pct) = p.work_cpu_percent {
+            if !(pct > 0.0 && pct <= 100.0) {
+                return Err(err(
+                    "policy.work_cpu_percent",
+                    format!("{pct}: expected a percentage of one core above 0, at most 100"),
+                ));
+            }
+            policy.work_cpu_percent = pct;
+        }
+        policy.gpu_busy_recent_secs = dur(
+            "policy.gpu_busy_recent",
+            &p.gpu_busy_recent,
+            Duration::from_secs(policy.gpu_busy_recent_secs),
+        )?
+        .as_secs()
+        .max(1);
+        if let Some(uid) = p.system_max_uid {
+            policy.system_max_uid = uid;
+        }
 
         let a = &raw.agent;
         let agent = AgentConfig {
@@ -454,6 +480,14 @@ impl Config {
                             format!("{class} holders are never reclaimed"),
                         ));
                     }
+                    if class == Class::Detached {
+                        return Err(err(
+                            "reclaim.include",
+                            "detached holders are working: they are never reclaimed \
+                             automatically (use `vramguard reclaim --include detached` by hand)"
+                                .to_string(),
+                        ));
+                    }
                     Ok(class)
                 })
                 .collect::<Result<_, _>>()?,
@@ -476,6 +510,7 @@ impl Config {
                 Duration::from_secs(60),
             )?,
             reset,
+            sample: dur("reclaim.sample", &rc.sample, Duration::from_secs(2))?,
             audit_log: rc
                 .audit_log
                 .as_deref()
@@ -619,6 +654,10 @@ include = ["orphan"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("never reclaimed"), "{e}");
+        let e = Config::parse(Path::new("v.toml"), "[reclaim]\ninclude = [\"detached\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("never reclaimed automatically"), "{e}");
         let e = Config::parse(Path::new("v.toml"), "[agent]\nlisten = \"everywhere\"\n")
             .unwrap_err()
             .to_string();

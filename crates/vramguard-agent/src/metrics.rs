@@ -48,6 +48,8 @@ struct HolderLabels {
     class: String,
     container: String,
     pod_uid: String,
+    /// The holder's job (`slurm:42.0`, `unit:train.service`, `pgid:4121`).
+    job: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -489,6 +491,7 @@ impl Metrics {
                         .map(|c| c.id.chars().take(12).collect())
                         .unwrap_or_default(),
                     pod_uid: h.pod_uid.clone().unwrap_or_default(),
+                    job: h.job.as_ref().map(|j| j.label.clone()).unwrap_or_default(),
                 };
                 self.holder_bytes.get_or_create(&hl).set(bytes);
                 if let Some(t) = facts.holder_trends.get(&(g.index, h.pid)) {
@@ -505,6 +508,7 @@ impl Metrics {
                     class: class.as_str().into(),
                     container: String::new(),
                     pod_uid: String::new(),
+                    job: String::new(),
                 };
                 self.holder_bytes.get_or_create(&hl).set(bytes);
             }

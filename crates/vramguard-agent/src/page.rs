@@ -24,7 +24,7 @@ pub fn escape(s: &str) -> String {
 
 fn class_color(c: Class) -> &'static str {
     match c {
-        Class::Active => "#2e7d32",
+        Class::Active | Class::Detached => "#2e7d32",
         Class::Idle => "#00838f",
         Class::Orphan | Class::Zombie => "#c62828",
         Class::Foreign | Class::Hidden => "#ef6c00",

@@ -1,22 +1,33 @@
 //! `classify(&Snapshot, &Policy) -> Report`: attribute every byte of every GPU.
 //!
 //! The rules, in order of precedence for one process on one GPU:
-//! 1. `system`  — its `comm` is a known system service (never killed; a reset blocker).
-//! 2. `zombie`  — its main thread is a zombie while other threads live, or it is exiting
+//! 1. `system`   — a known system service by identity: its `comm` is listed, it runs as a
+//!    system account and its executable is the root-owned program of that name (never
+//!    killed; a reset blocker). A process that only took the name is an ordinary holder.
+//! 2. `zombie`   — its main thread is a zombie while other threads live, or it is exiting
 //!    (`PF_EXITING`). Memory is freed in `do_exit` when the last thread closes the device.
-//! 3. `foreign` — the driver lists a pid that does not exist here (or exists but is plainly a
+//! 3. `foreign`  — the driver lists a pid that does not exist here (or exists but is plainly a
 //!    different process, such as a kernel thread) and no process maps to it through `NSpid`.
-//! 4. `hidden`  — it holds `/dev/nvidiaN` but the driver lists it on no GPU.
-//! 5. `orphan`  — its process-group leader is gone (the DataLoader-worker case).
-//! 6. `idle`    — no utilization sample for at least the policy's idle time.
-//! 7. `active`  — everything else.
+//! 4. `hidden`   — it holds `/dev/nvidiaN` but the driver lists it on no GPU.
+//! 5. `detached` — its job is gone (see [`crate::job`]) but the job showed work in the
+//!    sampling window: GPU utilization, CPU above the policy's threshold, threads running.
+//! 6. `orphan`   — its job is gone and nothing of the job worked through the window.
+//! 7. `idle`     — no utilization sample for at least the policy's idle time.
+//! 8. `active`   — everything else.
+//!
+//! A job is gone only on positive evidence: a cgroup job (pod, container, Slurm step, unit)
+//! whose keeper is gone, or — for a process whose cgroup names no job — a process tree whose
+//! top (the ancestor re-parented to init or a subreaper) belongs to a process group whose
+//! leader is gone. A process whose parent lives belongs to its parent's job.
 //!
 //! Hidden holders also carry their job state, so that reclaim can pick the ones whose job is
 //! gone. vramguard's own pid is never a holder: loading NVML opens the device files.
 
+use crate::job::{JobKind, cgroup_job};
 use crate::policy::Policy;
 use crate::report::{
-    Action, Class, DeadJob, GpuReport, Holder, Report, ResetBlocker, Unaccounted, UnaccountedCause,
+    Action, Class, DeadJob, GpuReport, Holder, JobInfo, Report, ResetBlocker, Unaccounted,
+    UnaccountedCause, Work,
 };
 use crate::snapshot::{
     FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts, ProcessListState, Snapshot,
@@ -66,7 +77,23 @@ struct Context<'a> {
     policy: &'a Policy,
     /// Resolved local pids the driver lists on at least one GPU.
     listed_anywhere: BTreeSet<u32>,
+    /// Recent GPU activity per local pid: (GPU index, peak SM %, milliseconds ago).
+    gpu_busy: BTreeMap<u32, Vec<(u32, u32, u64)>>,
+    /// Local pids listed on a GPU that reports no per-process utilization, with that GPU.
+    gpu_unknown: BTreeMap<u32, u32>,
 }
+
+/// A holder's job, resolved.
+struct JobView {
+    info: JobInfo,
+    dead: Option<DeadJob>,
+    /// The top of its process tree, when the job is a process group (the members of a dead
+    /// job are the processes sharing this top).
+    tree_top: Option<u32>,
+}
+
+/// Processes whose parent is deeper than this are treated as tree tops.
+const MAX_TREE_DEPTH: usize = 64;
 
 impl<'a> Context<'a> {
     fn new(snap: &'a Snapshot, policy: &'a Policy) -> Self {
@@ -74,12 +101,36 @@ impl<'a> Context<'a> {
             snap,
             policy,
             listed_anywhere: BTreeSet::new(),
+            gpu_busy: BTreeMap::new(),
+            gpu_unknown: BTreeMap::new(),
         };
         let mut listed = BTreeSet::new();
+        let recent_ms = policy.gpu_busy_recent_secs.saturating_mul(1000);
         for gpu in &snap.gpus {
             for p in &gpu.processes {
                 if let Resolution::Local { proc_, .. } = ctx.resolve(gpu, p.pid) {
                     listed.insert(proc_.pid);
+                    let Some(window) = &gpu.utilization else {
+                        ctx.gpu_unknown.insert(proc_.pid, gpu.index);
+                        continue;
+                    };
+                    for s in window.samples.iter().filter(|s| s.pid == p.pid) {
+                        let busy_at = s.last_busy_ms.or(
+                            // Snapshots from before `last_busy_ms` existed: a peak above 0
+                            // with the newest sample counts.
+                            (s.sm_percent > 0 || s.mem_percent > 0).then_some(s.last_seen_ms),
+                        );
+                        if let Some(at) = busy_at {
+                            let ago = snap.taken_at_ms.saturating_sub(at);
+                            if ago <= recent_ms {
+                                ctx.gpu_busy.entry(proc_.pid).or_default().push((
+                                    gpu.index,
+                                    s.sm_percent.max(s.mem_percent),
+                                    ago,
+                                ));
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -260,9 +311,10 @@ impl<'a> Context<'a> {
     }
 
     fn is_system(&self, p: &ProcessFacts) -> bool {
-        p.comm
-            .as_deref()
-            .is_some_and(|c| self.policy.is_system_comm(c))
+        matches!(
+            self.policy.system_identity(p, self.snap.host.euid == 0),
+            Some(Ok(()))
+        )
     }
 
     fn describe(&self, pid: u32) -> String {
@@ -294,6 +346,10 @@ impl<'a> Context<'a> {
             pod_uid: None,
             device_files: None,
             dead_job: None,
+            job: None,
+            work: Work::Unknown {
+                why: "not a process of this PID namespace".into(),
+            },
             idle_secs: None,
             evidence: vec![why],
             action: Action {
@@ -332,12 +388,22 @@ impl<'a> Context<'a> {
                     .join(" ")
             ));
         }
-        let dead_job = self.dead_job(p);
+        let job = self.job(p);
+        let dead_job = job.dead.clone();
         let idle_secs = self.idle_secs(gpu, p, reported_pid.unwrap_or(p.pid));
-        let (class, action) = if self.is_system(p) {
+        let work = self.job_work(p, dead_job.as_ref().and(job.tree_top));
+        let system = self.policy.system_identity(p, self.snap.host.euid == 0);
+        if let Some(Err(why)) = &system {
+            evidence.push(why.clone());
+        }
+        let (class, action) = if matches!(system, Some(Ok(()))) {
             evidence.push(format!(
-                "{} is a system service; it is never signalled, but blocks a GPU reset",
-                p.comm.as_deref().unwrap_or("?")
+                "{} is a system service{}; it is never signalled, but blocks a GPU reset",
+                p.comm.as_deref().unwrap_or("?"),
+                p.exe
+                    .as_ref()
+                    .map(|e| format!(" ({})", e.path))
+                    .unwrap_or_default()
             ));
             (
                 Class::System,
@@ -347,23 +413,39 @@ impl<'a> Context<'a> {
                     reclaimable: false,
                 },
             )
-        } else if let Some(action) = self.zombie(p, &mut evidence) {
+        } else if let Some(action) = self.zombie(p, &work, &mut evidence) {
             (Class::Zombie, action)
         } else if listed.is_none() {
             let job_gone = dead_job.is_some();
-            if let Some(job) = &dead_job {
-                evidence.push(self.dead_job_evidence(p, job));
+            if let Some(dead) = &dead_job {
+                evidence.push(self.dead_job_evidence(p, dead));
+            } else {
+                evidence.push(job.info.evidence.clone());
             }
             evidence.push(format!(
                 "holds /dev/nvidia{} but the driver lists it on no GPU (a context it inherited, \
                  or a container the driver hides)",
                 self.minor_of(gpu)
             ));
+            if job_gone {
+                evidence.push(work_evidence(&work));
+            }
+            let reclaimable = job_gone && work.is_idle();
             (
                 Class::Hidden,
                 Action {
-                    summary: if job_gone {
-                        "its job is gone: terminate it (SIGTERM, then SIGKILL)".into()
+                    summary: if reclaimable {
+                        "its job is gone and it does no work: terminate it (SIGTERM, then \
+                         SIGKILL)"
+                            .into()
+                    } else if job_gone && work.is_working() {
+                        "its job's leader is gone, but it is working: ask its owner before \
+                         stopping it"
+                            .into()
+                    } else if job_gone {
+                        "its job is gone; whether it still works is unknown: `vramguard \
+                         reclaim` samples it before deciding"
+                            .into()
                     } else {
                         "its job is alive: ask its owner before stopping it".into()
                     },
@@ -371,20 +453,49 @@ impl<'a> Context<'a> {
                         "vramguard reclaim --gpu {} --include hidden",
                         gpu.index
                     )),
-                    reclaimable: job_gone,
+                    reclaimable,
                 },
             )
-        } else if let Some(job) = &dead_job {
-            evidence.push(self.dead_job_evidence(p, job));
-            (
-                Class::Orphan,
-                Action {
-                    summary: "its job is gone: terminate it (SIGTERM, then SIGKILL)".into(),
-                    command: Some(format!("vramguard reclaim --gpu {}", gpu.index)),
-                    reclaimable: true,
-                },
-            )
+        } else if let Some(dead) = &dead_job {
+            evidence.push(self.dead_job_evidence(p, dead));
+            evidence.push(work_evidence(&work));
+            if work.is_working() {
+                (
+                    Class::Detached,
+                    Action {
+                        summary: format!(
+                            "its launcher is gone but it is working: leave it (ask {} before \
+                             stopping it)",
+                            p.user.clone().unwrap_or_else(|| "its owner".into())
+                        ),
+                        command: Some(format!(
+                            "vramguard reclaim --gpu {} --include detached --dry-run",
+                            gpu.index
+                        )),
+                        reclaimable: false,
+                    },
+                )
+            } else {
+                let reclaimable = work.is_idle();
+                (
+                    Class::Orphan,
+                    Action {
+                        summary: if reclaimable {
+                            "its job is gone and it does no work: terminate it (SIGTERM, then \
+                             SIGKILL)"
+                                .into()
+                        } else {
+                            "its job is gone; whether it still works is unknown: `vramguard \
+                             reclaim` samples it before deciding"
+                                .into()
+                        },
+                        command: Some(format!("vramguard reclaim --gpu {}", gpu.index)),
+                        reclaimable,
+                    },
+                )
+            }
         } else if let Some(idle) = idle_secs.filter(|s| *s >= self.policy.idle_after_secs) {
+            evidence.push(job.info.evidence.clone());
             evidence.push(format!(
                 "no GPU utilization for {} (idle threshold {})",
                 format_duration(Duration::from_secs(idle)),
@@ -406,13 +517,7 @@ impl<'a> Context<'a> {
                 },
             )
         } else {
-            if let Some(pgid) = p.pgid.filter(|g| *g != 0) {
-                evidence.push(if pgid == p.pid {
-                    "leads its own process group".to_string()
-                } else {
-                    format!("its job leader {} is alive", self.describe(pgid))
-                });
-            }
+            evidence.push(job.info.evidence.clone());
             (
                 Class::Active,
                 Action {
@@ -422,7 +527,11 @@ impl<'a> Context<'a> {
                 },
             )
         };
-        if class != Class::System && p.ppid == Some(1) && dead_job.is_none() {
+        if class != Class::System
+            && p.ppid == Some(1)
+            && dead_job.is_none()
+            && job.info.kind == JobKind::ProcessGroup
+        {
             evidence.push("parent is pid 1, but its process group is intact (a daemon)".into());
         }
         Holder {
@@ -448,6 +557,8 @@ impl<'a> Context<'a> {
                 _ => None,
             },
             dead_job,
+            job: Some(job.info),
+            work,
             idle_secs,
             evidence,
             action,
@@ -455,7 +566,7 @@ impl<'a> Context<'a> {
     }
 
     /// The zombie/exiting rule. Returns the action when it applies, pushing the evidence.
-    fn zombie(&self, p: &ProcessFacts, evidence: &mut Vec<String>) -> Option<Action> {
+    fn zombie(&self, p: &ProcessFacts, work: &Work, evidence: &mut Vec<String>) -> Option<Action> {
         let leader_zombie = p.state == Some('Z');
         let exiting = p.flags.is_some_and(|f| f & PF_EXITING != 0);
         if !leader_zombie && !exiting {
@@ -513,6 +624,19 @@ impl<'a> Context<'a> {
                 )),
                 reclaimable: false,
             }
+        } else if leader_zombie && !exiting && !work.is_idle() {
+            // A main thread that called pthread_exit leaves a working process behind.
+            evidence.push(work_evidence(work));
+            Action {
+                summary: if work.is_working() {
+                    "its other threads are still working: leave it (ask its owner)".into()
+                } else {
+                    "whether its threads still work is unknown: `vramguard reclaim` samples                      it before deciding"
+                        .into()
+                },
+                command: None,
+                reclaimable: false,
+            }
         } else if leader_zombie && live.is_empty() {
             Action {
                 summary: format!(
@@ -532,18 +656,189 @@ impl<'a> Context<'a> {
         Some(action)
     }
 
-    /// The job's leader, when it is gone (the orphan rule).
-    fn dead_job(&self, p: &ProcessFacts) -> Option<DeadJob> {
-        let pgid = p.pgid?;
-        // pgid 0: the leader is in an ancestor namespace; pgid == pid: it leads its own job.
-        if pgid == 0 || pgid == p.pid {
-            return None;
+    /// The parent of `q` when it is a live process that did not merely adopt `q`.
+    fn live_parent(&self, q: &ProcessFacts) -> Option<&'a ProcessFacts> {
+        let pp = q.ppid.filter(|pp| *pp > 1)?;
+        let parent = self.snap.process(pp)?;
+        let adopter = parent
+            .comm
+            .as_deref()
+            .is_some_and(|c| self.policy.is_subreaper_comm(c));
+        (parent.state != Some('Z') && !adopter && !parent.is_kernel_thread()).then_some(parent)
+    }
+
+    /// Walks up `p`'s tree inside its process group. Stops at a process that leads its group
+    /// (the job is alive: its leader is right there), at a live parent in another group (the
+    /// job belongs to that parent: a shell that runs a pipeline, a launcher), or at the top:
+    /// the first process of the group whose parent is init, an adopter, outside this PID
+    /// namespace or gone. Returns the process reached and, when the walk proved the job
+    /// alive, why.
+    fn group_walk(&self, p: &'a ProcessFacts) -> (&'a ProcessFacts, Option<String>) {
+        let mut cur = p;
+        for _ in 0..MAX_TREE_DEPTH {
+            if cur.pgid.is_some() && cur.pgid == Some(cur.pid) {
+                return (
+                    cur,
+                    Some(if cur.pid == p.pid {
+                        "leads its own process group".to_string()
+                    } else {
+                        format!(
+                            "its ancestor {} leads its process group",
+                            self.describe(cur.pid)
+                        )
+                    }),
+                );
+            }
+            let Some(parent) = self.live_parent(cur) else {
+                break;
+            };
+            if parent.pgid != cur.pgid {
+                return (
+                    cur,
+                    Some(format!(
+                        "its {} {} lives",
+                        if cur.pid == p.pid {
+                            "parent"
+                        } else {
+                            "job's parent"
+                        },
+                        self.describe(parent.pid)
+                    )),
+                );
+            }
+            cur = parent;
+        }
+        (cur, None)
+    }
+
+    /// The top of `p`'s tree inside its process group (see [`Context::group_walk`]).
+    fn tree_top(&self, p: &'a ProcessFacts) -> &'a ProcessFacts {
+        self.group_walk(p).0
+    }
+
+    /// `p`'s job and whether it lives (see the module documentation).
+    fn job(&self, p: &'a ProcessFacts) -> JobView {
+        if let Some(cg) = cgroup_job(p) {
+            let facts = self.snap.job_cgroup(&cg.root);
+            let in_own_pidns = p.nspid.len() > 1;
+            let (alive, evidence, dead) = match cg.kind {
+                JobKind::Pod | JobKind::Container => match facts {
+                    _ if in_own_pidns => (
+                        Some(true),
+                        format!(
+                            "in {} with its own PID namespace, which cannot outlive its init",
+                            cg.label
+                        ),
+                        None,
+                    ),
+                    Some(f) if !f.namespace_inits.is_empty() => (
+                        Some(true),
+                        format!("in {}, whose init {} lives", cg.label, f.namespace_inits[0]),
+                        None,
+                    ),
+                    _ => (
+                        None,
+                        format!(
+                            "in {}, which shares the host PID namespace: its init cannot be \
+                             told apart, so the container is taken as alive",
+                            cg.label
+                        ),
+                        None,
+                    ),
+                },
+                JobKind::Slurm => match facts {
+                    Some(f) if !f.step_daemons.is_empty() => (
+                        Some(true),
+                        format!(
+                            "in {}, whose slurmstepd {} lives",
+                            cg.label, f.step_daemons[0]
+                        ),
+                        None,
+                    ),
+                    Some(f) if f.readable => (
+                        Some(false),
+                        format!("in {}, whose slurmstepd is gone", cg.label),
+                        Some(DeadJob {
+                            leader_pid: p.pgid.unwrap_or(0),
+                            leader_command: None,
+                            leader_is_zombie: false,
+                            label: Some(cg.label.clone()),
+                        }),
+                    ),
+                    _ => (
+                        None,
+                        format!(
+                            "in {}; its cgroup could not be read, so the job is taken as alive",
+                            cg.label
+                        ),
+                        None,
+                    ),
+                },
+                JobKind::Unit | JobKind::ProcessGroup => (
+                    Some(true),
+                    format!(
+                        "in systemd {}, which owns its lifetime (`systemctl stop {}` ends it)",
+                        cg.label,
+                        cg.label.trim_start_matches("unit:")
+                    ),
+                    None,
+                ),
+            };
+            return JobView {
+                info: JobInfo {
+                    label: cg.label,
+                    kind: cg.kind,
+                    alive,
+                    evidence,
+                },
+                // A dead Slurm job's members are the processes of its cgroup; work of any
+                // of them is judged per process.
+                tree_top: None,
+                dead,
+            };
+        }
+        let (top, alive_why) = self.group_walk(p);
+        let via = if top.pid == p.pid {
+            String::new()
+        } else {
+            format!(" (through its ancestor {})", self.describe(top.pid))
+        };
+        let alive = |evidence: String| JobView {
+            info: JobInfo {
+                label: top
+                    .pgid
+                    .filter(|g| *g > 0)
+                    .map_or_else(|| format!("pid:{}", top.pid), |g| format!("pgid:{g}")),
+                kind: JobKind::ProcessGroup,
+                alive: Some(true),
+                evidence,
+            },
+            dead: None,
+            tree_top: Some(top.pid),
+        };
+        if let Some(why) = alive_why {
+            return alive(why);
+        }
+        let Some(pgid) = top.pgid else {
+            return alive(format!(
+                "its process group is unreadable{via}; taken as alive"
+            ));
+        };
+        if pgid == 0 {
+            return alive(format!(
+                "its process-group leader is outside this PID namespace{via}"
+            ));
         }
         let leader = self.snap.process(pgid);
         let leader_is_zombie = match leader {
             // A process with that pid that is not in the group is a reused pid: the leader
             // is gone just the same.
-            Some(l) if l.pgid == Some(pgid) && l.state != Some('Z') => return None,
+            Some(l) if l.pgid == Some(pgid) && l.state != Some('Z') => {
+                return alive(format!(
+                    "its job leader {} is alive{via}",
+                    self.describe(pgid)
+                ));
+            }
             Some(l) => l.pgid == Some(pgid) && l.state == Some('Z'),
             None => false,
         };
@@ -558,11 +853,145 @@ impl<'a> Context<'a> {
                 _ => d.comm.clone().unwrap_or_default(),
             })
             .filter(|c| !c.is_empty());
-        Some(DeadJob {
+        let mut view = alive(String::new());
+        view.info.alive = Some(false);
+        view.info.evidence = format!("its job leader {pgid} is gone{via}");
+        view.dead = Some(DeadJob {
             leader_pid: pgid,
             leader_command,
             leader_is_zombie,
-        })
+            label: None,
+        });
+        view
+    }
+
+    /// What `p` itself showed of work in the window.
+    fn process_work(&self, p: &ProcessFacts) -> Work {
+        let mut evidence = Vec::new();
+        for (gpu, pct, ago) in self.gpu_busy.get(&p.pid).into_iter().flatten() {
+            evidence.push(format!(
+                "{pct} % utilization on GPU {gpu} {} ago",
+                format_duration(Duration::from_millis(*ago))
+            ));
+        }
+        let sample = self.snap.work_of(p.pid, p.start_ticks);
+        let hz = self.snap.host.clock_ticks_per_sec.max(1);
+        let millicores =
+            sample.map(|s| s.cpu_ticks.saturating_mul(1_000_000) / hz / s.observed_ms.max(1));
+        if let (Some(s), Some(mc)) = (sample, millicores) {
+            if mc as f64 >= self.policy.work_cpu_percent * 10.0 && s.cpu_ticks > 0 {
+                evidence.push(format!(
+                    "{} % of a CPU core over {}",
+                    mc / 10,
+                    format_duration(Duration::from_millis(s.observed_ms))
+                ));
+            }
+            if s.observations >= 3 && s.running_observations * 2 > s.observations {
+                evidence.push(format!(
+                    "threads running in {} of {} observations",
+                    s.running_observations, s.observations
+                ));
+            }
+        }
+        if !evidence.is_empty() {
+            return Work::Working { evidence };
+        }
+        let Some(s) = sample else {
+            return Work::Unknown {
+                why: if self.snap.work.is_none() {
+                    "its CPU use was not sampled (sampling window 0)".into()
+                } else {
+                    "it was not observed in the sampling window".into()
+                },
+            };
+        };
+        if s.observed_ms < self.policy.work_min_window_ms {
+            return Work::Unknown {
+                why: format!(
+                    "observed for only {} ms (at least {} ms are needed)",
+                    s.observed_ms, self.policy.work_min_window_ms
+                ),
+            };
+        }
+        if let Some(gpu) = self.gpu_unknown.get(&p.pid) {
+            return Work::Unknown {
+                why: format!("GPU {gpu} reports no per-process utilization"),
+            };
+        }
+        Work::Idle {
+            window_ms: s.observed_ms,
+            cpu_millicores: millicores.unwrap_or(0),
+        }
+    }
+
+    /// Whether `ancestor` is on `q`'s chain of parents.
+    fn descends_from(&self, q: &ProcessFacts, ancestor: u32) -> bool {
+        let mut cur = q.ppid;
+        for _ in 0..MAX_TREE_DEPTH {
+            match cur {
+                Some(pp) if pp == ancestor => return true,
+                Some(pp) if pp > 1 => cur = self.snap.process(pp).and_then(|p| p.ppid),
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// The work that protects `p`: its own, its descendants' (the parent of working holders
+    /// is working), and — for a dead job whose tree top is `top` — every process under the
+    /// same top (a trainer whose workers compute is working, and so are they).
+    fn job_work(&self, p: &'a ProcessFacts, top: Option<u32>) -> Work {
+        let members: Vec<&ProcessFacts> = self
+            .snap
+            .processes
+            .iter()
+            .filter(|q| q.pid != self.snap.host.self_pid && !q.is_kernel_thread())
+            .filter(|q| {
+                q.pid == p.pid
+                    || top.is_some_and(|t| self.tree_top(q).pid == t)
+                    || self.descends_from(q, p.pid)
+            })
+            .collect();
+        let members = if members.is_empty() { vec![p] } else { members };
+        let mut evidence = Vec::new();
+        let mut unknown = None;
+        let mut idle: Option<Work> = None;
+        for q in members {
+            match self.process_work(q) {
+                Work::Working { evidence: e } => {
+                    for line in e {
+                        evidence.push(if q.pid == p.pid {
+                            line
+                        } else {
+                            format!("{} of its job: {line}", self.describe(q.pid))
+                        });
+                    }
+                }
+                Work::Unknown { why } => {
+                    if unknown.is_none() || q.pid == p.pid {
+                        unknown = Some(if q.pid == p.pid {
+                            why
+                        } else {
+                            format!("{} of its job: {why}", self.describe(q.pid))
+                        });
+                    }
+                }
+                w @ Work::Idle { .. } => {
+                    if q.pid == p.pid || idle.is_none() {
+                        idle = Some(w);
+                    }
+                }
+            }
+        }
+        if !evidence.is_empty() {
+            Work::Working { evidence }
+        } else if let Some(why) = unknown {
+            Work::Unknown { why }
+        } else {
+            idle.unwrap_or(Work::Unknown {
+                why: "nothing of its job was observed".into(),
+            })
+        }
     }
 
     fn dead_job_evidence(&self, p: &ProcessFacts, job: &DeadJob) -> String {
@@ -591,7 +1020,26 @@ impl<'a> Context<'a> {
             }
             None => "its parent is unknown".to_string(),
         };
-        format!("its job leader {leader} {state}; {parent}")
+        let forked_by = match p.earlier_ppid {
+            Some(pp) if pp != job.leader_pid => {
+                let cmd = self
+                    .snap
+                    .departed
+                    .iter()
+                    .rev()
+                    .find(|d| d.pid == pp)
+                    .and_then(|d| d.comm.clone());
+                match cmd {
+                    Some(c) => format!("; forked by {pp} ({c}), which died"),
+                    None => format!("; forked by {pp}, which died"),
+                }
+            }
+            _ => String::new(),
+        };
+        match &job.label {
+            Some(label) => format!("its job {label} is gone; {parent}{forked_by}"),
+            None => format!("its job leader {leader} {state}; {parent}{forked_by}"),
+        }
     }
 
     fn idle_secs(&self, gpu: &GpuSample, p: &ProcessFacts, reported: u32) -> Option<u64> {
@@ -753,5 +1201,22 @@ impl<'a> Context<'a> {
             cause,
             explanation,
         }
+    }
+}
+
+/// One line saying what the work verdict rests on.
+fn work_evidence(work: &Work) -> String {
+    match work {
+        Work::Working { evidence } => format!("working: {}", evidence.join("; ")),
+        Work::Idle {
+            window_ms,
+            cpu_millicores,
+        } => format!(
+            "no sign of work over {}: no recent GPU utilization, {}.{} % of a CPU core",
+            format_duration(Duration::from_millis(*window_ms)),
+            cpu_millicores / 10,
+            cpu_millicores % 10
+        ),
+        Work::Unknown { why } => format!("work unknown: {why}"),
     }
 }

@@ -12,6 +12,7 @@
 pub mod classify;
 pub mod diagnose;
 pub mod health;
+pub mod job;
 pub mod plan;
 pub mod policy;
 pub mod quirks;
@@ -27,4 +28,4 @@ pub use snapshot::{GpuSample, ProcessFacts, Snapshot};
 
 /// Version of the JSON documents vramguard writes (`status --json`, `diagnose --json`,
 /// snapshots). Bumped on any incompatible change; additions of fields do not bump it.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;

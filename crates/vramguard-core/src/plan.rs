@@ -5,9 +5,11 @@
 //! never PID 1 or the init of any PID namespace, never vramguard or its ancestors, never a
 //! kernel thread, never an `active`, `system` or `foreign` holder, never another user's process
 //! unless running as root, never a process whose start time is unknown (its pid could not be
-//! told from a reused one), never anything that does not hold a GPU of the selection.
+//! told from a reused one), never anything that does not hold a GPU of the selection, and never
+//! a process whose job showed work in the sampling window or whose work is unknown — except a
+//! `detached` holder named explicitly with `--include detached`, which the plan warns about.
 
-use crate::report::{Class, Holder, Report};
+use crate::report::{Class, Holder, Report, Work};
 use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +20,8 @@ pub struct ReclaimOptions {
     /// GPU indices to act on; `None` = every GPU.
     pub gpus: Option<BTreeSet<u32>>,
     /// Classes to target. Default: orphan and hidden (hidden only when its job is gone).
-    /// `active`, `system` and `foreign` are never targeted, whatever this says.
+    /// `active`, `system` and `foreign` are never targeted, whatever this says; `detached`
+    /// only when named here.
     pub include: BTreeSet<Class>,
     /// With `idle` included: only holders idle at least this long.
     pub idle_for_secs: u64,
@@ -102,6 +105,10 @@ pub struct Plan {
     /// Bytes the plan should free per GPU: listed memory of the targets, plus the unaccounted
     /// memory of a GPU whose hidden holders are all targets.
     pub expected_free: BTreeMap<u32, u64>,
+    /// Lines to show above the confirmation: targets that are working (`detached`, included
+    /// on request).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 impl Plan {
@@ -179,6 +186,21 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
             "its start time is unreadable, so a reused pid could not be told apart".into(),
         );
     }
+    // Work evidence: a zombie's own rule already weighed it (an exiting process is no longer
+    // working); a detached holder is working by definition and was asked for by name.
+    if !matches!(h.class, Class::Zombie | Class::Detached) {
+        match &h.work {
+            Work::Working { evidence } => {
+                return Some(format!("it is working: {}", evidence.join("; ")));
+            }
+            Work::Unknown { why } => {
+                return Some(format!(
+                    "whether it still works is unknown ({why}); sample it first (--sample)"
+                ));
+            }
+            Work::Idle { .. } => {}
+        }
+    }
     None
 }
 
@@ -196,10 +218,23 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
     let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
     let mut left: BTreeMap<u32, LeftAlone> = BTreeMap::new();
     let mut leaders: BTreeMap<u32, (Option<u32>, Option<String>)> = BTreeMap::new();
+    let mut warnings = Vec::new();
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
         for h in &g.holders {
             match refusal(snap, h, opts) {
                 None => {
+                    if h.class == Class::Detached && !targets.contains_key(&h.pid) {
+                        warnings.push(format!(
+                            "pid {} ({}) is detached, not dead: {}; it will be stopped because \
+                             --include detached was given",
+                            h.pid,
+                            h.comm.as_deref().unwrap_or("?"),
+                            match &h.work {
+                                Work::Working { evidence } => evidence.join("; "),
+                                _ => "it may be working".into(),
+                            }
+                        ));
+                    }
                     let t = targets.entry(h.pid).or_insert_with(|| Target {
                         pid: h.pid,
                         start_ticks: h.start_ticks.unwrap_or_default(),
@@ -276,5 +311,6 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
         jobs: jobs.into_values().collect(),
         left_alone: left.into_values().collect(),
         expected_free,
+        warnings,
     }
 }

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 /// Processes that hold the GPU on purpose and must never be killed: the persistence daemon,
 /// the fabric manager, DCGM, display servers, the MPS server, monitoring tools. They are
-/// reported as reset blockers instead. Matched against `comm` (15 bytes, so prefixes).
+/// reported as reset blockers instead. Matched against `comm` (15 bytes, so prefixes), and
+/// only believed when the identity matches too (see [`Policy::system_identity`]): any user can
+/// name a process `nvidia-persiste`.
 pub const DEFAULT_SYSTEM_COMMS: &[&str] = &[
     "nvidia-persiste", // nvidia-persistenced, truncated by the kernel to 15 bytes
     "nv-fabricmanage",
@@ -53,6 +55,20 @@ pub struct Policy {
     pub system_comms: Vec<String>,
     /// Command names of parents that adopt orphans (see [`DEFAULT_SUBREAPER_COMMS`]).
     pub subreaper_comms: Vec<String>,
+    /// A process (or job) that used at least this much CPU over the sampling window, in
+    /// percent of one core (user + system time of every thread), is working. Default 5: a
+    /// blocked worker's housekeeping threads stay far below it, a data-loading or compiling
+    /// job far above.
+    pub work_cpu_percent: f64,
+    /// A per-process GPU utilization sample above 0 this recent (seconds before the snapshot)
+    /// is evidence of work. Default 10: the driver's sampling period is a few seconds at most.
+    pub gpu_busy_recent_secs: u64,
+    /// A CPU observation shorter than this (milliseconds) cannot show a process idle.
+    /// Default 200.
+    pub work_min_window_ms: u64,
+    /// The highest uid a system service may run as (system accounts are below 1000 on every
+    /// common distribution). Default 999.
+    pub system_max_uid: u32,
 }
 
 impl Default for Policy {
@@ -67,6 +83,10 @@ impl Default for Policy {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            work_cpu_percent: 5.0,
+            gpu_busy_recent_secs: 10,
+            work_min_window_ms: 200,
+            system_max_uid: 999,
         }
     }
 }
@@ -89,6 +109,57 @@ impl Policy {
     /// Whether a command name belongs to a system process.
     pub fn is_system_comm(&self, comm: &str) -> bool {
         self.system_comms.iter().any(|s| s == comm)
+    }
+
+    /// Whether `p` is a system service by identity, not only by name: its `comm` is listed,
+    /// it runs as root or a system account (uid ≤ [`Policy::system_max_uid`]), and its
+    /// executable is a root-owned file that only root may write whose name is the command's
+    /// (`/usr/bin/nvidia-persistenced` for `nvidia-persiste`). Returns `Err` with the reason
+    /// when the name matches but the identity does not.
+    ///
+    /// Where the executable is unreadable (`exe_readable == false`: vramguard is not root),
+    /// the name and uid are all there is; such a run may not signal the process anyway.
+    pub fn system_identity(
+        &self,
+        p: &crate::snapshot::ProcessFacts,
+        exe_readable: bool,
+    ) -> Option<Result<(), String>> {
+        let comm = p.comm.as_deref()?;
+        if !self.is_system_comm(comm) {
+            return None;
+        }
+        let uid_ok = p.uid.is_some_and(|u| u <= self.system_max_uid);
+        if !uid_ok {
+            return Some(Err(format!(
+                "named like the system service {comm:?}, but runs as uid {}, not a system                  account",
+                p.uid.map_or("unknown".into(), |u| u.to_string())
+            )));
+        }
+        let Some(exe) = &p.exe else {
+            return Some(if exe_readable {
+                Err(format!(
+                    "named like the system service {comm:?}, but its executable is unreadable"
+                ))
+            } else {
+                Ok(())
+            });
+        };
+        let file = exe.path.rsplit('/').next().unwrap_or("");
+        let name_ok = !file.is_empty() && (file.starts_with(comm) || comm.starts_with(file));
+        let owner_ok = exe.owner_uid == 0 && exe.mode & 0o022 == 0;
+        if !name_ok || !owner_ok {
+            return Some(Err(format!(
+                "named like the system service {comm:?}, but its executable is {} ({}): an \
+                 ordinary process",
+                exe.path,
+                if !name_ok {
+                    "another program"
+                } else {
+                    "not a root-owned file only root may write"
+                }
+            )));
+        }
+        Some(Ok(()))
     }
 
     /// Whether a command name is a known orphan-adopting parent.

@@ -2,6 +2,7 @@
 //! words and the action that would free its memory, plus the bytes nobody accounts for.
 //! Serialised as-is by `status --json` (see `docs/json-schema.md`).
 
+use crate::job::JobKind;
 use crate::snapshot::{
     CallError, ContainerRef, DeviceFile, DriverFacts, GpuHealth, GpuMemory, ProcessKind,
     ProcessListState,
@@ -17,8 +18,13 @@ pub enum Class {
     Active,
     /// Live, but no GPU utilization for the policy's idle time (a forgotten Jupyter kernel).
     Idle,
-    /// Live, but its job is gone: its process-group leader exited and it was re-parented.
+    /// Live, its job is gone (the cgroup's job ended, or its launcher and process-group
+    /// leader exited), and it showed no sign of work through the sampling window.
     Orphan,
+    /// Live, its launcher or job leader gone, but working (GPU or CPU activity in the window,
+    /// or the parent of working holders): a job started with `nohup … &` from a script that
+    /// exited. Not ghost memory; never a default reclaim target.
+    Detached,
     /// Its main thread is a zombie, or it is exiting, while threads still hold the device.
     Zombie,
     /// The driver reports a pid that does not exist in this PID namespace.
@@ -31,10 +37,11 @@ pub enum Class {
 
 impl Class {
     /// Every class, in display order.
-    pub const ALL: [Class; 7] = [
+    pub const ALL: [Class; 8] = [
         Class::Active,
         Class::Idle,
         Class::Orphan,
+        Class::Detached,
         Class::Zombie,
         Class::Foreign,
         Class::Hidden,
@@ -47,6 +54,7 @@ impl Class {
             Class::Active => "active",
             Class::Idle => "idle",
             Class::Orphan => "orphan",
+            Class::Detached => "detached",
             Class::Zombie => "zombie",
             Class::Foreign => "foreign",
             Class::Hidden => "hidden",
@@ -74,7 +82,7 @@ impl std::str::FromStr for Class {
             .find(|c| c.as_str() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown class {s:?} (expected one of: active, idle, orphan, zombie, foreign, hidden, system)"
+                    "unknown class {s:?} (expected one of: active, idle, orphan, detached, zombie, foreign, hidden, system)"
                 )
             })
     }
@@ -100,6 +108,57 @@ pub struct DeadJob {
     pub leader_command: Option<String>,
     /// Whether the leader still exists as an unreaped zombie (as opposed to being gone).
     pub leader_is_zombie: bool,
+    /// The job's name when a cgroup named it (`slurm:42.0`); `None` for a process group.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// The job a holder belongs to (see [`crate::job`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    /// `pod:<uid>`, `docker:<id12>`, `slurm:1234.0`, `unit:train.service`, `pgid:4121`.
+    pub label: String,
+    /// What named it.
+    pub kind: JobKind,
+    /// Whether the job is alive; `None` when it cannot be told (treated as alive).
+    pub alive: Option<bool>,
+    /// The evidence, in words.
+    pub evidence: String,
+}
+
+/// Whether a holder (or its job) showed signs of work over the sampling window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Work {
+    /// Some evidence of work was seen.
+    Working {
+        /// What was seen, one fact per line.
+        evidence: Vec<String>,
+    },
+    /// Observed long enough, and nothing was seen.
+    Idle {
+        /// How long the CPU was observed, milliseconds.
+        window_ms: u64,
+        /// CPU used over it, thousandths of one core.
+        cpu_millicores: u64,
+    },
+    /// Not enough was observed to tell (no sampling window, a GPU without utilization
+    /// samples): treated as possibly working.
+    Unknown {
+        /// What is missing.
+        why: String,
+    },
+}
+
+impl Work {
+    /// Whether work was seen.
+    pub fn is_working(&self) -> bool {
+        matches!(self, Work::Working { .. })
+    }
+    /// Whether the holder was observed and found idle.
+    pub fn is_idle(&self) -> bool {
+        matches!(self, Work::Idle { .. })
+    }
 }
 
 /// One process holding memory (or device files) of one GPU.
@@ -143,12 +202,25 @@ pub struct Holder {
     pub device_files: Option<Vec<DeviceFile>>,
     /// Its job, when the job's leader is gone.
     pub dead_job: Option<DeadJob>,
+    /// The job it belongs to, with its liveness; `None` for foreign holders.
+    #[serde(default)]
+    pub job: Option<JobInfo>,
+    /// Whether its job showed work in the sampling window (for a process of a dead job, the
+    /// work of every process of that job counts).
+    #[serde(default = "unknown_work")]
+    pub work: Work,
     /// Seconds without GPU utilization, when known.
     pub idle_secs: Option<u64>,
     /// Why it has this class, one fact per line.
     pub evidence: Vec<String>,
     /// What would free its memory.
     pub action: Action,
+}
+
+fn unknown_work() -> Work {
+    Work::Unknown {
+        why: "not recorded".into(),
+    }
 }
 
 /// Most likely reason memory is unaccounted.

@@ -27,6 +27,106 @@ pub struct Snapshot {
     pub departed: Vec<DepartedProcess>,
     /// How the process facts were gathered, and what could not be seen.
     pub scan: ScanFacts,
+    /// CPU and scheduler observations of the holders over a sampling window: the evidence of
+    /// whether a holder is still working. `None` when no window was sampled (`--sample 0`).
+    #[serde(default)]
+    pub work: Option<WorkWindow>,
+    /// What the cgroup filesystem says about the job cgroups (containers, pods, Slurm jobs)
+    /// the holders live in: whether their init or step daemon still lives.
+    #[serde(default)]
+    pub job_cgroups: Vec<JobCgroupFacts>,
+}
+
+/// Observations of processes over a window of time, taken by the sampler.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkWindow {
+    /// Start of the window, milliseconds since the Unix epoch.
+    pub since_ms: u64,
+    /// End of the window.
+    pub until_ms: u64,
+    /// One entry per process observed at least twice in the window.
+    pub processes: Vec<WorkSample>,
+}
+
+impl WorkWindow {
+    /// A window of `observed_ms` from the snapshot's time in which every process of `snap`
+    /// was seen doing nothing: for snapshots built by hand (tests, examples).
+    pub fn all_idle(snap: &Snapshot, observed_ms: u64) -> WorkWindow {
+        WorkWindow {
+            since_ms: snap.taken_at_ms,
+            until_ms: snap.taken_at_ms + observed_ms,
+            processes: snap
+                .processes
+                .iter()
+                .filter_map(|p| {
+                    Some(WorkSample {
+                        pid: p.pid,
+                        start_ticks: p.start_ticks?,
+                        cpu_ticks: 0,
+                        observed_ms,
+                        observations: 5,
+                        running_observations: 0,
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the sampler saw of one process over a [`WorkWindow`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkSample {
+    /// Pid.
+    pub pid: u32,
+    /// Start time in clock ticks: the observations belong to this exact process.
+    pub start_ticks: u64,
+    /// CPU time (user + system, every thread: proc(5) `stat` fields 14 and 15) used between
+    /// the first and the last observation, in clock ticks.
+    pub cpu_ticks: u64,
+    /// Milliseconds between the first and the last observation.
+    pub observed_ms: u64,
+    /// How many times it was observed.
+    pub observations: u32,
+    /// In how many observations at least one of its threads was running (state R).
+    pub running_observations: u32,
+}
+
+/// A job cgroup (container, pod, Slurm job) and the processes in it that keep the job alive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCgroupFacts {
+    /// The job's root cgroup path (as in `/proc/PID/cgroup`), e.g.
+    /// `/system.slice/slurmstepd.scope/job_42`.
+    pub root: String,
+    /// Whether the cgroup directory could be read; `false` leaves the job's liveness unknown.
+    pub readable: bool,
+    /// Processes found in the subtree (bounded).
+    pub members: u32,
+    /// Live members that are the init (pid 1) of a nested PID namespace: a container's init.
+    #[serde(default)]
+    pub namespace_inits: Vec<u32>,
+    /// Live members whose command is `slurmstepd`: a Slurm step daemon.
+    #[serde(default)]
+    pub step_daemons: Vec<u32>,
+    /// Whether some member lives in a nested PID namespace (a container with its own PID
+    /// namespace), as opposed to sharing the host's.
+    #[serde(default)]
+    pub nested_pid_namespace: bool,
+}
+
+/// The executable of a process (`/proc/PID/exe`), for telling a system service from a
+/// process that merely took its name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExeFacts {
+    /// The link target, without the kernel's ` (deleted)` suffix.
+    pub path: String,
+    /// Whether the kernel marked it ` (deleted)` (replaced since the process started, as after
+    /// a driver upgrade).
+    #[serde(default)]
+    pub deleted: bool,
+    /// Owner of the executable file.
+    pub owner_uid: u32,
+    /// Mode bits of the executable file (`st_mode & 0o7777`).
+    pub mode: u32,
 }
 
 /// Facts about the machine and about vramguard's own process.
@@ -171,6 +271,9 @@ pub struct UtilizationSample {
     pub mem_percent: u32,
     /// Time of the newest sample, milliseconds since the Unix epoch.
     pub last_seen_ms: u64,
+    /// Time of the newest sample with SM or memory-controller activity above 0, if any.
+    #[serde(default)]
+    pub last_busy_ms: Option<u64>,
 }
 
 /// Everything the driver said about one GPU.
@@ -367,6 +470,16 @@ pub struct ProcessFacts {
     pub pod_uid: Option<String>,
     /// Threads, read only when the main thread is a zombie or the process is exiting.
     pub threads: Option<Vec<ThreadFacts>>,
+    /// CPU time used so far, user + system, clock ticks (`stat` fields 14 and 15).
+    #[serde(default)]
+    pub cpu_ticks: Option<u64>,
+    /// The executable, when readable (root, or the process's owner).
+    #[serde(default)]
+    pub exe: Option<ExeFacts>,
+    /// The parent an earlier collection saw, when it differs from [`ProcessFacts::ppid`]
+    /// (the process was re-parented since: its parent died).
+    #[serde(default)]
+    pub earlier_ppid: Option<u32>,
     /// NVIDIA device files held open.
     #[serde(default)]
     pub device_files: FdScan,
@@ -429,9 +542,26 @@ impl Snapshot {
             .map(|i| &self.processes[i])
     }
 
+    /// What the sampler saw of `pid`, when it is the process of `start_ticks`.
+    pub fn work_of(&self, pid: u32, start_ticks: Option<u64>) -> Option<&WorkSample> {
+        let w = self.work.as_ref()?;
+        let i = w.processes.binary_search_by_key(&pid, |p| p.pid).ok()?;
+        let s = &w.processes[i];
+        (Some(s.start_ticks) == start_ticks).then_some(s)
+    }
+
+    /// The facts of the job cgroup rooted at `root`, if collected.
+    pub fn job_cgroup(&self, root: &str) -> Option<&JobCgroupFacts> {
+        self.job_cgroups.iter().find(|c| c.root == root)
+    }
+
     /// Sorts the process list by pid so that [`Snapshot::process`] can binary-search it.
     pub fn normalize(&mut self) {
         self.processes.sort_by_key(|p| p.pid);
         self.processes.dedup_by_key(|p| p.pid);
+        if let Some(w) = self.work.as_mut() {
+            w.processes.sort_by_key(|p| p.pid);
+            w.processes.dedup_by_key(|p| p.pid);
+        }
     }
 }

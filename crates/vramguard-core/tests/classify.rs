@@ -32,7 +32,11 @@ fn gpu(index: u32, used: u64, procs: &[(u32, Option<u64>)]) -> GpuSample {
             })
             .collect(),
         process_list: ProcessListState::Complete,
-        utilization: None,
+        // A window that just began and saw no busy process.
+        utilization: Some(UtilizationWindow {
+            since_ms: NOW_MS - 1000,
+            samples: vec![],
+        }),
         failure: None,
         warnings: vec![],
         health: Default::default(),
@@ -90,8 +94,11 @@ fn snapshot(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
             full_fd_scan: true,
             limitations: vec![],
         },
+        work: None,
+        job_cgroups: vec![],
     };
     s.normalize();
+    s.work = Some(WorkWindow::all_idle(&s, 2000));
     s
 }
 
@@ -423,6 +430,7 @@ fn a_context_elsewhere_does_not_make_a_hidden_holder_but_blocks_reset() {
 fn persistence_daemon_is_system_and_blocks_reset_of_residue() {
     let mut daemon = proc_(50, 1, 50, "nvidia-persiste", &[0, 1]);
     daemon.uid = Some(0);
+    daemon.exe = Some(root_exe("/usr/bin/nvidia-persistenced"));
     let s = snapshot(
         vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
         vec![init(), daemon],
@@ -551,6 +559,7 @@ fn idle_holder_after_threshold() {
             sm_percent: 40,
             mem_percent: 10,
             last_seen_ms: NOW_MS - 1000,
+            last_busy_ms: Some(NOW_MS - 1000),
         }],
     });
     let s = snapshot(
@@ -723,4 +732,355 @@ fn memory_health_findings_are_checks_with_a_command() {
         "{commands:?}"
     );
     assert!(commands.contains(&"dmesg | grep -i xid"), "{commands:?}");
+}
+
+fn root_exe(path: &str) -> ExeFacts {
+    ExeFacts {
+        path: path.into(),
+        deleted: false,
+        owner_uid: 0,
+        mode: 0o755,
+    }
+}
+
+/// A listed holder on GPU 0 whose process-group leader (500) is gone and whose parent is init.
+fn nohup_case(work: impl FnOnce(&mut Snapshot)) -> vramguard_core::Report {
+    let mut s = snapshot(
+        vec![gpu(0, 20 * GIB, &[(501, Some(20 * GIB))])],
+        vec![init(), proc_(501, 1, 500, "python", &[0])],
+    );
+    work(&mut s);
+    classify(&s, &Policy::default())
+}
+
+#[test]
+fn a_busy_process_whose_launcher_exited_is_detached_not_orphan() {
+    // GPU utilization alone.
+    let r = nohup_case(|s| {
+        s.gpus[0]
+            .utilization
+            .as_mut()
+            .unwrap()
+            .samples
+            .push(UtilizationSample {
+                pid: 501,
+                sm_percent: 87,
+                mem_percent: 30,
+                last_seen_ms: NOW_MS - 500,
+                last_busy_ms: Some(NOW_MS - 500),
+            })
+    });
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Detached, "{h:#?}");
+    assert!(!h.action.reclaimable);
+    assert!(!h.class.is_ghost());
+    assert_eq!(r.gpus[0].ghost_bytes, 0);
+    assert!(
+        h.evidence
+            .iter()
+            .any(|e| e.contains("87 % utilization on GPU 0")),
+        "{h:#?}"
+    );
+    assert_eq!(h.job.as_ref().unwrap().label, "pgid:500");
+    assert_eq!(h.job.as_ref().unwrap().alive, Some(false));
+
+    // CPU alone: 30 ticks at 100 Hz over 2 s is 15 % of a core.
+    let r = nohup_case(|s| {
+        s.work
+            .as_mut()
+            .unwrap()
+            .processes
+            .iter_mut()
+            .for_each(|w| w.cpu_ticks = 30)
+    });
+    assert_eq!(r.gpus[0].holders[0].class, Class::Detached);
+    // Threads seen running in most observations, with little CPU.
+    let r = nohup_case(|s| {
+        s.work.as_mut().unwrap().processes.iter_mut().for_each(|w| {
+            w.cpu_ticks = 1;
+            w.running_observations = 4;
+        })
+    });
+    assert_eq!(r.gpus[0].holders[0].class, Class::Detached);
+    // Below the threshold: 4 % of a core is a blocked worker's housekeeping.
+    let r = nohup_case(|s| {
+        s.work
+            .as_mut()
+            .unwrap()
+            .processes
+            .iter_mut()
+            .for_each(|w| w.cpu_ticks = 8)
+    });
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Orphan, "{h:#?}");
+    assert!(h.action.reclaimable);
+}
+
+#[test]
+fn without_a_sampling_window_an_orphan_is_not_reclaimable() {
+    let r = nohup_case(|s| s.work = None);
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Orphan);
+    assert!(!h.action.reclaimable, "{h:#?}");
+    assert!(matches!(
+        h.work,
+        vramguard_core::report::Work::Unknown { .. }
+    ));
+    // A GPU without per-process utilization leaves GPU work unknown.
+    let r = nohup_case(|s| s.gpus[0].utilization = None);
+    assert!(!r.gpus[0].holders[0].action.reclaimable);
+}
+
+#[test]
+fn a_worker_whose_parent_lives_belongs_to_the_parents_job() {
+    // sh (500, the group leader) exited; the trainer 501 was re-parented to init; its
+    // worker 502 still has the trainer as parent. The trainer computes, the worker is idle:
+    // both are detached (the worker serves a working job).
+    let mut s = snapshot(
+        vec![gpu(
+            0,
+            24 * GIB,
+            &[(501, Some(20 * GIB)), (502, Some(4 * GIB))],
+        )],
+        vec![
+            init(),
+            proc_(501, 1, 500, "python", &[0]),
+            proc_(502, 501, 500, "pt_data_worker", &[0]),
+        ],
+    );
+    s.gpus[0]
+        .utilization
+        .as_mut()
+        .unwrap()
+        .samples
+        .push(UtilizationSample {
+            pid: 501,
+            sm_percent: 90,
+            mem_percent: 40,
+            last_seen_ms: NOW_MS,
+            last_busy_ms: Some(NOW_MS),
+        });
+    let r = classify(&s, &Policy::default());
+    let worker = r.gpus[0].holders.iter().find(|h| h.pid == 502).unwrap();
+    assert_eq!(worker.class, Class::Detached, "{worker:#?}");
+    assert!(
+        worker
+            .evidence
+            .iter()
+            .any(|e| e.contains("501 (python) of its job"))
+    );
+    // The same tree, idle: both orphans of one dead job.
+    s.gpus[0].utilization.as_mut().unwrap().samples.clear();
+    let r = classify(&s, &Policy::default());
+    assert!(r.gpus[0].holders.iter().all(|h| h.class == Class::Orphan));
+
+    // The spawn worker of a live trainer whose launcher is gone, but with the trainer's
+    // process group intact: active by the tree, although its group leader is not its parent.
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(602, Some(4 * GIB))])],
+        vec![
+            init(),
+            proc_(600, 1, 600, "python", &[]),
+            proc_(602, 600, 601, "python", &[0]),
+        ],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+}
+
+#[test]
+fn cgroup_jobs_outrank_the_process_group() {
+    // A process whose group leader is gone, inside a systemd unit: the unit owns it.
+    let mut p = proc_(701, 1, 700, "python", &[0]);
+    p.cgroup = Some("/system.slice/train.service".into());
+    let s = snapshot(
+        vec![gpu(0, GIB, &[(701, Some(GIB))])],
+        vec![init(), p.clone()],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    assert_eq!(h.job.as_ref().unwrap().label, "unit:train.service");
+
+    // A Slurm step with and without its step daemon.
+    p.cgroup = Some("/system.slice/slurmstepd.scope/job_42/step_0/user/task_0".into());
+    let root = "/system.slice/slurmstepd.scope/job_42".to_string();
+    let with_stepd = |stepds: Vec<u32>| {
+        let mut s = snapshot(
+            vec![gpu(0, GIB, &[(701, Some(GIB))])],
+            vec![init(), p.clone()],
+        );
+        s.job_cgroups.push(JobCgroupFacts {
+            root: root.clone(),
+            readable: true,
+            members: 2,
+            namespace_inits: vec![],
+            step_daemons: stepds,
+            nested_pid_namespace: false,
+        });
+        classify(&s, &Policy::default())
+    };
+    let live = with_stepd(vec![690]);
+    assert_eq!(live.gpus[0].holders[0].class, Class::Active);
+    assert_eq!(
+        live.gpus[0].holders[0].job.as_ref().unwrap().label,
+        "slurm:42.0"
+    );
+    let dead = with_stepd(vec![]);
+    let h = &dead.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Orphan, "{h:#?}");
+    assert!(
+        h.evidence
+            .iter()
+            .any(|e| e.contains("its job slurm:42.0 is gone")),
+        "{h:#?}"
+    );
+    // Unreadable cgroup: liveness unknown, taken as alive.
+    let mut s = snapshot(
+        vec![gpu(0, GIB, &[(701, Some(GIB))])],
+        vec![init(), p.clone()],
+    );
+    s.job_cgroups.clear();
+    assert_eq!(
+        classify(&s, &Policy::default()).gpus[0].holders[0].class,
+        Class::Active
+    );
+
+    // A container with its own PID namespace cannot outlive its init.
+    let id = "ab12".repeat(16);
+    p.cgroup = Some(format!("/system.slice/docker-{id}.scope"));
+    p.container = Some(ContainerRef {
+        runtime: "docker".into(),
+        id: id.clone(),
+    });
+    p.nspid = vec![701, 7];
+    let s = snapshot(
+        vec![gpu(0, GIB, &[(701, Some(GIB))])],
+        vec![init(), p.clone()],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    assert_eq!(
+        h.job.as_ref().unwrap().label,
+        format!("docker:{}", &id[..12])
+    );
+}
+
+#[test]
+fn a_process_named_like_a_system_service_is_an_ordinary_holder() {
+    let persistenced = |uid: u32, exe: Option<ExeFacts>| {
+        let mut d = proc_(50, 1, 40, "nvidia-persiste", &[0]);
+        d.uid = Some(uid);
+        d.exe = exe;
+        let s = snapshot(
+            vec![gpu(0, 2 * GIB, &[(50, Some(2 * GIB))])],
+            vec![init(), d],
+        );
+        classify(&s, &Policy::default()).gpus[0].holders[0].clone()
+    };
+    let real = persistenced(0, Some(root_exe("/usr/bin/nvidia-persistenced")));
+    assert_eq!(real.class, Class::System);
+    // A deleted executable (a driver upgraded without a reboot) is still the service.
+    let mut upgraded = root_exe("/usr/bin/nvidia-persistenced");
+    upgraded.deleted = true;
+    assert_eq!(persistenced(0, Some(upgraded)).class, Class::System);
+
+    for (uid, exe, why) in [
+        (
+            1000,
+            Some(root_exe("/usr/bin/nvidia-persistenced")),
+            "uid 1000",
+        ),
+        (0, Some(root_exe("/usr/bin/python3.11")), "another program"),
+        (
+            0,
+            Some(ExeFacts {
+                mode: 0o777,
+                ..root_exe("/tmp/nvidia-persistenced")
+            }),
+            "only root may write",
+        ),
+        (
+            0,
+            Some(ExeFacts {
+                owner_uid: 1000,
+                ..root_exe("/home/a/nvidia-persistenced")
+            }),
+            "only root may write",
+        ),
+        (0, None, "unreadable"),
+    ] {
+        let h = persistenced(uid, exe);
+        assert_eq!(h.class, Class::Orphan, "{why}: {h:#?}");
+        assert!(h.evidence.iter().any(|e| e.contains(why)), "{why}: {h:#?}");
+        assert!(h.class.is_ghost());
+    }
+}
+
+#[test]
+fn a_zombie_leader_whose_threads_work_is_not_killable() {
+    let mut z = proc_(100, 50, 100, "python", &[0]);
+    z.state = Some('Z');
+    z.threads = Some(vec![
+        ThreadFacts {
+            tid: 100,
+            state: 'Z',
+            wchan: None,
+        },
+        ThreadFacts {
+            tid: 101,
+            state: 'R',
+            wchan: None,
+        },
+    ]);
+    let mut s = snapshot(vec![gpu(0, GIB, &[(100, Some(GIB))])], vec![init(), z]);
+    s.work
+        .as_mut()
+        .unwrap()
+        .processes
+        .iter_mut()
+        .for_each(|w| w.cpu_ticks = 150);
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Zombie);
+    assert!(!h.action.reclaimable, "{h:#?}");
+    assert!(h.action.summary.contains("still working"));
+}
+
+#[test]
+fn a_group_leader_is_its_own_job_whatever_its_ancestors_are() {
+    // 790 was re-parented to init and its group's leader (700) is gone; its child 800 leads a
+    // process group of its own (a job started with job control): 800's job is alive. 801,
+    // in 800's group, climbs to it.
+    let s = snapshot(
+        vec![gpu(
+            0,
+            3 * GIB,
+            &[(800, Some(GIB)), (801, Some(GIB)), (811, Some(GIB))],
+        )],
+        vec![
+            init(),
+            proc_(790, 1, 700, "bash", &[]),
+            proc_(800, 790, 800, "python", &[0]),
+            proc_(801, 800, 800, "python", &[0]),
+            // A pipeline member whose group leader exited, under a live shell in another group.
+            proc_(810, 1, 810, "bash", &[]),
+            proc_(811, 810, 805, "python", &[0]),
+        ],
+    );
+    let r = classify(&s, &Policy::default());
+    let class = |pid| r.gpus[0].holders.iter().find(|h| h.pid == pid).unwrap();
+    assert_eq!(class(800).class, Class::Active, "{:#?}", class(800));
+    assert_eq!(class(801).class, Class::Active, "{:#?}", class(801));
+    assert!(
+        class(801)
+            .evidence
+            .iter()
+            .any(|e| e.contains("800 (python) leads"))
+    );
+    assert_eq!(class(811).class, Class::Active, "{:#?}", class(811));
+    assert!(
+        class(811)
+            .evidence
+            .iter()
+            .any(|e| e.contains("parent 810 (bash) lives"))
+    );
 }

@@ -33,7 +33,11 @@ fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> GpuSample {
             })
             .collect(),
         process_list: ProcessListState::Complete,
-        utilization: None,
+        // A window that just began and saw no busy process.
+        utilization: Some(UtilizationWindow {
+            since_ms: 1_000_000 - 1000,
+            samples: vec![],
+        }),
         failure: None,
         warnings: vec![],
         health: Default::default(),
@@ -87,8 +91,11 @@ fn snap(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
             full_fd_scan: true,
             limitations: vec![],
         },
+        work: None,
+        job_cgroups: vec![],
     };
     s.normalize();
+    s.work = Some(WorkWindow::all_idle(&s, 2000));
     s
 }
 
@@ -220,7 +227,14 @@ fn forbidden_processes_are_left_alone_with_a_reason() {
     no_start.start_ticks = None;
     let me = p(9000, 8999, 498, "vramguard", &[0]);
     let shell = p(8999, 1, 497, "bash", &[0]);
-    let daemon = p(600, 1, 600, "nvidia-persiste", &[0]);
+    let mut daemon = p(600, 1, 600, "nvidia-persiste", &[0]);
+    daemon.uid = Some(0);
+    daemon.exe = Some(ExeFacts {
+        path: "/usr/bin/nvidia-persistenced".into(),
+        deleted: false,
+        owner_uid: 0,
+        mode: 0o755,
+    });
     let s = snap(
         vec![gpu(
             0,
@@ -406,10 +420,35 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
         prop::collection::btree_set(prop::sample::select(Class::ALL.to_vec()), 0..7),
         prop::option::of(prop::collection::btree_set(0u32..3, 0..3)),
         0u64..3000,
+        // CPU history per pid: ticks used over the 2 s window and run-state observations.
+        prop::collection::vec((1u32..40, 0u64..30, 0u32..=5), 0..20),
+        // GPU utilization samples: GPU, pid, SM %, how long ago (ms).
+        prop::collection::vec((0u32..3, 1u32..45, 0u32..100, 0u64..30_000), 0..15),
     )
         .prop_map(
-            |(procs, listed, used, self_pid, ancestors, euid, host_ns, include, gpus, idle_for)| {
+            |(
+                procs,
+                listed,
+                used,
+                self_pid,
+                ancestors,
+                euid,
+                host_ns,
+                include,
+                gpus,
+                idle_for,
+                cpu,
+                util,
+            )| {
                 let mut s = snap(vec![], procs);
+                if let Some(w) = s.work.as_mut() {
+                    for (pid, ticks, running) in cpu {
+                        if let Some(sample) = w.processes.iter_mut().find(|p| p.pid == pid) {
+                            sample.cpu_ticks = ticks;
+                            sample.running_observations = running;
+                        }
+                    }
+                }
                 s.gpus = (0..3u32)
                     .map(|i| {
                         let l: Vec<(u32, u64)> = listed
@@ -420,7 +459,17 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         let mut g = gpu(i, used[i as usize] * GIB, &l);
                         g.utilization = Some(UtilizationWindow {
                             since_ms: 0,
-                            samples: vec![],
+                            samples: util
+                                .iter()
+                                .filter(|(gpu, ..)| *gpu == i)
+                                .map(|(_, pid, sm, ago)| UtilizationSample {
+                                    pid: *pid,
+                                    sm_percent: *sm,
+                                    mem_percent: 0,
+                                    last_seen_ms: 1_000_000 - ago,
+                                    last_busy_ms: (*sm > 0).then_some(1_000_000 - ago),
+                                })
+                                .collect(),
                         });
                         g
                     })
@@ -458,7 +507,42 @@ proptest! {
             let proc_ = proc_.unwrap();
             prop_assert!(!proc_.is_kernel_thread());
             prop_assert!(!(proc_.nspid.len() > 1 && proc_.nspid.last() == Some(&1)));
-            prop_assert!(!policy.is_system_comm(proc_.comm.as_deref().unwrap_or("")));
+            prop_assert!(!matches!(policy.system_identity(proc_, s.host.euid == 0), Some(Ok(()))));
+            // No process with work evidence in the window, nor the parent of one, is a target
+            // unless `detached` was asked for by name (or it is already exiting).
+            let exiting = proc_.flags.is_some_and(|f| f & PF_EXITING != 0);
+            if t.class != Class::Detached && !exiting {
+                let cpu_busy = |pid: u32| {
+                    s.work_of(pid, s.process(pid).and_then(|p| p.start_ticks))
+                        .is_some_and(|w| w.cpu_ticks >= 10 || w.running_observations >= 3)
+                };
+                let gpu_busy = |pid: u32| {
+                    report.gpus.iter().any(|g| {
+                        g.holders.iter().any(|h| h.pid == pid && h.listed && h.reported_pid.is_none())
+                            && s.gpus[g.index as usize].utilization.as_ref().is_some_and(|u| {
+                                u.samples.iter().any(|x| {
+                                    x.pid == pid && x.sm_percent > 0 && 1_000_000 - x.last_seen_ms <= 10_000
+                                })
+                            })
+                    })
+                };
+                prop_assert!(!cpu_busy(t.pid), "target {} used CPU in the window", t.pid);
+                prop_assert!(!gpu_busy(t.pid), "target {} used its GPU in the window", t.pid);
+                for q in s.processes.iter().filter(|q| !q.is_kernel_thread() && q.pid != s.host.self_pid) {
+                    let mut cur = q.ppid;
+                    for _ in 0..64 {
+                        let Some(pp) = cur.filter(|pp| *pp > 1) else { break };
+                        if pp == t.pid {
+                            prop_assert!(
+                                !cpu_busy(q.pid),
+                                "target {} is an ancestor of {}, which works", t.pid, q.pid
+                            );
+                            break;
+                        }
+                        cur = s.process(pp).and_then(|p| p.ppid);
+                    }
+                }
+            }
             prop_assert!(!forbidden.contains(&t.class));
             prop_assert!(opts.include.contains(&t.class));
             prop_assert_eq!(Some(t.start_ticks), proc_.start_ticks);

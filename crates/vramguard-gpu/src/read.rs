@@ -309,11 +309,15 @@ fn aggregate_utilization(
             sm_percent: 0,
             mem_percent: 0,
             last_seen_ms: 0,
+            last_busy_ms: None,
         });
         e.sm_percent = e.sm_percent.max(s.sm);
         e.mem_percent = e.mem_percent.max(s.mem);
         // Timestamps are the driver's; cap them at our clock so that equal inputs compare equal.
         e.last_seen_ms = e.last_seen_ms.max(at_ms.min(now_ms));
+        if s.sm > 0 || s.mem > 0 {
+            e.last_busy_ms = Some(e.last_busy_ms.unwrap_or(0).max(at_ms.min(now_ms)));
+        }
     }
     UtilizationWindow {
         since_ms,
@@ -567,7 +571,8 @@ mod tests {
                 pid: 10,
                 sm_percent: 40,
                 mem_percent: 5,
-                last_seen_ms: 9_500
+                last_seen_ms: 9_500,
+                last_busy_ms: Some(9_500),
             }]
         );
     }

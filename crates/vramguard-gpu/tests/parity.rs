@@ -26,6 +26,7 @@ fn normalized(mut gpus: Vec<GpuSample>) -> Vec<GpuSample> {
             u.since_ms = 0;
             for s in &mut u.samples {
                 s.last_seen_ms = 0;
+                s.last_busy_ms = s.last_busy_ms.map(|_| 0);
             }
         }
     }

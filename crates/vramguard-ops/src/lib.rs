@@ -15,4 +15,4 @@ pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
 pub use reclaim::{ExecuteOptions, ReclaimEnv, ReclaimOutcome, ResetMode, execute};
-pub use snapshot::take_snapshot;
+pub use snapshot::{take_sampled_snapshot, take_snapshot};

@@ -13,7 +13,7 @@
 
 use crate::audit::{AuditError, AuditLog};
 use crate::identity::{Identity, Pinned, Refusal, Verified, wait_all};
-use crate::snapshot::take_snapshot;
+use crate::snapshot::{take_sampled_snapshot, take_snapshot};
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -638,6 +638,27 @@ pub struct MachineEnv {
     pub reset: ResetBackend,
     /// The last report taken (names GPUs for the reset command).
     pub last_report: Option<Report>,
+    /// How long [`ReclaimEnv::snapshot`] watches the processes work before it classifies.
+    pub sample: Duration,
+}
+
+impl MachineEnv {
+    /// The snapshot a plan is made from: a full collection, then [`MachineEnv::sample`] of
+    /// watching the processes work, classified. The executor's own re-reads
+    /// ([`ReclaimEnv::snapshot`]) take no window: they only follow what the plan did.
+    pub fn planning_snapshot(&mut self) -> Result<(Snapshot, Report), String> {
+        let snap = take_sampled_snapshot(
+            self.source.as_mut(),
+            &mut self.collector,
+            &self.policy,
+            ScanDepth::Full,
+            self.sample,
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        let report = classify(&snap, &self.policy);
+        self.last_report = Some(report.clone());
+        Ok((snap, report))
+    }
 }
 
 impl ReclaimEnv for MachineEnv {

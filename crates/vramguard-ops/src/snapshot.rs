@@ -4,7 +4,7 @@ use std::time::Duration;
 use vramguard_core::Policy;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_gpu::{GpuSource, SourceError};
-use vramguard_proc::{ProcCollector, ProcError, ScanDepth};
+use vramguard_proc::{ProcCollector, ProcError, ScanDepth, WorkSampler};
 
 /// Why no snapshot could be taken.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +48,48 @@ pub fn take_snapshot(
         processes: procs.processes,
         departed: procs.departed,
         scan: procs.scan,
+        work: None,
+        job_cgroups: procs.job_cgroups,
     };
     snap.normalize();
     Ok(snap)
+}
+
+/// How often the sampler looks at the processes during a window.
+pub const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
+
+/// One collection, then `window` of watching its processes work (CPU time, running
+/// threads), attached as [`Snapshot::work`]. A zero window takes no sample: holders whose job
+/// is gone then have unknown work and are never reclaim targets.
+pub fn take_sampled_snapshot(
+    source: &mut dyn GpuSource,
+    collector: &mut ProcCollector,
+    policy: &Policy,
+    depth: ScanDepth,
+    window: Duration,
+) -> Result<Snapshot, SnapshotError> {
+    let mut snap = take_snapshot(source, collector, policy, depth)?;
+    if window.is_zero() {
+        return Ok(snap);
+    }
+    let pids = sampled_pids(&snap);
+    snap.work = Some(WorkSampler::sample_window(
+        collector.procfs(),
+        &pids,
+        window,
+        SAMPLE_PERIOD.min(window / 5).max(Duration::from_millis(10)),
+        now_ms,
+    )?);
+    snap.normalize();
+    Ok(snap)
+}
+
+/// The processes whose work matters: every process of the snapshot (holders, their
+/// ancestors and job leaders) except vramguard and kernel threads.
+pub fn sampled_pids(snap: &Snapshot) -> Vec<u32> {
+    snap.processes
+        .iter()
+        .filter(|p| p.pid != snap.host.self_pid && !p.is_kernel_thread())
+        .map(|p| p.pid)
+        .collect()
 }

@@ -17,8 +17,9 @@ use crate::procfs::{Found, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
-    DepartedProcess, FdScan, HostFacts, PF_EXITING, ProcessFacts, ScanFacts,
+    DepartedProcess, FdScan, HostFacts, JobCgroupFacts, PF_EXITING, ProcessFacts, ScanFacts,
 };
 
 /// How deep a collection looks (see the module documentation).
@@ -49,6 +50,8 @@ pub struct Collected {
     pub scan: ScanFacts,
     /// Facts about the host and vramguard.
     pub host: HostFacts,
+    /// Liveness facts of the job cgroups (containers, pods, Slurm jobs) holders live in.
+    pub job_cgroups: Vec<JobCgroupFacts>,
 }
 
 #[derive(Debug, Default)]
@@ -66,9 +69,19 @@ struct Known {
     pidfd: Option<OwnedFd>,
     /// The facts the last re-read produced, for [`ScanDepth::Cached`].
     last: Option<ProcessFacts>,
+    /// The parent seen when the process was first read.
+    first_ppid: Option<u32>,
 }
 
 const DEPARTED_KEEP: usize = 256;
+/// Ancestors followed above a holder (its parent, the parent's parent...).
+const MAX_ANCESTRY: usize = 64;
+/// Bounds on reading one job cgroup's subtree: directories, member pids, members inspected.
+const CGROUP_MAX_DIRS: usize = 256;
+const CGROUP_MAX_PIDS: usize = 4096;
+const CGROUP_MAX_INSPECTED: usize = 512;
+/// Largest `cgroup.procs` read (a pid per line).
+const CGROUP_PROCS_MAX_BYTES: u64 = 64 * 1024;
 const DEPARTED_MAX_AGE_MS: u64 = 3_600_000;
 /// Below this many processes to fd-scan, threads cost more than they save.
 const PARALLEL_SCAN_MIN: usize = 64;
@@ -90,6 +103,10 @@ pub struct ProcCollector {
     /// The tree shows this process's PID namespace, so a pidfd names the process its pid
     /// names there.
     pidfds_usable: bool,
+    /// Cgroup mount points (v2 and v1 hierarchies), from the tree's `self/mountinfo`.
+    cgroup_mounts: Vec<PathBuf>,
+    /// Job cgroup facts of the last collection, reused by [`ScanDepth::Cached`].
+    last_job_cgroups: Vec<JobCgroupFacts>,
 }
 
 impl ProcCollector {
@@ -120,6 +137,8 @@ impl ProcCollector {
             // Leave most of the fd budget to everything else.
             max_stat_fds: (nofile / 2).saturating_sub(64) as usize,
             pidfds_usable: false,
+            cgroup_mounts: Vec::new(),
+            last_job_cgroups: Vec::new(),
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -155,6 +174,103 @@ impl ProcCollector {
             pid_namespace_is_host: self.fs.pid_namespace_is_host(),
             euid: rustix::process::geteuid().as_raw(),
         };
+        let mut mountinfo = Vec::new();
+        self.cgroup_mounts = match self.fs.read_into("self/mountinfo", &mut mountinfo) {
+            Ok(Found::Yes(())) => crate::parse::parse_cgroup_mounts(&mountinfo)
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+            _ => Vec::new(),
+        };
+    }
+
+    /// The job cgroups of `processes`, each read once: who in them keeps the job alive.
+    fn job_cgroups(&self, processes: &[ProcessFacts]) -> Vec<JobCgroupFacts> {
+        let mut roots: Vec<String> = processes
+            .iter()
+            .filter(|p| p.device_files.holds_any() == Some(true))
+            .filter_map(cgroup_job)
+            .filter(|j| matches!(j.kind, JobKind::Pod | JobKind::Container | JobKind::Slurm))
+            .map(|j| j.root)
+            .collect();
+        roots.sort();
+        roots.dedup();
+        roots.into_iter().map(|r| self.read_job_cgroup(r)).collect()
+    }
+
+    /// Reads the members of one job cgroup's subtree, in the first hierarchy that has it.
+    fn read_job_cgroup(&self, root: String) -> JobCgroupFacts {
+        let mut facts = JobCgroupFacts {
+            root,
+            readable: false,
+            members: 0,
+            namespace_inits: Vec::new(),
+            step_daemons: Vec::new(),
+            nested_pid_namespace: false,
+        };
+        let rel = facts.root.trim_start_matches('/');
+        if rel.split('/').any(|s| s == ".." || s == ".") {
+            return facts;
+        }
+        let Some(dir) = self
+            .cgroup_mounts
+            .iter()
+            .map(|m| m.join(rel))
+            .find(|d| d.is_dir())
+        else {
+            return facts;
+        };
+        let mut pids = Vec::new();
+        let mut dirs = vec![dir];
+        let mut visited = 0;
+        while let Some(d) = dirs.pop() {
+            visited += 1;
+            if visited > CGROUP_MAX_DIRS || pids.len() >= CGROUP_MAX_PIDS {
+                break;
+            }
+            let Some(text) = read_small(&d.join("cgroup.procs"), CGROUP_PROCS_MAX_BYTES) else {
+                continue;
+            };
+            facts.readable = true;
+            pids.extend(
+                text.lines()
+                    .filter_map(|l| l.trim().parse::<u32>().ok())
+                    .take(CGROUP_MAX_PIDS),
+            );
+            if let Ok(entries) = std::fs::read_dir(&d) {
+                for e in entries.flatten() {
+                    // Never follow a link out of the hierarchy.
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        dirs.push(e.path());
+                    }
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        facts.members = pids.len() as u32;
+        for pid in pids.into_iter().take(CGROUP_MAX_INSPECTED) {
+            let Ok(Found::Yes(stat)) = self.fs.stat(pid) else {
+                continue;
+            };
+            if matches!(stat.state, Some('Z' | 'X')) {
+                continue;
+            }
+            let nspid = match self.fs.status(pid) {
+                Ok(Found::Yes(st)) => st.nspid,
+                _ => Vec::new(),
+            };
+            if nspid.len() > 1 {
+                facts.nested_pid_namespace = true;
+                if nspid.last() == Some(&1) {
+                    facts.namespace_inits.push(pid);
+                }
+            }
+            if stat.comm == "slurmstepd" {
+                facts.step_daemons.push(pid);
+            }
+        }
+        facts
     }
 
     fn user_name(&mut self, uid: u32) -> Option<String> {
@@ -353,26 +469,36 @@ impl ProcCollector {
 
         let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
         let mut out: HashMap<u32, ProcessFacts> = HashMap::new();
-        let mut relatives = Vec::new();
+        // Then their relatives: every ancestor (the job model walks up the tree) and every
+        // process-group leader, each read once.
+        let mut relatives: VecDeque<(u32, usize)> = VecDeque::new();
+        let queue_relatives =
+            |facts: &ProcessFacts, depth: usize, q: &mut VecDeque<(u32, usize)>| {
+                if depth >= MAX_ANCESTRY {
+                    return;
+                }
+                for rel in [facts.ppid, facts.pgid].into_iter().flatten() {
+                    if rel > 0 && rel != facts.pid {
+                        q.push_back((rel, depth + 1));
+                    }
+                }
+            };
         for pid in wanted {
             match self.facts(pid, reuse)? {
                 Some(facts) => {
-                    for rel in [facts.ppid, facts.pgid].into_iter().flatten() {
-                        if rel > 0 && rel != pid {
-                            relatives.push(rel);
-                        }
-                    }
+                    queue_relatives(&facts, 0, &mut relatives);
                     out.insert(pid, facts);
                 }
                 None => self.depart(pid, now_ms),
             }
         }
-        for pid in relatives {
+        while let Some((pid, depth)) = relatives.pop_front() {
             if out.contains_key(&pid) {
                 continue;
             }
             match self.facts(pid, reuse)? {
                 Some(facts) => {
+                    queue_relatives(&facts, depth, &mut relatives);
                     out.insert(pid, facts);
                 }
                 None => self.depart(pid, now_ms),
@@ -396,7 +522,15 @@ impl ProcCollector {
                  run as root to see every holder"
             ));
         }
+        let job_cgroups = if reuse {
+            self.last_job_cgroups.clone()
+        } else {
+            let facts = self.job_cgroups(&processes);
+            self.last_job_cgroups = facts.clone();
+            facts
+        };
         Ok(Collected {
+            job_cgroups,
             processes,
             departed: self.departed.iter().cloned().collect(),
             scan: ScanFacts {
@@ -495,8 +629,10 @@ impl ProcCollector {
                 .map(crate::parse::container_from_cgroup)
                 .unwrap_or((None, None));
             let user = status.uid.and_then(|u| self.user_name(u));
+            let exe = self.fs.exe(pid)?.ok();
             Some(ProcessFacts {
                 pid,
+                exe,
                 uid: status.uid,
                 user,
                 cmdline,
@@ -512,6 +648,10 @@ impl ProcCollector {
         let known = self.known.entry(pid).or_default();
         known.start_ticks = stat.start_ticks;
         known.interesting = true;
+        if known.first_ppid.is_none() {
+            known.first_ppid = stat.ppid;
+        }
+        let earlier_ppid = known.first_ppid.filter(|first| Some(*first) != stat.ppid);
         if let Some(identity) = identity {
             known.facts = Some(identity);
         }
@@ -524,6 +664,8 @@ impl ProcCollector {
         facts.state = stat.state;
         facts.flags = stat.flags;
         facts.start_ticks = stat.start_ticks;
+        facts.cpu_ticks = stat.utime.zip(stat.stime).map(|(u, s)| u + s);
+        facts.earlier_ppid = earlier_ppid;
         facts.device_files = known.devices.clone();
         if let Some(f) = known.facts.as_mut() {
             f.comm = Some(stat.comm);
@@ -564,4 +706,13 @@ impl ProcCollector {
         }
         chain
     }
+}
+
+/// Reads a small file outside `/proc` (a cgroup file), refusing anything larger than `max`.
+fn read_small(path: &Path, max: u64) -> Option<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }

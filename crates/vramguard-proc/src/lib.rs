@@ -14,6 +14,8 @@ pub mod collector;
 pub mod devices;
 pub mod parse;
 pub mod procfs;
+pub mod work;
 
 pub use collector::{Collected, ProcCollector, ScanDepth};
 pub use procfs::{Found, ProcError, ProcFs};
+pub use work::WorkSampler;

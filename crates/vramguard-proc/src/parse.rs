@@ -30,6 +30,10 @@ pub struct Stat {
     pub sid: Option<u32>,
     /// (9) kernel flags (`PF_*`).
     pub flags: Option<u32>,
+    /// (14) user time, clock ticks (for a process: every thread, living and dead).
+    pub utime: Option<u64>,
+    /// (15) system time, clock ticks.
+    pub stime: Option<u64>,
     /// (20) number of threads.
     pub num_threads: Option<u32>,
     /// (22) start time after boot, clock ticks.
@@ -70,6 +74,8 @@ pub fn parse_stat(bytes: &[u8]) -> Result<Stat, ParseError> {
         pgid: num32(5),
         sid: num32(6),
         flags: num32(9),
+        utime: num(14),
+        stime: num(15),
         num_threads: num32(20),
         start_ticks: num(22),
     })
@@ -259,6 +265,19 @@ pub fn parse_cgroup2_mount(bytes: &[u8]) -> Option<String> {
     })
 }
 
+/// Every cgroup mount point (v1 hierarchies and v2) from `/proc/self/mountinfo`, in file order.
+pub fn parse_cgroup_mounts(bytes: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split_ascii_whitespace().next()?;
+            matches!(fstype, "cgroup" | "cgroup2")
+                .then(|| left.split_ascii_whitespace().nth(4).map(unescape_octal))?
+        })
+        .collect()
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape_octal(s: &str) -> String {
     let bytes = s.as_bytes();
@@ -435,6 +454,26 @@ mod tests {
             None
         );
         assert_eq!(device_file(b"socket:[123]", b"/dev"), None);
+    }
+
+    #[test]
+    fn cpu_times() {
+        let s = parse_stat(STAT).unwrap();
+        assert_eq!((s.utime, s.stime), (Some(120), Some(30)));
+        let line = "7 (x) R 1 7 7 0 -1 4194304 0 0 0 0 1234 56 0 0 20 0 1 0 99 0 0";
+        let s = parse_stat(line.as_bytes()).unwrap();
+        assert_eq!((s.utime, s.stime), (Some(1234), Some(56)));
+    }
+
+    #[test]
+    fn mountinfo_every_cgroup_hierarchy() {
+        let text = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
+                    42 31 0:39 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                    43 31 0:40 / /proc rw - proc proc rw\n";
+        assert_eq!(
+            parse_cgroup_mounts(text.as_bytes()),
+            vec!["/sys/fs/cgroup/unified", "/sys/fs/cgroup/memory"]
+        );
     }
 
     #[test]

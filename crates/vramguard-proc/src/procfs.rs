@@ -6,7 +6,7 @@ use rustix::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use std::path::{Path, PathBuf};
-use vramguard_core::snapshot::{DeviceFile, FdScan, ThreadFacts};
+use vramguard_core::snapshot::{DeviceFile, ExeFacts, FdScan, ThreadFacts};
 
 /// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
 const INIT_PID_NS_INODE: &str = "pid:[4026531836]";
@@ -267,6 +267,80 @@ impl ProcFs {
         Ok(Found::Yes(threads))
     }
 
+    /// `/proc/PID/exe`: the executable's path, and the owner and mode of the file it names
+    /// (a `stat` through the link, which works for a deleted file too).
+    pub fn exe(&self, pid: u32) -> Result<Found<ExeFacts>, ProcError> {
+        let rel = format!("{pid}/exe");
+        let link = match triage(
+            rustix::fs::readlinkat(&self.root_fd, rel.as_str(), Vec::new()),
+            || self.path(&rel),
+        )? {
+            Found::Yes(l) => l,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        let st = match triage(
+            rustix::fs::statat(&self.root_fd, rel.as_str(), rustix::fs::AtFlags::empty()),
+            || self.path(&rel),
+        )? {
+            Found::Yes(st) => st,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        let text = String::from_utf8_lossy(link.as_bytes()).into_owned();
+        let (path, deleted) = match text.strip_suffix(" (deleted)") {
+            Some(p) => (p.to_string(), true),
+            None => (text, false),
+        };
+        Ok(Found::Yes(ExeFacts {
+            path,
+            deleted,
+            owner_uid: st.st_uid,
+            mode: st.st_mode & 0o7777,
+        }))
+    }
+
+    /// One observation for the work sampler: start time, CPU time used so far, and whether
+    /// any thread is running (R). The thread states are read only when the main thread is
+    /// not running itself, at most [`MAX_THREADS_OBSERVED`] of them.
+    pub fn work_probe(&self, pid: u32) -> Result<Found<WorkProbe>, ProcError> {
+        let stat = match self.stat(pid)? {
+            Found::Yes(s) => s,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        let (Some(start_ticks), Some(utime), Some(stime)) =
+            (stat.start_ticks, stat.utime, stat.stime)
+        else {
+            return Ok(Found::Denied);
+        };
+        let mut running = stat.state == Some('R');
+        if !running && stat.num_threads.unwrap_or(1) > 1 {
+            let rel = format!("{pid}/task");
+            if let Ok(dir) = self
+                .open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY)
+                .and_then(rustix::fs::Dir::new)
+            {
+                for entry in dir.flatten().take(MAX_THREADS_OBSERVED) {
+                    let Some(tid) = parse_pid(entry.file_name().to_bytes()) else {
+                        continue;
+                    };
+                    if let Ok(Found::Yes(t)) = self.stat_at(&format!("{pid}/task/{tid}/stat"))
+                        && t.state == Some('R')
+                    {
+                        running = true;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(Found::Yes(WorkProbe {
+            start_ticks,
+            cpu_ticks: utime + stime,
+            running,
+        }))
+    }
+
     /// The NVIDIA device files under `dev_dir` that `pid` holds open.
     ///
     /// Costs one `readlinkat` per open fd: the expensive part of a full scan, which is why the
@@ -403,6 +477,20 @@ impl ProcFs {
         let name = String::from_utf8_lossy(&bytes).trim().to_string();
         (!name.is_empty()).then_some(name)
     }
+}
+
+/// Threads looked at per observation; a process with more is judged by the first ones.
+pub const MAX_THREADS_OBSERVED: usize = 256;
+
+/// One observation of a process by the work sampler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkProbe {
+    /// Start time, clock ticks after boot.
+    pub start_ticks: u64,
+    /// User + system CPU time so far, clock ticks.
+    pub cpu_ticks: u64,
+    /// Whether a thread was running (R).
+    pub running: bool,
 }
 
 /// Lists the pids of a `/proc` tree again and again with one open directory.

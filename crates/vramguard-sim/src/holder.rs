@@ -121,6 +121,11 @@ pub struct HolderSpec {
     /// workers): its memory stays while any of them lives.
     #[serde(default)]
     pub share_with_workers: bool,
+    /// Keep one thread busy this share of the time (percent of one core, 0–100): a job that
+    /// feeds its GPU or loads data burns CPU; an orphaned worker blocked on a dead parent
+    /// does not.
+    #[serde(default)]
+    pub cpu_percent: u32,
 }
 
 /// A worker: its cosmetic argv and its own spec.
@@ -164,6 +169,7 @@ impl HolderSpec {
             ready_file: None,
             shape: None,
             share_with_workers: false,
+            cpu_percent: 0,
         }
     }
 }
@@ -252,7 +258,19 @@ fn set_comm(name: &str) {
 pub fn run(spec: HolderSpec) -> Result<()> {
     // SAFETY: single-threaded here; the spec was read already.
     unsafe { std::env::remove_var(HOLDER_ENV) };
-    if let Some(comm) = &spec.comm {
+    // A real `python3 train.py` has the command name python3: take it from argv[0] unless
+    // the spec names one (the kernel would show `vramguard`, the executable's name).
+    let argv0 = std::env::args_os()
+        .next()
+        .map(|a| {
+            a.to_string_lossy()
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .filter(|a| !a.is_empty());
+    if let Some(comm) = spec.comm.as_ref().or(argv0.as_ref()) {
         set_comm(comm);
     }
     if spec.new_session {
@@ -358,6 +376,10 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     // Children are not waited for: when this process dies they are re-parented, which is
     // the point. They end by their own lifetime.
     std::mem::forget(children);
+    if spec.cpu_percent > 0 {
+        let busy = Duration::from_millis(u64::from(spec.cpu_percent.min(100)));
+        std::thread::spawn(move || burn_cpu(busy, deadline));
+    }
     match spec.shape {
         None => {}
         Some(Shape::ZombieLeader) => zombie_leader(deadline, false),
@@ -366,6 +388,21 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     sleep_until(deadline);
     drop(files);
     Ok(())
+}
+
+/// Spins for `busy` out of every 100 ms until the deadline.
+fn burn_cpu(busy: Duration, deadline: Instant) {
+    let period = Duration::from_millis(100);
+    while Instant::now() < deadline {
+        let start = Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < busy {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        if let Some(rest) = period.checked_sub(start.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
 }
 
 fn sleep_until(deadline: Instant) {

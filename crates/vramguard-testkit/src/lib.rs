@@ -6,6 +6,7 @@
 //!   reaped when the guard drops, pass or fail.
 #![deny(missing_docs)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::OnceLock;
@@ -193,9 +194,11 @@ impl World {
             script.push_str(&format!("exec {}<{} ; ", i + 3, self.dev(f).display()));
         }
         script.push_str(&format!("exec sleep {secs}"));
+        // Its own process group: a job of its own, whatever started the test suite.
         let child = Command::new("sh")
             .arg("-c")
             .arg(&script)
+            .process_group(0)
             .spawn()
             .expect("spawn sh");
         let pid = child.id();

@@ -45,13 +45,13 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// One screen: every GPU, every holder, every unexplained byte
-    Status(OutputArgs),
+    Status(StatusArgs),
     /// The full check-list with a verdict and the exact next command (exit 0 clean, 1 found
     /// ghost memory or orphaned holders, 2 error)
     Diagnose(DiagnoseArgs),
     /// Print the raw facts (driver + /proc) as JSON, to replay with --replay or attach to a
     /// bug report
-    Snapshot,
+    Snapshot(SnapshotArgs),
     /// Free ghost GPU memory safely: plan, SIGTERM, grace, SIGKILL, verify the driver released
     /// it, optionally reset; every action in the audit log (exit 0 all freed, 1 some remains,
     /// 2 error or refused)
@@ -98,11 +98,37 @@ pub enum Command {
     Sim(SimCommand),
 }
 
+/// The longest sampling window accepted: a longer one is a typo, not a wish.
+const MAX_SAMPLE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Parses `--sample`: a duration from 0 (no window) to ten minutes.
+pub fn parse_sample(s: &str) -> Result<std::time::Duration, String> {
+    let d = vramguard_core::units::parse_duration(s).map_err(|e| e.to_string())?;
+    if d > MAX_SAMPLE {
+        return Err(format!(
+            "{s:?} is longer than the 10m a sampling window may last"
+        ));
+    }
+    Ok(d)
+}
+
 #[derive(Debug, Args, Clone)]
-pub struct OutputArgs {
+pub struct StatusArgs {
     /// Print JSON (stable schema, see docs/json-schema.md)
     #[arg(long)]
     pub json: bool,
+    /// Watch CPU use and running threads this long before classifying, to tell a job that
+    /// still works (detached) from one that does not (orphan); 0 skips it and leaves work
+    /// unknown
+    #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct SnapshotArgs {
+    /// Watch the processes this long, and save what was seen with the snapshot
+    #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -113,6 +139,10 @@ pub struct DiagnoseArgs {
     /// Only these GPUs, e.g. a finished job's (0,3) [default: all]
     #[arg(long, value_delimiter = ',', value_name = "INDEX")]
     pub gpu: Vec<u32>,
+    /// Watch CPU use and running threads this long before classifying (0: skip; work is
+    /// then unknown)
+    #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -120,7 +150,8 @@ pub struct ReclaimArgs {
     /// GPUs to act on, e.g. 0,3 [default: all]
     #[arg(long, value_delimiter = ',', value_name = "INDEX")]
     pub gpu: Vec<u32>,
-    /// Classes to target: orphan, hidden (only when its job is gone), zombie, idle
+    /// Classes to target: orphan, hidden (only when its job is gone), zombie, idle, detached
+    /// (working processes whose launcher is gone: only when named, with a warning)
     #[arg(
         long,
         value_delimiter = ',',
@@ -161,6 +192,10 @@ pub struct ReclaimArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// Watch every candidate's CPU use and running threads this long before deciding: a
+    /// process that shows any work is left alone
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -4,6 +4,7 @@
 use crate::cli::Global;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use vramguard_agent::config::Config;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
@@ -64,24 +65,26 @@ impl Ctx {
         Ok(ProcCollector::new(&self.global.proc_root, dev)?)
     }
 
-    /// A snapshot of this machine, or the one given with `--replay`.
-    pub fn snapshot(&self) -> Result<Snapshot> {
+    /// A snapshot of this machine, with `sample` of watching its processes work, or the one
+    /// given with `--replay` (which keeps the window it was saved with).
+    pub fn snapshot(&self, sample: Duration) -> Result<Snapshot> {
         if let Some(path) = &self.global.replay {
             return load_snapshot(path);
         }
         let mut source = self.gpu_source()?;
         let mut collector = self.collector()?;
-        take_snapshot(
+        Ok(vramguard_ops::take_sampled_snapshot(
             source.as_mut(),
             &mut collector,
             &self.policy,
             ScanDepth::Full,
-        )
+            sample,
+        )?)
     }
 
     /// Snapshot and classification.
-    pub fn report(&self) -> Result<(Snapshot, Report)> {
-        let snap = self.snapshot()?;
+    pub fn report(&self, sample: Duration) -> Result<(Snapshot, Report)> {
+        let snap = self.snapshot(sample)?;
         let report = classify(&snap, &self.policy);
         Ok((snap, report))
     }
@@ -95,17 +98,4 @@ pub fn load_snapshot(path: &Path) -> Result<Snapshot> {
         .with_context(|| format!("snapshot {} is not a vramguard snapshot", path.display()))?;
     snap.normalize();
     Ok(snap)
-}
-
-/// One collection: the driver first (it names the holders), then `/proc`.
-pub fn take_snapshot(
-    source: &mut dyn GpuSource,
-    collector: &mut ProcCollector,
-    policy: &Policy,
-    depth: ScanDepth,
-) -> Result<Snapshot> {
-    // Both error kinds already name what failed (the library, or the /proc path).
-    Ok(vramguard_ops::take_snapshot(
-        source, collector, policy, depth,
-    )?)
 }

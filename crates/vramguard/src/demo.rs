@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use vramguard_core::Policy;
+use vramguard_core::report::Class;
 use vramguard_core::units::format_bytes;
 use vramguard_gpu::SimSource;
 use vramguard_proc::{ProcCollector, ScanDepth};
@@ -244,8 +245,14 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
     let mut source = SimSource::open(&state)?;
     let mut collector =
         ProcCollector::new("/proc", vramguard_sim::SimState::load(&state)?.dev_dir)?;
-    let snap =
-        crate::context::take_snapshot(&mut source, &mut collector, &policy, ScanDepth::Full)?;
+    // As `vramguard status` does: watch the processes work for half a second.
+    let snap = vramguard_ops::take_sampled_snapshot(
+        &mut source,
+        &mut collector,
+        &policy,
+        ScanDepth::Full,
+        Duration::from_millis(500),
+    )?;
     let report = vramguard_core::classify(&snap, &policy);
     let style = crate::render::Style::new(crate::render::use_colour());
     if !args.json {
@@ -264,7 +271,28 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
         );
     }
     if args.reclaim && !args.json {
-        reclaim_demo(&state, &policy, &demo.dir)?;
+        // The default reclaim: the dead job's holders; the reset of GPU 1 is refused while
+        // the idle kernel holds it. Then what diagnose says next for that blocker: the idle
+        // kernel, asked for by name, and the reset goes through.
+        reclaim_demo(
+            &state,
+            &policy,
+            &demo.dir,
+            "vramguard reclaim --yes --reset=auto",
+            &Default::default(),
+        )?;
+        let idle = vramguard_core::plan::ReclaimOptions {
+            gpus: Some([1].into_iter().collect()),
+            include: [Class::Idle].into_iter().collect(),
+            idle_for_secs: policy.idle_after_secs,
+        };
+        reclaim_demo(
+            &state,
+            &policy,
+            &demo.dir,
+            "vramguard reclaim --yes --gpu 1 --include idle --idle-for 1s --reset=auto",
+            &idle,
+        )?;
     }
     let killed = demo.started.cleanup();
     say(format!(
@@ -274,29 +302,33 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// The incident, reclaimed: orphans and the hidden worker terminated, the release verified,
-/// a reset of the residue GPU attempted (and refused while the idle kernel holds it).
-fn reclaim_demo(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
+/// One reclaim of the incident, through the same planner and executor as `vramguard reclaim`:
+/// plan (after a second of watching the processes work), execute with `--reset=auto`, print.
+fn reclaim_demo(
+    state: &Path,
+    policy: &Policy,
+    dir: &Path,
+    shown: &str,
+    opts: &vramguard_core::plan::ReclaimOptions,
+) -> Result<()> {
     use crate::reclaim::{render_outcome, render_plan};
     use vramguard_ops::reclaim::identities;
     use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
-    use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
+    use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
     let mut env = MachineEnv {
         source: Box::new(SimSource::open(state)?),
         collector: ProcCollector::new("/proc", vramguard_sim::SimState::load(state)?.dev_dir)?,
         policy: policy.clone(),
         reset: ResetBackend::Sim(state.to_path_buf()),
         last_report: None,
+        sample: Duration::from_secs(1),
     };
-    let (snap, report) = env.snapshot().map_err(anyhow::Error::msg)?;
-    let plan = vramguard_core::plan::plan_reclaim(&snap, &report, &Default::default());
+    let (snap, report) = env.planning_snapshot().map_err(anyhow::Error::msg)?;
+    let plan = vramguard_core::plan::plan_reclaim(&snap, &report, opts);
     let pinned = vramguard_ops::identity::pin(Path::new("/proc"), identities(&plan));
     let audit_path = dir.join("audit.jsonl");
     let mut audit = AuditLog::open(&audit_path, report.hostname.as_deref().unwrap_or(""))?;
-    println!(
-        "\n$ vramguard reclaim --yes --reset=auto\n{}",
-        render_plan(&plan, &report, false)
-    );
+    println!("\n$ {shown}\n{}", render_plan(&plan, &report, false));
     let outcome = execute(
         &plan,
         pinned,

@@ -70,7 +70,7 @@ fn run(cli: cli::Cli) -> Result<i32> {
     match cli.command {
         Command::Status(args) => {
             let ctx = context::Ctx::new(cli.global)?;
-            let (_, report) = ctx.report()?;
+            let (_, report) = ctx.report(args.sample)?;
             if args.json {
                 print_json(&report)?;
             } else {
@@ -83,7 +83,7 @@ fn run(cli: cli::Cli) -> Result<i32> {
         }
         Command::Diagnose(args) => {
             let ctx = context::Ctx::new(cli.global)?;
-            let (_, mut report) = ctx.report()?;
+            let (_, mut report) = ctx.report(args.sample)?;
             if let Some(missing) = args
                 .gpu
                 .iter()
@@ -108,9 +108,9 @@ fn run(cli: cli::Cli) -> Result<i32> {
             }
             Ok(diagnosis.exit_code())
         }
-        Command::Snapshot => {
+        Command::Snapshot(args) => {
             let ctx = context::Ctx::new(cli.global)?;
-            print_json(&ctx.snapshot()?)?;
+            print_json(&ctx.snapshot(args.sample)?)?;
             Ok(0)
         }
         Command::Reclaim(args) => {

@@ -12,7 +12,7 @@ use vramguard_core::report::{Class, Report};
 use vramguard_core::units::{format_bytes, format_duration, parse_duration};
 use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
 use vramguard_ops::reclaim::{ReclaimOutcome, identities};
-use vramguard_ops::{AuditLog, ExecuteOptions, ReclaimEnv, ResetMode, execute};
+use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
 
 fn parse_reset(s: &str) -> Result<ResetMode> {
     Ok(match s {
@@ -50,6 +50,9 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
     let _ = writeln!(out, "vramguard reclaim · plan for GPU {}", gpus.join(","));
     if plan.is_empty() {
         let _ = writeln!(out, "  no process to signal");
+    }
+    for w in &plan.warnings {
+        let _ = writeln!(out, "  WARNING: {w}");
     }
     for job in &plan.jobs {
         let leader = match (job.leader_pid, &job.leader_command) {
@@ -226,8 +229,9 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
             ),
         },
         last_report: None,
+        sample: args.sample,
     };
-    let (snap, report) = env.snapshot().map_err(anyhow::Error::msg)?;
+    let (snap, report) = env.planning_snapshot().map_err(anyhow::Error::msg)?;
     if let Some(gpus) = &opts.gpus
         && let Some(missing) = gpus
             .iter()

@@ -49,7 +49,7 @@ impl Style {
     fn class(&self, c: Class) -> String {
         let padded = format!("{:<8}", c.as_str());
         match c {
-            Class::Active => self.green(&padded),
+            Class::Active | Class::Detached => self.green(&padded),
             Class::Idle => self.paint("36", &padded),
             Class::Orphan | Class::Zombie => self.red(&padded),
             Class::Foreign | Class::Hidden => self.yellow(&padded),
@@ -119,6 +119,14 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         None => h.pid.to_string(),
     };
     let why = match h.class {
+        // What keeps it from being an orphan: the work seen.
+        Class::Detached => h
+            .evidence
+            .iter()
+            .find(|e| e.starts_with("working:"))
+            .or(h.evidence.first())
+            .map(|e| format!("  {}", st.dim(&truncate(e, 70))))
+            .unwrap_or_default(),
         Class::Orphan | Class::Hidden | Class::Zombie | Class::Foreign | Class::Idle => h
             .evidence
             .first()
@@ -126,11 +134,13 @@ fn holder_line(st: &Style, h: &Holder) -> String {
             .unwrap_or_default(),
         _ => String::new(),
     };
+    let job = h.job.as_ref().map_or("-", |j| j.label.as_str());
     format!(
-        "  {:<9} {:<9} {} {:>10}  {}{}",
+        "  {:<9} {:<9} {} {:<16} {:>10}  {}{}",
         pid,
         truncate(h.user.as_deref().unwrap_or("-"), 9),
         st.class(h.class),
+        truncate(job, 16),
         memory,
         truncate(
             h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
@@ -186,8 +196,8 @@ pub fn status(r: &Report, st: &Style) -> String {
                 out,
                 "  {}",
                 st.dim(&format!(
-                    "{:<9} {:<9} {:<8} {:>10}  {}",
-                    "PID", "USER", "CLASS", "MEMORY", "COMMAND"
+                    "{:<9} {:<9} {:<8} {:<16} {:>10}  {}",
+                    "PID", "USER", "CLASS", "JOB", "MEMORY", "COMMAND"
                 ))
             );
             for h in &g.holders {

@@ -300,7 +300,7 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
         .collect();
     if !not_released.is_empty() {
         // Say what still holds it, from a fresh look at the machine.
-        if let Ok((_, report)) = ctx.report() {
+        if let Ok((_, report)) = ctx.report(std::time::Duration::ZERO) {
             for g in report
                 .gpus
                 .iter()

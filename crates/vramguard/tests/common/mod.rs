@@ -3,6 +3,10 @@
 //! and stderr in separate blocks.
 #![allow(dead_code)]
 
+mod agent;
+#[allow(unused_imports)]
+pub use agent::*;
+
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -157,35 +161,56 @@ pub fn start(world: &World, argv: &[&str], spec: serde_json::Value) -> Holding {
 
 /// Starts a holder under a wrapper command (e.g. `unshare --pid --fork`); the cosmetic argv[0]
 /// is lost then, the rest is kept.
-pub fn start_wrapped(world: &World, wrapper: &[&str], argv: &[&str], mut spec: Value) -> Holding {
+pub fn start_wrapped(world: &World, wrapper: &[&str], argv: &[&str], spec: Value) -> Holding {
+    start_exe(world, Path::new(BIN), wrapper, argv, spec)
+}
+
+/// A copy of the vramguard binary at `dir/name`, root-owned, mode 0755: an executable that
+/// looks like an installed program of that name (for the system-service identity rule).
+pub fn installed_copy(dir: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(name);
+    std::fs::copy(BIN, &path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Starts a holder from the executable `exe` (a copy of the vramguard binary).
+pub fn start_exe(
+    world: &World,
+    exe: &Path,
+    wrapper: &[&str],
+    argv: &[&str],
+    mut spec: Value,
+) -> Holding {
     let ready = world.dir.path().join(format!("ready-{}", unique()));
     spec["ready_file"] = json!(ready);
     use std::os::unix::process::CommandExt;
     let mut cmd = match wrapper.split_first() {
         Some((w, rest)) => {
             let mut c = Command::new(w);
-            c.args(rest).arg(BIN).args(argv.iter().skip(1));
+            c.args(rest).arg(exe).args(argv.iter().skip(1));
             c
         }
         None => {
-            let mut c = Command::new(BIN);
+            let mut c = Command::new(exe);
             if let Some((first, rest)) = argv.split_first() {
                 c.arg0(first).args(rest);
             }
             c
         }
     };
+    // Its own process group, as a shell with job control gives each job: the holder's job is
+    // then the test's doing, not whatever started the test suite (a background job whose
+    // shell is gone would make every holder's job look dead). A holder that starts a session
+    // must not lead a group already (setsid(2)).
+    if spec["new_session"] != json!(true) {
+        cmd.process_group(0);
+    }
     cmd.env("VRAMGUARD_HOLDER", spec.to_string());
     let child = Reaped(cmd.spawn().expect("start holder"));
-    let text = wait_for_file(&ready, child.pid());
-    let r: Value = serde_json::from_str(&text).unwrap();
-    let pid = r["pid"].as_u64().unwrap() as u32;
-    let workers: Vec<u32> = r["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w.as_u64().unwrap() as u32)
-        .collect();
+    let (pid, workers) = wait_ready(&ready, child.pid());
     let mut cleanup = Spawned::default();
     for w in &workers {
         cleanup.track(*w);
@@ -199,6 +224,19 @@ pub fn start_wrapped(world: &World, wrapper: &[&str], argv: &[&str], mut spec: V
         workers,
         cleanup,
     }
+}
+
+/// Waits for a holder's ready file (written once it holds its memory and started its
+/// workers); returns its pid and its workers' pids. `pid` names the process waited for.
+pub fn wait_ready(ready: &Path, pid: u32) -> (u32, Vec<u32>) {
+    let r: Value = serde_json::from_str(&wait_for_file(ready, pid)).unwrap();
+    let workers = r["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_u64().unwrap() as u32)
+        .collect();
+    (r["pid"].as_u64().unwrap() as u32, workers)
 }
 
 fn wait_for_file(path: &Path, pid: u32) -> String {
@@ -221,6 +259,18 @@ pub fn config(world: &World, toml: &str) -> PathBuf {
     let p = world.dir.path().join(format!("config-{}.toml", unique()));
     std::fs::write(&p, toml).unwrap();
     p
+}
+
+/// `status --json` under the config file `cfg`.
+pub fn status_with_config(world: &World, cfg: &Path) -> Value {
+    Vg::new(world, Path_::Nvml)
+        .args([
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "status".as_ref(),
+            "--json".as_ref(),
+        ])
+        .json(0)
 }
 
 pub fn sleep_ms(ms: u64) {

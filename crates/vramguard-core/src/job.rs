@@ -1,0 +1,210 @@
+//! Which job a process belongs to, from the strongest evidence to the weakest:
+//! 1. the cgroup it lives in, when that names a job: a Kubernetes pod, a container, a Slurm
+//!    job step, a systemd unit other than a login session;
+//! 2. the process tree: a process whose parent lives belongs to its parent's job;
+//! 3. the process group, as the weakest fallback.
+//!
+//! This module only reads cgroup paths; [`crate::classify`] combines them with the process
+//! table and the liveness facts of [`crate::snapshot::JobCgroupFacts`].
+
+use crate::snapshot::ProcessFacts;
+use serde::{Deserialize, Serialize};
+
+/// What kind of thing a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    /// A Kubernetes pod (kubelet's `kubepods` cgroups).
+    Pod,
+    /// A Docker, containerd, CRI-O or Podman container outside Kubernetes.
+    Container,
+    /// A Slurm job step (`job_N/step_M`, cgroup v1 and v2 layouts).
+    Slurm,
+    /// A systemd service or scope (`systemd-run`, a `.service`), not a login session.
+    Unit,
+    /// A process group: the fallback when the cgroup names no job.
+    ProcessGroup,
+}
+
+/// A job named by a cgroup path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupJob {
+    /// Its kind.
+    pub kind: JobKind,
+    /// Its name in output and metrics: `pod:<uid>`, `docker:<id12>`, `slurm:1234.0`,
+    /// `unit:train.service`.
+    pub label: String,
+    /// The cgroup path of the job's root: the directory whose subtree holds the whole job.
+    pub root: String,
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// The job a process's cgroup names, if any. `p.container` and `p.pod_uid` are the container
+/// and pod the `/proc` reader already recognised in the same path.
+pub fn cgroup_job(p: &ProcessFacts) -> Option<CgroupJob> {
+    let path = p.cgroup.as_deref()?;
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let root_through = |i: usize| format!("/{}", segments[..=i].join("/"));
+
+    if let Some(uid) = &p.pod_uid {
+        let underscored = uid.replace('-', "_");
+        if let Some(i) = segments
+            .iter()
+            .position(|s| s.contains(uid.as_str()) || s.contains(underscored.as_str()))
+        {
+            return Some(CgroupJob {
+                kind: JobKind::Pod,
+                label: format!("pod:{uid}"),
+                root: root_through(i),
+            });
+        }
+    }
+    if let Some(c) = &p.container
+        && let Some(i) = segments.iter().position(|s| s.contains(c.id.as_str()))
+    {
+        return Some(CgroupJob {
+            kind: JobKind::Container,
+            label: format!("{}:{}", c.runtime, short(&c.id)),
+            root: root_through(i),
+        });
+    }
+    if let Some(job) = slurm_job(&segments) {
+        return Some(job);
+    }
+    unit_job(&segments)
+}
+
+/// `job_N` followed (anywhere below) by `step_M`: `/slurm/uid_1000/job_42/step_0/task_0`
+/// (v1), `/system.slice/slurmstepd.scope/job_42/step_0/user/task_0` (v2).
+fn slurm_job(segments: &[&str]) -> Option<CgroupJob> {
+    let (i, id) = segments.iter().enumerate().find_map(|(i, s)| {
+        let n = s.strip_prefix("job_")?;
+        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some((i, n))
+    })?;
+    let step = segments[i + 1..]
+        .iter()
+        .find_map(|s| s.strip_prefix("step_"))
+        .filter(|s| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+    Some(CgroupJob {
+        kind: JobKind::Slurm,
+        label: match step {
+            Some(step) => format!("slurm:{id}.{step}"),
+            None => format!("slurm:{id}"),
+        },
+        root: format!("/{}", segments[..=i].join("/")),
+    })
+}
+
+/// The innermost systemd service or scope that is not a login session, a user manager or
+/// the init scope.
+fn unit_job(segments: &[&str]) -> Option<CgroupJob> {
+    let is_job_unit = |s: &str| {
+        let service = s.ends_with(".service");
+        let scope = s.ends_with(".scope");
+        (service || scope)
+            && !s.starts_with("session-")
+            && !s.starts_with("user@")
+            && !s.starts_with("user-runtime-dir@")
+            && s != "init.scope"
+            // Terminal and desktop applications of a user manager.
+            && !(scope && s.starts_with("app-"))
+    };
+    let i = segments.iter().rposition(|s| is_job_unit(s))?;
+    Some(CgroupJob {
+        kind: JobKind::Unit,
+        label: format!("unit:{}", segments[i]),
+        root: format!("/{}", segments[..=i].join("/")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::ContainerRef;
+
+    fn facts(path: &str) -> ProcessFacts {
+        ProcessFacts {
+            cgroup: Some(path.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn slurm_v1_and_v2_layouts() {
+        let v1 = cgroup_job(&facts("/slurm/uid_1000/job_42/step_0/task_0")).unwrap();
+        assert_eq!(v1.kind, JobKind::Slurm);
+        assert_eq!(v1.label, "slurm:42.0");
+        assert_eq!(v1.root, "/slurm/uid_1000/job_42");
+        let v2 = cgroup_job(&facts(
+            "/system.slice/slurmstepd.scope/job_1234/step_batch/user/task_0",
+        ))
+        .unwrap();
+        assert_eq!(v2.label, "slurm:1234.batch");
+        assert_eq!(v2.root, "/system.slice/slurmstepd.scope/job_1234");
+        let no_step = cgroup_job(&facts("/slurm/uid_0/job_7")).unwrap();
+        assert_eq!(no_step.label, "slurm:7");
+        assert!(
+            cgroup_job(&facts("/slurm/uid_0/job_x/step_0"))
+                .is_none_or(|j| j.kind != JobKind::Slurm)
+        );
+    }
+
+    #[test]
+    fn units_but_not_sessions() {
+        let u = cgroup_job(&facts("/system.slice/train.service")).unwrap();
+        assert_eq!(
+            (u.kind, u.label.as_str()),
+            (JobKind::Unit, "unit:train.service")
+        );
+        let run = cgroup_job(&facts("/system.slice/run-u42.scope")).unwrap();
+        assert_eq!(run.label, "unit:run-u42.scope");
+        assert!(cgroup_job(&facts("/user.slice/user-1000.slice/session-3.scope")).is_none());
+        assert!(cgroup_job(&facts("/init.scope")).is_none());
+        assert!(
+            cgroup_job(&facts(
+                "/user.slice/user-1000.slice/user@1000.service/app.slice/app-gnome-x-1.scope"
+            ))
+            .is_none()
+        );
+        let user_unit = cgroup_job(&facts(
+            "/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service",
+        ))
+        .unwrap();
+        assert_eq!(user_unit.label, "unit:jupyter.service");
+        assert!(cgroup_job(&facts("/")).is_none());
+        assert!(cgroup_job(&facts("/process_api/d20ad3a701470fa7d24f8c5b576e4710")).is_none());
+    }
+
+    #[test]
+    fn containers_and_pods_root_at_their_own_cgroup() {
+        let id = "4f2a".repeat(16);
+        let mut p = facts(&format!("/system.slice/docker-{id}.scope"));
+        p.container = Some(ContainerRef {
+            runtime: "docker".into(),
+            id: id.clone(),
+        });
+        let c = cgroup_job(&p).unwrap();
+        assert_eq!(c.kind, JobKind::Container);
+        assert_eq!(c.label, format!("docker:{}", &id[..12]));
+        assert_eq!(c.root, format!("/system.slice/docker-{id}.scope"));
+
+        let uid = "1b2c3d4e-0000-4000-8000-123456789abc";
+        let mut k = facts(&format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        ));
+        k.pod_uid = Some(uid.into());
+        k.container = p.container.clone();
+        let pod = cgroup_job(&k).unwrap();
+        assert_eq!(pod.kind, JobKind::Pod);
+        assert_eq!(pod.label, format!("pod:{uid}"));
+        assert!(pod.root.ends_with(".slice"), "{}", pod.root);
+    }
+}

@@ -1,0 +1,137 @@
+//! A running `vramguard agent` for tests, and readers of its endpoints.
+
+use super::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A running agent; killed on drop.
+pub struct Agent {
+    pub child: Reaped,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    pub fn start(world: &World, path: Path_, config: &str) -> Agent {
+        let cfg = world
+            .dir
+            .path()
+            .join(format!("agent-{}.toml", std::process::id()));
+        std::fs::write(&cfg, config).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("VRAMGUARD_SIM")
+            .args(["--sim".as_ref(), world.state_path().as_os_str()]);
+        if path == Path_::Nvml {
+            cmd.arg("--nvml-lib").arg(sim_nvml_lib());
+        }
+        let mut child = cmd
+            .args([
+                "--config".as_ref(),
+                cfg.as_os_str(),
+                "agent".as_ref(),
+                "--listen".as_ref(),
+                "127.0.0.1:0".as_ref(),
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let child = Reaped(child);
+        let mut addr = None;
+        wait_until(20, "the agent to listen", || {
+            addr = log.lock().unwrap().iter().find_map(|l| {
+                let plain = strip_ansi(l);
+                plain
+                    .split("listen=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            });
+            addr.is_some()
+        });
+        let agent = Agent {
+            child,
+            addr: addr.unwrap(),
+            log,
+        };
+        wait_until(20, "the first collection", || {
+            agent.get("/healthz").0 == 200
+        });
+        agent
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.addr, path)
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").1
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| strip_ansi(l))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    );
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the first sample of `metric` whose labels contain all of `labels`.
+pub fn sample(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}

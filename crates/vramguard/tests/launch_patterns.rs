@@ -1,0 +1,669 @@
+//! The catalogue of launch patterns (README: "How jobs are told apart"): each pattern started
+//! for real — shells, `nohup`, `setsid`, job control, cgroups named like units, containers and
+//! Slurm steps, PID namespaces — on the simulated driver, with the class vramguard gives each
+//! process and whether a plain `vramguard reclaim` would act on it. Two mixed incidents then
+//! run `reclaim --yes` and the agent's automatic reclaim for real: only the idle orphans of
+//! dead jobs may die.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A holder's spec: `gib` on GPU 0, optionally busy on the GPU (`sm`) and the CPU (`cpu`).
+fn holder_spec(world: &World, gib: u64, sm: u32, cpu: u32) -> Value {
+    json!({
+        "state": world.state_path(),
+        "lifetime_ms": 120_000,
+        "holds": [{ "gpu": 0, "bytes": gib * GIB, "sm_util": sm }],
+        "cpu_percent": cpu,
+    })
+}
+
+/// What a launch script started.
+struct Launched {
+    /// The script's shell (its own process group, as an interactive shell's job control
+    /// gives a script it runs).
+    script: Reaped,
+    /// Each holder's pid and its workers' pids, in the order of the specs.
+    holders: Vec<(u32, Vec<u32>)>,
+    _cleanup: Spawned,
+}
+
+impl Launched {
+    fn pid(&self, i: usize) -> u32 {
+        self.holders[i].0
+    }
+    /// Waits for the script to exit and reaps it: its process group has no leader from then on.
+    fn script_exits(&mut self) {
+        let status = self.script.0.wait().unwrap();
+        assert!(status.success(), "launch script failed: {status:?}");
+    }
+}
+
+/// Runs `script` with bash in its own process group. It sees `$VG` (the vramguard binary) and
+/// `$H0`, `$H1`… (the holder specs, JSON): `VRAMGUARD_HOLDER="$H0" exec -a python3 "$VG"`
+/// starts holder 0 under the name `python3`.
+fn launch(world: &World, script: &str, specs: Vec<Value>) -> Launched {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = world.dir.path().join(format!("launch-{n}.sh"));
+    std::fs::write(&path, script).unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.arg(&path)
+        .env("VG", BIN)
+        .env_remove("VRAMGUARD_HOLDER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .process_group(0);
+    let mut ready_files = Vec::new();
+    for (i, mut spec) in specs.into_iter().enumerate() {
+        let ready = world.dir.path().join(format!("ready-{n}-{i}"));
+        spec["ready_file"] = json!(ready);
+        cmd.env(format!("H{i}"), spec.to_string());
+        ready_files.push(ready);
+    }
+    let script = Reaped(cmd.spawn().expect("bash"));
+    let mut cleanup = Spawned::default();
+    let mut holders = Vec::new();
+    for ready in ready_files {
+        let (pid, workers) = wait_ready(&ready, script.pid());
+        cleanup.track(pid);
+        for w in &workers {
+            cleanup.track(*w);
+        }
+        holders.push((pid, workers));
+    }
+    Launched {
+        script,
+        holders,
+        _cleanup: cleanup,
+    }
+}
+
+/// A cgroup v2 subtree of the test's own, `rel` below a uniquely named top directory:
+/// created on demand, its processes SIGKILLed and its directories removed on drop.
+struct TestCgroup {
+    top: PathBuf,
+    /// The path as `/proc/PID/cgroup` shows it.
+    top_rel: String,
+    made: Vec<PathBuf>,
+}
+
+impl TestCgroup {
+    fn new() -> TestCgroup {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mount = vramguard_ops::cgroup::cgroup2_mount().expect("a cgroup2 mount");
+        let name = format!("vramguard-test-{}-{n}", std::process::id());
+        let top = mount.join(&name);
+        std::fs::create_dir(&top).unwrap();
+        TestCgroup {
+            made: vec![top.clone()],
+            top,
+            top_rel: format!("/{name}"),
+        }
+    }
+    /// Creates `rel` (and its parents) below the top; returns its `cgroup.procs`.
+    fn leaf(&mut self, rel: &str) -> PathBuf {
+        let mut dir = self.top.clone();
+        for part in rel.split('/') {
+            dir = dir.join(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap();
+                self.made.push(dir.clone());
+            }
+        }
+        dir.join("cgroup.procs")
+    }
+    /// The path of `rel` as `/proc/PID/cgroup` shows it.
+    fn path(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.top_rel)
+    }
+    /// Moves `pid` into `rel`.
+    fn enter(&mut self, rel: &str, pid: u32) {
+        let procs = self.leaf(rel);
+        std::fs::write(procs, pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for dir in self.made.iter().rev() {
+            let cg = vramguard_ops::cgroup::JobCgroup::at(dir.clone());
+            cg.kill();
+            cg.wait_empty(Duration::from_secs(5));
+            cg.remove();
+        }
+    }
+}
+
+/// `status --json` and the default plan (`reclaim --dry-run --json`, no `--include`).
+fn look(world: &World) -> (Value, BTreeSet<u32>) {
+    let status = Vg::new(world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let plan = Vg::new(world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--json"])
+        .json(0);
+    let targets = plan["plan"]["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|j| j["targets"].as_array().unwrap().iter())
+        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .collect();
+    (status, targets)
+}
+
+fn class_of(status: &Value, pid: u32) -> String {
+    holder(status, 0, pid)["class"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Runs a script that joins the cgroup of `procs`, starts one idle holder of `gib` with
+/// `nohup … &` and exits: a holder whose job leader is gone, inside that cgroup.
+fn nohup_in_cgroup(world: &World, procs: &Path, gib: u64) -> Launched {
+    let script = format!(
+        "echo $$ > {}\n{}exit 0\n",
+        procs.display(),
+        nohup(0, "train.py")
+    );
+    let mut l = launch(world, &script, vec![holder_spec(world, gib, 0, 0)]);
+    l.script_exits();
+    l
+}
+
+/// The command that starts holder `i` in the background, `nohup`ed.
+fn nohup(i: usize, name: &str) -> String {
+    format!(
+        "VRAMGUARD_HOLDER=\"$H{i}\" nohup bash -c 'exec -a python3 \"$VG\" {name}' >/dev/null 2>&1 &\n"
+    )
+}
+
+#[test]
+fn nohup_from_a_script_busy_is_detached_and_idle_is_orphan() {
+    let world = World::new(1);
+    // run.sh, started from an interactive shell: nohup python train.py &; exit 0.
+    let script = format!("{}{}exit 0\n", nohup(0, "train.py"), nohup(1, "train.py"));
+    let mut l = launch(
+        &world,
+        &script,
+        vec![holder_spec(&world, 8, 87, 0), holder_spec(&world, 4, 0, 0)],
+    );
+    l.script_exits();
+    let (busy, idle) = (l.pid(0), l.pid(1));
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, busy);
+    assert_eq!(h["class"], "detached", "{h:#}");
+    assert_eq!(h["job"]["label"], format!("pgid:{}", l.script.pid()));
+    assert_eq!(h["job"]["alive"], json!(false));
+    assert_eq!(h["work"]["state"], "working");
+    assert!(
+        h["evidence"]
+            .to_string()
+            .contains("87 % utilization on GPU 0"),
+        "{h:#}"
+    );
+    assert_eq!(class_of(&status, idle), "orphan");
+    assert_eq!(holder(&status, 0, idle)["work"]["state"], "idle");
+    assert_eq!(status["gpus"][0]["ghost_bytes"], json!(4 * GIB));
+    assert_eq!(targets, BTreeSet::from([idle]));
+}
+
+#[test]
+fn a_server_started_with_ampersand_in_start_sh_that_uses_cpu_is_detached() {
+    let world = World::new(1);
+    let script = "VRAMGUARD_HOLDER=\"$H0\" bash -c 'exec -a python3 \"$VG\" serve.py' &\nexit 0\n";
+    let mut l = launch(&world, script, vec![holder_spec(&world, 6, 0, 30)]);
+    l.script_exits();
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "detached", "{h:#}");
+    assert!(h["evidence"].to_string().contains("of a CPU core"), "{h:#}");
+    assert!(targets.is_empty(), "{targets:?}");
+}
+
+#[test]
+fn disown_from_a_closed_shell_with_job_control_leads_its_own_group() {
+    let world = World::new(1);
+    // `set -m`: job control, as in an interactive shell; the job gets its own process group.
+    let script = "set -m\nVRAMGUARD_HOLDER=\"$H0\" bash -c 'exec -a python3 \"$VG\" train.py' &\ndisown\nexit 0\n";
+    let mut l = launch(&world, script, vec![holder_spec(&world, 4, 0, 0)]);
+    l.script_exits();
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["evidence"][0], "leads its own process group");
+    assert!(targets.is_empty());
+}
+
+#[test]
+fn setsid_and_setsid_fork_start_their_own_job() {
+    let world = World::new(1);
+    let script = "VRAMGUARD_HOLDER=\"$H0\" setsid -f bash -c 'exec -a python3 \"$VG\" a.py'\n\
+                  VRAMGUARD_HOLDER=\"$H1\" setsid bash -c 'exec -a python3 \"$VG\" b.py' &\nexit 0\n";
+    let mut l = launch(
+        &world,
+        script,
+        vec![holder_spec(&world, 2, 0, 0), holder_spec(&world, 2, 0, 0)],
+    );
+    l.script_exits();
+    let (status, targets) = look(&world);
+    for i in 0..2 {
+        assert_eq!(class_of(&status, l.pid(i)), "active", "{status:#}");
+    }
+    assert!(targets.is_empty());
+}
+
+#[test]
+fn a_screen_like_session_whose_window_shell_exited_keeps_its_job() {
+    let world = World::new(1);
+    // A session leader (the multiplexer's server) whose window shell ran the job with job
+    // control and exited; the server lives on.
+    let window = world.dir.path().join("window.sh");
+    std::fs::write(
+        &window,
+        "set -m\nVRAMGUARD_HOLDER=\"$H0\" bash -c 'exec -a python3 \"$VG\" train.py' &\ndisown\nexit 0\n",
+    )
+    .unwrap();
+    let server_file = world.dir.path().join("server.pid");
+    let script = format!(
+        "setsid bash -c 'bash {w}; exec sleep 60' &\necho $! > {s}\nexit 0\n",
+        w = window.display(),
+        s = server_file.display()
+    );
+    let mut l = launch(&world, &script, vec![holder_spec(&world, 3, 0, 0)]);
+    l.script_exits();
+    let mut server = Spawned::default();
+    let pid: u32 = std::fs::read_to_string(&server_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    server.track(pid);
+    assert!(alive(pid), "the server lives");
+    let (status, targets) = look(&world);
+    assert_eq!(class_of(&status, l.pid(0)), "active", "{status:#}");
+    assert!(targets.is_empty());
+}
+
+#[test]
+fn a_process_in_a_systemd_unit_belongs_to_the_unit() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let procs = cg.leaf("system.slice/train-job.service");
+    // Orphan-shaped (its script exited) and idle: only the unit keeps it from being an orphan.
+    let l = nohup_in_cgroup(&world, &procs, 4);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], "unit:train-job.service");
+    assert_eq!(h["job"]["kind"], "unit");
+    assert!(targets.is_empty());
+}
+
+#[test]
+fn a_container_with_its_own_pid_namespace_lives_until_its_init_dies() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let id = "c0de".repeat(16);
+    let procs = cg.leaf(&format!("system.slice/docker-{id}.scope"));
+    // The container: an init in a new PID namespace that starts the job from a script that
+    // exits (so the job's group leader is gone inside the container too).
+    let job = world.dir.path().join("job.sh");
+    std::fs::write(&job, format!("{}exit 0\n", nohup(0, "train.py"))).unwrap();
+    let script = format!(
+        "echo $$ > {p}\nexec unshare --pid --fork --kill-child bash -c 'bash {j}; exec sleep 120'\n",
+        p = procs.display(),
+        j = job.display()
+    );
+    let l = launch(&world, &script, vec![holder_spec(&world, 5, 0, 0)]);
+    let pid = l.pid(0);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, pid);
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["kind"], "container");
+    assert_eq!(h["job"]["label"], format!("docker:{}", &id[..12]));
+    assert_eq!(h["nspid"].as_array().unwrap().len(), 2, "{h:#}");
+    assert!(targets.is_empty());
+
+    // The container's init dies: the kernel ends its namespace, and the memory comes back.
+    let init: Vec<u32> = std::fs::read_to_string(&procs)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status")).is_ok_and(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1"))
+            })
+        })
+        .collect();
+    assert_eq!(init.len(), 1, "one namespace init");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(init[0] as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_until(10, "the container's processes to end", || !alive(pid));
+    let after = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(after["gpus"][0]["ghost_bytes"], json!(0), "{after:#}");
+    drop(l);
+}
+
+#[test]
+fn a_container_sharing_the_host_pid_namespace_is_taken_as_alive() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let id = "feed".repeat(16);
+    let procs = cg.leaf(&format!("system.slice/docker-{id}.scope"));
+    let script = format!(
+        "echo $$ > {}\n{}exit 0\n",
+        procs.display(),
+        nohup(0, "train.py")
+    );
+    let mut l = launch(&world, &script, vec![holder_spec(&world, 2, 0, 0)]);
+    l.script_exits();
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["alive"], Value::Null);
+    assert!(
+        h["evidence"][0]
+            .as_str()
+            .unwrap()
+            .contains("taken as alive"),
+        "{h:#}"
+    );
+    assert!(targets.is_empty());
+}
+
+#[test]
+fn a_slurm_step_lives_while_its_step_daemon_does() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let job = "system.slice/slurmstepd.scope/job_4242";
+    // The step daemon: a process named slurmstepd in the step's `slurm` cgroup.
+    let mut stepd_spec = spec(&world, json!([]));
+    stepd_spec["comm"] = json!("slurmstepd");
+    stepd_spec["new_session"] = json!(true);
+    let stepd = start(&world, &["slurmstepd"], stepd_spec);
+    cg.enter(&format!("{job}/step_0/slurm"), stepd.pid);
+    let procs = cg.leaf(&format!("{job}/step_0/user/task_0"));
+    let l = nohup_in_cgroup(&world, &procs, 7);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], "slurm:4242.0");
+    assert!(h["evidence"].to_string().contains("slurmstepd"), "{h:#}");
+    assert!(targets.is_empty());
+    assert!(cg.path(job).ends_with("job_4242"));
+
+    // The step daemon dies: the job is over, and its idle leftover is an orphan.
+    drop(stepd);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "orphan", "{h:#}");
+    assert!(
+        h["evidence"]
+            .to_string()
+            .contains("its job slurm:4242.0 is gone"),
+        "{h:#}"
+    );
+    assert_eq!(targets, BTreeSet::from([l.pid(0)]));
+}
+
+/// A torchrun-like agent (group leader) with two ranks: rank 0 computes, rank 1 idles.
+fn torchrun(world: &World) -> Holding {
+    let mut agent = spec(world, json!([]));
+    agent["group_leader"] = json!(true);
+    let rank = |sm: u32, cpu: u32| {
+        json!({ "argv": ["python3", "-m", "torch.distributed.run"], "spec": {
+            "state": world.state_path(), "lifetime_ms": 120_000, "cpu_percent": cpu,
+            "holds": [{ "gpu": 0, "bytes": 10 * GIB, "sm_util": sm }] } })
+    };
+    agent["workers"] = json!([rank(80, 30), rank(0, 0)]);
+    start(
+        world,
+        &["torchrun", "--nproc-per-node=2", "train.py"],
+        agent,
+    )
+}
+
+#[test]
+fn torchrun_ranks_of_a_killed_agent_busy_detached_idle_orphan() {
+    let world = World::new(1);
+    let mut t = torchrun(&world);
+    t.crash();
+    let (status, targets) = look(&world);
+    assert_eq!(class_of(&status, t.workers[0]), "detached", "{status:#}");
+    assert_eq!(class_of(&status, t.workers[1]), "orphan", "{status:#}");
+    assert_eq!(targets, BTreeSet::from([t.workers[1]]));
+}
+
+/// A trainer (group leader) with two idle DataLoader-like workers forked from it.
+fn trainer(world: &World) -> Holding {
+    let mut s = spec(world, json!([hold(0, 12)]));
+    s["group_leader"] = json!(true);
+    let worker = json!({ "argv": ["python3", "train.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "comm": "pt_data_worker",
+        "holds": [hold(0, 3)] } });
+    s["workers"] = json!([worker.clone(), worker]);
+    start(world, &["python3", "train.py"], s)
+}
+
+#[test]
+fn dataloader_workers_of_a_killed_trainer_are_orphans() {
+    let world = World::new(1);
+    let mut t = trainer(&world);
+    t.crash();
+    let (status, targets) = look(&world);
+    for w in &t.workers {
+        assert_eq!(class_of(&status, *w), "orphan", "{status:#}");
+    }
+    assert_eq!(targets, t.workers.iter().copied().collect());
+}
+
+#[test]
+fn a_spawn_worker_of_a_busy_trainer_whose_launcher_exited_is_protected_by_the_job() {
+    let world = World::new(1);
+    // launch.sh starts the trainer in the background and exits; the trainer (busy) started a
+    // multiprocessing "spawn" worker (a fresh interpreter, its own context) that idles.
+    let mut trainer = holder_spec(&world, 10, 75, 0);
+    trainer["workers"] = json!([{ "argv": ["python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"],
+        "spec": { "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 2)] } }]);
+    let mut l = launch(
+        &world,
+        &format!("{}exit 0\n", nohup(0, "train.py")),
+        vec![trainer],
+    );
+    l.script_exits();
+    let worker = l.holders[0].1[0];
+    let (status, targets) = look(&world);
+    assert_eq!(class_of(&status, l.pid(0)), "detached", "{status:#}");
+    let w = holder(&status, 0, worker);
+    assert_eq!(w["class"], "detached", "{w:#}");
+    assert!(w["evidence"].to_string().contains("of its job"), "{w:#}");
+    assert!(targets.is_empty(), "{targets:?}");
+}
+
+#[test]
+fn a_jupyter_kernel_whose_server_died_is_not_an_orphan() {
+    let world = World::new(1);
+    // The server starts kernels in a session of their own, as jupyter_client does.
+    let mut server = spec(&world, json!([]));
+    server["new_session"] = json!(true);
+    server["workers"] = json!([{ "argv": ["python3", "-m", "ipykernel_launcher", "-f", "kernel.json"],
+        "spec": { "state": world.state_path(), "lifetime_ms": 120_000, "new_session": true,
+                  "holds": [hold(0, 9)] } }]);
+    let mut s = start(&world, &["jupyter-lab"], server);
+    s.crash();
+    let (status, targets) = look(&world);
+    let k = holder(&status, 0, s.workers[0]);
+    assert_eq!(k["class"], "active", "{k:#}");
+    assert!(targets.is_empty());
+    // Long idle, it is `idle`: reclaimed only when asked for by name.
+    let cfg = config(&world, "[policy]\nidle_after = \"1s\"\n");
+    sleep_ms(1100);
+    let status = status_with_config(&world, &cfg);
+    assert_eq!(class_of(&status, s.workers[0]), "idle", "{status:#}");
+}
+
+/// Every shape in one incident, for the acting tests: returns the world's holders by role.
+struct Incident {
+    world: World,
+    _other_ns: Reaped,
+    _launched: Vec<Launched>,
+    _holdings: Vec<Holding>,
+    /// What must die.
+    idle_orphans: BTreeSet<u32>,
+    /// What must live, by role.
+    survivors: Vec<(&'static str, u32)>,
+}
+
+fn mixed_incident() -> Incident {
+    let world = World::new(1);
+    let mut survivors = Vec::new();
+    let mut idle_orphans = BTreeSet::new();
+
+    // nohup'ed from a script: one busy (detached), one idle (orphan).
+    let mut l = launch(
+        &world,
+        &format!("{}{}exit 0\n", nohup(0, "train.py"), nohup(1, "eval.py")),
+        vec![holder_spec(&world, 8, 85, 0), holder_spec(&world, 4, 0, 0)],
+    );
+    l.script_exits();
+    survivors.push(("detached nohup trainer", l.pid(0)));
+    idle_orphans.insert(l.pid(1));
+    // DataLoader workers of a killed trainer: orphans.
+    let mut t = trainer(&world);
+    t.crash();
+    idle_orphans.extend(t.workers.iter().copied());
+    // torchrun: busy rank detached, idle rank orphan.
+    let mut tr = torchrun(&world);
+    tr.crash();
+    survivors.push(("busy torchrun rank", tr.workers[0]));
+    idle_orphans.insert(tr.workers[1]);
+    // An active server.
+    let mut srv = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 20 * GIB, "sm_util": 60 }]),
+    );
+    srv["new_session"] = json!(true);
+    let server = start(&world, &["python3", "serve.py"], srv);
+    survivors.push(("active server", server.pid));
+    // An idle notebook kernel (idle after 1 s with the test's policy).
+    let mut kernel = spec(&world, json!([hold(0, 6)]));
+    kernel["new_session"] = json!(true);
+    let kernel = start(&world, &["python3", "-m", "ipykernel_launcher"], kernel);
+    survivors.push(("idle kernel", kernel.pid));
+    // The persistence daemon, by identity.
+    let exe = installed_copy(&world.dir.path().join("sbin"), "nvidia-persistenced");
+    let mut daemon = spec(&world, json!([]));
+    daemon["open_gpus"] = json!([0]);
+    daemon["new_session"] = json!(true);
+    let daemon = start_exe(&world, &exe, &[], &["nvidia-persistenced"], daemon);
+    survivors.push(("system daemon", daemon.pid));
+    // A pid the driver lists that is no process here (as from another PID namespace): the
+    // allocation belongs to a live process the driver reports under another number.
+    let other_ns = Reaped(Command::new("sleep").arg("120").spawn().unwrap());
+    let mut a = allocation(0, other_ns.pid(), GIB);
+    a.reported_pid = Some(3_999_999);
+    world.allocate(a);
+    survivors.push(("foreign pid's process", other_ns.pid()));
+    Incident {
+        world,
+        _other_ns: other_ns,
+        _launched: vec![l],
+        _holdings: vec![t, tr, server, kernel, daemon],
+        idle_orphans,
+        survivors,
+    }
+}
+
+fn assert_only_idle_orphans_died(inc: &Incident) {
+    for (role, pid) in &inc.survivors {
+        assert!(alive(*pid), "the {role} ({pid}) was killed");
+    }
+    for pid in &inc.idle_orphans {
+        assert!(!alive(*pid), "idle orphan {pid} survived");
+    }
+}
+
+#[test]
+fn reclaim_yes_kills_exactly_the_idle_orphans_of_dead_jobs() {
+    let inc = mixed_incident();
+    let cfg = config(&inc.world, "[policy]\nidle_after = \"1s\"\n");
+    sleep_ms(1100);
+    let status = status_with_config(&inc.world, &cfg);
+    let classes: BTreeSet<String> = status["gpus"][0]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["class"].as_str().unwrap().to_string())
+        .collect();
+    for c in ["active", "idle", "orphan", "detached", "system", "foreign"] {
+        assert!(
+            classes.contains(c),
+            "no {c} holder in the incident: {status:#}"
+        );
+    }
+    let audit = inc.world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&inc.world, Path_::Nvml)
+        .args([
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--json".as_ref(),
+            "--grace".as_ref(),
+            "2s".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ])
+        .json(0);
+    let signalled: BTreeSet<u32> = out["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(signalled, inc.idle_orphans, "{out:#}");
+    assert_only_idle_orphans_died(&inc);
+}
+
+#[test]
+fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
+    let inc = mixed_incident();
+    let audit = inc.world.dir.path().join("agent-audit.jsonl");
+    let config = format!(
+        "[policy]\nidle_after = \"1s\"\n[agent]\ninterval = \"250ms\"\n\
+         [reclaim]\nauto = true\nmin_age = \"2s\"\nsample = \"1s\"\ngrace = \"2s\"\naudit_log = \"{}\"\n",
+        audit.display()
+    );
+    let agent = Agent::start(&inc.world, Path_::InProcess, &config);
+    let t = Instant::now();
+    wait_until(30, "the idle orphans to be reclaimed", || {
+        inc.idle_orphans.iter().all(|p| !alive(*p))
+    });
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "min_age: {:?}",
+        t.elapsed()
+    );
+    // Give it time to act on anything else it (wrongly) wanted.
+    sleep_ms(3000);
+    assert_only_idle_orphans_died(&inc);
+    let m = agent.metrics();
+    assert!(m.contains("class=\"detached\""), "{m}");
+    let _ = Path::new(&audit);
+}
