@@ -30,7 +30,7 @@ use crate::report::{
     UnaccountedCause, Work,
 };
 use crate::snapshot::{
-    FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts, ProcessListState, Snapshot,
+    DeviceFile, FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts, ProcessListState, Snapshot,
 };
 use crate::units::{format_bytes, format_duration};
 use std::collections::{BTreeMap, BTreeSet};
@@ -495,12 +495,12 @@ impl<'a> Context<'a> {
                 )
             }
         } else if let Some(idle) = idle_secs.filter(|s| *s >= self.policy.idle_after_secs) {
-            evidence.push(job.info.evidence.clone());
             evidence.push(format!(
                 "no GPU utilization for {} (idle threshold {})",
                 format_duration(Duration::from_secs(idle)),
                 format_duration(Duration::from_secs(self.policy.idle_after_secs))
             ));
+            evidence.push(job.info.evidence.clone());
             (
                 Class::Idle,
                 Action {
@@ -1127,10 +1127,18 @@ impl<'a> Context<'a> {
                 format_bytes(bytes),
                 format_bytes(tolerance)
             ));
-            let hidden: Vec<&Holder> = holders
+            let unlisted: Vec<&Holder> = holders
                 .iter()
                 .filter(|h| h.class == Class::Hidden || (!h.listed && h.class == Class::Zombie))
                 .collect();
+            // A CUDA context needs /dev/nvidia-uvm; a process holding only /dev/nvidiaN and
+            // /dev/nvidiactl is an NVML client (a monitor, a daemon) and holds no memory.
+            let (hidden, contextless): (Vec<&Holder>, Vec<&Holder>) =
+                unlisted.into_iter().partition(|h| {
+                    h.device_files
+                        .as_ref()
+                        .is_none_or(|files| files.contains(&DeviceFile::Uvm))
+                });
             let unavailable = gpu.processes.iter().any(|p| p.used_bytes.is_none());
             if unavailable {
                 cause = Some(UnaccountedCause::PerProcessMemoryUnavailable);
@@ -1149,6 +1157,11 @@ impl<'a> Context<'a> {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ));
+                explanation.push(format!(
+                    "their share is unknown: whatever remains after they exit is driver residue \
+                     (`vramguard reclaim --gpu {} --include hidden --reset=auto`)",
+                    gpu.index
+                ));
             } else if self.snap.host.pid_namespace_is_host == Some(false) {
                 cause = Some(UnaccountedCause::OtherNamespace);
                 explanation.push(
@@ -1160,9 +1173,16 @@ impl<'a> Context<'a> {
                 cause = Some(UnaccountedCause::DriverResidue);
                 let live: Vec<&ResetBlocker> = blockers.iter().collect();
                 explanation.push(format!(
-                    "no process has a context on it or holds /dev/nvidia{}: memory the driver \
-                     did not free (residue); only a GPU reset (or reboot) clears it",
-                    self.minor_of(gpu)
+                    "{}: memory the driver did not free (residue); only a GPU reset (or \
+                     reboot) clears it",
+                    if live.is_empty() {
+                        format!(
+                            "no process has a context on it or holds /dev/nvidia{}",
+                            self.minor_of(gpu)
+                        )
+                    } else {
+                        "no unlisted process has a CUDA context here".into()
+                    }
                 ));
                 if !live.is_empty() {
                     explanation.push(format!(
@@ -1184,6 +1204,19 @@ impl<'a> Context<'a> {
                      holders from driver residue"
                         .into()
                 });
+            }
+            if !contextless.is_empty() && hidden.is_empty() {
+                explanation.push(format!(
+                    "at least {} is not explained by any holder: {} hold /dev/nvidia{} without \
+                     /dev/nvidia-uvm (no CUDA context), so they hold none of it",
+                    format_bytes(bytes),
+                    contextless
+                        .iter()
+                        .map(|h| self.describe(h.pid))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.minor_of(gpu)
+                ));
             }
             if matches!(gpu.process_list, ProcessListState::Unreliable { .. }) {
                 explanation.push(

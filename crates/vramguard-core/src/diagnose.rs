@@ -283,6 +283,65 @@ struct GpuPlan<'a> {
     reclaimable_bytes: &'a mut u64,
 }
 
+/// The step that clears one reset blocker, by what it is.
+fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
+    let g = gpu.index;
+    let who = format!("pid {} ({})", b.pid, b.comm.as_deref().unwrap_or("?"));
+    let Some(h) = gpu.holders.iter().find(|h| h.pid == b.pid) else {
+        return NextStep {
+            why: format!(
+                "GPU {g}: {who} holds the device for its context on another GPU; the reset waits \
+                 until it ends"
+            ),
+            command: None,
+        };
+    };
+    let owner = h.user.clone().unwrap_or_else(|| "its owner".into());
+    match h.class {
+        Class::System
+            if h.comm
+                .as_deref()
+                .is_some_and(|c| c.starts_with("nvidia-persiste")) =>
+        {
+            NextStep {
+                why: format!(
+                    "GPU {g}: nvidia-persistenced ({who}) holds the device: stop it for the \
+                     reset and start it again after"
+                ),
+                command: Some(format!(
+                    "systemctl stop nvidia-persistenced && vramguard reclaim --gpu {g} \
+                     --reset=auto --yes; systemctl start nvidia-persistenced"
+                )),
+            }
+        }
+        Class::System => NextStep {
+            why: format!(
+                "GPU {g}: the system service {who} holds the device: stop it for the reset"
+            ),
+            command: h
+                .job
+                .as_ref()
+                .and_then(|j| j.label.strip_prefix("unit:"))
+                .map(|unit| format!("systemctl stop {unit}")),
+        },
+        Class::Idle => NextStep {
+            why: format!("GPU {g}: {who} is idle and holds the device; if {owner} agrees, stop it"),
+            command: h.action.command.clone(),
+        },
+        Class::Active | Class::Detached => NextStep {
+            why: format!("GPU {g}: {who} is working and holds the device: ask {owner} to end it"),
+            command: None,
+        },
+        _ => NextStep {
+            why: format!(
+                "GPU {g}: {who} ({}) holds the device: {}",
+                h.class, h.action.summary
+            ),
+            command: h.action.command.clone(),
+        },
+    }
+}
+
 fn gpu_checks(
     gpu: &GpuReport,
     checks: &mut Vec<Check>,
@@ -539,24 +598,16 @@ fn gpu_checks(
                 CheckStatus::Warn,
                 format!("a reset would be refused: {}", blockers.join("; ")),
             ));
-            let system: Vec<&str> = gpu
-                .holders
-                .iter()
-                .filter(|h| h.class == Class::System)
-                .filter_map(|h| h.comm.as_deref())
-                .collect();
+            for b in &gpu.reset_blockers {
+                steps.push(blocker_step(gpu, b));
+            }
             steps.push(NextStep {
                 why: format!(
-                    "GPU {} holds driver residue; stop what holds the device first{}, then reset",
-                    gpu.index,
-                    if system.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (system: {})", system.join(", "))
-                    }
+                    "GPU {} holds driver residue: once nothing holds the device, reset it",
+                    gpu.index
                 ),
                 command: Some(format!(
-                    "vramguard reclaim --gpu {} --reset=auto --dry-run",
+                    "vramguard reclaim --gpu {} --reset=auto",
                     gpu.index
                 )),
             });

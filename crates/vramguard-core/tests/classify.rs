@@ -1084,3 +1084,97 @@ fn a_group_leader_is_its_own_job_whatever_its_ancestors_are() {
             .any(|e| e.contains("parent 810 (bash) lives"))
     );
 }
+
+#[test]
+fn a_holder_without_a_cuda_context_does_not_mask_driver_residue() {
+    // GPU 1 shows 6 GiB nobody lists. A monitor (an NVML client: /dev/nvidia1 and
+    // /dev/nvidiactl, no /dev/nvidia-uvm) holds the device: it cannot hold memory.
+    let mut monitor = proc_(70, 1, 70, "gpu-monitor", &[1]);
+    monitor.device_files = FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl]);
+    let s = snapshot(
+        vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
+        vec![init(), monitor],
+    );
+    let r = classify(&s, &Policy::default());
+    let un = r.gpus[1].unaccounted.as_ref().unwrap();
+    assert_eq!(un.cause, Some(UnaccountedCause::DriverResidue), "{un:#?}");
+    assert!(
+        un.explanation
+            .iter()
+            .any(|e| e.contains("at least 6.0 GiB is not explained by any holder")),
+        "{un:#?}"
+    );
+    assert_eq!(r.gpus[1].ghost_bytes, 6 * GIB);
+    let d = diagnose(r);
+    let steps: Vec<String> = d
+        .verdict
+        .next_steps
+        .iter()
+        .map(|s| format!("{} | {}", s.why, s.command.clone().unwrap_or_default()))
+        .collect();
+    assert!(
+        steps.iter().any(|s| s.contains("pid 70 (gpu-monitor)")),
+        "{steps:#?}"
+    );
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.ends_with("vramguard reclaim --gpu 1 --reset=auto")),
+        "{steps:#?}"
+    );
+
+    // With /dev/nvidia-uvm, it may hold a context: both readings are given.
+    let mut worker = proc_(71, 1, 60, "python", &[1]);
+    worker.device_files =
+        FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl, DeviceFile::Uvm]);
+    let s = snapshot(
+        vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
+        vec![init(), worker],
+    );
+    let un = classify(&s, &Policy::default()).gpus[1]
+        .unaccounted
+        .clone()
+        .unwrap();
+    assert_eq!(un.cause, Some(UnaccountedCause::HiddenHolders));
+    assert!(
+        un.explanation
+            .iter()
+            .any(|e| e.contains("whatever remains after they exit is driver residue")),
+        "{un:#?}"
+    );
+}
+
+#[test]
+fn every_reset_blocker_gets_the_command_that_clears_it() {
+    let mut daemon = proc_(50, 1, 50, "nvidia-persiste", &[1]);
+    daemon.uid = Some(0);
+    daemon.exe = Some(root_exe("/usr/bin/nvidia-persistenced"));
+    daemon.device_files = FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl]);
+    let mut g1 = gpu(1, 7 * GIB, &[(80, Some(GIB))]);
+    g1.utilization.as_mut().unwrap().since_ms = NOW_MS - 7_200_000;
+    let kernel = proc_(80, 1, 80, "python", &[1]);
+    let s = snapshot(vec![gpu(0, 0, &[]), g1], vec![init(), daemon, kernel]);
+    let d = diagnose(classify(&s, &Policy::default()));
+    let commands: Vec<String> = d
+        .verdict
+        .next_steps
+        .iter()
+        .filter_map(|s| s.command.clone())
+        .collect();
+    assert!(
+        commands.contains(
+            &"systemctl stop nvidia-persistenced && vramguard reclaim --gpu 1 --reset=auto --yes; systemctl start nvidia-persistenced"
+                .to_string()
+        ),
+        "{commands:#?}"
+    );
+    assert!(
+        commands
+            .contains(&"vramguard reclaim --gpu 1 --include idle --idle-for 10m00s".to_string()),
+        "{commands:#?}"
+    );
+    assert_eq!(
+        commands.last().map(String::as_str),
+        Some("vramguard reclaim --gpu 1 --reset=auto")
+    );
+}

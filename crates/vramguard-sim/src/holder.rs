@@ -93,7 +93,9 @@ pub struct HolderSpec {
     /// Allocations to make.
     #[serde(default)]
     pub holds: Vec<Hold>,
-    /// Extra GPUs whose device files to open without allocating (as `cuInit` does).
+    /// GPUs whose device files to open without allocating. With `holds`, the other GPUs a
+    /// CUDA process opens at `cuInit`; alone, an NVML client (a monitor, the persistence
+    /// daemon): it opens no `/dev/nvidia-uvm` and has no context.
     #[serde(default)]
     pub open_gpus: Vec<u32>,
     /// Become a process-group leader (a job started by a shell with job control).
@@ -289,8 +291,12 @@ pub fn run(spec: HolderSpec) -> Result<()> {
         files.push(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
         Ok(())
     };
+    // Every client opens the control device; only a CUDA context opens unified memory. A
+    // holder that only opens GPUs is an NVML client (a monitor, the persistence daemon).
     if !spec.holds.is_empty() || !spec.open_gpus.is_empty() {
         open("nvidiactl".into())?;
+    }
+    if !spec.holds.is_empty() {
         open("nvidia-uvm".into())?;
     }
     let mut gpus: Vec<u32> = spec

@@ -209,10 +209,11 @@ pub fn status(r: &Report, st: &Style) -> String {
         {
             let _ = writeln!(
                 out,
-                "  {:<9} {:<9} {} {:>10}  {}",
+                "  {:<9} {:<9} {} {:<16} {:>10}  {}",
                 "-",
                 "-",
                 st.red(&format!("{:<8}", "ghost")),
+                "-",
                 format_bytes(u.bytes),
                 u.explanation
                     .get(1)

@@ -279,6 +279,43 @@ fn the_persistence_daemon_is_system_and_blocks_the_reset_of_residue() {
 }
 
 #[test]
+fn a_monitor_holding_the_device_does_not_hide_driver_residue() {
+    let world = World::new(2);
+    let mut s = spec(
+        &world,
+        json!([{ "gpu": 1, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    s["new_session"] = json!(true);
+    let mut h = start(&world, &["python3", "bench.py"], s);
+    h.crash();
+    // An NVML client (opens the GPU, no CUDA context) keeps the device open.
+    let mut monitor = spec(&world, json!([]));
+    monitor["open_gpus"] = json!([1]);
+    monitor["new_session"] = json!(true);
+    let m = start(&world, &["gpu-monitor"], monitor);
+    let d = Vg::new(&world, Path_::Nvml)
+        .args(["diagnose", "--json"])
+        .json(1);
+    let g1 = &d["report"]["gpus"][1];
+    assert_eq!(g1["unaccounted"]["cause"], "driver_residue", "{g1:#}");
+    assert!(
+        g1["unaccounted"]["explanation"]
+            .to_string()
+            .contains("at least 6.0 GiB is not explained by any holder"),
+        "{g1:#}"
+    );
+    let steps = d["verdict"]["next_steps"].to_string();
+    assert!(
+        steps.contains(&format!("pid {} (gpu-monitor)", m.pid)),
+        "{steps}"
+    );
+    assert!(
+        steps.contains("vramguard reclaim --gpu 1 --reset=auto"),
+        "{steps}"
+    );
+}
+
+#[test]
 fn residue_with_no_holder_points_at_a_reset() {
     let world = World::new(2);
     let mut s = spec(
@@ -478,15 +515,29 @@ fn bad_inputs_give_one_clear_line_and_exit_2() {
 }
 
 #[test]
-fn the_demo_with_reclaim_frees_the_orphans_and_is_refused_the_reset() {
+fn the_demo_with_reclaim_frees_the_orphans_then_clears_the_blocker_and_resets() {
     let text = stdout(&Vg::bare().args(["demo", "--reclaim"]).code(0));
     assert!(
         text.contains("GPU 0: 18.0 GiB freed; the driver released it"),
         "{text}"
     );
+    // The default reclaim leaves the idle kernel, so the reset is refused; diagnose named
+    // the command for that blocker, and the demo runs it: the reset goes through.
     assert!(text.contains("reset GPU 1: refused"), "{text}");
     assert!(
-        text.contains("stopped the 2 demo processes"),
+        text.contains("$ vramguard reclaim --gpu 1 --include idle --idle-for 1.0s"),
+        "diagnose names the blocker's command: {text}"
+    );
+    assert!(
+        text.contains("reset GPU 1: reset done, memory back to baseline"),
+        "{text}"
+    );
+    assert!(
+        text.contains("result: every byte of ghost memory on the selected GPUs is free"),
+        "{text}"
+    );
+    assert!(
+        text.contains("stopped the 1 demo processes"),
         "the reclaimed ones were gone already: {text}"
     );
 }

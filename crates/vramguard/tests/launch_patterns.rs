@@ -215,6 +215,37 @@ fn nohup_from_a_script_busy_is_detached_and_idle_is_orphan() {
     assert_eq!(holder(&status, 0, idle)["work"]["state"], "idle");
     assert_eq!(status["gpus"][0]["ghost_bytes"], json!(4 * GIB));
     assert_eq!(targets, BTreeSet::from([idle]));
+
+    // Asked for by name, the detached one is planned, under a warning.
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--include", "orphan,detached"])
+        .code(0);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "WARNING: pid {busy} (python3) is detached, not dead"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("87 % utilization on GPU 0"), "{text}");
+    // Without a sampling window, nothing whose job is gone is a target: work is unknown.
+    let blind = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--json", "--sample", "0"])
+        .json(0);
+    assert!(
+        blind["plan"]["jobs"].as_array().unwrap().is_empty(),
+        "{blind:#}"
+    );
+    assert!(
+        blind["plan"]["left_alone"]
+            .to_string()
+            .contains("whether it still works is unknown"),
+        "{blind:#}"
+    );
+    let bad = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--sample", "2h"])
+        .code(2);
+    assert!(stderr(&bad).contains("10m"), "{}", stderr(&bad));
 }
 
 #[test]
