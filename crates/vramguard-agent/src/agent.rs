@@ -130,6 +130,8 @@ struct Agent {
     reclaim_job: Option<Receiver<Result<ReclaimOutcome, String>>>,
     /// CPU and run-state history of the processes of jobs that are gone.
     work: WorkSampler,
+    /// When they were last observed.
+    last_observed: Option<Instant>,
 }
 
 impl Agent {
@@ -289,26 +291,26 @@ impl Agent {
         self.publish(report, &firing);
     }
 
-    /// Observes the processes when a holder's job is gone, and attaches the window of work
-    /// the history covers: whether such a holder is `orphan` or `detached` rests on it, and an
-    /// automatic reclaim needs it continuously idle for `min_age`. Returns whether a window
-    /// was attached.
+    /// Observes the processes of jobs that are gone (at most once a second: CPU time is
+    /// cumulative, so sparser observations still cover every moment) and attaches the window
+    /// of work the history covers: whether such a holder is `orphan` or `detached` rests on
+    /// it, and an automatic reclaim needs it `orphan` in every sample for `min_age`. Returns
+    /// whether a window was attached.
     fn attach_work(&mut self, snap: &mut Snapshot, report: &Report) -> bool {
         let now = now_ms();
-        let window_ms = (self
-            .config
-            .reclaim
-            .sample
-            .max(self.config.agent.interval * 3))
-        .as_millis() as u64;
+        let every = OBSERVE_EVERY.max(self.config.agent.interval);
+        let window_ms = self.config.reclaim.sample.max(every * 3).as_millis() as u64;
         self.work.forget_before(now.saturating_sub(window_ms));
-        if !report.holders().any(|(_, h)| h.dead_job.is_some()) {
+        let pids = vramguard_core::work_watch_list(snap, &self.config.policy, report);
+        if pids.is_empty() {
             return false;
         }
-        let pids = vramguard_ops::snapshot::sampled_pids(snap);
-        if let Err(e) = self.work.observe(self.collector.procfs(), &pids, now) {
-            tracing::warn!("observing work: {e}");
-            return false;
+        if self.last_observed.is_none_or(|t| t.elapsed() >= every) {
+            if let Err(e) = self.work.observe(self.collector.procfs(), &pids, now) {
+                tracing::warn!("observing work: {e}");
+                return false;
+            }
+            self.last_observed = Some(Instant::now());
         }
         snap.work = Some(self.work.window(now.saturating_sub(window_ms), now));
         snap.normalize();
@@ -654,6 +656,9 @@ fn auto_reclaim(
     .map_err(|e| e.to_string())
 }
 
+/// How often the agent observes the processes of jobs that are gone.
+const OBSERVE_EVERY: Duration = Duration::from_secs(1);
+
 /// A running agent's HTTP address, for callers that bound port 0.
 pub type BoundAddr = Arc<RwLock<Option<std::net::SocketAddr>>>;
 
@@ -725,6 +730,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         reclaimable_since: HashMap::new(),
         reclaim_job: None,
         work: WorkSampler::new(),
+        last_observed: None,
         config: setup.config,
     };
 

@@ -61,6 +61,34 @@ pub fn classify(snapshot: &Snapshot, policy: &Policy) -> Report {
     }
 }
 
+/// The processes whose work decides a class in `report`: for every holder whose job is gone,
+/// every process of that job and the holder's descendants. What a long-running watcher (the
+/// agent) needs to observe between samples; empty when every job is alive.
+pub fn work_watch_list(snapshot: &Snapshot, policy: &Policy, report: &Report) -> Vec<u32> {
+    if !report.holders().any(|(_, h)| h.dead_job.is_some()) {
+        return Vec::new();
+    }
+    let mut sorted;
+    let snapshot = if snapshot.processes.is_sorted_by_key(|p| p.pid) {
+        snapshot
+    } else {
+        sorted = snapshot.clone();
+        sorted.normalize();
+        &sorted
+    };
+    let ctx = Context::new(snapshot, policy);
+    let mut pids = BTreeSet::new();
+    for (_, h) in report.holders().filter(|(_, h)| h.dead_job.is_some()) {
+        pids.insert(h.pid);
+        let tree = ctx.tree();
+        if let Some(top) = tree.tops.get(&h.pid) {
+            pids.extend(tree.members.get(top).into_iter().flatten().copied());
+        }
+        pids.extend(ctx.descendants(h.pid));
+    }
+    pids.into_iter().collect()
+}
+
 /// How a driver-reported pid maps onto a process of ours.
 enum Resolution<'a> {
     /// The pid is this process (possibly via `NSpid`, then `reported` differs).
@@ -81,6 +109,33 @@ struct Context<'a> {
     gpu_busy: BTreeMap<u32, Vec<(u32, u32, u64)>>,
     /// Local pids listed on a GPU that reports no per-process utilization, with that GPU.
     gpu_unknown: BTreeMap<u32, u32>,
+    /// Every process's tree top (see [`Context::group_walk`]) and the processes under each
+    /// top: built on first use (only a dead job needs them).
+    tree: std::cell::OnceCell<Tree>,
+    /// Each process's children in the snapshot.
+    children: BTreeMap<u32, Vec<u32>>,
+    /// Each process's own work, computed once.
+    own_work: std::cell::RefCell<BTreeMap<u32, Work>>,
+}
+
+/// Processes of a job whose work is quoted as evidence for another process of it; the rest
+/// are counted.
+const WORK_EVIDENCE_QUOTED: usize = 3;
+
+/// Every process's tree top (see `Context::group_walk`), and the processes under each top.
+#[derive(Default)]
+struct Tree {
+    tops: BTreeMap<u32, u32>,
+    members: BTreeMap<u32, Vec<u32>>,
+}
+
+/// How a walk up the tree proved a job alive.
+#[derive(Debug, Clone, Copy)]
+enum AliveBy {
+    /// The walk reached a process that leads its process group.
+    LeadsGroup,
+    /// The walk reached a process whose live parent is in another group.
+    Parent(u32),
 }
 
 /// A holder's job, resolved.
@@ -103,7 +158,17 @@ impl<'a> Context<'a> {
             listed_anywhere: BTreeSet::new(),
             gpu_busy: BTreeMap::new(),
             gpu_unknown: BTreeMap::new(),
+            tree: Default::default(),
+            children: BTreeMap::new(),
+            own_work: Default::default(),
         };
+        // The whole tree, even through processes whose work is not weighed (vramguard itself,
+        // kernel threads): a working grandchild protects its grandparent through them.
+        for q in &snap.processes {
+            if let Some(pp) = q.ppid.filter(|pp| *pp > 0) {
+                ctx.children.entry(pp).or_default().push(q.pid);
+            }
+        }
         let mut listed = BTreeSet::new();
         let recent_ms = policy.gpu_busy_recent_secs.saturating_mul(1000);
         for gpu in &snap.gpus {
@@ -672,48 +737,42 @@ impl<'a> Context<'a> {
     /// job belongs to that parent: a shell that runs a pipeline, a launcher), or at the top:
     /// the first process of the group whose parent is init, an adopter, outside this PID
     /// namespace or gone. Returns the process reached and, when the walk proved the job
-    /// alive, why.
-    fn group_walk(&self, p: &'a ProcessFacts) -> (&'a ProcessFacts, Option<String>) {
+    /// alive, how.
+    fn group_walk(&self, p: &'a ProcessFacts) -> (&'a ProcessFacts, Option<AliveBy>) {
         let mut cur = p;
         for _ in 0..MAX_TREE_DEPTH {
             if cur.pgid.is_some() && cur.pgid == Some(cur.pid) {
-                return (
-                    cur,
-                    Some(if cur.pid == p.pid {
-                        "leads its own process group".to_string()
-                    } else {
-                        format!(
-                            "its ancestor {} leads its process group",
-                            self.describe(cur.pid)
-                        )
-                    }),
-                );
+                return (cur, Some(AliveBy::LeadsGroup));
             }
             let Some(parent) = self.live_parent(cur) else {
                 break;
             };
             if parent.pgid != cur.pgid {
-                return (
-                    cur,
-                    Some(format!(
-                        "its {} {} lives",
-                        if cur.pid == p.pid {
-                            "parent"
-                        } else {
-                            "job's parent"
-                        },
-                        self.describe(parent.pid)
-                    )),
-                );
+                return (cur, Some(AliveBy::Parent(parent.pid)));
             }
             cur = parent;
         }
         (cur, None)
     }
 
-    /// The top of `p`'s tree inside its process group (see [`Context::group_walk`]).
-    fn tree_top(&self, p: &'a ProcessFacts) -> &'a ProcessFacts {
-        self.group_walk(p).0
+    /// Why a walk found `p`'s job alive, in words.
+    fn alive_evidence(&self, p: &ProcessFacts, top: &ProcessFacts, by: AliveBy) -> String {
+        match by {
+            AliveBy::LeadsGroup if top.pid == p.pid => "leads its own process group".to_string(),
+            AliveBy::LeadsGroup => format!(
+                "its ancestor {} leads its process group",
+                self.describe(top.pid)
+            ),
+            AliveBy::Parent(parent) => format!(
+                "its {} {} lives",
+                if top.pid == p.pid {
+                    "parent"
+                } else {
+                    "job's parent"
+                },
+                self.describe(parent)
+            ),
+        }
     }
 
     /// `p`'s job and whether it lives (see the module documentation).
@@ -816,8 +875,8 @@ impl<'a> Context<'a> {
             dead: None,
             tree_top: Some(top.pid),
         };
-        if let Some(why) = alive_why {
-            return alive(why);
+        if let Some(by) = alive_why {
+            return alive(self.alive_evidence(p, top, by));
         }
         let Some(pgid) = top.pgid else {
             return alive(format!(
@@ -924,73 +983,112 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Whether `ancestor` is on `q`'s chain of parents.
-    fn descends_from(&self, q: &ProcessFacts, ancestor: u32) -> bool {
-        let mut cur = q.ppid;
-        for _ in 0..MAX_TREE_DEPTH {
-            match cur {
-                Some(pp) if pp == ancestor => return true,
-                Some(pp) if pp > 1 => cur = self.snap.process(pp).and_then(|p| p.ppid),
-                _ => return false,
+    /// Every process's tree top, and the processes under each top.
+    fn tree(&self) -> &Tree {
+        self.tree.get_or_init(|| {
+            let mut tree = Tree::default();
+            for q in &self.snap.processes {
+                if q.pid == self.snap.host.self_pid || q.is_kernel_thread() {
+                    continue;
+                }
+                let top = self.group_walk(q).0.pid;
+                tree.tops.insert(q.pid, top);
+                tree.members.entry(top).or_default().push(q.pid);
+            }
+            tree
+        })
+    }
+
+    /// `p`'s descendants in the snapshot, breadth first, at most a few thousand.
+    fn descendants(&self, p: u32) -> Vec<u32> {
+        if !self.children.contains_key(&p) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut queue = std::collections::VecDeque::from([p]);
+        while let Some(cur) = queue.pop_front() {
+            for &c in self.children.get(&cur).into_iter().flatten() {
+                if c != p && out.len() < 4096 && !out.contains(&c) {
+                    out.push(c);
+                    queue.push_back(c);
+                }
             }
         }
-        false
+        out
+    }
+
+    /// [`Context::process_work`], once per process.
+    fn cached_work(&self, pid: u32) -> Work {
+        if let Some(w) = self.own_work.borrow().get(&pid) {
+            return w.clone();
+        }
+        let w = match self.snap.process(pid) {
+            Some(q) => self.process_work(q),
+            None => Work::Unknown {
+                why: "not in the snapshot".into(),
+            },
+        };
+        self.own_work.borrow_mut().insert(pid, w.clone());
+        w
     }
 
     /// The work that protects `p`: its own, its descendants' (the parent of working holders
     /// is working), and — for a dead job whose tree top is `top` — every process under the
     /// same top (a trainer whose workers compute is working, and so are they).
     fn job_work(&self, p: &'a ProcessFacts, top: Option<u32>) -> Work {
-        let members: Vec<&ProcessFacts> = self
-            .snap
-            .processes
-            .iter()
-            .filter(|q| q.pid != self.snap.host.self_pid && !q.is_kernel_thread())
-            .filter(|q| {
-                q.pid == p.pid
-                    || top.is_some_and(|t| self.tree_top(q).pid == t)
-                    || self.descends_from(q, p.pid)
-            })
+        let mut others: Vec<u32> = top
+            .and_then(|t| self.tree().members.get(&t))
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|q| *q != p.pid)
             .collect();
-        let members = if members.is_empty() { vec![p] } else { members };
-        let mut evidence = Vec::new();
-        let mut unknown = None;
-        let mut idle: Option<Work> = None;
-        for q in members {
-            match self.process_work(q) {
-                Work::Working { evidence: e } => {
-                    for line in e {
-                        evidence.push(if q.pid == p.pid {
-                            line
-                        } else {
-                            format!("{} of its job: {line}", self.describe(q.pid))
-                        });
-                    }
-                }
-                Work::Unknown { why } => {
-                    if unknown.is_none() || q.pid == p.pid {
-                        unknown = Some(if q.pid == p.pid {
-                            why
-                        } else {
-                            format!("{} of its job: {why}", self.describe(q.pid))
-                        });
-                    }
-                }
-                w @ Work::Idle { .. } => {
-                    if q.pid == p.pid || idle.is_none() {
-                        idle = Some(w);
-                    }
-                }
+        for d in self.descendants(p.pid) {
+            let weighed = self
+                .snap
+                .process(d)
+                .is_some_and(|q| q.pid != self.snap.host.self_pid && !q.is_kernel_thread());
+            if weighed && !others.contains(&d) {
+                others.push(d);
             }
+        }
+        if others.is_empty() {
+            return self.process_work(p);
+        }
+        let own = self.cached_work(p.pid);
+        let mut evidence = match &own {
+            Work::Working { evidence } => evidence.clone(),
+            _ => Vec::new(),
+        };
+        let (mut quoted, mut more) = (0, 0);
+        let mut unknown = match &own {
+            Work::Unknown { why } => Some(why.clone()),
+            _ => None,
+        };
+        for q in others {
+            match self.cached_work(q) {
+                Work::Working { evidence: e } if quoted < WORK_EVIDENCE_QUOTED => {
+                    quoted += 1;
+                    for line in e {
+                        evidence.push(format!("{} of its job: {line}", self.describe(q)));
+                    }
+                }
+                Work::Working { .. } => more += 1,
+                Work::Unknown { why } if unknown.is_none() => {
+                    unknown = Some(format!("{} of its job: {why}", self.describe(q)));
+                }
+                _ => {}
+            }
+        }
+        if more > 0 {
+            evidence.push(format!("and {more} more working process(es) of its job"));
         }
         if !evidence.is_empty() {
             Work::Working { evidence }
         } else if let Some(why) = unknown {
             Work::Unknown { why }
         } else {
-            idle.unwrap_or(Work::Unknown {
-                why: "nothing of its job was observed".into(),
-            })
+            own
         }
     }
 

@@ -560,6 +560,22 @@ fn gpu_checks(
         ));
     }
 
+    let detached = of(Class::Detached);
+    if !detached.is_empty() {
+        checks.push(check(
+            g,
+            "detached holders",
+            CheckStatus::Warn,
+            format!(
+                "{} process(es) hold {} and keep working although their launcher is gone \
+                 (not ghost memory, never reclaimed by default): {}",
+                detached.len(),
+                format_bytes(sum_bytes(&detached)),
+                list_pids(&detached)
+            ),
+        ));
+    }
+
     let reclaimable: Vec<&Holder> = gpu
         .holders
         .iter()

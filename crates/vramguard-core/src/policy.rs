@@ -164,9 +164,10 @@ impl Policy {
 
     /// Whether a command name is a known orphan-adopting parent.
     pub fn is_subreaper_comm(&self, comm: &str) -> bool {
-        self.subreaper_comms
-            .iter()
-            .any(|s| comm == s || comm.starts_with(&format!("{s}-")))
+        self.subreaper_comms.iter().any(|s| {
+            comm.strip_prefix(s.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+        })
     }
 }
 

@@ -286,13 +286,11 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
             include: [Class::Idle].into_iter().collect(),
             idle_for_secs: policy.idle_after_secs,
         };
-        reclaim_demo(
-            &state,
-            &policy,
-            &demo.dir,
-            "vramguard reclaim --yes --gpu 1 --include idle --idle-for 1s --reset=auto",
-            &idle,
-        )?;
+        let shown = format!(
+            "vramguard reclaim --yes --gpu 1 --include idle --idle-for {} --reset=auto",
+            vramguard_core::units::format_duration(Duration::from_secs(policy.idle_after_secs))
+        );
+        reclaim_demo(&state, &policy, &demo.dir, &shown, &idle)?;
     }
     let killed = demo.started.cleanup();
     say(format!(

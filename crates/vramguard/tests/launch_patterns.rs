@@ -479,6 +479,21 @@ fn torchrun_ranks_of_a_killed_agent_busy_detached_idle_orphan() {
     assert_eq!(class_of(&status, t.workers[0]), "detached", "{status:#}");
     assert_eq!(class_of(&status, t.workers[1]), "orphan", "{status:#}");
     assert_eq!(targets, BTreeSet::from([t.workers[1]]));
+    let d = Vg::new(&world, Path_::Nvml)
+        .args(["diagnose", "--json"])
+        .json(1);
+    let check = d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "detached holders")
+        .unwrap_or_else(|| panic!("no detached check: {d:#}"));
+    assert_eq!(check["status"], "warn");
+    assert!(
+        check["evidence"]
+            .to_string()
+            .contains(&t.workers[0].to_string())
+    );
 }
 
 /// A trainer (group leader) with two idle DataLoader-like workers forked from it.
@@ -697,4 +712,36 @@ fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
     let m = agent.metrics();
     assert!(m.contains("class=\"detached\""), "{m}");
     let _ = Path::new(&audit);
+}
+
+#[test]
+fn the_readmes_launch_pattern_table_names_only_tests_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let this = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/launch_patterns.rs"),
+    )
+    .unwrap();
+    let section = readme
+        .split("### How jobs are told apart")
+        .nth(1)
+        .expect("the README's launch-pattern section");
+    let rows: Vec<&str> = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| how it was started"))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .collect();
+    assert!(rows.len() >= 14, "{rows:#?}");
+    for row in rows {
+        let cell = row.trim_end_matches('|').rsplit('|').next().unwrap();
+        let names: Vec<&str> = cell.split('`').skip(1).step_by(2).collect();
+        assert!(!names.is_empty(), "a row without a test: {row}");
+        for name in names {
+            assert!(
+                this.contains(&format!("fn {name}()")),
+                "README names {name}, which is no test here"
+            );
+        }
+    }
 }
