@@ -36,16 +36,22 @@ use crate::units::{format_bytes, format_duration};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+/// `snapshot` with its processes sorted by pid (lookups binary-search them), copied only when
+/// it is not sorted already.
+fn normalized(snapshot: &Snapshot) -> std::borrow::Cow<'_, Snapshot> {
+    if snapshot.processes.is_sorted_by_key(|p| p.pid) {
+        std::borrow::Cow::Borrowed(snapshot)
+    } else {
+        let mut sorted = snapshot.clone();
+        sorted.normalize();
+        std::borrow::Cow::Owned(sorted)
+    }
+}
+
 /// Classifies every holder of every GPU in `snapshot`.
 pub fn classify(snapshot: &Snapshot, policy: &Policy) -> Report {
-    let mut sorted;
-    let snapshot = if snapshot.processes.is_sorted_by_key(|p| p.pid) {
-        snapshot
-    } else {
-        sorted = snapshot.clone();
-        sorted.normalize();
-        &sorted
-    };
+    let snapshot = normalized(snapshot);
+    let snapshot = snapshot.as_ref();
     let ctx = Context::new(snapshot, policy);
     let gpus = snapshot.gpus.iter().map(|g| ctx.gpu_report(g)).collect();
     Report {
@@ -68,14 +74,8 @@ pub fn work_watch_list(snapshot: &Snapshot, policy: &Policy, report: &Report) ->
     if !report.holders().any(|(_, h)| h.dead_job.is_some()) {
         return Vec::new();
     }
-    let mut sorted;
-    let snapshot = if snapshot.processes.is_sorted_by_key(|p| p.pid) {
-        snapshot
-    } else {
-        sorted = snapshot.clone();
-        sorted.normalize();
-        &sorted
-    };
+    let snapshot = normalized(snapshot);
+    let snapshot = snapshot.as_ref();
     let ctx = Context::new(snapshot, policy);
     let mut pids = BTreeSet::new();
     for (_, h) in report.holders().filter(|(_, h)| h.dead_job.is_some()) {
