@@ -970,6 +970,14 @@ fn a_process_named_like_a_system_service_is_an_ordinary_holder() {
     let persistenced = |uid: u32, exe: Option<ExeFacts>| {
         let mut d = proc_(50, 1, 40, "nvidia-persiste", &[0]);
         d.uid = Some(uid);
+        // The real service runs in its unit; the impostors' job is gone.
+        if exe
+            .as_ref()
+            .is_some_and(|e| e.path == "/usr/bin/nvidia-persistenced")
+            && uid == 0
+        {
+            d.cgroup = Some("/system.slice/nvidia-persistenced.service".into());
+        }
         d.exe = exe;
         let s = snapshot(
             vec![gpu(0, 2 * GIB, &[(50, Some(2 * GIB))])],
@@ -979,6 +987,11 @@ fn a_process_named_like_a_system_service_is_an_ordinary_holder() {
     };
     let real = persistenced(0, Some(root_exe("/usr/bin/nvidia-persistenced")));
     assert_eq!(real.class, Class::System);
+    assert!(
+        real.evidence[0]
+            .contains("(/usr/bin/nvidia-persistenced), unit:nvidia-persistenced.service"),
+        "{real:#?}"
+    );
     // A deleted executable (a driver upgraded without a reboot) is still the service.
     let mut upgraded = root_exe("/usr/bin/nvidia-persistenced");
     upgraded.deleted = true;
