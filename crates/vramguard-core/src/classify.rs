@@ -462,9 +462,11 @@ impl<'a> Context<'a> {
             evidence.push(why.clone());
         }
         let (class, action) = if matches!(system, Some(Ok(()))) {
-            let unit = (job.info.kind == JobKind::Unit)
-                .then(|| format!(", {}", job.info.label))
-                .unwrap_or_default();
+            let unit = if job.info.kind == JobKind::Unit {
+                format!(", {}", job.info.label)
+            } else {
+                String::new()
+            };
             evidence.push(format!(
                 "{} is a system service{}{unit}; it is never signalled, but blocks a GPU reset",
                 p.comm.as_deref().unwrap_or("?"),
