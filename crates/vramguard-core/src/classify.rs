@@ -29,6 +29,7 @@ use crate::report::{
     Action, Class, DeadJob, GpuReport, Holder, JobInfo, Report, ResetBlocker, Unaccounted,
     UnaccountedCause, Work,
 };
+use crate::sanitize::{escape, shown};
 use crate::snapshot::{
     DeviceFile, FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts, ProcessListState, Snapshot,
 };
@@ -258,7 +259,7 @@ impl<'a> Context<'a> {
             Some(p) => format!(
                 "pid {reported} here is {} ({}), which holds no NVIDIA device file: the driver \
                  reports a pid from another PID namespace",
-                p.comm.as_deref().unwrap_or("?"),
+                escape(p.comm.as_deref().unwrap_or("?")),
                 if p.is_kernel_thread() {
                     "a kernel thread"
                 } else {
@@ -384,7 +385,7 @@ impl<'a> Context<'a> {
 
     fn describe(&self, pid: u32) -> String {
         match self.snap.process(pid) {
-            Some(p) => format!("{pid} ({})", p.comm.as_deref().unwrap_or("?")),
+            Some(p) => format!("{pid} ({})", escape(p.comm.as_deref().unwrap_or("?"))),
             None => pid.to_string(),
         }
     }
@@ -463,16 +464,16 @@ impl<'a> Context<'a> {
         }
         let (class, action) = if matches!(system, Some(Ok(()))) {
             let unit = if job.info.kind == JobKind::Unit {
-                format!(", {}", job.info.label)
+                format!(", {}", shown(&job.info.label))
             } else {
                 String::new()
             };
             evidence.push(format!(
                 "{} is a system service{}{unit}; it is never signalled, but blocks a GPU reset",
-                p.comm.as_deref().unwrap_or("?"),
+                escape(p.comm.as_deref().unwrap_or("?")),
                 p.exe
                     .as_ref()
-                    .map(|e| format!(" ({})", e.path))
+                    .map(|e| format!(" ({})", shown(&e.path)))
                     .unwrap_or_default()
             ));
             (
@@ -536,7 +537,7 @@ impl<'a> Context<'a> {
                         summary: format!(
                             "its launcher is gone but it is working: leave it (ask {} before \
                              stopping it)",
-                            p.user.clone().unwrap_or_else(|| "its owner".into())
+                            shown(p.user.as_deref().unwrap_or("its owner"))
                         ),
                         command: Some(format!(
                             "vramguard reclaim --gpu {} --include detached --dry-run",
@@ -576,7 +577,7 @@ impl<'a> Context<'a> {
                 Action {
                     summary: format!(
                         "ask {} whether it is still needed (an idle kernel keeps its context)",
-                        p.user.clone().unwrap_or_else(|| "its owner".into())
+                        shown(p.user.as_deref().unwrap_or("its owner"))
                     ),
                     command: Some(format!(
                         "vramguard reclaim --gpu {} --include idle --idle-for {}",
@@ -791,13 +792,17 @@ impl<'a> Context<'a> {
                         Some(true),
                         format!(
                             "in {} with its own PID namespace, which cannot outlive its init",
-                            cg.label
+                            shown(&cg.label)
                         ),
                         None,
                     ),
                     Some(f) if !f.namespace_inits.is_empty() => (
                         Some(true),
-                        format!("in {}, whose init {} lives", cg.label, f.namespace_inits[0]),
+                        format!(
+                            "in {}, whose init {} lives",
+                            shown(&cg.label),
+                            f.namespace_inits[0]
+                        ),
                         None,
                     ),
                     _ => (
@@ -805,7 +810,7 @@ impl<'a> Context<'a> {
                         format!(
                             "in {}, which shares the host PID namespace: its init cannot be \
                              told apart, so the container is taken as alive",
-                            cg.label
+                            shown(&cg.label)
                         ),
                         None,
                     ),
@@ -821,7 +826,7 @@ impl<'a> Context<'a> {
                     ),
                     Some(f) if f.readable => (
                         Some(false),
-                        format!("in {}, whose slurmstepd is gone", cg.label),
+                        format!("in {}, whose slurmstepd is gone", shown(&cg.label)),
                         Some(DeadJob {
                             leader_pid: p.pgid.unwrap_or(0),
                             leader_command: None,
@@ -833,7 +838,7 @@ impl<'a> Context<'a> {
                         None,
                         format!(
                             "in {}; its cgroup could not be read, so the job is taken as alive",
-                            cg.label
+                            shown(&cg.label)
                         ),
                         None,
                     ),
@@ -842,8 +847,8 @@ impl<'a> Context<'a> {
                     Some(true),
                     format!(
                         "in systemd {}, which owns its lifetime (`systemctl stop {}` ends it)",
-                        cg.label,
-                        cg.label.trim_start_matches("unit:")
+                        shown(&cg.label),
+                        shown(cg.label.trim_start_matches("unit:"))
                     ),
                     None,
                 ),
@@ -1099,7 +1104,7 @@ impl<'a> Context<'a> {
 
     fn dead_job_evidence(&self, p: &ProcessFacts, job: &DeadJob) -> String {
         let leader = match &job.leader_command {
-            Some(cmd) => format!("{} ({cmd})", job.leader_pid),
+            Some(cmd) => format!("{} ({})", job.leader_pid, shown(cmd)),
             None => job.leader_pid.to_string(),
         };
         let state = if job.leader_is_zombie {
@@ -1133,14 +1138,14 @@ impl<'a> Context<'a> {
                     .find(|d| d.pid == pp)
                     .and_then(|d| d.comm.clone());
                 match cmd {
-                    Some(c) => format!("; forked by {pp} ({c}), which died"),
+                    Some(c) => format!("; forked by {pp} ({}), which died", escape(&c)),
                     None => format!("; forked by {pp}, which died"),
                 }
             }
             _ => String::new(),
         };
         match &job.label {
-            Some(label) => format!("its job {label} is gone; {parent}{forked_by}"),
+            Some(label) => format!("its job {} is gone; {parent}{forked_by}", shown(label)),
             None => format!("its job leader {leader} {state}; {parent}{forked_by}"),
         }
     }

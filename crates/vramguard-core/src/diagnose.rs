@@ -3,6 +3,7 @@
 use crate::health::Severity;
 use crate::quirks::known_quirks;
 use crate::report::{Class, GpuReport, Holder, Report, UnaccountedCause};
+use crate::sanitize::{escape, shown};
 use crate::snapshot::{DriverSource, ProcessListState};
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
@@ -90,7 +91,7 @@ fn list_pids(holders: &[&Holder]) -> String {
     let shown: Vec<String> = holders
         .iter()
         .take(6)
-        .map(|h| format!("{} ({})", h.pid, h.comm.as_deref().unwrap_or("?")))
+        .map(|h| format!("{} ({})", h.pid, escape(h.comm.as_deref().unwrap_or("?"))))
         .collect();
     let more = holders.len().saturating_sub(shown.len());
     if more > 0 {
@@ -286,7 +287,11 @@ struct GpuPlan<'a> {
 /// The step that clears one reset blocker, by what it is.
 fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
     let g = gpu.index;
-    let who = format!("pid {} ({})", b.pid, b.comm.as_deref().unwrap_or("?"));
+    let who = format!(
+        "pid {} ({})",
+        b.pid,
+        escape(b.comm.as_deref().unwrap_or("?"))
+    );
     let Some(h) = gpu.holders.iter().find(|h| h.pid == b.pid) else {
         return NextStep {
             why: format!(
@@ -296,7 +301,7 @@ fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
             command: None,
         };
     };
-    let owner = h.user.clone().unwrap_or_else(|| "its owner".into());
+    let owner = shown(h.user.as_deref().unwrap_or("its owner"));
     match h.class {
         Class::System
             if h.comm
@@ -322,6 +327,11 @@ fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
                 .job
                 .as_ref()
                 .and_then(|j| j.label.strip_prefix("unit:"))
+                // A command root may paste: only a unit name that is one plain word.
+                .filter(|unit| {
+                    unit.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b))
+                })
                 .map(|unit| format!("systemctl stop {unit}")),
         },
         Class::Idle => NextStep {
@@ -456,7 +466,7 @@ fn gpu_checks(
             .iter()
             .filter_map(|h| h.dead_job.as_ref())
             .map(|j| match &j.leader_command {
-                Some(c) => format!("{} ({c})", j.leader_pid),
+                Some(c) => format!("{} ({})", j.leader_pid, shown(c)),
                 None => j.leader_pid.to_string(),
             })
             .collect();

@@ -17,6 +17,7 @@ pub mod plan;
 pub mod policy;
 pub mod quirks;
 pub mod report;
+pub mod sanitize;
 pub mod snapshot;
 pub mod trend;
 pub mod units;

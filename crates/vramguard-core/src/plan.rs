@@ -228,7 +228,7 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
                             "pid {} ({}) is detached, not dead: {}; it will be stopped because \
                              --include detached was given",
                             h.pid,
-                            h.comm.as_deref().unwrap_or("?"),
+                            crate::sanitize::escape(h.comm.as_deref().unwrap_or("?")),
                             match &h.work {
                                 Work::Working { evidence } => evidence.join("; "),
                                 _ => "it may be working".into(),

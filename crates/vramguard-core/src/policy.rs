@@ -151,7 +151,7 @@ impl Policy {
             return Some(Err(format!(
                 "named like the system service {comm:?}, but its executable is {} ({}): an \
                  ordinary process",
-                exe.path,
+                crate::sanitize::shown(&exe.path),
                 if !name_ok {
                     "another program"
                 } else {

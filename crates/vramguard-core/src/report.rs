@@ -273,7 +273,7 @@ impl std::fmt::Display for ResetBlocker {
             f,
             "{} ({}): {}",
             self.pid,
-            self.comm.as_deref().unwrap_or("?"),
+            crate::sanitize::escape(self.comm.as_deref().unwrap_or("?")),
             self.reason
         )
     }

@@ -9,6 +9,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
+use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::units::{format_bytes, format_duration, parse_duration};
 use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
 use vramguard_ops::reclaim::{ReclaimOutcome, identities};
@@ -56,7 +57,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
     }
     for job in &plan.jobs {
         let leader = match (job.leader_pid, &job.leader_command) {
-            (Some(p), Some(c)) => format!("job of leader {p} ({c}), gone"),
+            (Some(p), Some(c)) => format!("job of leader {p} ({}), gone", shown(c)),
             (Some(p), None) => format!("job of leader {p}, gone"),
             (None, _) => "no job leader".into(),
         };
@@ -74,7 +75,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
                 t.pid,
                 t.class.as_str(),
                 mem,
-                t.command.as_deref().unwrap_or("?")
+                shown(t.command.as_deref().unwrap_or("?"))
             );
             if let Some(e) = t.evidence.first() {
                 let _ = writeln!(out, "               {e}");
@@ -88,7 +89,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
                 out,
                 "    pid {:<8} {:<16} {:<7} {}",
                 l.pid,
-                l.comm.as_deref().unwrap_or("?"),
+                fit(l.comm.as_deref().unwrap_or("?"), 16),
                 l.class.as_str(),
                 l.reason
             );
@@ -139,7 +140,7 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
             out,
             "  pid {:<8} {:<16} {what}",
             t.pid,
-            t.comm.as_deref().unwrap_or("?")
+            fit(t.comm.as_deref().unwrap_or("?"), 16)
         );
     }
     for r in &o.releases {

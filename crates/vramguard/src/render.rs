@@ -68,13 +68,10 @@ fn bar(used: u64, total: u64, width: usize) -> String {
     format!("[{}{}]", "█".repeat(filled), "░".repeat(width - filled))
 }
 
+/// Process-supplied (or process-derived) text for a column: control characters shown as
+/// escapes, cut to `max` characters.
 fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_string()
-    } else {
-        let cut: String = s.chars().take(max.saturating_sub(1)).collect();
-        format!("{cut}…")
-    }
+    vramguard_core::sanitize::fit(s, max)
 }
 
 fn driver_line(r: &Report) -> String {

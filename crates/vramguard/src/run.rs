@@ -315,7 +315,7 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
                     u.still_held.push(format!(
                         "pid {} ({}, {})",
                         h.pid,
-                        h.comm.as_deref().unwrap_or("?"),
+                        vramguard_core::sanitize::escape(h.comm.as_deref().unwrap_or("?")),
                         h.class
                     ));
                 }

@@ -1,0 +1,102 @@
+//! Text that other users control (command names, command lines, cgroup and file names) made
+//! safe for a terminal: vramguard runs as root, and a process that names itself
+//! `\e]52;c;…\a` must not write root's clipboard, nor `\r\e[2K\e[1A` rewrite the plan shown
+//! above a confirmation prompt, nor a newline forge an output line.
+//!
+//! Every C0 control (newline and tab included), DEL, every C1 control and the Unicode
+//! direction overrides are shown as visible escapes (`\e`, `\n`, `\x7f`, `\u{9b}`,
+//! `\u{202e}`). Escaping is idempotent (its output has nothing left to escape), so text made
+//! safe where it was composed can pass through a renderer again. JSON output keeps the exact
+//! text instead (as JSON escapes).
+
+use std::borrow::Cow;
+
+/// Whether `c` must not reach a terminal as it is.
+fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        // Bidirectional overrides and isolates: they reorder what the reader sees.
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with every control character shown as a visible escape. Borrows when nothing needed
+/// escaping (the common case).
+pub fn escape(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_unsafe) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\x1b' => out.push_str("\\e"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x07' => out.push_str("\\a"),
+            c if (c as u32) < 0x80 && is_unsafe(c) => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if is_unsafe(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `text` escaped and cut to at most `max` characters, the cut marked with `…`.
+pub fn fit(text: &str, max: usize) -> String {
+    let escaped = escape(text);
+    if escaped.chars().count() <= max {
+        return escaped.into_owned();
+    }
+    let mut cut: String = escaped.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// Longest process-supplied string shown in a free-text line (a command line in a plan, an
+/// evidence line): enough to recognise it, never a 1 MB line.
+pub const MAX_SHOWN: usize = 200;
+
+/// [`escape`] and cut to [`MAX_SHOWN`] characters: for process-supplied text embedded in a
+/// sentence.
+pub fn shown(text: &str) -> String {
+    fit(text, MAX_SHOWN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_escapes_become_visible() {
+        let osc52 = "\x1b]52;c;aGVsbG8=\x07python3";
+        assert_eq!(escape(osc52), "\\e]52;c;aGVsbG8=\\apython3");
+        assert_eq!(escape("a\r\x1b[2K\x1b[1Ab"), "a\\r\\e[2K\\e[1Ab");
+        assert_eq!(escape("two\nlines\t"), "two\\nlines\\t");
+        assert_eq!(escape("del\x7f nul\0"), "del\\x7f nul\\x00");
+        assert_eq!(escape("c1 \u{9b}31m"), "c1 \\u{9b}31m");
+        assert_eq!(escape("rtl \u{202e}gpj.exe"), "rtl \\u{202e}gpj.exe");
+        assert_eq!(escape(&escape("\x1b\n")), "\\e\\n", "idempotent");
+        assert!(matches!(
+            escape("python3 train.py ünïcode"),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn fit_cuts_after_escaping() {
+        assert_eq!(fit("abcdef", 4), "abc…");
+        assert_eq!(fit("ab", 4), "ab");
+        assert_eq!(fit("\x1b\x1b\x1b", 4), "\\e\\…");
+        assert_eq!(shown(&"x".repeat(1_400_000)).chars().count(), MAX_SHOWN);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn nothing_unsafe_survives(s in "\\PC*|[\\x00-\\x20\\x7f-\\u{9f}\\u{202a}-\\u{202e}a-z]{0,40}") {
+            let e = escape(&s);
+            let leaked = e.chars().any(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}'));
+            proptest::prop_assert!(!leaked, "{:?} escaped to {:?}", s, e);
+        }
+    }
+}
