@@ -273,10 +273,11 @@ impl Config {
             None if Path::new(DEFAULT_CONFIG).exists() => PathBuf::from(DEFAULT_CONFIG),
             None => return Ok(Config::default()),
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError {
-            path: path.display().to_string(),
-            message: format!("cannot be read: {e}"),
-        })?;
+        let text = vramguard_fs::read_regular_to_string(&path, vramguard_fs::MAX_INPUT_BYTES)
+            .map_err(|e| ConfigError {
+                path: path.display().to_string(),
+                message: format!("cannot be read: {}", e.reason()),
+            })?;
         Config::parse(&path, &text)
     }
 

@@ -3,9 +3,9 @@
 //! every record whole.
 
 use serde_json::{Map, Value};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// The default audit log.
@@ -74,12 +74,8 @@ impl AuditLog {
                 .create(dir)
                 .map_err(err)?;
         }
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o640)
-            .open(path)
-            .map_err(err)?;
+        // Never through a link, never a FIFO, created 0600: the log is root's record.
+        let file = vramguard_fs::open_append(path).map_err(|e| err(e.into_io()))?;
         Ok(AuditLog {
             file,
             path: path.to_path_buf(),

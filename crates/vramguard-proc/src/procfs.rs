@@ -105,23 +105,31 @@ impl ProcFs {
         rustix::fs::openat(&self.root_fd, rel, flags | OFlags::CLOEXEC, Mode::empty())
     }
 
-    /// Reads a whole file below the root into `buf` (cleared first).
+    /// Reads a whole file below the root into `buf` (cleared first), at most
+    /// [`MAX_PROC_FILE`] bytes. Opened non-blocking: in a fixture tree a FIFO reads as empty
+    /// instead of stalling, and a link to `/dev/zero` stops at the cap.
     pub fn read_into(&self, rel: &str, buf: &mut Vec<u8>) -> Result<Found<()>, ProcError> {
         buf.clear();
-        let result = self.open_rel(rel, OFlags::RDONLY).and_then(|fd| {
-            loop {
-                if buf.capacity() - buf.len() < 512 {
-                    buf.reserve(4096);
+        let result = self
+            .open_rel(rel, OFlags::RDONLY | OFlags::NONBLOCK)
+            .and_then(|fd| {
+                loop {
+                    if buf.len() >= MAX_PROC_FILE {
+                        buf.truncate(MAX_PROC_FILE);
+                        return Ok(());
+                    }
+                    if buf.capacity() - buf.len() < 512 {
+                        buf.reserve(4096);
+                    }
+                    let (filled, _) = rustix::io::read(&fd, buf.spare_capacity_mut())?;
+                    if filled.is_empty() {
+                        return Ok(());
+                    }
+                    let n = filled.len();
+                    // SAFETY: `read` initialised the first `n` spare bytes.
+                    unsafe { buf.set_len(buf.len() + n) };
                 }
-                let (filled, _) = rustix::io::read(&fd, buf.spare_capacity_mut())?;
-                if filled.is_empty() {
-                    return Ok(());
-                }
-                let n = filled.len();
-                // SAFETY: `read` initialised the first `n` spare bytes.
-                unsafe { buf.set_len(buf.len() + n) };
-            }
-        });
+            });
         triage(result, || self.path(rel))
     }
 
@@ -478,6 +486,10 @@ impl ProcFs {
         (!name.is_empty()).then_some(name)
     }
 }
+
+/// The most read from one `/proc` file: above the longest command line Linux accepts
+/// (`ARG_MAX` is a quarter of the stack limit, 2 MiB by default).
+pub const MAX_PROC_FILE: usize = 8 << 20;
 
 /// Threads looked at per observation; a process with more is judged by the first ones.
 pub const MAX_THREADS_OBSERVED: usize = 256;

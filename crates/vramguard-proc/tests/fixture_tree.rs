@@ -125,3 +125,32 @@ fn a_zombie_leaders_files_are_read_from_a_live_thread() {
     assert_eq!(z.device_files, FdScan::Scanned(vec![DeviceFile::Gpu(1)]));
     assert_eq!(z.threads.as_ref().unwrap()[1].state, 'S');
 }
+
+#[test]
+fn a_fifo_or_a_link_to_dev_zero_in_a_fixture_tree_neither_hangs_nor_exhausts_memory() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let pid = dir.path().join("77");
+    std::fs::create_dir(&pid).unwrap();
+    // A FIFO nobody writes to, where `stat` should be.
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &pid.join("stat"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    // `/dev/zero` where `cmdline` should be: endless.
+    std::os::unix::fs::symlink("/dev/zero", pid.join("cmdline")).unwrap();
+    let fs = vramguard_proc::ProcFs::open(dir.path()).unwrap();
+    let t = Instant::now();
+    assert!(!matches!(fs.stat(77), Ok(vramguard_proc::Found::Yes(_))));
+    let cmdline = fs.cmdline(77).unwrap().ok().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let bytes: usize = cmdline.iter().map(|a| a.len() + 1).sum();
+    assert!(
+        bytes <= vramguard_proc::procfs::MAX_PROC_FILE + 1,
+        "{bytes}"
+    );
+}

@@ -355,10 +355,11 @@ impl SimState {
 
     /// Reads and validates a state file.
     pub fn load(path: &Path) -> Result<SimState, StateError> {
-        let text = std::fs::read_to_string(path).map_err(|source| StateError::Read {
-            path: path.to_path_buf(),
-            cause: source,
-        })?;
+        let text = vramguard_fs::read_regular_to_string(path, vramguard_fs::MAX_INPUT_BYTES)
+            .map_err(|e| StateError::Read {
+                path: path.to_path_buf(),
+                cause: e.into_io(),
+            })?;
         SimState::from_json(path, &text)
     }
 

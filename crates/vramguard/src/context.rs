@@ -92,8 +92,8 @@ impl Ctx {
 
 /// Reads a snapshot saved by `vramguard snapshot`.
 pub fn load_snapshot(path: &Path) -> Result<Snapshot> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading snapshot {}", path.display()))?;
+    let text = vramguard_fs::read_regular_to_string(path, vramguard_fs::MAX_INPUT_BYTES)
+        .map_err(|e| anyhow::anyhow!("reading snapshot {}: {}", path.display(), e.reason()))?;
     let mut snap: Snapshot = serde_json::from_str(&text)
         .with_context(|| format!("snapshot {} is not a vramguard snapshot", path.display()))?;
     snap.normalize();

@@ -411,8 +411,8 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
             gpus: tracker.gpus.values().cloned().collect(),
             gpu_check,
         };
-        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        vramguard_fs::write_file(path, &serde_json::to_vec_pretty(&summary)?)
+            .map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.reason()))?;
     }
     Ok(code)
 }

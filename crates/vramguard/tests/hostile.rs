@@ -99,3 +99,121 @@ fn escapes_in_command_lines_and_names_are_shown_not_obeyed() {
     );
     assert_eq!(h["comm"], "ev\nl\x1b[31m");
 }
+
+fn fifo(path: &std::path::Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+}
+
+/// Runs, expects exit 2 within a few seconds and one line on stderr containing `expected`.
+fn refused(vg: Vg, expected: &str) {
+    let t = std::time::Instant::now();
+    let (out, shown) = vg.output();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{shown}: took {:?}",
+        t.elapsed()
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{shown}:\n{err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{shown}: one line:\n{err}"
+    );
+    assert!(err.contains(expected), "{shown}: {err}");
+}
+
+#[test]
+fn fifos_and_devices_given_as_input_files_are_refused_at_once() {
+    let world = World::new(1);
+    let pipe = world.dir.path().join("pipe");
+    fifo(&pipe);
+    refused(
+        Vg::new(&world, Path_::InProcess).args([
+            "--config".as_ref(),
+            pipe.as_os_str(),
+            "status".as_ref(),
+        ]),
+        "is a FIFO, not a regular file",
+    );
+    refused(
+        Vg::new(&world, Path_::InProcess).args(["--config", "/dev/zero", "status"]),
+        "is a character device, not a regular file",
+    );
+    refused(
+        Vg::bare().args(["--replay".as_ref(), pipe.as_os_str(), "status".as_ref()]),
+        "is a FIFO",
+    );
+    refused(
+        Vg::bare().args(["--sim".as_ref(), pipe.as_os_str(), "status".as_ref()]),
+        "is a FIFO",
+    );
+    let big = world.dir.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; (64 << 20) + 1]).unwrap();
+    refused(
+        Vg::new(&world, Path_::InProcess).args([
+            "--config".as_ref(),
+            big.as_os_str(),
+            "status".as_ref(),
+        ]),
+        "larger than",
+    );
+}
+
+fn reclaim_logging_to(world: &World, log: &std::path::Path) -> std::process::Output {
+    Vg::new(world, Path_::InProcess)
+        .args([
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--audit-log".as_ref(),
+            log.as_os_str(),
+        ])
+        .output()
+        .0
+}
+
+#[test]
+fn the_audit_log_is_never_written_through_a_link() {
+    let world = World::new(1);
+    let mut trainer = spec(&world, json!([hold(0, 2)]));
+    trainer["group_leader"] = json!(true);
+    trainer["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } }]);
+    let mut t = start(&world, &["python3", "train.py"], trainer);
+    t.crash();
+    let victim = world.dir.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = world.dir.path().join("audit.jsonl");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let out = reclaim_logging_to(&world, &link);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(
+        alive(t.workers[0]),
+        "nothing is done without an audit trail"
+    );
+    // A dangling link creates nothing either.
+    let dangling = world.dir.path().join("dangling.jsonl");
+    let target = world.dir.path().join("created-by-root");
+    std::os::unix::fs::symlink(&target, &dangling).unwrap();
+    let out = reclaim_logging_to(&world, &dangling);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!target.exists());
+    // A real file is created private.
+    let real = world.dir.path().join("real.jsonl");
+    let out = reclaim_logging_to(&world, &real);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&real).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}

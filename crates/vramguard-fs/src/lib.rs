@@ -1,0 +1,339 @@
+//! Files that other users may have planted, opened safely.
+//!
+//! vramguard runs as root and reads and writes paths an administrator typed, some of them in
+//! directories other users can write to. So:
+//! - a file it **reads** (config, snapshot, simulator state) must be a regular file: it is
+//!   opened non-blocking (a FIFO cannot stall the open), checked with `fstat`, and read up to a
+//!   size limit (`/dev/zero` or a 2 GB file is refused, not read);
+//! - a file it **writes** (audit log, summaries) is opened with `O_NOFOLLOW` (a symlink planted
+//!   where it writes is refused, a dangling one creates nothing), must be a regular file, is
+//!   created mode 0600, and its directory may not be writable by everyone unless sticky.
+//!
+//! Every error names the file and says what was wrong, in one line.
+#![deny(missing_docs)]
+
+use rustix::fs::{FileType, Mode, OFlags};
+use rustix::io::Errno;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The largest config, snapshot or state file read: far above any real one.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
+/// A file that could not be used, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// It is a FIFO, a device, a directory or a socket where a regular file is meant.
+    #[error("{path}: is a {kind}, not a regular file")]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// It is a symbolic link where vramguard writes.
+    #[error(
+        "{path}: is a symbolic link; vramguard does not write through links (name the file itself)"
+    )]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// Its directory can be written by every user and is not sticky: anyone could swap it.
+    #[error(
+        "{path}: its directory {dir} is writable by every user; choose a directory only root can write"
+    )]
+    UnsafeDirectory {
+        /// The file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+    /// It is larger than the limit.
+    #[error("{path}: larger than {limit} bytes; is it the right file?")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit.
+        limit: u64,
+    },
+    /// Opening or reading it failed.
+    #[error("{path}: {cause}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        cause: std::io::Error,
+    },
+}
+
+impl FileError {
+    /// What was wrong, without the path (for errors that name the file themselves).
+    pub fn reason(&self) -> String {
+        let full = self.to_string();
+        let path = match self {
+            FileError::NotRegular { path, .. }
+            | FileError::Symlink { path }
+            | FileError::UnsafeDirectory { path, .. }
+            | FileError::TooLarge { path, .. }
+            | FileError::Io { path, .. } => path.display().to_string(),
+        };
+        full.strip_prefix(&format!("{path}: "))
+            .map(str::to_string)
+            .unwrap_or(full)
+    }
+
+    /// The error as an `std::io::Error` carrying [`FileError::reason`] (its kind kept for a
+    /// missing file).
+    pub fn into_io(self) -> std::io::Error {
+        match self {
+            FileError::Io { cause, .. } => cause,
+            e => std::io::Error::other(e.reason()),
+        }
+    }
+
+    /// Whether the file does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, FileError::Io { cause, .. } if cause.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(Errno) -> FileError + '_ {
+    move |e| FileError::Io {
+        path: path.to_path_buf(),
+        cause: e.into(),
+    }
+}
+
+fn kind_name(t: FileType) -> &'static str {
+    match t {
+        FileType::Fifo => "FIFO",
+        FileType::Directory => "directory",
+        FileType::CharacterDevice => "character device",
+        FileType::BlockDevice => "block device",
+        FileType::Socket => "socket",
+        FileType::Symlink => "symbolic link",
+        _ => "special file",
+    }
+}
+
+fn check_regular(path: &Path, fd: &impl rustix::fd::AsFd) -> Result<u64, FileError> {
+    let st = rustix::fs::fstat(fd).map_err(io(path))?;
+    let t = FileType::from_raw_mode(st.st_mode);
+    if t != FileType::RegularFile {
+        return Err(FileError::NotRegular {
+            path: path.to_path_buf(),
+            kind: kind_name(t),
+        });
+    }
+    Ok(st.st_size as u64)
+}
+
+/// Reads the regular file at `path` (links followed), at most `max` bytes.
+pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io(path))?;
+    let size = check_regular(path, &fd)?;
+    if size > max {
+        return Err(FileError::TooLarge {
+            path: path.to_path_buf(),
+            limit: max,
+        });
+    }
+    let mut buf = Vec::with_capacity(size as usize);
+    File::from(fd)
+        .take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|cause| FileError::Io {
+            path: path.to_path_buf(),
+            cause,
+        })?;
+    if buf.len() as u64 > max {
+        return Err(FileError::TooLarge {
+            path: path.to_path_buf(),
+            limit: max,
+        });
+    }
+    Ok(buf)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_regular_to_string(path: &Path, max: u64) -> Result<String, FileError> {
+    String::from_utf8(read_regular(path, max)?).map_err(|_| FileError::Io {
+        path: path.to_path_buf(),
+        cause: std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),
+    })
+}
+
+fn check_directory(path: &Path) -> Result<(), FileError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let st = rustix::fs::stat(&dir).map_err(io(&dir))?;
+    let mode = st.st_mode;
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(FileError::UnsafeDirectory {
+            path: path.to_path_buf(),
+            dir,
+        });
+    }
+    Ok(())
+}
+
+fn open_for_writing(path: &Path, flags: OFlags) -> Result<File, FileError> {
+    check_directory(path)?;
+    let fd = rustix::fs::open(
+        path,
+        flags
+            | OFlags::WRONLY
+            | OFlags::CREATE
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| match e {
+        // O_NOFOLLOW on a link: ELOOP.
+        Errno::LOOP => FileError::Symlink {
+            path: path.to_path_buf(),
+        },
+        e => io(path)(e),
+    })?;
+    check_regular(path, &fd)?;
+    Ok(File::from(fd))
+}
+
+/// Opens `path` to append to it, creating it (mode 0600) if needed.
+pub fn open_append(path: &Path) -> Result<File, FileError> {
+    open_for_writing(path, OFlags::APPEND)
+}
+
+/// Replaces the contents of `path` with `bytes`, creating it (mode 0600) if needed. The file
+/// is checked before it is truncated: a link or a FIFO planted there is left untouched.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    use std::io::Write;
+    let mut f = open_for_writing(path, OFlags::empty())?;
+    let io_err = |cause| FileError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
+    f.set_len(0).map_err(io_err)?;
+    f.write_all(bytes).map_err(io_err)?;
+    f.sync_all().map_err(io_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    use std::time::{Duration, Instant};
+
+    fn make_fifo(dir: &Path) -> PathBuf {
+        let fifo = dir.join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        fifo
+    }
+
+    #[test]
+    fn reads_refuse_fifos_devices_directories_and_oversize_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = make_fifo(dir.path());
+        let t = Instant::now();
+        let e = read_regular(&fifo, 100).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(1), "no hang on a FIFO");
+        assert!(
+            e.to_string().ends_with("is a FIFO, not a regular file"),
+            "{e}"
+        );
+        let e = read_regular(Path::new("/dev/zero"), 100).unwrap_err();
+        assert!(e.to_string().contains("character device"), "{e}");
+        assert!(
+            read_regular(dir.path(), 100)
+                .unwrap_err()
+                .to_string()
+                .contains("directory")
+        );
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'x'; 101]).unwrap();
+        assert!(matches!(
+            read_regular(&big, 100),
+            Err(FileError::TooLarge { .. })
+        ));
+        assert_eq!(read_regular(&big, 101).unwrap().len(), 101);
+        // A link to a regular file is read (config management links files into /etc).
+        let link = dir.path().join("link");
+        symlink(&big, &link).unwrap();
+        assert_eq!(read_regular(&link, 200).unwrap().len(), 101);
+        assert!(
+            read_regular(&dir.path().join("missing"), 1)
+                .unwrap_err()
+                .is_not_found()
+        );
+    }
+
+    #[test]
+    fn writes_refuse_links_and_fifos_and_create_0600() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("audit.jsonl");
+        symlink(&victim, &link).unwrap();
+        assert!(matches!(open_append(&link), Err(FileError::Symlink { .. })));
+        assert!(matches!(
+            write_file(&link, b"x"),
+            Err(FileError::Symlink { .. })
+        ));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // A dangling link creates nothing.
+        let dangling = dir.path().join("dangling");
+        symlink(dir.path().join("created-by-root"), &dangling).unwrap();
+        assert!(open_append(&dangling).is_err());
+        assert!(!dir.path().join("created-by-root").exists());
+        // A FIFO is refused without blocking.
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(
+            open_append(&fifo),
+            Err(FileError::NotRegular { .. }) | Err(FileError::Io { .. })
+        ));
+        // New files are private.
+        let new = dir.path().join("new.json");
+        write_file(&new, b"{}").unwrap();
+        assert_eq!(
+            std::fs::metadata(&new).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        write_file(&new, b"[]").unwrap();
+        assert_eq!(std::fs::read(&new).unwrap(), b"[]");
+        // A world-writable, non-sticky directory is refused; a sticky one (/tmp) is not.
+        let open_dir = dir.path().join("open");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(
+            open_append(&open_dir.join("a")),
+            Err(FileError::UnsafeDirectory { .. })
+        ));
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(open_append(&open_dir.join("a")).is_ok());
+    }
+}
