@@ -188,10 +188,11 @@ fn check_directory(path: &Path) -> Result<(), FileError> {
 
 fn open_for_writing(path: &Path, flags: OFlags) -> Result<File, FileError> {
     check_directory(path)?;
+    // Read-write: the audit log reads its own last byte to repair a torn record.
     let fd = rustix::fs::open(
         path,
         flags
-            | OFlags::WRONLY
+            | OFlags::RDWR
             | OFlags::CREATE
             | OFlags::NOFOLLOW
             | OFlags::NONBLOCK

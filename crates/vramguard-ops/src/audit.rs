@@ -28,6 +28,9 @@ pub struct AuditLog {
     path: PathBuf,
     run_id: String,
     host: String,
+    /// Records left before writes fail as on a full disk (tests of the executor).
+    #[cfg(test)]
+    pub(crate) budget: Option<usize>,
 }
 
 /// Formats milliseconds since the epoch as RFC 3339 UTC (`2026-12-02T14:49:54.123Z`).
@@ -76,12 +79,41 @@ impl AuditLog {
         }
         // Never through a link, never a FIFO, created 0600: the log is root's record.
         let file = vramguard_fs::open_append(path).map_err(|e| err(e.into_io()))?;
-        Ok(AuditLog {
+        let mut log = AuditLog {
             file,
             path: path.to_path_buf(),
             run_id: format!("{}-{}", now_ms(), std::process::id()),
             host: host.to_string(),
-        })
+            #[cfg(test)]
+            budget: None,
+        };
+        log.repair_torn_end().map_err(err)?;
+        Ok(log)
+    }
+
+    /// A run that died mid-record (a full disk, a crash) leaves a line without its newline;
+    /// the next record would be glued to it. End that line and say so, so that every line
+    /// stays one JSON document.
+    fn repair_torn_end(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let len = self.file.metadata()?.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let mut last = [0u8; 1];
+        self.file.read_exact_at(&mut last, len - 1)?;
+        if last[0] == b'\n' {
+            return Ok(());
+        }
+        self.file.write_all(b"\n")?;
+        self.record(
+            "repaired",
+            serde_json::json!({
+                "reason": "the previous record was torn (the disk was full, or vramguard died while writing it); the line before this one is incomplete",
+                "offset": len,
+            }),
+        )
+        .map_err(|e| e.cause)
     }
 
     /// The file.
@@ -112,6 +144,13 @@ impl AuditLog {
             path: self.path.clone(),
             cause,
         };
+        #[cfg(test)]
+        if let Some(left) = self.budget.as_mut() {
+            if *left == 0 {
+                return Err(err(std::io::Error::from_raw_os_error(libc::ENOSPC)));
+            }
+            *left -= 1;
+        }
         // O_APPEND and one write per record: concurrent writers never interleave a record.
         self.file.write_all(&line).map_err(err)?;
         self.file.sync_data().map_err(err)?;
@@ -149,6 +188,27 @@ mod tests {
         assert_eq!(lines[1]["pid"], 4);
         assert_eq!(lines[0]["host"], "node1");
         assert_eq!(lines[0]["run_id"], lines[1]["run_id"]);
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ended_and_marked_before_the_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        std::fs::write(&path, b"{\"event\":\"start\"}\n{\"event\":\"sig").unwrap();
+        let mut log = AuditLog::open(&path, "node1").unwrap();
+        log.record("start", serde_json::json!({})).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines[1], "{\"event\":\"sig", "the torn line is kept, ended");
+        for l in [lines[0], lines[2], lines[3]] {
+            serde_json::from_str::<Value>(l).unwrap();
+        }
+        assert!(lines[2].contains("\"event\":\"repaired\""), "{text}");
+        // A clean end is left alone.
+        drop(log);
+        AuditLog::open(&path, "node1").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
     }
 
     #[test]

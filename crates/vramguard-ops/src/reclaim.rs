@@ -179,12 +179,54 @@ pub struct ReclaimOutcome {
 /// The run could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecuteError {
-    /// Writing the audit log failed: nothing more is done without an audit trail.
-    #[error(transparent)]
+    /// Writing the audit log failed before any signal: nothing was done.
+    #[error("{0}; nothing was signalled")]
     Audit(#[from] AuditError),
+    /// Writing the audit log failed after signals were sent: nothing more was sent (every
+    /// signal's record is written before the signal), and these processes got SIGTERM without
+    /// the SIGKILL that would have followed.
+    #[error("{cause}; nothing more was sent{}", unfinished_text(.unfinished))]
+    Stopped {
+        /// The failed write.
+        cause: AuditError,
+        /// Processes sent SIGTERM that had not exited: pid and command name.
+        unfinished: Vec<(u32, Option<String>)>,
+    },
     /// The machine could not be read.
     #[error("{0}")]
     Env(String),
+}
+
+fn unfinished_text(unfinished: &[(u32, Option<String>)]) -> String {
+    if unfinished.is_empty() {
+        return String::new();
+    }
+    let who: Vec<String> = unfinished
+        .iter()
+        .map(|(pid, comm)| {
+            format!(
+                "{pid} ({})",
+                vramguard_core::sanitize::escape(comm.as_deref().unwrap_or("?"))
+            )
+        })
+        .collect();
+    let pids: Vec<String> = unfinished.iter().map(|(p, _)| p.to_string()).collect();
+    format!(
+        ": {} got SIGTERM and no SIGKILL will follow; if they remain, `kill -KILL {}` \
+         (check each is still the process named)",
+        who.join(", "),
+        pids.join(" ")
+    )
+}
+
+/// Targets that got SIGTERM and have neither exited nor been sent SIGKILL.
+fn unfinished(outcomes: &BTreeMap<u32, TargetOutcome>) -> Vec<(u32, Option<String>)> {
+    outcomes
+        .values()
+        .filter(|o| o.signals.iter().any(|s| s == "TERM") && !o.signals.iter().any(|s| s == "KILL"))
+        .filter(|o| o.exited_after_ms.is_none())
+        .map(|o| (o.pid, o.comm.clone()))
+        .collect()
 }
 
 fn signal_name(sig: Signal) -> &'static str {
@@ -270,6 +312,18 @@ pub fn execute(
         )?;
     }
 
+    // From the first signal on, a failed record stops the run and names what was left
+    // half-done (the outcomes so far say which targets got SIGTERM and no SIGKILL).
+    macro_rules! stop_unless {
+        ($outcomes:expr, $record:expr) => {
+            if let Err(cause) = $record {
+                return Err(ExecuteError::Stopped {
+                    cause,
+                    unfinished: unfinished(&$outcomes),
+                });
+            }
+        };
+    }
     // 1. SIGTERM through the pinned pidfds.
     let mut outcomes: BTreeMap<u32, TargetOutcome> = BTreeMap::new();
     let mut running: Vec<Running<'_>> = Vec::new();
@@ -288,13 +342,22 @@ pub fn execute(
             Some(p) if p.identity.start_ticks == t.start_ticks => p.handle,
             _ => Err(Refusal::Failed("not pinned at plan time".into())),
         };
-        let sent = handle.and_then(|v| v.signal(Signal::TERM).map(|()| v));
+        // Write-ahead: a signal's record is on disk before the signal is sent.
+        let sent = match handle {
+            Ok(v) => {
+                stop_unless!(
+                    outcomes,
+                    audit.record(
+                        "signal",
+                        json!({ "pid": t.pid, "start_ticks": t.start_ticks, "signal": "TERM" }),
+                    )
+                );
+                v.signal(Signal::TERM).map(|()| v)
+            }
+            Err(refusal) => Err(refusal),
+        };
         match sent {
             Ok(v) => {
-                audit.record(
-                    "signal",
-                    json!({ "pid": t.pid, "start_ticks": t.start_ticks, "signal": "TERM" }),
-                )?;
                 outcome.signals.push("TERM".into());
                 running.push(Running {
                     target: t,
@@ -309,10 +372,10 @@ pub fn execute(
                     "not_signalled".into()
                 };
                 outcome.detail = Some(refusal.to_string());
-                audit.record(
+                stop_unless!(outcomes, audit.record(
                     "skipped",
                     json!({ "pid": t.pid, "start_ticks": t.start_ticks, "reason": refusal.to_string() }),
-                )?;
+                ));
             }
         }
         outcomes.insert(t.pid, outcome);
@@ -332,23 +395,36 @@ pub fn execute(
                 let o = outcomes.get_mut(&r.target.pid).expect("outcome");
                 o.exited_after_ms = Some(ms);
                 o.result = "exited".into();
-                audit.record(
-                    "exited",
-                    json!({ "pid": r.target.pid, "after_ms": ms, "signal": "TERM" }),
-                )?;
+                stop_unless!(
+                    outcomes,
+                    audit.record(
+                        "exited",
+                        json!({ "pid": r.target.pid, "after_ms": ms, "signal": "TERM" }),
+                    )
+                );
             }
             None => survivors.push(r),
         }
     }
     let mut killed = Vec::new();
     for r in &survivors {
-        let sent = r.verified.signal(Signal::KILL);
-        audit.record(
-            "signal",
-            json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
-                    "after_grace_ms": opts.grace.as_millis() as u64,
-                    "error": sent.as_ref().err().map(|e| e.to_string()) }),
-        )?;
+        stop_unless!(
+            outcomes,
+            audit.record(
+                "signal",
+                json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
+                    "after_grace_ms": opts.grace.as_millis() as u64 }),
+            )
+        );
+        if let Err(e) = r.verified.signal(Signal::KILL) {
+            stop_unless!(
+                outcomes,
+                audit.record(
+                    "signal_failed",
+                    json!({ "pid": r.target.pid, "signal": "KILL", "error": e.to_string() }),
+                )
+            );
+        }
         outcomes
             .get_mut(&r.target.pid)
             .expect("outcome")
@@ -367,16 +443,22 @@ pub fn execute(
                 exit_times.insert(r.target.pid, at);
                 o.exited_after_ms = Some(ms);
                 o.result = "exited_after_kill".into();
-                audit.record(
-                    "exited",
-                    json!({ "pid": r.target.pid, "after_ms": ms, "signal": "KILL" }),
-                )?;
+                stop_unless!(
+                    outcomes,
+                    audit.record(
+                        "exited",
+                        json!({ "pid": r.target.pid, "after_ms": ms, "signal": "KILL" }),
+                    )
+                );
             }
             None => {
                 let detail = stuck_threads(&opts.proc_root, r.target.pid);
                 o.result = "survived_kill".into();
                 o.detail = Some(detail.clone());
-                audit.record("stuck", json!({ "pid": r.target.pid, "detail": detail }))?;
+                stop_unless!(
+                    outcomes,
+                    audit.record("stuck", json!({ "pid": r.target.pid, "detail": detail }))
+                );
             }
         }
     }
@@ -452,14 +534,17 @@ pub fn execute(
             release_ms: since(released_at.get(&gpu)),
             first_drop_ms: since(first_drop.get(&gpu)),
         };
-        audit.record(
-            if rel.released {
-                "released"
-            } else {
-                "not_released"
-            },
-            serde_json::to_value(&rel).expect("serialises"),
-        )?;
+        stop_unless!(
+            outcomes,
+            audit.record(
+                if rel.released {
+                    "released"
+                } else {
+                    "not_released"
+                },
+                serde_json::to_value(&rel).expect("serialises"),
+            )
+        );
         releases.push(rel);
     }
 
@@ -477,11 +562,11 @@ pub fn execute(
             };
             let residue = un.cause == Some(UnaccountedCause::DriverResidue);
             if !(residue || opts.reset == ResetMode::Force) {
-                audit.record(
+                stop_unless!(outcomes, audit.record(
                     "reset_skipped",
                     json!({ "gpu": g.index, "unaccounted_bytes": un.bytes,
                             "reason": format!("not proven residue ({:?}); use --reset=force", un.cause) }),
-                )?;
+                ));
                 resets.push(ResetOutcome {
                     gpu: g.index,
                     unaccounted_bytes: un.bytes,
@@ -497,10 +582,10 @@ pub fn execute(
             }
             let blockers: Vec<String> = g.reset_blockers.iter().map(|b| b.to_string()).collect();
             if !blockers.is_empty() {
-                audit.record(
+                stop_unless!(outcomes, audit.record(
                     "reset_refused",
                     json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "blockers": blockers }),
-                )?;
+                ));
                 resets.push(ResetOutcome {
                     gpu: g.index,
                     unaccounted_bytes: un.bytes,
@@ -511,10 +596,13 @@ pub fn execute(
                 });
                 continue;
             }
-            audit.record(
-                "reset",
-                json!({ "gpu": g.index, "unaccounted_bytes": un.bytes }),
-            )?;
+            stop_unless!(
+                outcomes,
+                audit.record(
+                    "reset",
+                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes }),
+                )
+            );
             let result = env.reset(g.index);
             let baseline = policy.baseline_for(g.index, g.uuid.as_deref());
             let tolerance = g.memory.map_or(0, |m| policy.tolerance_for(m.total));
@@ -539,14 +627,17 @@ pub fn execute(
                 Ok(msg) => format!("reset done but memory did not return to baseline: {msg}"),
                 Err(e) => format!("reset failed: {e}"),
             };
-            audit.record(
-                if result.is_ok() {
-                    "reset_done"
-                } else {
-                    "reset_failed"
-                },
-                json!({ "gpu": g.index, "result": text, "used_after": used_after }),
-            )?;
+            stop_unless!(
+                outcomes,
+                audit.record(
+                    if result.is_ok() {
+                        "reset_done"
+                    } else {
+                        "reset_failed"
+                    },
+                    json!({ "gpu": g.index, "result": text, "used_after": used_after }),
+                )
+            );
             resets.push(ResetOutcome {
                 gpu: g.index,
                 unaccounted_bytes: un.bytes,
@@ -588,12 +679,15 @@ pub fn execute(
         });
     }
     let exit_code = if remaining.is_empty() { 0 } else { 1 };
-    let targets: Vec<TargetOutcome> = outcomes.into_values().collect();
-    audit.record(
-        "result",
-        json!({ "exit_code": exit_code, "remaining": remaining,
+    stop_unless!(
+        outcomes,
+        audit.record(
+            "result",
+            json!({ "exit_code": exit_code, "remaining": remaining,
                 "freed_bytes": releases.iter().map(|r| r.freed_bytes).sum::<u64>() }),
-    )?;
+        )
+    );
+    let targets: Vec<TargetOutcome> = outcomes.into_values().collect();
     Ok(ReclaimOutcome {
         schema_version: vramguard_core::SCHEMA_VERSION,
         run_id: audit.run_id().to_string(),
@@ -733,5 +827,171 @@ impl ReclaimEnv for MachineEnv {
 
     fn policy(&self) -> &Policy {
         &self.policy
+    }
+}
+
+#[cfg(test)]
+mod write_ahead_tests {
+    use super::*;
+    use vramguard_core::plan::{PlannedJob, Target, TargetGpu};
+    use vramguard_core::snapshot::{DriverFacts, DriverSource};
+
+    /// The executor's view of the machine is not needed before the audit failure.
+    struct Unused(Policy);
+
+    impl ReclaimEnv for Unused {
+        fn snapshot(&mut self) -> Result<(Snapshot, Report), String> {
+            Err("not used".into())
+        }
+        fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String> {
+            Ok(BTreeMap::new())
+        }
+        fn reset(&mut self, _gpu: u32) -> Result<String, String> {
+            Err("not used".into())
+        }
+        fn policy(&self) -> &Policy {
+            &self.0
+        }
+    }
+
+    struct Children(Vec<std::process::Child>);
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    fn start_ticks(pid: u32) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 1..]
+            .split_ascii_whitespace()
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !matches!(s[s.rfind(')').unwrap() + 2..].chars().next(), Some('Z')))
+    }
+
+    /// Runs the executor on `script`ed processes with room for `records` audit records.
+    fn run(script: &str, records: usize) -> (Children, Result<ReclaimOutcome, ExecuteError>) {
+        let kids = Children(
+            (0..2)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", script])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let targets = kids
+            .0
+            .iter()
+            .map(|c| Target {
+                pid: c.id(),
+                start_ticks: start_ticks(c.id()),
+                class: vramguard_core::Class::Orphan,
+                comm: Some("sh".into()),
+                command: None,
+                uid: Some(0),
+                gpus: vec![TargetGpu {
+                    gpu: 0,
+                    bytes: None,
+                }],
+                evidence: vec![],
+            })
+            .collect();
+        let plan = Plan {
+            gpus: vec![0],
+            jobs: vec![PlannedJob {
+                leader_pid: None,
+                leader_command: None,
+                targets,
+            }],
+            left_alone: vec![],
+            expected_free: BTreeMap::new(),
+            warnings: vec![],
+        };
+        let report = Report {
+            schema_version: vramguard_core::SCHEMA_VERSION,
+            taken_at_ms: 0,
+            hostname: None,
+            pid_namespace_is_host: Some(true),
+            euid: 0,
+            driver: DriverFacts {
+                source: DriverSource::Simulated,
+                library: None,
+                driver_version: None,
+                nvml_version: None,
+            },
+            gpus: vec![],
+            limitations: vec![],
+            full_fd_scan: true,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "t").unwrap();
+        audit.budget = Some(records);
+        let pinned = crate::identity::pin(Path::new("/proc"), identities(&plan));
+        let result = execute(
+            &plan,
+            pinned,
+            &report,
+            &mut Unused(Policy::default()),
+            &mut audit,
+            &ExecuteOptions::new(
+                Duration::from_millis(300),
+                Duration::from_secs(1),
+                ResetMode::Never,
+                PathBuf::from("/proc"),
+            ),
+        );
+        (kids, result)
+    }
+
+    #[test]
+    fn no_signal_is_sent_whose_record_could_not_be_written() {
+        // Room for start and the two targets: the first SIGTERM's record fails.
+        let (kids, result) = run("exec sleep 30", 3);
+        match result {
+            Err(ExecuteError::Stopped { unfinished, .. }) => assert!(unfinished.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        for c in &kids.0 {
+            assert!(alive(c.id()), "{} got a signal without a record", c.id());
+        }
+    }
+
+    #[test]
+    fn a_failed_record_after_sigterm_stops_and_names_what_got_no_sigkill() {
+        // Room for start, two targets and both SIGTERMs; they ignore SIGTERM, and the first
+        // SIGKILL's record fails: no SIGKILL is sent, and the error says so.
+        let (kids, result) = run("trap '' TERM; while :; do sleep 1; done", 5);
+        let e = match result {
+            Err(e @ ExecuteError::Stopped { .. }) => e,
+            other => panic!("{other:?}"),
+        };
+        let ExecuteError::Stopped { unfinished, .. } = &e else {
+            unreachable!()
+        };
+        let pids: Vec<u32> = unfinished.iter().map(|(p, _)| *p).collect();
+        assert_eq!(pids, kids.0.iter().map(|c| c.id()).collect::<Vec<_>>());
+        let text = e.to_string();
+        assert!(text.contains("No space left on device"), "{text}");
+        assert!(text.contains("nothing more was sent"), "{text}");
+        assert!(
+            text.contains("got SIGTERM and no SIGKILL will follow"),
+            "{text}"
+        );
+        for c in &kids.0 {
+            assert!(alive(c.id()), "{} got SIGKILL without a record", c.id());
+        }
     }
 }

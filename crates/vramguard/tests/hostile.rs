@@ -217,3 +217,92 @@ fn the_audit_log_is_never_written_through_a_link() {
         0o600
     );
 }
+
+/// A tmpfs of `size` mounted at `dir` for one test; unmounted on drop.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: std::path::PathBuf, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs at {}", dir.display());
+        SmallDisk(dir)
+    }
+    fn grow(&self, size: &str) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_disk_that_fills_mid_record_stops_the_run_and_the_next_run_repairs_the_log() {
+    let world = World::new(1);
+    let mut trainer = spec(&world, json!([hold(0, 2)]));
+    trainer["group_leader"] = json!(true);
+    trainer["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } }]);
+    let mut t = start(&world, &["python3", "train.py"], trainer);
+    t.crash();
+    let disk = SmallDisk::mount(world.dir.path().join("small"), "8k");
+    let log = disk.0.join("audit.jsonl");
+    // Earlier runs' records fill all but 60 bytes of the disk.
+    let line = format!("{{\"event\":\"old\",\"pad\":\"{}\"}}\n", "x".repeat(90));
+    let mut old = line.repeat((8192 - 60) / line.len());
+    old.push_str(&format!(
+        "{{\"event\":\"old\",\"pad\":\"{}\"}}\n",
+        "y".repeat(8192 - 60 - old.len() - 25)
+    ));
+    assert_eq!(old.len(), 8192 - 60);
+    std::fs::write(&log, &old).unwrap();
+
+    let out = reclaim_logging_to(&world, &log);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("nothing was signalled"), "{err}");
+    assert!(alive(t.workers[0]), "no signal without its record");
+    let torn = std::fs::read_to_string(&log).unwrap();
+    assert!(!torn.ends_with('\n'), "the disk filled mid-record");
+
+    // With room again, the torn record is ended and marked before anything else.
+    disk.grow("64k");
+    let out = reclaim_logging_to(&world, &log);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!alive(t.workers[0]));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let torn_line = lines
+        .iter()
+        .position(|l| serde_json::from_str::<serde_json::Value>(l).is_err());
+    let torn_line = torn_line.expect("the torn line is kept");
+    assert!(
+        lines[torn_line + 1].contains("\"event\":\"repaired\""),
+        "{text}"
+    );
+    for (i, l) in lines.iter().enumerate().filter(|(i, _)| *i != torn_line) {
+        serde_json::from_str::<serde_json::Value>(l)
+            .unwrap_or_else(|e| panic!("line {i} is not JSON ({e}): {l}"));
+    }
+}
