@@ -134,6 +134,42 @@ struct RawReclaim {
     sample: Option<String>,
 }
 
+/// The line (1-based) of `key` in a config text: `agent.top_holders` is the `top_holders`
+/// line of the `[agent]` table, `alerts.webhook[1].url` the `url` line of the second
+/// `[[alerts.webhook]]`. `None` when it cannot be found (a key written inline, say).
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    let (table, field) = key.rsplit_once('.')?;
+    let field = field.split_whitespace().next()?;
+    let (table, nth) = match table.split_once('[') {
+        Some((t, rest)) => (t, rest.trim_end_matches(']').parse::<usize>().ok()?),
+        None => (table, 0),
+    };
+    let header = |l: &str| {
+        let l = l.trim();
+        l == format!("[{table}]") || l == format!("[[{table}]]")
+    };
+    let mut seen = 0;
+    let mut inside = false;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            inside = header(trimmed) && {
+                seen += 1;
+                seen == nth + 1
+            };
+            continue;
+        }
+        if inside
+            && trimmed
+                .strip_prefix(field)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
 /// `[agent]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -287,7 +323,15 @@ impl Config {
             path: path.display().to_string(),
             message: e.to_string().trim_end().replace('\n', " "),
         })?;
-        Config::from_raw(Some(path), raw)
+        Config::from_raw(Some(path), raw).map_err(|mut e| {
+            // Name the line of the offending key, where it can be found.
+            if let Some(key) = e.message.split(": ").next()
+                && let Some(line) = line_of(text, key)
+            {
+                e.message = format!("line {line}: {}", e.message);
+            }
+            e
+        })
     }
 
     fn from_raw(path: Option<&Path>, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -296,13 +340,20 @@ impl Config {
             path: name.clone(),
             message: format!("{key}: {msg}"),
         };
-        let dur =
-            |key: &str, v: &Option<String>, default: Duration| -> Result<Duration, ConfigError> {
-                match v {
-                    None => Ok(default),
-                    Some(s) => parse_duration(s).map_err(|e| err(key, e.to_string())),
-                }
-            };
+        // No duration here means anything at zero: an interval, a window, a wait.
+        let dur = |key: &str,
+                   v: &Option<String>,
+                   default: Duration|
+         -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) => match parse_duration(s) {
+                    Ok(d) if d.is_zero() => Err(err(key, format!("{s:?} must be longer than 0"))),
+                    Ok(d) => Ok(d),
+                    Err(e) => Err(err(key, e.to_string())),
+                },
+            }
+        };
         let size = |key: &str, s: &str| parse_bytes(s).map_err(|e| err(key, e.to_string()));
 
         let mut policy = Policy::default();
@@ -381,6 +432,12 @@ impl Config {
         if agent.interval < Duration::from_millis(50) {
             return Err(err("agent.interval", "at least 50ms".into()));
         }
+        if agent.top_holders == 0 {
+            return Err(err(
+                "agent.top_holders",
+                "0: at least 1 holder per GPU is exported".into(),
+            ));
+        }
         if agent.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(err(
                 "agent.listen",
@@ -437,11 +494,25 @@ impl Config {
         }
         let mut webhooks = Vec::new();
         for (i, w) in raw.alerts.webhook.iter().enumerate() {
-            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-                return Err(err(
-                    &format!("alerts.webhook[{i}].url"),
-                    format!("{:?} is not an http(s) URL", w.url),
-                ));
+            let host = w
+                .url
+                .strip_prefix("http://")
+                .or_else(|| w.url.strip_prefix("https://"))
+                .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or(""));
+            match host {
+                None => {
+                    return Err(err(
+                        &format!("alerts.webhook[{i}].url"),
+                        format!("{:?} is not an http(s) URL", w.url),
+                    ));
+                }
+                Some(h) if h.is_empty() || h.starts_with(':') => {
+                    return Err(err(
+                        &format!("alerts.webhook[{i}].url"),
+                        format!("{:?} names no host", w.url),
+                    ));
+                }
+                Some(_) => {}
             }
             webhooks.push(Webhook {
                 url: w.url.clone(),
@@ -455,8 +526,11 @@ impl Config {
         }
         let mut execs = Vec::new();
         for (i, x) in raw.alerts.exec.iter().enumerate() {
-            if x.argv.is_empty() {
-                return Err(err(&format!("alerts.exec[{i}].argv"), "empty".into()));
+            if x.argv.first().is_none_or(|p| p.trim().is_empty()) {
+                return Err(err(
+                    &format!("alerts.exec[{i}].argv"),
+                    "empty: name the program to run first".into(),
+                ));
             }
             execs.push(Exec {
                 argv: x.argv.clone(),
@@ -512,11 +586,14 @@ impl Config {
             )?,
             reset,
             sample: dur("reclaim.sample", &rc.sample, Duration::from_secs(2))?,
-            audit_log: rc
-                .audit_log
-                .as_deref()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(vramguard_ops::DEFAULT_AUDIT_LOG)),
+            audit_log: match rc.audit_log.as_deref() {
+                Some("") => return Err(err("reclaim.audit_log", "empty: name a file".into())),
+                _ => rc
+                    .audit_log
+                    .as_deref()
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from(vramguard_ops::DEFAULT_AUDIT_LOG)),
+            },
         };
         Ok(Config {
             path: path.map(Path::to_path_buf),
@@ -655,6 +732,40 @@ include = ["orphan"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("never reclaimed"), "{e}");
+        for (toml, expected) in [
+            (
+                "[[alerts.exec]]\nargv = [\"\"]\n",
+                "v.toml: line 2: alerts.exec[0].argv: empty",
+            ),
+            (
+                "[[alerts.webhook]]\nurl = \"http://a/h\"\n[[alerts.webhook]]\n\nurl = \"http://\"\n",
+                "v.toml: line 5: alerts.webhook[1].url: \"http://\" names no host",
+            ),
+            (
+                "[agent]\nlisten = \"127.0.0.1:99999\"\n",
+                "line 2: agent.listen",
+            ),
+            (
+                "[reclaim]\naudit_log = \"\"\n",
+                "line 2: reclaim.audit_log: empty",
+            ),
+            (
+                "[agent]\n# x\ntrend_window = \"0s\"\n",
+                "line 3: agent.trend_window: \"0s\" must be longer than 0",
+            ),
+            (
+                "[agent]\ntimeline = \"0ms\"\n",
+                "agent.timeline: \"0ms\" must be longer than 0",
+            ),
+            ("[agent]\ntop_holders = 0\n", "line 2: agent.top_holders: 0"),
+            ("[reclaim]\nmin_age = \"0s\"\n", "reclaim.min_age"),
+        ] {
+            let e = Config::parse(Path::new("v.toml"), toml)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{toml:?}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
         let e = Config::parse(Path::new("v.toml"), "[reclaim]\ninclude = [\"detached\"]\n")
             .unwrap_err()
             .to_string();
