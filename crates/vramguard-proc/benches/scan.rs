@@ -190,6 +190,8 @@ fn main() {
             processes: procs.processes,
             departed: procs.departed,
             scan: procs.scan,
+            work: None,
+            job_cgroups: procs.job_cgroups,
         };
         snap.normalize();
         let tc = Instant::now();

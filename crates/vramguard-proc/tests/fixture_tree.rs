@@ -135,7 +135,7 @@ fn a_fifo_or_a_link_to_dev_zero_in_a_fixture_tree_neither_hangs_nor_exhausts_mem
     // A FIFO nobody writes to, where `stat` should be.
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &pid.join("stat"),
+        pid.join("stat"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o600),
         0,
