@@ -489,7 +489,13 @@ impl Config {
             rules.push(Rule {
                 name: r.name.clone(),
                 condition,
-                for_: dur(&format!("{key}.for"), &r.for_, Duration::ZERO)?,
+                // Zero is meaningful here: fire at the first sample that matches.
+                for_: match &r.for_ {
+                    None => Duration::ZERO,
+                    Some(s) => {
+                        parse_duration(s).map_err(|e| err(&format!("{key}.for"), e.to_string()))?
+                    }
+                },
             });
         }
         let mut webhooks = Vec::new();

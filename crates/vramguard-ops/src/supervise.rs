@@ -205,6 +205,59 @@ fn reap(main: u32) -> Option<JobEnd> {
     }
 }
 
+/// Direct children of `pid`, from `/proc/PID/task/*/children`: lists the kernel keeps exact,
+/// so that a walk through them never misses a process the way one pass over `/proc` can (a
+/// daemon's intermediate process exiting between two reads). `None` where the kernel has no
+/// such files (built without `CONFIG_PROC_CHILDREN`).
+fn children_of(pid: u32) -> Option<Vec<u32>> {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(t) => t,
+        // Gone: no children.
+        Err(_) => return Some(Vec::new()),
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        match std::fs::read_to_string(t.path().join("children")) {
+            Ok(text) => out.extend(
+                text.split_ascii_whitespace()
+                    .filter_map(|s| s.parse::<u32>().ok()),
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && t.path().exists() => return None,
+            Err(_) => {}
+        }
+    }
+    Some(out)
+}
+
+/// Every live descendant of `root` through the kernel's children lists, with start times;
+/// `None` where those lists do not exist.
+fn tree_under(root: u32, exclude: &BTreeSet<u32>) -> Option<BTreeMap<u32, u64>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for c in children_of(p)? {
+            if exclude.contains(&c) || out.contains_key(&c) || out.len() > 100_000 {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(format!("/proc/{c}/stat")) else {
+                continue;
+            };
+            let Ok(stat) = vramguard_proc::parse::parse_stat(&bytes) else {
+                continue;
+            };
+            // A zombie has handed its children on already; its parent reaps it.
+            if stat.state == Some('Z') {
+                continue;
+            }
+            if let Some(start) = stat.start_ticks {
+                out.insert(c, start);
+                stack.push(c);
+            }
+        }
+    }
+    Some(out)
+}
+
 /// Every descendant of `root` (through the parent links in `/proc`), with start times.
 pub fn descendants(root: u32, exclude: &BTreeSet<u32>) -> BTreeMap<u32, u64> {
     let mut children: BTreeMap<u32, Vec<(u32, u64)>> = BTreeMap::new();
@@ -247,9 +300,13 @@ struct Job {
 }
 
 impl Job {
-    /// The job's live processes: the cgroup's and every descendant of vramguard.
+    /// The job's live processes: the cgroup's and every descendant of vramguard. vramguard is
+    /// the job's child subreaper, so every process the job ever started is its descendant until
+    /// it exits: when this is empty (through the kernel's exact children lists), nothing of the
+    /// job is left anywhere.
     fn remaining(&self) -> BTreeMap<u32, u64> {
-        let mut all = descendants(self.me, &self.exclude);
+        let mut all = tree_under(self.me, &self.exclude)
+            .unwrap_or_else(|| descendants(self.me, &self.exclude));
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
                 if let Some(start) = crate::identity::start_ticks(Path::new("/proc"), pid) {

@@ -56,12 +56,16 @@ impl Drop for Sweep {
 }
 
 fn run_job(isolation: &str, script: &str, mark: &str) -> Output {
+    run_job_with_grace(isolation, script, mark, "500ms")
+}
+
+fn run_job_with_grace(isolation: &str, script: &str, mark: &str, grace: &str) -> Output {
     let (k, v) = mark.split_once('=').unwrap();
     Command::new(BIN)
         .args([
             "run",
             "--grace",
-            "500ms",
+            grace,
             "--isolation",
             isolation,
             "--",
@@ -124,6 +128,30 @@ fn nothing_left_behind(isolation: &str) {
             "(process group)"
         };
         assert!(err.contains(expected), "{what}: {err}");
+    }
+}
+
+#[test]
+fn a_double_forked_daemon_never_escapes_group_mode_in_50_runs() {
+    // The classic daemon: the job's shell exits at once, its subshell forks the daemon and
+    // exits too. A check that lists /proc once can miss the daemon while it is being handed
+    // from the exiting subshell to vramguard; the kernel's children lists cannot.
+    for run in 0..50 {
+        let mark = marker();
+        let _sweep = Sweep(mark.clone());
+        let out = run_job_with_grace(
+            "group",
+            "( ( trap '' TERM; exec sleep 60 ) & ) ; exit 0",
+            &mark,
+            "100ms",
+        );
+        assert_eq!(out.status.code(), Some(0), "run {run}: {}", stderr(&out));
+        let left = marked(&mark);
+        assert!(
+            left.is_empty(),
+            "run {run}: left {left:?} behind\n{}",
+            stderr(&out)
+        );
     }
 }
 
