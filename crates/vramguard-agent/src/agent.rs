@@ -132,6 +132,8 @@ struct Agent {
     work: WorkSampler,
     /// When they were last observed.
     last_observed: Option<Instant>,
+    /// When the last collection succeeded.
+    last_good: Option<Instant>,
 }
 
 impl Agent {
@@ -168,6 +170,8 @@ impl Agent {
                 };
                 self.metrics.error(kind);
                 tracing::error!("collection failed: {e}");
+                let age = self.last_good.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                self.metrics.collection_failed(age);
                 self.publish_metrics_only();
                 return;
             }
@@ -194,7 +198,17 @@ impl Agent {
                 self.metrics.error("gpu_call");
             }
         }
+        self.last_good = Some(Instant::now());
         let mut snap = snap;
+        if !self.config.agent.show_cmdline {
+            // What the HTTP side shows is built from this snapshot: command names only.
+            for p in &mut snap.processes {
+                p.cmdline = None;
+            }
+            for d in &mut snap.departed {
+                d.cmdline = None;
+            }
+        }
         let mut report = classify(&snap, &self.config.policy);
         if self.attach_work(&mut snap, &report) {
             report = classify(&snap, &self.config.policy);
@@ -731,6 +745,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         reclaim_job: None,
         work: WorkSampler::new(),
         last_observed: None,
+        last_good: None,
         config: setup.config,
     };
 

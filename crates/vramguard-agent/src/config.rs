@@ -65,6 +65,7 @@ struct RawAgent {
     top_holders: Option<usize>,
     trend_window: Option<String>,
     timeline: Option<String>,
+    show_cmdline: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -189,6 +190,10 @@ pub struct AgentConfig {
     pub full_scan_every: Duration,
     /// Holders exported per GPU; the rest are rolled up as `pid="other"`. Default 10.
     pub top_holders: usize,
+    /// Show command lines on `/` and `/api/status`. Default false: any local user can reach
+    /// them, and a command line can carry secrets that `hidepid` would hide; the command
+    /// name is shown instead.
+    pub show_cmdline: bool,
     /// Window of the leak trend. Default 30 min.
     pub trend_window: Duration,
     /// Length of the status page's memory timeline. Default 10 min.
@@ -422,6 +427,7 @@ impl Config {
                 Duration::from_secs(60),
             )?,
             top_holders: a.top_holders.unwrap_or(10),
+            show_cmdline: a.show_cmdline.unwrap_or(false),
             trend_window: dur(
                 "agent.trend_window",
                 &a.trend_window,

@@ -106,9 +106,18 @@ async fn metrics(State(s): State<Shared>) -> Response {
         .into_response()
 }
 
+/// The page is self-contained (inline styles and SVG, no script): nothing else may load,
+/// whatever text a process managed to put into it.
+pub const PAGE_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
+                            base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
 async fn page(State(s): State<Shared>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, PAGE_CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
         read(&s).page(),
     )
         .into_response()

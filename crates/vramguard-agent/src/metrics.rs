@@ -106,6 +106,9 @@ fn lag_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     up: Family<GpuLabels, Gauge>,
+    /// The GPUs of the last good sample: what `up` goes to 0 for when collection fails.
+    seen_gpus: std::sync::Mutex<Vec<GpuLabels>>,
+    last_sample_age: F64Gauge,
     total: Family<GpuLabels, Gauge>,
     used: Family<GpuLabels, Gauge>,
     free: Family<GpuLabels, Gauge>,
@@ -168,6 +171,8 @@ impl Metrics {
         let mut r = Registry::with_prefix("vramguard");
         let m = Metrics {
             up: Family::default(),
+            seen_gpus: Default::default(),
+            last_sample_age: F64Gauge::default(),
             total: Family::default(),
             used: Family::default(),
             free: Family::default(),
@@ -200,8 +205,13 @@ impl Metrics {
         };
         r.register(
             "up",
-            "Whether the GPU could be read (1) or failed (0)",
+            "Whether the GPU could be read (1) or failed (0); 0 for every GPU while collection fails",
             m.up.clone(),
+        );
+        r.register(
+            "last_sample_age_seconds",
+            "Seconds since the last successful collection, when these metrics were rendered",
+            m.last_sample_age.clone(),
         );
         r.register(
             "gpu_memory_total_bytes",
@@ -345,6 +355,20 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
+    /// A collection failed as a whole (the driver or `/proc` could not be read): every GPU of
+    /// the last good sample is down, and the other series are `age_secs` old.
+    pub fn collection_failed(&self, age_secs: f64) {
+        for gl in self
+            .seen_gpus
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            self.up.get_or_create(gl).set(0);
+        }
+        self.last_sample_age.set(age_secs);
+    }
+
     /// Records one collection error.
     pub fn error(&self, kind: &str) {
         self.errors
@@ -430,6 +454,9 @@ impl Metrics {
                 },
             })
             .set(1);
+        self.last_sample_age.set(0.0);
+        let mut seen = self.seen_gpus.lock().unwrap_or_else(|p| p.into_inner());
+        seen.clear();
         for g in &report.gpus {
             let gl = GpuLabels {
                 gpu: g.index.to_string(),
@@ -439,6 +466,7 @@ impl Metrics {
             self.up
                 .get_or_create(&gl)
                 .set(i64::from(g.failure.is_none()));
+            seen.push(gl.clone());
             if let Some(m) = g.memory {
                 self.total.get_or_create(&gl).set(m.total as i64);
                 self.used.get_or_create(&gl).set(m.used as i64);

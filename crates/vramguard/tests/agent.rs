@@ -28,7 +28,11 @@ fn job(world: &World, lag_ms: u64) -> Holding {
 fn a_ghost_left_by_a_kill_shows_within_a_second_and_the_release_lag_is_measured() {
     let world = World::new(2);
     // A 5 s interval: only the exit-driven resample can report the ghost within a second.
-    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"5s\"\n");
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        "[agent]\ninterval = \"5s\"\nshow_cmdline = true\n",
+    );
     let mut j = job(&world, 600);
     wait_until(20, "the job to be seen", || {
         sample(
@@ -652,4 +656,65 @@ fn a_real_prometheus_scrapes_the_agent_and_the_shipped_rules_fire() {
     }
     assert!(n >= 15, "{n} dashboard queries checked");
     drop(j);
+}
+
+/// The whole response to a GET, headers included.
+fn get_raw(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf
+}
+
+#[test]
+fn command_lines_stay_off_the_http_side_and_a_failing_driver_shows_as_down() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "serve.py", "--token=s3cret"], s);
+    let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    wait_until(20, "the holder to be seen", || {
+        agent
+            .get("/api/status")
+            .1
+            .contains(&format!("\"pid\": {}", h.pid))
+            || agent
+                .get("/api/status")
+                .1
+                .contains(&format!("\"pid\":{}", h.pid))
+    });
+    // Command names only, by default: a command line can carry secrets.
+    for path in ["/", "/api/status", "/metrics"] {
+        let body = agent.get(path).1;
+        assert!(
+            !body.contains("s3cret"),
+            "{path} shows a command line:\n{body}"
+        );
+    }
+    let page = get_raw(agent.addr, "/");
+    let csp = page
+        .lines()
+        .find(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("content-security-policy:")
+        })
+        .unwrap_or_else(|| panic!("no CSP header:\n{page}"));
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+
+    // The driver fails (its state is unreadable): every GPU is down, the data marked stale.
+    wait_until(10, "the GPU to be up", || {
+        sample(&agent.metrics(), "vramguard_up", &["gpu=\"0\""]) == Some(1.0)
+    });
+    std::fs::write(world.state_path(), "{ not json").unwrap();
+    wait_until(10, "the GPU to be reported down", || {
+        let m = agent.metrics();
+        sample(&m, "vramguard_up", &["gpu=\"0\""]) == Some(0.0)
+            && sample(&m, "vramguard_last_sample_age_seconds", &[]).is_some_and(|a| a > 0.0)
+    });
 }

@@ -714,33 +714,74 @@ fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
     let _ = Path::new(&audit);
 }
 
-#[test]
-fn the_readmes_launch_pattern_table_names_only_tests_that_exist() {
+/// The test names in the last column of the README table under `section` whose header row
+/// starts with `header`, row by row.
+fn readme_table_tests(section: &str, header: &str) -> Vec<(String, Vec<String>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let text = readme
+        .split(section)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {section} in the README"));
+    text.lines()
+        .skip_while(|l| !l.starts_with(header))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|row| {
+            let cell = row.trim_end_matches('|').rsplit('|').next().unwrap();
+            let names = cell
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect();
+            (row.to_string(), names)
+        })
+        .collect()
+}
+
+#[test]
+fn the_readmes_launch_pattern_table_names_only_tests_that_exist() {
     let this = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/launch_patterns.rs"),
     )
     .unwrap();
-    let section = readme
-        .split("### How jobs are told apart")
-        .nth(1)
-        .expect("the README's launch-pattern section");
-    let rows: Vec<&str> = section
-        .lines()
-        .skip_while(|l| !l.starts_with("| how it was started"))
-        .take_while(|l| l.starts_with('|'))
-        .skip(2)
-        .collect();
+    let rows = readme_table_tests("### How jobs are told apart", "| how it was started");
     assert!(rows.len() >= 14, "{rows:#?}");
-    for row in rows {
-        let cell = row.trim_end_matches('|').rsplit('|').next().unwrap();
-        let names: Vec<&str> = cell.split('`').skip(1).step_by(2).collect();
+    for (row, names) in rows {
         assert!(!names.is_empty(), "a row without a test: {row}");
         for name in names {
             assert!(
                 this.contains(&format!("fn {name}()")),
                 "README names {name}, which is no test here"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_readmes_hostile_input_table_names_only_tests_that_exist() {
+    // Every test function of the workspace.
+    let mut sources = String::new();
+    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("..")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                sources.push_str(&std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    let rows = readme_table_tests("### Hostile input", "| case");
+    assert!(rows.len() >= 8, "{rows:#?}");
+    for (row, names) in rows {
+        assert!(!names.is_empty(), "a row without a test: {row}");
+        for name in names {
+            assert!(
+                sources.contains(&format!("fn {name}(")),
+                "README names {name}, which is no test"
             );
         }
     }
