@@ -1,56 +1,147 @@
-//! Delivers alert notifications to the configured sinks, on a thread of its own so that a slow
-//! webhook never delays a collection: a log line, a webhook (a JSON POST, retried with
-//! exponential backoff), and commands (argv without a shell, the alert in environment
-//! variables).
+//! Delivers alert notifications to the configured sinks, off the sampling path: a log line, a
+//! webhook (a JSON POST, retried with exponential backoff), and commands (argv without a shell,
+//! the alert in environment variables).
+//!
+//! Each sink has a worker thread of its own behind a bounded queue, so a webhook that never
+//! answers delays neither a collection nor the other sinks (a full queue drops the newest
+//! notification, with a log line). A command runs in a process group of its own and is killed
+//! as a group on timeout. Shutdown waits at most a deadline; what is left is dropped, said in
+//! the log.
 
 use crate::alerts::Notification;
 use crate::config::{AlertsConfig, Exec, Webhook};
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError, channel, sync_channel};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Notifications waiting per sink before new ones are dropped.
+const QUEUE: usize = 64;
+/// How long shutdown waits for deliveries in progress.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The notifier's end: send notifications here.
 pub struct Notifier {
     tx: Option<Sender<Notification>>,
     handle: Option<JoinHandle<()>>,
+    /// Set at shutdown: retries stop, commands are killed.
+    stopping: Arc<AtomicBool>,
 }
 
 impl Notifier {
-    /// Starts the delivery thread; sinks are read from `config` at each delivery, so a reload
-    /// takes effect for the next notification.
+    /// Starts the dispatcher; sinks are read from `config` at each notification, so a reload
+    /// takes effect for the next one.
     pub fn start(config: Arc<RwLock<AlertsConfig>>) -> Notifier {
         let (tx, rx) = channel();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = stopping.clone();
         let handle = std::thread::Builder::new()
             .name("vramguard-notify".into())
-            .spawn(move || deliver_all(rx, config))
+            .spawn(move || dispatch(rx, config, stop))
             .expect("spawn the notifier thread");
         Notifier {
             tx: Some(tx),
             handle: Some(handle),
+            stopping,
         }
     }
 
-    /// Queues a notification.
+    /// Queues a notification; never blocks.
     pub fn send(&self, n: Notification) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(n);
         }
     }
 
-    /// Delivers what is queued, then stops.
+    /// Delivers what is queued within [`SHUTDOWN_DEADLINE`], then stops.
     pub fn stop(&mut self) {
+        self.stop_within(SHUTDOWN_DEADLINE);
+    }
+
+    /// Delivers what is queued within `deadline`; after it, retries stop, commands are killed
+    /// and what is left is dropped (logged). Returns within `deadline` plus a moment.
+    pub fn stop_within(&mut self, deadline: Duration) {
         drop(self.tx.take());
-        if let Some(h) = self.handle.take() {
+        let Some(h) = self.handle.take() else {
+            return;
+        };
+        let until = Instant::now() + deadline;
+        while !h.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !h.is_finished() {
+            self.stopping.store(true, Ordering::SeqCst);
+            tracing::warn!(
+                "alert delivery still busy after {deadline:?} at shutdown: dropping what is left"
+            );
+            let grace = Instant::now() + Duration::from_secs(1);
+            while !h.is_finished() && Instant::now() < grace {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        if h.is_finished() {
             let _ = h.join();
         }
     }
 }
 
-fn deliver_all(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>) {
+/// A sink's worker: its queue and its thread.
+struct Worker {
+    tx: SyncSender<Notification>,
+    handle: JoinHandle<()>,
+}
+
+/// A sink by its whole configuration: a reload that changes it starts a new worker.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum SinkKey {
+    Webhook(String),
+    Exec(String),
+}
+
+fn webhook_key(w: &Webhook) -> SinkKey {
+    SinkKey::Webhook(format!("{w:?}"))
+}
+
+fn exec_key(x: &Exec) -> SinkKey {
+    SinkKey::Exec(format!("{x:?}"))
+}
+
+fn spawn_worker(key: &SinkKey, cfg: &AlertsConfig, stop: Arc<AtomicBool>) -> Worker {
+    let (tx, rx) = sync_channel::<Notification>(QUEUE);
+    let key = key.clone();
+    let webhook = cfg.webhooks.iter().find(|w| webhook_key(w) == key).cloned();
+    let exec_sink = cfg.execs.iter().find(|x| exec_key(x) == key).cloned();
+    let handle = std::thread::Builder::new()
+        .name("vramguard-sink".into())
+        .spawn(move || {
+            while let Ok(n) = rx.recv() {
+                if stop.load(Ordering::SeqCst) {
+                    tracing::warn!(rule = %n.rule, "alert dropped at shutdown");
+                    continue;
+                }
+                if let Some(w) = &webhook
+                    && let Err(e) = post(w, &n, &stop)
+                {
+                    tracing::error!(url = %w.url, rule = %n.rule, "webhook failed: {e}");
+                }
+                if let Some(x) = &exec_sink
+                    && let Err(e) = exec(x, &n, &stop)
+                {
+                    tracing::error!(command = ?x.argv, rule = %n.rule, "alert command failed: {e}");
+                }
+            }
+        })
+        .expect("spawn a sink thread");
+    Worker { tx, handle }
+}
+
+fn dispatch(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>, stop: Arc<AtomicBool>) {
+    let mut workers: BTreeMap<SinkKey, Worker> = BTreeMap::new();
     while let Ok(n) = rx.recv() {
-        let cfg = config.read().expect("alerts config").clone();
+        let cfg = config.read().unwrap_or_else(|p| p.into_inner()).clone();
         if cfg.log {
             match n.status {
                 "firing" => {
@@ -59,17 +150,46 @@ fn deliver_all(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>) {
                 _ => tracing::info!(rule = %n.rule, gpu = n.gpu, "alert resolved: {}", n.summary),
             }
         }
-        for w in &cfg.webhooks {
-            if let Err(e) = post(w, &n) {
-                tracing::error!(url = %w.url, rule = %n.rule, "webhook failed after {} attempt(s): {e}", w.retries + 1);
-            }
-        }
-        for x in &cfg.execs {
-            if let Err(e) = exec(x, &n) {
-                tracing::error!(command = %x.argv.join(" "), rule = %n.rule, "alert command failed: {e}");
+        let keys: Vec<SinkKey> = cfg
+            .webhooks
+            .iter()
+            .map(webhook_key)
+            .chain(cfg.execs.iter().map(exec_key))
+            .collect();
+        // A reload removed a sink: its worker finishes what it has and ends.
+        workers.retain(|k, _| keys.contains(k));
+        for key in keys {
+            let w = workers
+                .entry(key.clone())
+                .or_insert_with(|| spawn_worker(&key, &cfg, stop.clone()));
+            if let Err(TrySendError::Full(n)) = w.tx.try_send(n.clone()) {
+                tracing::warn!(rule = %n.rule, "alert sink busy ({QUEUE} queued): notification dropped");
             }
         }
     }
+    // Shutdown: close every queue, wait for the workers (the caller bounds the wait).
+    let handles: Vec<JoinHandle<()>> = std::mem::take(&mut workers)
+        .into_values()
+        .map(|w| {
+            drop(w.tx);
+            w.handle
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+/// Sleeps `d` unless shutdown starts; returns whether it is stopping.
+fn pause(d: Duration, stop: &AtomicBool) -> bool {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if stop.load(Ordering::SeqCst) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+    }
+    stop.load(Ordering::SeqCst)
 }
 
 /// The webhook body.
@@ -89,7 +209,7 @@ pub fn body(n: &Notification) -> String {
     .to_string()
 }
 
-fn post(w: &Webhook, n: &Notification) -> Result<(), String> {
+fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(w.timeout))
         .http_status_as_error(true)
@@ -100,7 +220,9 @@ fn post(w: &Webhook, n: &Notification) -> Result<(), String> {
     let mut last = String::new();
     for attempt in 0..=w.retries {
         if attempt > 0 {
-            std::thread::sleep(backoff);
+            if pause(backoff, stop) {
+                return Err(format!("{last} (retries stopped at shutdown)"));
+            }
             backoff = (backoff * 2).min(Duration::from_secs(30));
         }
         match agent
@@ -115,7 +237,8 @@ fn post(w: &Webhook, n: &Notification) -> Result<(), String> {
     Err(last)
 }
 
-fn exec(x: &Exec, n: &Notification) -> Result<(), String> {
+fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
     let mut child = Command::new(&x.argv[0])
         .args(&x.argv[1..])
         .env("VRAMGUARD_ALERT_STATUS", n.status)
@@ -131,20 +254,148 @@ fn exec(x: &Exec, n: &Notification) -> Result<(), String> {
         )
         .env("VRAMGUARD_ALERT_JSON", body(n))
         .stdin(Stdio::null())
+        // A group of its own: a timeout kills whatever the command started too.
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("starting {}: {e}", x.argv[0]))?;
     let deadline = Instant::now() + x.timeout;
+    let kill_group = |child: &mut std::process::Child| {
+        // SAFETY: kill(2) on the process group the child leads; the child is not reaped yet,
+        // so the group id cannot have been reused.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let _ = child.wait();
+    };
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
             Ok(Some(status)) => return Err(format!("exited with {status}")),
             Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("killed after {:?}", x.timeout));
+                kill_group(&mut child);
+                return Err(format!(
+                    "killed (with its process group) after {:?}",
+                    x.timeout
+                ));
+            }
+            Ok(None) if stop.load(Ordering::SeqCst) => {
+                kill_group(&mut child);
+                return Err("killed at shutdown".into());
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notification() -> Notification {
+        Notification {
+            status: "firing",
+            rule: "ghost".into(),
+            gpu: 0,
+            uuid: None,
+            host: None,
+            value: 1.0,
+            summary: "test".into(),
+            started_at_ms: 0,
+            at_ms: 0,
+        }
+    }
+
+    /// A webhook receiver that accepts connections and never answers.
+    fn black_hole() -> (std::net::TcpListener, String) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", l.local_addr().unwrap());
+        (l, url)
+    }
+
+    fn config(url: &str, argv: Vec<String>, exec_timeout: Duration) -> Arc<RwLock<AlertsConfig>> {
+        Arc::new(RwLock::new(AlertsConfig {
+            log: false,
+            rules: vec![],
+            webhooks: vec![Webhook {
+                url: url.into(),
+                timeout: Duration::from_secs(5),
+                retries: 5,
+            }],
+            execs: vec![Exec {
+                argv,
+                timeout: exec_timeout,
+            }],
+        }))
+    }
+
+    fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < until {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn a_webhook_that_never_answers_delays_neither_the_caller_nor_the_other_sinks() {
+        let (_hole, url) = black_hole();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ran");
+        let argv = vec![
+            "sh".into(),
+            "-c".into(),
+            format!("echo $VRAMGUARD_ALERT_RULE > {}", out.display()),
+        ];
+        let mut n = Notifier::start(config(&url, argv, Duration::from_secs(5)));
+        let t = Instant::now();
+        n.send(notification());
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "send never blocks"
+        );
+        assert!(
+            wait_for(3, || std::fs::read_to_string(&out)
+                .is_ok_and(|s| s.trim() == "ghost")),
+            "the command ran while the webhook hung"
+        );
+        // Shutdown is bounded although the webhook still hangs with retries left.
+        let t = Instant::now();
+        n.stop_within(Duration::from_millis(300));
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_command_that_times_out_is_killed_with_everything_it_started() {
+        let (_hole, url) = black_hole();
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let argv = vec![
+            "sh".into(),
+            "-c".into(),
+            format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
+        ];
+        let mut n = Notifier::start(config(&url, argv, Duration::from_millis(300)));
+        n.send(notification());
+        assert!(wait_for(3, || std::fs::read_to_string(&pidfile)
+            .is_ok_and(|s| !s.trim().is_empty())));
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+                .unwrap_or(true)
+        };
+        let killed = wait_for(5, gone);
+        if !killed {
+            // SAFETY: kill(2) on the pid our own command started, to clean up.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(killed, "the command's child {pid} outlived the timeout");
+        n.stop_within(Duration::from_millis(100));
     }
 }
