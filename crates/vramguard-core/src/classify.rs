@@ -329,10 +329,16 @@ impl<'a> Context<'a> {
                 .then(a.pid.cmp(&b.pid))
         });
 
-        let accounted_bytes: u64 = gpu.processes.iter().filter_map(|p| p.used_bytes).sum();
+        // Saturating throughout: a replayed snapshot may carry any number.
+        let accounted_bytes: u64 = gpu
+            .processes
+            .iter()
+            .filter_map(|p| p.used_bytes)
+            .fold(0, u64::saturating_add);
         let mut bytes_by_class: BTreeMap<Class, u64> = BTreeMap::new();
         for h in &holders {
-            *bytes_by_class.entry(h.class).or_default() += h.used_bytes.unwrap_or(0);
+            let b = bytes_by_class.entry(h.class).or_default();
+            *b = b.saturating_add(h.used_bytes.unwrap_or(0));
         }
         let reset_blockers = self.reset_blockers(gpu, &holders);
         let unaccounted = gpu.memory.map(|m| {
@@ -349,11 +355,13 @@ impl<'a> Context<'a> {
             .iter()
             .filter(|h| h.class.is_ghost())
             .filter_map(|h| h.used_bytes)
-            .sum::<u64>()
-            + unaccounted
-                .as_ref()
-                .filter(|u| u.significant)
-                .map_or(0, |u| u.bytes);
+            .fold(0, u64::saturating_add)
+            .saturating_add(
+                unaccounted
+                    .as_ref()
+                    .filter(|u| u.significant)
+                    .map_or(0, |u| u.bytes),
+            );
 
         GpuReport {
             index: gpu.index,
@@ -955,7 +963,9 @@ impl<'a> Context<'a> {
                     format_duration(Duration::from_millis(s.observed_ms))
                 ));
             }
-            if s.observations >= 3 && s.running_observations * 2 > s.observations {
+            if s.observations >= 3
+                && u64::from(s.running_observations) * 2 > u64::from(s.observations)
+            {
                 evidence.push(format!(
                     "threads running in {} of {} observations",
                     s.running_observations, s.observations
@@ -1173,7 +1183,7 @@ impl<'a> Context<'a> {
     fn start_time_ms(&self, p: &ProcessFacts) -> Option<u64> {
         let boot = self.snap.host.boot_time_ms?;
         let hz = self.snap.host.clock_ticks_per_sec.max(1);
-        Some(boot + p.start_ticks? * 1000 / hz)
+        Some(boot.saturating_add(p.start_ticks?.saturating_mul(1000) / hz))
     }
 
     fn reset_blockers(&self, gpu: &GpuSample, holders: &[Holder]) -> Vec<ResetBlocker> {

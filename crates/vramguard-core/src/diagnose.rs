@@ -102,7 +102,10 @@ fn list_pids(holders: &[&Holder]) -> String {
 }
 
 fn sum_bytes(holders: &[&Holder]) -> u64 {
-    holders.iter().filter_map(|h| h.used_bytes).sum()
+    holders
+        .iter()
+        .filter_map(|h| h.used_bytes)
+        .fold(0, u64::saturating_add)
 }
 
 /// Builds the check-list and verdict.
@@ -594,14 +597,16 @@ fn gpu_checks(
     if !reclaimable.is_empty() {
         plan.reclaim_gpus.push(gpu.index);
         *plan.reclaim_hidden |= reclaimable.iter().any(|h| h.class == Class::Hidden);
-        *plan.reclaimable_bytes += sum_bytes(&reclaimable);
+        *plan.reclaimable_bytes = plan
+            .reclaimable_bytes
+            .saturating_add(sum_bytes(&reclaimable));
         let all_hidden_reclaimable =
             !hidden.is_empty() && hidden.iter().all(|h| h.action.reclaimable);
         if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
             && un.cause == Some(UnaccountedCause::HiddenHolders)
             && all_hidden_reclaimable
         {
-            *plan.reclaimable_bytes += un.bytes;
+            *plan.reclaimable_bytes = plan.reclaimable_bytes.saturating_add(un.bytes);
         }
     }
     if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
@@ -616,7 +621,7 @@ fn gpu_checks(
                 "none: a reset can clear the residue".into(),
             ));
             plan.reset_gpus.push(gpu.index);
-            *plan.reclaimable_bytes += un.bytes;
+            *plan.reclaimable_bytes = plan.reclaimable_bytes.saturating_add(un.bytes);
         } else {
             checks.push(check(
                 g,

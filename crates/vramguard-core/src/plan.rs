@@ -276,7 +276,8 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
     let mut expected_free: BTreeMap<u32, u64> = BTreeMap::new();
     for t in targets.values() {
         for tg in &t.gpus {
-            *expected_free.entry(tg.gpu).or_default() += tg.bytes.unwrap_or(0);
+            let e = expected_free.entry(tg.gpu).or_default();
+            *e = e.saturating_add(tg.bytes.unwrap_or(0));
         }
     }
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
@@ -289,7 +290,8 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
             && !hidden.is_empty()
             && hidden.iter().all(|h| targets.contains_key(&h.pid))
         {
-            *expected_free.entry(g.index).or_default() += u.bytes;
+            let e = expected_free.entry(g.index).or_default();
+            *e = e.saturating_add(u.bytes);
         }
     }
 

@@ -345,7 +345,10 @@ pub struct Report {
 impl Report {
     /// Ghost bytes over all GPUs.
     pub fn ghost_bytes(&self) -> u64 {
-        self.gpus.iter().map(|g| g.ghost_bytes).sum()
+        self.gpus
+            .iter()
+            .map(|g| g.ghost_bytes)
+            .fold(0, u64::saturating_add)
     }
 
     /// Every holder of every GPU, with its GPU index.

@@ -1220,3 +1220,62 @@ fn a_unit_name_built_to_be_pasted_into_a_shell_is_never_suggested_as_a_command()
         "{hostile:#?}"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    /// A snapshot is input (`--replay` reads any file): extreme numbers anywhere must give a
+    /// report, a diagnosis and a plan, never a panic (arithmetic overflow included).
+    #[test]
+    fn extreme_numbers_in_a_snapshot_never_panic(
+        nums in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::prelude::Just(0u64),
+                proptest::prelude::Just(u64::MAX),
+                proptest::prelude::Just(u64::MAX / 2),
+                proptest::prelude::Just(u32::MAX as u64),
+                0u64..10_000,
+            ],
+            24,
+        )
+    ) {
+        let n = |i: usize| nums[i];
+        let n32 = |i: usize| nums[i].min(u32::MAX as u64) as u32;
+        let mut g = gpu(0, 0, &[(100, Some(n(1))), (n32(2), Some(n(3)))]);
+        if let Some(m) = g.memory.as_mut() {
+            m.used = n(0);
+            m.total = n(4);
+            m.free = n(5);
+        }
+        g.utilization = Some(UtilizationWindow {
+            since_ms: n(6),
+            samples: vec![UtilizationSample {
+                pid: 100,
+                sm_percent: n32(7),
+                mem_percent: n32(8),
+                last_seen_ms: n(9),
+                last_busy_ms: Some(n(10)),
+            }],
+        });
+        let mut p = proc_(100, n32(11), n32(12), "python", &[0]);
+        p.start_ticks = Some(n(13));
+        p.uid = Some(n32(14));
+        let mut s = snapshot(vec![g], vec![init(), p, proc_(n32(15), 1, n32(16), "x", &[0])]);
+        s.taken_at_ms = n(17);
+        s.host.clock_ticks_per_sec = n(18);
+        s.host.boot_time_ms = Some(n(19));
+        if let Some(w) = s.work.as_mut() {
+            for sample in &mut w.processes {
+                sample.cpu_ticks = n(20);
+                sample.observed_ms = n(21);
+                sample.observations = n32(22);
+                sample.running_observations = n32(23);
+            }
+        }
+        let mut policy = Policy::default();
+        policy.gpu_busy_recent_secs = n(6);
+        policy.idle_after_secs = n(9);
+        let report = classify(&s, &policy);
+        let _ = vramguard_core::plan::plan_reclaim(&s, &report, &Default::default());
+        let _ = diagnose(report);
+    }
+}
