@@ -1271,9 +1271,11 @@ proptest::proptest! {
                 sample.running_observations = n32(23);
             }
         }
-        let mut policy = Policy::default();
-        policy.gpu_busy_recent_secs = n(6);
-        policy.idle_after_secs = n(9);
+        let policy = Policy {
+            gpu_busy_recent_secs: n(6),
+            idle_after_secs: n(9),
+            ..Policy::default()
+        };
         let report = classify(&s, &policy);
         let _ = vramguard_core::plan::plan_reclaim(&s, &report, &Default::default());
         let _ = diagnose(report);
