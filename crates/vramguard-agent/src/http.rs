@@ -169,6 +169,62 @@ pub fn router(shared: Shared) -> Router {
         .with_state(shared)
 }
 
+/// Connections served at once; more are closed as soon as they are accepted, so that a flood
+/// of idle sockets cannot take the descriptors the collector needs.
+pub const MAX_CONNECTIONS: usize = 128;
+/// A client must send a request's headers within this time (slowloris).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// A connection is closed after this long, busy or not (keep-alive scrapers reconnect).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
+/// Request heads larger than this are refused.
+pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
+
+/// Accepts connections until `stopped`, each under the limits above.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut refused: u64 = 0;
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stopped.wait_for(|s| *s) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors (EMFILE) or the like: wait instead of spinning.
+                tracing::warn!("HTTP accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    "{refused} HTTP connection(s) refused: {MAX_CONNECTIONS} are open already"
+                );
+            }
+            drop(stream);
+            continue;
+        };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_REQUEST_HEAD);
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(MAX_CONNECTION_AGE, conn).await;
+        });
+    }
+}
+
 /// A running server.
 pub struct Server {
     stop: tokio::sync::watch::Sender<bool>,
@@ -207,15 +263,7 @@ impl Server {
                             return;
                         }
                     };
-                    let shutdown = async move {
-                        let _ = stopped.wait_for(|s| *s).await;
-                    };
-                    if let Err(e) = axum::serve(listener, app)
-                        .with_graceful_shutdown(shutdown)
-                        .await
-                    {
-                        tracing::error!("HTTP server: {e}");
-                    }
+                    serve(listener, app, &mut stopped).await;
                 });
             })
             .map_err(|e| format!("starting the HTTP thread: {e}"))?;

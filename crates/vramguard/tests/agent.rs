@@ -718,3 +718,71 @@ fn command_lines_stay_off_the_http_side_and_a_failing_driver_shows_as_down() {
             && sample(&m, "vramguard_last_sample_age_seconds", &[]).is_some_and(|a| a > 0.0)
     });
 }
+
+#[test]
+fn a_flood_of_idle_connections_starves_neither_collection_nor_scrapes() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let _h = start(&world, &["python3", "serve.py"], s);
+    // The default soft limit a unit without LimitNOFILE gets.
+    let agent = Agent::start_with_nofile(
+        &world,
+        Path_::InProcess,
+        "[agent]\ninterval = \"200ms\"\n",
+        Some(1024),
+    );
+    // The test itself needs more descriptors than the agent has.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max.min(8192);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    assert!(
+        lim.rlim_cur >= 2048,
+        "the test needs 2048 descriptors: {lim:?}"
+    );
+    // Every depth's count together.
+    let collections = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("vramguard_collections_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = collections(&agent.metrics());
+    // 1,100 idle connections from another user's point of view: connect, send nothing.
+    let idle: Vec<std::net::TcpStream> = (0..1100)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&agent.addr, Duration::from_secs(1)).ok()
+        })
+        .collect();
+    assert!(idle.len() > 1000, "{} connections", idle.len());
+    // Slow headers are cut after the header timeout; meanwhile the agent keeps collecting.
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = Instant::now();
+    let (code, m) = agent.get("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "/metrics took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        collections(&m) > before + 5.0,
+        "collections went on: {before} → {}",
+        collections(&m)
+    );
+    assert!(
+        !agent.log_text().contains("Too many open files")
+            || sample(&m, "vramguard_collection_errors_total", &[]).unwrap_or(0.0) == 0.0,
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(sample(&m, "vramguard_up", &["gpu=\"0\""]), Some(1.0));
+    drop(idle);
+}

@@ -16,6 +16,17 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(world: &World, path: Path_, config: &str) -> Agent {
+        Agent::start_with_nofile(world, path, config, None)
+    }
+
+    /// [`Agent::start`] with the descriptor limit `nofile` (soft and hard), as a unit's
+    /// `LimitNOFILE` would set it.
+    pub fn start_with_nofile(
+        world: &World,
+        path: Path_,
+        config: &str,
+        nofile: Option<u64>,
+    ) -> Agent {
         let cfg = world
             .dir
             .path()
@@ -26,6 +37,22 @@ impl Agent {
             .args(["--sim".as_ref(), world.state_path().as_os_str()]);
         if path == Path_::Nvml {
             cmd.arg("--nvml-lib").arg(sim_nvml_lib());
+        }
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = cmd
             .args([
