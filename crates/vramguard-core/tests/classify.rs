@@ -1281,3 +1281,37 @@ proptest::proptest! {
         let _ = diagnose(report);
     }
 }
+
+#[test]
+fn the_agent_remembers_who_forked_an_orphan() {
+    // The agent saw worker 4122 as a child of the trainer 4121 (its group leader 4120, a
+    // shell, is gone too); both are gone now and the worker was re-parented to init.
+    let mut worker = proc_(4122, 1, 4120, "pt_data_worker", &[0]);
+    worker.earlier_ppid = Some(4121);
+    let mut s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(4122, Some(4 * GIB))])],
+        vec![init(), worker],
+    );
+    s.departed = vec![
+        DepartedProcess {
+            pid: 4121,
+            comm: Some("python3".into()),
+            cmdline: Some(vec!["python3".into(), "train.py".into()]),
+            gone_at_ms: NOW_MS - 5000,
+        },
+        DepartedProcess {
+            pid: 4120,
+            comm: Some("sh".into()),
+            cmdline: Some(vec!["sh".into(), "run.sh".into()]),
+            gone_at_ms: NOW_MS - 6000,
+        },
+    ];
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Orphan);
+    let ev = h.evidence.join("\n");
+    assert!(
+        ev.contains("its job leader 4120 (sh run.sh) is gone"),
+        "{ev}"
+    );
+    assert!(ev.contains("forked by 4121 (python3), which died"), "{ev}");
+}

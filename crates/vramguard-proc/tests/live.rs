@@ -297,3 +297,51 @@ fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
     );
     drop(worker_fd);
 }
+
+#[test]
+fn a_holder_whose_parent_dies_keeps_its_earlier_parent_and_ancestors_are_collected() {
+    let dev = dev_dir();
+    // A parent shell that starts a holder in the background, then waits to be told to exit.
+    let gate = dev.path().join("gate");
+    let pidfile = dev.path().join("pid");
+    let script = format!(
+        "exec 3<{nv}; sleep 60 <&3 & echo $! > {pf}; while [ ! -e {g} ]; do sleep 0.05; done",
+        nv = dev.path().join("nvidia0").display(),
+        pf = pidfile.display(),
+        g = gate.display()
+    );
+    let parent = Reaped(Command::new("sh").arg("-c").arg(&script).spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let holder: u32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the holder never started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Killed however the test ends, if it is still the process started here.
+    let mut cleanup = vramguard_testkit::Spawned::default();
+    cleanup.track(holder);
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    let first = c.collect(&[holder], ScanDepth::NewProcesses, 1).unwrap();
+    let h = first.processes.iter().find(|p| p.pid == holder).unwrap();
+    assert_eq!(h.ppid, Some(parent.0.id()));
+    assert_eq!(h.earlier_ppid, None);
+    // Its ancestors are collected up the tree: the parent, and the parent's parent (us).
+    let pids: Vec<u32> = first.processes.iter().map(|p| p.pid).collect();
+    assert!(
+        pids.contains(&parent.0.id()) && pids.contains(&std::process::id()),
+        "{pids:?}"
+    );
+
+    std::fs::write(&gate, b"").unwrap();
+    let mut parent = parent;
+    parent.0.wait().unwrap();
+    let second = c.collect(&[holder], ScanDepth::NewProcesses, 2).unwrap();
+    let h = second.processes.iter().find(|p| p.pid == holder).unwrap();
+    assert_ne!(h.ppid, Some(parent.0.id()), "re-parented");
+    assert_eq!(h.earlier_ppid, Some(parent.0.id()));
+}
