@@ -709,7 +709,11 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
     }
 
     let shared: Shared = Arc::new(RwLock::new(Arc::new(Published::default())));
-    let server = Server::start(&setup.config.agent.listen, shared.clone())?;
+    let server = Server::start(
+        &setup.config.agent.listen,
+        shared.clone(),
+        setup.config.agent.web_config.as_deref(),
+    )?;
     if let Some(b) = &bound {
         *b.write().expect("bound address") = Some(server.addr);
     }

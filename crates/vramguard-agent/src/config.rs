@@ -66,6 +66,7 @@ struct RawAgent {
     trend_window: Option<String>,
     timeline: Option<String>,
     show_cmdline: Option<bool>,
+    web_config: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -194,6 +195,9 @@ pub struct AgentConfig {
     /// them, and a command line can carry secrets that `hidepid` would hide; the command
     /// name is shown instead.
     pub show_cmdline: bool,
+    /// TLS and basic authentication for the HTTP side, in the web config format Prometheus
+    /// exporters share (see `vramguard_agent::web`). Default: none (plain HTTP, loopback).
+    pub web_config: Option<PathBuf>,
     /// Window of the leak trend. Default 30 min.
     pub trend_window: Duration,
     /// Length of the status page's memory timeline. Default 10 min.
@@ -428,6 +432,7 @@ impl Config {
             )?,
             top_holders: a.top_holders.unwrap_or(10),
             show_cmdline: a.show_cmdline.unwrap_or(false),
+            web_config: a.web_config.as_deref().map(PathBuf::from),
             trend_window: dur(
                 "agent.trend_window",
                 &a.trend_window,

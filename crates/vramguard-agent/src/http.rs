@@ -7,6 +7,7 @@
 //! - `GET /healthz`: 200 while collections are recent, 503 when they stall.
 
 use crate::history::Timelines;
+use crate::web::{BasicAuth, WebConfig};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -14,6 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use vramguard_core::report::Report;
@@ -159,14 +161,35 @@ async fn healthz(State(s): State<Shared>) -> Response {
         .into_response()
 }
 
-/// The router.
-pub fn router(shared: Shared) -> Router {
+/// The router; every endpoint behind `auth` when users are configured.
+pub fn router(shared: Shared, auth: Arc<BasicAuth>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/", get(page))
         .route("/api/status", get(status))
         .route("/healthz", get(healthz))
         .with_state(shared)
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let auth = auth.clone();
+                async move {
+                    let header = req
+                        .headers()
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok());
+                    if auth.allows(header) {
+                        next.run(req).await
+                    } else {
+                        (
+                            StatusCode::UNAUTHORIZED,
+                            [(header::WWW_AUTHENTICATE, "Basic realm=\"vramguard\"")],
+                            "authentication required\n",
+                        )
+                            .into_response()
+                    }
+                }
+            },
+        ))
 }
 
 /// Connections served at once; more are closed as soon as they are accepted, so that a flood
@@ -183,6 +206,7 @@ pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
 async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     stopped: &mut tokio::sync::watch::Receiver<bool>,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -212,6 +236,7 @@ async fn serve(
             continue;
         };
         let app = app.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let service = hyper_util::service::TowerToHyperService::new(app);
@@ -219,8 +244,22 @@ async fn serve(
             http.timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_REQUEST_HEAD);
-            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(MAX_CONNECTION_AGE, conn).await;
+            match tls {
+                None => {
+                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    let _ = tokio::time::timeout(MAX_CONNECTION_AGE, conn).await;
+                }
+                Some(acceptor) => {
+                    // The handshake is bounded like the headers that follow it.
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    let _ = tokio::time::timeout(MAX_CONNECTION_AGE, conn).await;
+                }
+            }
         });
     }
 }
@@ -234,8 +273,16 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `listen` and serves on a thread of its own; binding errors are returned here.
-    pub fn start(listen: &str, shared: Shared) -> Result<Server, String> {
+    /// Binds `listen` and serves on a thread of its own, with TLS and basic authentication
+    /// from the web config at `web` when given; binding and config errors are returned here.
+    pub fn start(listen: &str, shared: Shared, web: Option<&Path>) -> Result<Server, String> {
+        let (tls, auth) = match web {
+            None => (None, BasicAuth::default()),
+            Some(path) => {
+                let w = WebConfig::load(path)?;
+                (w.acceptor(path)?, BasicAuth::new(w.users))
+            }
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("vramguard-http")
@@ -251,7 +298,7 @@ impl Server {
             .map_err(|e| format!("listening on {listen}: {e}"))?;
         let addr = std_listener.local_addr().map_err(|e| e.to_string())?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let app = router(shared);
+        let app = router(shared, Arc::new(auth));
         let thread = std::thread::Builder::new()
             .name("vramguard-http".into())
             .spawn(move || {
@@ -263,7 +310,7 @@ impl Server {
                             return;
                         }
                     };
-                    serve(listener, app, &mut stopped).await;
+                    serve(listener, app, tls, &mut stopped).await;
                 });
             })
             .map_err(|e| format!("starting the HTTP thread: {e}"))?;

@@ -15,5 +15,6 @@ pub mod http;
 pub mod metrics;
 pub mod notify;
 pub mod page;
+pub mod web;
 
 pub use agent::{AgentSetup, ResetSpec, SourceFactory, run};

@@ -562,6 +562,32 @@ fn prom_query(addr: SocketAddr, q: &str) -> Value {
     serde_json::from_str(&body).unwrap_or(Value::Null)
 }
 
+/// A real Prometheus on `dir/prometheus.yml`, ready; killed on drop.
+fn prometheus(dir: &Path) -> (Reaped, SocketAddr) {
+    let port = free_port();
+    let prom_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let prom = Reaped(
+        Command::new(which("prometheus"))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(30, "Prometheus to be ready", || {
+        http_get(prom_addr, "/-/ready").0 == 200
+    });
+    (prom, prom_addr)
+}
+
 #[test]
 fn a_real_prometheus_scrapes_the_agent_and_the_shipped_rules_fire() {
     let world = World::new(1);
@@ -589,27 +615,7 @@ fn a_real_prometheus_scrapes_the_agent_and_the_shipped_rules_fire() {
         ),
     )
     .unwrap();
-    let port = free_port();
-    let prom_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _prom = Reaped(
-        Command::new(which("prometheus"))
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_until(30, "Prometheus to be ready", || {
-        http_get(prom_addr, "/-/ready").0 == 200
-    });
+    let (_prom, prom_addr) = prometheus(dir.path());
     wait_until(20, "the first scrape", || {
         prom_query(prom_addr, "up{job=\"vramguard\"}")["data"]["result"][0]["value"][1] == "1"
     });
@@ -785,4 +791,88 @@ fn a_flood_of_idle_connections_starves_neither_collection_nor_scrapes() {
     );
     assert_eq!(sample(&m, "vramguard_up", &["gpu=\"0\""]), Some(1.0));
     drop(idle);
+}
+
+#[test]
+fn behind_tls_and_a_password_a_real_prometheus_still_scrapes() {
+    let world = World::new(1);
+    let dir = world.dir.path();
+    // A self-signed certificate for 127.0.0.1, and a bcrypt-hashed password.
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=vramguard",
+        ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("cert.pem"))
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl made no certificate");
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    std::fs::write(
+        dir.join("web.yml"),
+        format!("tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\nbasic_auth_users:\n  prometheus: {hash}\n"),
+    )
+    .unwrap();
+    let agent = Agent::start(
+        &world,
+        Path_::InProcess,
+        &format!(
+            "[agent]\ninterval = \"250ms\"\nweb_config = \"{}\"\n",
+            dir.join("web.yml").display()
+        ),
+    );
+    let curl = |args: &[&str]| -> String {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let url = format!("https://{}/metrics", agent.addr);
+    let ca = dir.join("cert.pem");
+    let ca = ca.to_str().unwrap();
+    wait_until(20, "the agent to answer over TLS", || {
+        curl(&["--cacert", ca, "-u", "prometheus:s3cret", &url]) == "200"
+    });
+    assert_eq!(curl(&["--cacert", ca, &url]), "401", "no password");
+    assert_eq!(
+        curl(&["--cacert", ca, "-u", "prometheus:wrong", &url]),
+        "401"
+    );
+    assert_eq!(agent.get("/metrics").0, 0, "plain HTTP gets no answer");
+
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vramguard\n    scheme: https\n    tls_config:\n      ca_file: {ca}\n    basic_auth:\n      username: prometheus\n      password: s3cret\n    static_configs:\n      - targets: ['{}']\n",
+            agent.addr
+        ),
+    )
+    .unwrap();
+    let (_prom, prom_addr) = prometheus(dir);
+    wait_until(20, "a scrape over TLS with the password", || {
+        prom_query(prom_addr, "vramguard_up{gpu=\"0\"}")["data"]["result"][0]["value"][1] == "1"
+    });
 }
