@@ -9,6 +9,8 @@
 # VRAMGUARD_EPILOG_TRIES and VRAMGUARD_EPILOG_SLEEP (how long the driver gets to tear the
 # job's contexts down before anything is reclaimed: 6 x 5 s by default).
 set -uo pipefail
+# One line per message in the log and in the drain reason, whatever the terminal.
+export COLUMNS=1000
 VRAMGUARD=${VRAMGUARD:-/usr/local/bin/vramguard}
 GPUS=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
 NODE=${SLURMD_NODENAME:-$(hostname -s)}

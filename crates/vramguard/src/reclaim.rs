@@ -119,7 +119,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
             "dry run: nothing was signalled (pass --yes to act, or run it on a terminal to be asked)"
         );
     }
-    out
+    crate::render::wrap_lines(&out, crate::render::output_width())
 }
 
 pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> String {
@@ -187,7 +187,7 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
         }
     }
     let _ = writeln!(out, "audit: {} (run {})", audit.display(), o.run_id);
-    out
+    crate::render::wrap_lines(&out, crate::render::output_width())
 }
 
 /// Runs `vramguard reclaim`.

@@ -13,16 +13,142 @@ pub fn use_colour() -> bool {
     std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stdout().is_terminal()
 }
 
-/// ANSI styling, or none.
+/// The width of piped output: stable, documented, wide enough for a command and its evidence.
+pub const PIPED_WIDTH: usize = 160;
+
+/// The width to render for: `$COLUMNS` when set, else the terminal's, else [`PIPED_WIDTH`].
+pub fn output_width() -> usize {
+    if let Some(c) = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|c| *c >= 40)
+    {
+        return c.min(1000);
+    }
+    let stdout = std::io::stdout();
+    if stdout.is_terminal()
+        && let Ok(ws) = rustix::termios::tcgetwinsize(&stdout)
+        && ws.ws_col >= 40
+    {
+        return usize::from(ws.ws_col);
+    }
+    PIPED_WIDTH
+}
+
+/// Every line of `text` cut to `width` visible characters (colour sequences do not count; a
+/// cut line is reset to plain).
+pub fn fit_lines(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, nl) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        let mut visible = 0;
+        let mut in_escape = false;
+        let mut cut_at = None;
+        for (i, c) in body.char_indices() {
+            if in_escape {
+                in_escape = c != 'm';
+                continue;
+            }
+            if c == '\x1b' {
+                in_escape = true;
+                continue;
+            }
+            visible += 1;
+            if visible == width && body[i + c.len_utf8()..].chars().any(|_| true) {
+                cut_at = Some(i);
+                break;
+            }
+        }
+        match cut_at {
+            Some(i) => {
+                out.push_str(&body[..i]);
+                out.push('…');
+                if body.contains('\x1b') {
+                    out.push_str("\x1b[0m");
+                }
+            }
+            None => out.push_str(body),
+        }
+        out.push_str(nl);
+    }
+    out
+}
+
+/// Characters a terminal shows for `s` (colour sequences do not count).
+fn visible_len(s: &str) -> usize {
+    let mut n = 0;
+    let mut in_escape = false;
+    for c in s.chars() {
+        if in_escape {
+            in_escape = c != 'm';
+        } else if c == '\x1b' {
+            in_escape = true;
+        } else {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Every line of `text` wrapped at spaces to `width` visible characters, continuation lines
+/// indented under the line's own indent: for prose (checks, reasons), where a cut would lose
+/// the point. A single word longer than the width is cut.
+pub fn wrap_lines(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, nl) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if visible_len(body) <= width {
+            out.push_str(body);
+            out.push_str(nl);
+            continue;
+        }
+        let indent = body.len() - body.trim_start_matches(' ').len();
+        let cont = " ".repeat((indent + 4).min(width / 2));
+        let mut current = String::from(&body[..indent]);
+        let mut current_len = indent;
+        let mut first_word = true;
+        for word in body[indent..].split(' ') {
+            let wl = visible_len(word);
+            if !first_word && current_len + 1 + wl > width {
+                out.push_str(&fit_lines(&current, width));
+                out.push('\n');
+                current = cont.clone();
+                current_len = cont.len();
+            } else if !first_word {
+                current.push(' ');
+                current_len += 1;
+            }
+            current.push_str(word);
+            current_len += wl;
+            first_word = false;
+        }
+        out.push_str(&fit_lines(&current, width));
+        out.push_str(nl);
+    }
+    out
+}
+
+/// ANSI styling, or none, for a width.
 #[derive(Debug, Clone, Copy)]
 pub struct Style {
     on: bool,
+    /// Columns to fit.
+    pub width: usize,
 }
 
 impl Style {
-    /// Styling on or off.
+    /// Styling on or off, for the output's width.
     pub fn new(on: bool) -> Style {
-        Style { on }
+        Style {
+            on,
+            width: output_width(),
+        }
     }
     fn paint(&self, code: &str, s: &str) -> String {
         if self.on {
@@ -97,7 +223,7 @@ fn gpu_title(st: &Style, g: &GpuReport) -> String {
         let _ = write!(
             line,
             "  {} {} / {} used",
-            bar(m.used, m.total, 20),
+            bar(m.used, m.total, if st.width < 100 { 10 } else { 20 }),
             format_bytes(m.used),
             format_bytes(m.total)
         );
@@ -115,21 +241,44 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         Some(r) => format!("{}←{r}", h.pid),
         None => h.pid.to_string(),
     };
-    let why = match h.class {
+    // The fixed columns take 60; the command and the evidence share the rest, and the evidence
+    // goes to a line of its own when too little is left for it.
+    let rest = st.width.saturating_sub(60);
+    let command_width = if rest >= 100 {
+        (rest * 2 / 5).clamp(40, 100)
+    } else if rest >= 60 {
+        rest / 2
+    } else {
+        rest.max(12)
+    };
+    let evidence_width = rest.saturating_sub(command_width + 2);
+    let evidence = match h.class {
         // What keeps it from being an orphan: the work seen.
         Class::Detached => h
             .evidence
             .iter()
             .find(|e| e.starts_with("working:"))
-            .or(h.evidence.first())
-            .map(|e| format!("  {}", st.dim(&truncate(e, 70))))
-            .unwrap_or_default(),
-        Class::Orphan | Class::Hidden | Class::Zombie | Class::Foreign | Class::Idle => h
-            .evidence
-            .first()
-            .map(|e| format!("  {}", st.dim(&truncate(e, 70))))
-            .unwrap_or_default(),
-        _ => String::new(),
+            .or(h.evidence.first()),
+        Class::Orphan | Class::Hidden | Class::Zombie | Class::Foreign | Class::Idle => {
+            h.evidence.first()
+        }
+        _ => None,
+    };
+    let command = h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?");
+    let (command, why) = match evidence {
+        Some(e) if evidence_width >= 24 => (
+            format!("{:<command_width$}", truncate(command, command_width)),
+            format!("  {}", st.dim(&truncate(e, evidence_width))),
+        ),
+        Some(e) => (
+            truncate(command, command_width),
+            format!(
+                "\n{:12}{}",
+                "",
+                st.dim(&truncate(e, st.width.saturating_sub(12)))
+            ),
+        ),
+        None => (truncate(command, command_width), String::new()),
     };
     let job = h.job.as_ref().map_or("-", |j| j.label.as_str());
     format!(
@@ -139,10 +288,7 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         st.class(h.class),
         truncate(job, 16),
         memory,
-        truncate(
-            h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
-            40
-        ),
+        command,
         why
     )
 }
@@ -214,7 +360,11 @@ pub fn status(r: &Report, st: &Style) -> String {
                 format_bytes(u.bytes),
                 u.explanation
                     .get(1)
-                    .map(|e| truncate(e, 90))
+                    .map(|e| if st.width >= 100 {
+                        truncate(e, st.width - 62)
+                    } else {
+                        format!("\n{:12}{}", "", truncate(e, st.width.saturating_sub(12)))
+                    })
                     .unwrap_or_default()
             );
         }
@@ -245,7 +395,7 @@ pub fn status(r: &Report, st: &Style) -> String {
     for l in &r.limitations {
         let _ = writeln!(out, "{} {l}", st.yellow("note:"));
     }
-    out
+    fit_lines(&out, st.width)
 }
 
 /// `vramguard diagnose`.
@@ -294,5 +444,5 @@ pub fn diagnose(d: &Diagnosis, st: &Style) -> String {
             }
         }
     }
-    out
+    wrap_lines(&out, st.width)
 }

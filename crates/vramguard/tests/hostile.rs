@@ -306,3 +306,49 @@ fn a_disk_that_fills_mid_record_stops_the_run_and_the_next_run_repairs_the_log()
             .unwrap_or_else(|e| panic!("line {i} is not JSON ({e}): {l}"));
     }
 }
+
+#[test]
+fn status_fits_80_120_and_200_columns_and_uses_the_width() {
+    let world = World::new(1);
+    let mut trainer = spec(&world, json!([hold(0, 2)]));
+    trainer["group_leader"] = json!(true);
+    trainer["workers"] = json!([{ "argv": ["python3", "-m", "torch.distributed.run",
+            "--nproc-per-node=8", "--rdzv-endpoint=node7:29500", "train.py", "--config", "llama-70b.yaml"],
+        "spec": { "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 3)] } }]);
+    let mut t = start(&world, &["python3", "train.py"], trainer);
+    t.crash();
+    let at = |cols: usize| {
+        let (out, _) = Vg::new(&world, Path_::Nvml)
+            .args(["status"])
+            .env("COLUMNS", cols.to_string())
+            .output();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out)
+    };
+    for cols in [80, 120, 200] {
+        let text = at(cols);
+        let longest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(
+            longest <= cols,
+            "{cols} columns: a {longest}-character line:\n{text}"
+        );
+        assert!(
+            text.contains("its job leader"),
+            "{cols}: the evidence is shown:\n{text}"
+        );
+    }
+    // The extra width goes to the command.
+    assert!(at(200).contains("--nproc-per-node=8"), "{}", at(200));
+    assert!(!at(80).contains("--nproc-per-node"));
+    // Piped without COLUMNS: the documented width.
+    let (out, _) = Vg::new(&world, Path_::Nvml)
+        .without_env("COLUMNS")
+        .args(["status"])
+        .output();
+    let longest = stdout(&out)
+        .lines()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    assert!(longest <= 160, "{longest}");
+}

@@ -35,6 +35,8 @@ impl Vg {
         cmd.env_remove("VRAMGUARD_SIM")
             .env_remove("VRAMGUARD_NVML_LIB")
             .env_remove("VRAMGUARD_CONFIG")
+            // Wide enough that no line wraps: tests of the width set their own.
+            .env("COLUMNS", "1000")
             .env("NO_COLOR", "1")
             .arg("--sim")
             .arg(world.state_path());
@@ -51,6 +53,7 @@ impl Vg {
         let mut cmd = Command::new(BIN);
         cmd.env_remove("VRAMGUARD_SIM")
             .env_remove("VRAMGUARD_NVML_LIB")
+            .env("COLUMNS", "1000")
             .env("NO_COLOR", "1");
         Vg {
             cmd,
@@ -68,6 +71,16 @@ impl Vg {
             self.shown.push_str(&a.as_ref().to_string_lossy());
             self.cmd.arg(a);
         }
+        self
+    }
+
+    pub fn without_env(mut self, key: &str) -> Vg {
+        self.cmd.env_remove(key);
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Vg {
+        self.cmd.env(key, value);
         self
     }
 
