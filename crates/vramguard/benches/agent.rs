@@ -290,6 +290,8 @@ fn main() {
         let t = Instant::now();
         let mut churn: Vec<Child> = Vec::new();
         let mut rss = Vec::new();
+        // (minutes, KiB), for the slope.
+        let mut points: Vec<(f64, f64)> = Vec::new();
         let mut next_report = Instant::now();
         while t.elapsed() < Duration::from_secs(soak) {
             // Holders come and go: ten every five seconds. The driver forgets the ones that
@@ -311,8 +313,9 @@ fn main() {
             if Instant::now() >= next_report {
                 let r = rss_kib(agent.child.id());
                 rss.push(r);
+                points.push((t.elapsed().as_secs_f64() / 60.0, r as f64));
                 println!("soak {:>4}s: RSS {r} KiB", t.elapsed().as_secs());
-                next_report += Duration::from_secs(30);
+                next_report += Duration::from_secs(15);
             }
             std::thread::sleep(Duration::from_secs(5));
         }
@@ -326,5 +329,23 @@ fn main() {
             rss[0],
             rss[rss.len() - 1]
         );
+        // The slope after the first minute (start-up allocations), with its 95% interval:
+        // a leak is a slope whose interval stays above zero.
+        let settled: Vec<(f64, f64)> = points.into_iter().filter(|(m, _)| *m >= 1.0).collect();
+        match vramguard_core::trend::theil_sen(&settled) {
+            Some(tr) => println!(
+                "soak {soak}s: RSS slope {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
+                tr.slope,
+                tr.ci_low,
+                tr.ci_high,
+                tr.n,
+                if tr.ci_low > 0.0 {
+                    ": rising"
+                } else {
+                    ": the interval includes zero"
+                }
+            ),
+            None => println!("soak {soak}s: too short for a slope (run at least 3 minutes)"),
+        }
     }
 }
