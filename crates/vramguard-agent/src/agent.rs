@@ -275,7 +275,14 @@ impl Agent {
                 Some(((gpu, h.pid), *tr))
             })
             .collect();
-        self.history.prune(t, trend_window);
+        // A holder that is gone has no trend worth keeping: under churn, keeping its series
+        // for a whole trend window made the agent grow for that long.
+        let present: std::collections::HashSet<(u32, u32, u64)> = report
+            .holders()
+            .filter_map(|(gpu, h)| Some((gpu, h.pid, h.start_ticks?)))
+            .collect();
+        self.history.prune(t, trend_window, &present);
+        self.holder_trends.retain(|k, _| present.contains(k));
 
         for n in self.alerts.evaluate(&report, gpu_trends, now_ms()) {
             self.notifier.send(n);

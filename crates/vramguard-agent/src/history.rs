@@ -107,16 +107,34 @@ impl History {
             .push(t, used as f64, window);
     }
 
-    /// Forgets holders not seen for a whole window.
-    pub fn prune(&mut self, t: f64, window: f64) {
-        self.holder_used
-            .retain(|_, s| s.points.back().is_some_and(|(last, _)| t - last <= window));
+    /// Forgets holders that are not `present` any more, and any series not fed for a whole
+    /// window.
+    pub fn prune(&mut self, t: f64, window: f64, present: &std::collections::HashSet<HolderKey>) {
+        self.holder_used.retain(|k, s| {
+            present.contains(k) && s.points.back().is_some_and(|(last, _)| t - last <= window)
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_that_is_gone_is_forgotten_at_once() {
+        let mut h = History::default();
+        h.record_holder((0, 10, 1), 0.0, 100, 1800.0);
+        h.record_holder((0, 11, 1), 0.0, 100, 1800.0);
+        let present: std::collections::HashSet<HolderKey> = [(0, 10, 1)].into_iter().collect();
+        h.prune(1.0, 1800.0, &present);
+        assert_eq!(
+            h.holder_used.keys().copied().collect::<Vec<_>>(),
+            vec![(0, 10, 1)]
+        );
+        // Present but not fed for a whole window: forgotten too.
+        h.prune(2000.0, 1800.0, &present);
+        assert!(h.holder_used.is_empty());
+    }
 
     #[test]
     fn the_window_slides_and_the_trend_sees_a_leak() {
