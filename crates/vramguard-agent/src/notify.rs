@@ -385,11 +385,9 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
-        let gone = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
-                .unwrap_or(true)
-        };
+        // Gone once kill(pid, 0) finds no such process (init reaps the orphaned child).
+        // SAFETY: signal 0 only checks that the pid exists.
+        let gone = || unsafe { libc::kill(pid, 0) } != 0;
         let killed = wait_for(5, gone);
         if !killed {
             // SAFETY: kill(2) on the pid our own command started, to clean up.

@@ -179,7 +179,7 @@ mod tests {
         .unwrap();
         assert_eq!(user_unit.label, "unit:jupyter.service");
         assert!(cgroup_job(&facts("/")).is_none());
-        assert!(cgroup_job(&facts("/process_api/d20ad3a701470fa7d24f8c5b576e4710")).is_none());
+        assert!(cgroup_job(&facts("/batch_api/d20ad3a701470fa7d24f8c5b576e4710")).is_none());
     }
 
     #[test]

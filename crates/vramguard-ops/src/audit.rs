@@ -213,10 +213,14 @@ mod tests {
 
     #[test]
     fn an_unwritable_place_is_an_error_naming_the_file() {
-        let e = AuditLog::open(Path::new("/proc/no/such/audit.jsonl"), "h").unwrap_err();
+        // A directory that cannot be made: its parent is a plain file.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let path = dir.path().join("file/sub/audit.jsonl");
+        let e = AuditLog::open(&path, "h").unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("audit log /proc/no/such/audit.jsonl:"),
+                .starts_with(&format!("audit log {}:", path.display())),
             "{e}"
         );
     }

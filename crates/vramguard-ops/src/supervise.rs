@@ -14,6 +14,9 @@
 //!   in the child and checked against `getppid` right after), and a watchdog process holding
 //!   a pidfd of vramguard kills the job's cgroup (or, without one, the job's process group).
 
+/// The supervisor's own `/proc`: it signals its own job, in its own PID namespace.
+const PROC_ROOT: &str = "/proc";
+
 use crate::cgroup::{CgroupError, JobCgroup};
 use crate::identity::{Identity, verify};
 use std::collections::{BTreeMap, BTreeSet};
@@ -205,44 +208,21 @@ fn reap(main: u32) -> Option<JobEnd> {
     }
 }
 
-/// Direct children of `pid`, from `/proc/PID/task/*/children`: lists the kernel keeps exact,
-/// so that a walk through them never misses a process the way one pass over `/proc` can (a
-/// daemon's intermediate process exiting between two reads). `None` where the kernel has no
-/// such files (built without `CONFIG_PROC_CHILDREN`).
-fn children_of(pid: u32) -> Option<Vec<u32>> {
-    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
-        Ok(t) => t,
-        // Gone: no children.
-        Err(_) => return Some(Vec::new()),
-    };
-    let mut out = Vec::new();
-    for t in tasks.flatten() {
-        match std::fs::read_to_string(t.path().join("children")) {
-            Ok(text) => out.extend(
-                text.split_ascii_whitespace()
-                    .filter_map(|s| s.parse::<u32>().ok()),
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && t.path().exists() => return None,
-            Err(_) => {}
-        }
-    }
-    Some(out)
-}
-
 /// Every live descendant of `root` through the kernel's children lists, with start times;
 /// `None` where those lists do not exist.
-fn tree_under(root: u32, exclude: &BTreeSet<u32>) -> Option<BTreeMap<u32, u64>> {
+fn tree_under(
+    fs: &vramguard_proc::ProcFs,
+    root: u32,
+    exclude: &BTreeSet<u32>,
+) -> Option<BTreeMap<u32, u64>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root];
     while let Some(p) = stack.pop() {
-        for c in children_of(p)? {
+        for c in fs.children(p).ok()?? {
             if exclude.contains(&c) || out.contains_key(&c) || out.len() > 100_000 {
                 continue;
             }
-            let Ok(bytes) = std::fs::read(format!("/proc/{c}/stat")) else {
-                continue;
-            };
-            let Ok(stat) = vramguard_proc::parse::parse_stat(&bytes) else {
+            let Ok(vramguard_proc::Found::Yes(stat)) = fs.stat(c) else {
                 continue;
             };
             // A zombie has handed its children on already; its parent reaps it.
@@ -297,6 +277,8 @@ struct Job {
     cgroup: Option<JobCgroup>,
     me: u32,
     exclude: BTreeSet<u32>,
+    /// The `/proc` the job's tree is read through (the supervisor's own namespace).
+    proc: Option<vramguard_proc::ProcFs>,
 }
 
 impl Job {
@@ -305,7 +287,10 @@ impl Job {
     /// it exits: when this is empty (through the kernel's exact children lists), nothing of the
     /// job is left anywhere.
     fn remaining(&self) -> BTreeMap<u32, u64> {
-        let mut all = tree_under(self.me, &self.exclude)
+        let mut all = self
+            .proc
+            .as_ref()
+            .and_then(|fs| tree_under(fs, self.me, &self.exclude))
             .unwrap_or_else(|| descendants(self.me, &self.exclude));
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
@@ -512,6 +497,7 @@ pub fn supervise(
         cgroup,
         me,
         exclude,
+        proc: vramguard_proc::ProcFs::open(PROC_ROOT).ok(),
     };
 
     enum Phase {

@@ -308,6 +308,48 @@ impl ProcFs {
         }))
     }
 
+    /// Direct children of `pid`, from `PID/task/*/children`: lists the kernel keeps exact, so
+    /// that a walk through them never misses a process the way one pass over the tree can (a
+    /// daemon's intermediate process exiting between two reads). `None` where the kernel has
+    /// no such files (built without `CONFIG_PROC_CHILDREN`); a process that is gone has none.
+    pub fn children(&self, pid: u32) -> Result<Option<Vec<u32>>, ProcError> {
+        let rel = format!("{pid}/task");
+        let Ok(dir) = self
+            .open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY)
+            .and_then(rustix::fs::Dir::new)
+        else {
+            return Ok(Some(Vec::new()));
+        };
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        for entry in dir.flatten() {
+            let Some(tid) = parse_pid(entry.file_name().to_bytes()) else {
+                continue;
+            };
+            let file = format!("{pid}/task/{tid}/children");
+            match self.read_into(&file, &mut buf)? {
+                Found::Yes(()) => out.extend(
+                    String::from_utf8_lossy(&buf)
+                        .split_ascii_whitespace()
+                        .filter_map(|s| s.parse::<u32>().ok()),
+                ),
+                // The thread has a directory but no `children` file: the kernel lacks them.
+                Found::Gone
+                    if self
+                        .open_rel(
+                            &format!("{pid}/task/{tid}"),
+                            OFlags::RDONLY | OFlags::DIRECTORY,
+                        )
+                        .is_ok() =>
+                {
+                    return Ok(None);
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// One observation for the work sampler: start time, CPU time used so far, and whether
     /// any thread is running (R). The thread states are read only when the main thread is
     /// not running itself, at most [`MAX_THREADS_OBSERVED`] of them.
