@@ -304,15 +304,7 @@ mod tests {
         assert!(open_append(&dangling).is_err());
         assert!(!dir.path().join("created-by-root").exists());
         // A FIFO is refused without blocking.
-        let fifo = dir.path().join("fifo");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        let fifo = make_fifo(dir.path());
         assert!(matches!(
             open_append(&fifo),
             Err(FileError::NotRegular { .. }) | Err(FileError::Io { .. })

@@ -182,12 +182,7 @@ fn reclaim_logging_to(world: &World, log: &std::path::Path) -> std::process::Out
 #[test]
 fn the_audit_log_is_never_written_through_a_link() {
     let world = World::new(1);
-    let mut trainer = spec(&world, json!([hold(0, 2)]));
-    trainer["group_leader"] = json!(true);
-    trainer["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
-        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } }]);
-    let mut t = start(&world, &["python3", "train.py"], trainer);
-    t.crash();
+    let t = crashed_trainer(&world);
     let victim = world.dir.path().join("victim");
     std::fs::write(&victim, "precious\n").unwrap();
     let link = world.dir.path().join("audit.jsonl");
@@ -259,12 +254,7 @@ impl Drop for SmallDisk {
 #[test]
 fn a_disk_that_fills_mid_record_stops_the_run_and_the_next_run_repairs_the_log() {
     let world = World::new(1);
-    let mut trainer = spec(&world, json!([hold(0, 2)]));
-    trainer["group_leader"] = json!(true);
-    trainer["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
-        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } }]);
-    let mut t = start(&world, &["python3", "train.py"], trainer);
-    t.crash();
+    let t = crashed_trainer(&world);
     let disk = SmallDisk::mount(world.dir.path().join("small"), "8k");
     let log = disk.0.join("audit.jsonl");
     // Earlier runs' records fill all but 60 bytes of the disk.

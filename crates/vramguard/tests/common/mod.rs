@@ -154,6 +154,18 @@ impl Holding {
     }
 }
 
+/// A trainer (group leader, 2 GiB on GPU 0) with one 1 GiB worker, SIGKILLed: the worker is
+/// an orphan of a dead job.
+pub fn crashed_trainer(world: &World) -> Holding {
+    let mut trainer = spec(world, json!([hold(0, 2)]));
+    trainer["group_leader"] = json!(true);
+    trainer["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } }]);
+    let mut t = start(world, &["python3", "train.py"], trainer);
+    t.crash();
+    t
+}
+
 /// Default spec fields.
 pub fn spec(world: &World, holds: Value) -> Value {
     json!({
