@@ -149,7 +149,13 @@ impl Drop for AgentProc {
 fn start_agent(world: &World, config: &str) -> AgentProc {
     let cfg = world.dir.path().join("bench.toml");
     std::fs::write(&cfg, config).unwrap();
-    let mut child = Command::new(BIN)
+    // AGENT_WRAP="heaptrack -o /tmp/agent" runs the agent under a profiler (its RSS figures
+    // are then the wrapper's).
+    let wrap = std::env::var("AGENT_WRAP").unwrap_or_default();
+    let mut argv: Vec<&str> = wrap.split_whitespace().collect();
+    argv.push(BIN);
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
         .env_remove("VRAMGUARD_SIM")
         .args([
             "--sim".as_ref(),
@@ -222,67 +228,70 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    {
-        let agent = start_agent(
-            &world,
-            "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n",
-        );
-        std::thread::sleep(Duration::from_secs(2));
-        let (ms, n) = per_sample(&agent, 15);
-        println!(
-            "steady state: {ms:.2} ms CPU per sample ({n:.0} samples), RSS {} KiB",
-            rss_kib(agent.child.id())
-        );
-        // Scrapers.
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let threads: Vec<_> = (0..scrapers)
-            .map(|_| {
-                let stop = stop.clone();
-                let addr = agent.addr;
-                std::thread::spawn(move || {
-                    let mut lat = Vec::new();
-                    let mut client = KeepAlive::new(addr);
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let t = Instant::now();
-                        let (code, len) = client.get("/metrics");
-                        assert_eq!(code, 200);
-                        assert!(len > 1000);
-                        lat.push(t.elapsed().as_secs_f64() * 1000.0);
-                        // Prometheus scrapes every few seconds; here, as fast as possible
-                        // with a short pause, so that 50 scrapers stay 50 concurrent requests.
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    lat
+    // SOAK_ONLY=1 skips straight to the soak.
+    if env_or("SOAK_ONLY", 0) == 0 {
+        {
+            let agent = start_agent(
+                &world,
+                "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n",
+            );
+            std::thread::sleep(Duration::from_secs(2));
+            let (ms, n) = per_sample(&agent, 15);
+            println!(
+                "steady state: {ms:.2} ms CPU per sample ({n:.0} samples), RSS {} KiB",
+                rss_kib(agent.child.id())
+            );
+            // Scrapers.
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let threads: Vec<_> = (0..scrapers)
+                .map(|_| {
+                    let stop = stop.clone();
+                    let addr = agent.addr;
+                    std::thread::spawn(move || {
+                        let mut lat = Vec::new();
+                        let mut client = KeepAlive::new(addr);
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            let t = Instant::now();
+                            let (code, len) = client.get("/metrics");
+                            assert_eq!(code, 200);
+                            assert!(len > 1000);
+                            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                            // Prometheus scrapes every few seconds; here, as fast as possible
+                            // with a short pause, so that 50 scrapers stay 50 concurrent requests.
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        lat
+                    })
                 })
-            })
-            .collect();
-        let (ms_loaded, _) = per_sample(&agent, 10);
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut lat: Vec<f64> = threads
-            .into_iter()
-            .flat_map(|t| t.join().unwrap())
-            .collect();
-        lat.sort_by(f64::total_cmp);
-        let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-        println!(
-            "/metrics under {scrapers} concurrent keep-alive scrapers: {} scrapes in 10 s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; agent CPU per sample meanwhile {ms_loaded:.2} ms, RSS {} KiB",
-            lat.len(),
-            pct(0.5),
-            pct(0.99),
-            lat[lat.len() - 1],
-            rss_kib(agent.child.id())
-        );
-    }
-    {
-        let agent = start_agent(
-            &world,
-            "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1ms\"\nfull_scan_every = \"1h\"\n",
-        );
-        std::thread::sleep(Duration::from_secs(2));
-        let (ms, n) = per_sample(&agent, 10);
-        println!(
-            "with a /proc listing in every sample: {ms:.2} ms CPU per sample ({n:.0} samples)"
-        );
+                .collect();
+            let (ms_loaded, _) = per_sample(&agent, 10);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let mut lat: Vec<f64> = threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect();
+            lat.sort_by(f64::total_cmp);
+            let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+            println!(
+                "/metrics under {scrapers} concurrent keep-alive scrapers: {} scrapes in 10 s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; agent CPU per sample meanwhile {ms_loaded:.2} ms, RSS {} KiB",
+                lat.len(),
+                pct(0.5),
+                pct(0.99),
+                lat[lat.len() - 1],
+                rss_kib(agent.child.id())
+            );
+        }
+        {
+            let agent = start_agent(
+                &world,
+                "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1ms\"\nfull_scan_every = \"1h\"\n",
+            );
+            std::thread::sleep(Duration::from_secs(2));
+            let (ms, n) = per_sample(&agent, 10);
+            println!(
+                "with a /proc listing in every sample: {ms:.2} ms CPU per sample ({n:.0} samples)"
+            );
+        }
     }
     let soak = env_or("SOAK_SECS", 0);
     if soak > 0 {

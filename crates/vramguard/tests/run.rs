@@ -80,48 +80,90 @@ fn run_job_with_grace(isolation: &str, script: &str, mark: &str, grace: &str) ->
         .unwrap()
 }
 
-const SHAPES: &[(&str, &str)] = &[
+/// Job shapes that leave processes behind: (what, script, escapers at least). Each escaper
+/// runs `$ESCAPE`, which records its pid in `$ESCAPED`, ignores SIGTERM and sleeps, so the
+/// test knows the shape really made it (a failing `setsid` would otherwise pass unseen) and
+/// vramguard has to wait out the grace period and SIGKILL it.
+const SHAPES: &[(&str, &str, usize)] = &[
     (
         "children that ignore SIGTERM",
-        "(trap '' TERM; sleep 60) & (trap '' TERM; sleep 60) & sleep 0.2; exit 0",
+        "sh -c \"$ESCAPE\" & sh -c \"$ESCAPE\" & sleep 0.2; exit 0",
+        2,
     ),
     (
         "a double-forked daemonized grandchild",
-        "( ( trap '' TERM; exec sleep 60 ) & ) ; sleep 0.2; exit 0",
+        "( sh -c \"$ESCAPE\" & ) ; sleep 0.2; exit 0",
+        1,
     ),
     (
         "a child that calls setsid",
-        "setsid sh -c \"trap '' TERM; exec sleep 60\" & sleep 0.2; exit 0",
+        "setsid sh -c \"$ESCAPE\" & sleep 0.2; exit 0",
+        1,
     ),
     (
         "a child stuck forking in a loop",
-        "(trap '' TERM; while :; do ( sleep 60 & ) ; done) & sleep 0.3; exit 0",
+        "(trap '' TERM; while :; do ( sh -c \"$ESCAPE\" & ) ; sleep 0.01; done) & sleep 0.3; exit 0",
+        2,
     ),
     (
         "a child that calls setpgrp (new group via setsid -f)",
-        "setsid -f sh -c \"trap '' TERM; exec sleep 60\"; sleep 0.2; exit 0",
+        "setsid -f sh -c \"$ESCAPE\"; sleep 0.2; exit 0",
+        1,
     ),
 ];
 
+const ESCAPE: &str = "echo $$ >> \"$ESCAPED\"; trap '' TERM; exec sleep 60";
+
 fn nothing_left_behind(isolation: &str) {
-    for (what, script) in SHAPES {
+    let grace = Duration::from_millis(1500);
+    for (what, script, at_least) in SHAPES {
+        let dir = tempfile::tempdir().unwrap();
+        let escaped = dir.path().join("escaped");
         let mark = marker();
         let _sweep = Sweep(mark.clone());
+        let (k, v) = mark.split_once('=').unwrap();
         let t = Instant::now();
-        let out = run_job(isolation, script, &mark);
-        assert_eq!(out.status.code(), Some(0), "{what}: {}", stderr(&out));
+        let out = Command::new(BIN)
+            .args(["run", "--grace", "1500ms", "--isolation", isolation])
+            .args(["--", "sh", "-c", script])
+            .env(k, v)
+            .env("ESCAPE", ESCAPE)
+            .env("ESCAPED", &escaped)
+            .env("NO_COLOR", "1")
+            .env_remove("VRAMGUARD_SIM")
+            .output()
+            .unwrap();
+        let took = t.elapsed();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{what}: {err}");
+        let pids: Vec<u32> = std::fs::read_to_string(&escaped)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        assert!(
+            pids.len() >= *at_least,
+            "{what} ({isolation}): the shape made {} escaper(s), meant {at_least}: {err}",
+            pids.len()
+        );
         let left = marked(&mark);
         assert!(
             left.is_empty(),
-            "{what} ({isolation}): left {left:?} behind\n{}",
-            stderr(&out)
+            "{what} ({isolation}): left {left:?} behind\n{err}"
         );
         assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{what}: took {:?}",
-            t.elapsed()
+            pids.iter().all(|p| !alive(*p)),
+            "{what} ({isolation}): an escaper is alive: {pids:?}"
         );
-        let err = stderr(&out);
+        // The escapers ignore SIGTERM: vramguard waits the whole grace period, then kills.
+        assert!(
+            took >= grace && took < grace + Duration::from_secs(4),
+            "{what} ({isolation}): --grace 1.5s honoured? took {took:?}\n{err}"
+        );
+        assert!(
+            err.contains("(SIGKILL after the grace period)"),
+            "{what}: {err}"
+        );
         let expected = if isolation == "cgroup" {
             "(cgroup)"
         } else {
@@ -330,30 +372,149 @@ fn sigkill_of_vramguard_does_not_leave_the_job_running() {
     }
 }
 
-#[test]
-fn as_pid_1_of_a_container_it_reaps_and_cleans_up() {
+/// The children of `pid` (from every thread's children list), with their run state.
+fn children_of(pid: u32) -> Vec<(u32, char)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut kids: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    kids.sort_unstable();
+    kids.dedup();
+    kids.into_iter()
+        .filter_map(|k| Some((k, state_of(k)?)))
+        .collect()
+}
+
+/// vramguard as PID 1 of a new PID namespace (as in a container without an init): it must
+/// reap the orphans that exit while the job runs, and clean up before it exits itself. When
+/// PID 1 exits the kernel SIGKILLs whatever is left in the namespace, so "nothing left
+/// afterwards" proves nothing: the leftover here records the SIGTERM only vramguard sends.
+fn as_pid_1(isolation: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (made, cleaned) = (dir.path().join("made"), dir.path().join("cleaned"));
     let mark = marker();
     let _sweep = Sweep(mark.clone());
     let (k, v) = mark.split_once('=').unwrap();
-    let out = Command::new("unshare")
-        .args([
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            BIN,
-            "run",
-            "--grace",
-            "300ms",
-            "--",
-            "sh",
-            "-c",
-            "(trap '' TERM; sleep 60) & exit 5",
-        ])
+    // Ten orphans that exit at once (each re-parented to PID 1, a zombie until reaped), a
+    // daemon that answers SIGTERM by writing a file, then the job runs on for a while.
+    let script = format!(
+        "for i in 1 2 3 4 5 6 7 8 9 10; do ( /bin/true & ) ; done; \
+         ( ( trap 'echo TERM > {cleaned}; exit 0' TERM; while :; do sleep 0.05; done ) & ) ; \
+         touch {made}; sleep 2; exit 5",
+        cleaned = cleaned.display(),
+        made = made.display()
+    );
+    let mut unshare = Reaped(
+        Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                BIN,
+                "run",
+                "--grace",
+                "3s",
+            ])
+            .args(["--isolation", isolation, "--", "sh", "-c", &script])
+            .env(k, v)
+            .env_remove("VRAMGUARD_SIM")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut vg = 0;
+    wait_until(10, "vramguard to start as PID 1", || {
+        vg = children_of(unshare.pid()).first().map_or(0, |c| c.0);
+        vg != 0
+    });
+    wait_until(10, "the job to make its orphans", || made.exists());
+    // The orphans have exited: none of vramguard's children may stay a zombie.
+    let mut zombies = Vec::new();
+    wait_until(1, "vramguard to reap the orphans", || {
+        zombies = children_of(vg)
+            .into_iter()
+            .filter(|(_, s)| *s == 'Z')
+            .collect();
+        zombies.is_empty()
+    });
+    assert!(
+        children_of(vg).len() >= 2,
+        "the job and the daemon run under vramguard: {:?}",
+        children_of(vg)
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut unshare.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(unshare.0.wait().unwrap().code(), Some(5), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&cleaned).unwrap_or_default().trim(),
+        "TERM",
+        "the daemon got SIGTERM from vramguard before it exited ({isolation}): {err}"
+    );
+    assert!(marked(&mark).is_empty());
+}
+
+#[test]
+fn as_pid_1_of_a_container_it_reaps_and_cleans_up() {
+    as_pid_1("group");
+    as_pid_1("cgroup");
+}
+
+#[test]
+fn sigint_reaches_the_job_when_started_as_a_background_job() {
+    // A shell without job control starts `vramguard run … &` with SIGINT and SIGQUIT
+    // ignored; the job must get them back at their default, or the Ctrl-C (or the SIGINT a
+    // scheduler sends) vramguard forwards would be lost, and the job would run on for the
+    // whole grace period.
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ignored = dir.path().join("sigign");
+    let mark = marker();
+    let _sweep = Sweep(mark.clone());
+    let (k, v) = mark.split_once('=').unwrap();
+    let script = format!(
+        "grep ^SigIgn: /proc/self/status > {f}.tmp; mv {f}.tmp {f}; exec sleep 60",
+        f = ignored.display()
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--grace", "30s", "--", "sh", "-c", &script])
         .env(k, v)
         .env_remove("VRAMGUARD_SIM")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+        .stderr(Stdio::null());
+    // SAFETY: signal() only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut vg = Reaped(cmd.spawn().unwrap());
+    wait_until(10, "the job to start", || ignored.exists());
+    let mask = std::fs::read_to_string(&ignored).unwrap();
+    let mask = u64::from_str_radix(mask.trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_eq!(
+        mask & ((1 << (libc::SIGINT - 1)) | (1 << (libc::SIGQUIT - 1))),
+        0,
+        "the job inherited SIGINT/SIGQUIT ignored: SigIgn {mask:x}"
+    );
+    wait_until(10, "the job to exec sleep", || marked(&mark).len() >= 3);
+    let t = Instant::now();
+    send(vg.pid(), "INT");
+    assert_eq!(vg.0.wait().unwrap().code(), Some(130));
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the job ended by the forwarded SIGINT, not after the 30 s grace: {:?}",
+        t.elapsed()
+    );
     assert!(marked(&mark).is_empty());
 }
 
