@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report, UnaccountedCause};
-use vramguard_core::snapshot::Snapshot;
+use vramguard_core::snapshot::{ProcessListState, Snapshot};
 use vramguard_core::trend::Trend;
 use vramguard_core::{Policy, classify};
 use vramguard_gpu::GpuSource;
@@ -191,7 +191,10 @@ impl Agent {
             ScanDepth::Cached => {}
         }
         for g in &snap.gpus {
-            if g.failure.is_some() {
+            // A process list the driver would not give is a failed call too: that GPU's
+            // holders are unknown for this sample.
+            if g.failure.is_some() || matches!(g.process_list, ProcessListState::Unavailable { .. })
+            {
                 self.metrics.error("gpu_call");
             }
             for _ in &g.warnings {

@@ -64,6 +64,7 @@ fn in_process_and_nvml_paths_agree() {
             code: 15,
             after_calls: 0,
             times: None,
+            delay_ms: None,
         });
     });
 
@@ -137,6 +138,7 @@ fn an_injected_init_failure_is_reported_with_advice() {
             code: 9,
             after_calls: 0,
             times: None,
+            delay_ms: None,
         })
     });
     let msg = nvml_sample(&world).unwrap_err().to_string();
@@ -166,6 +168,7 @@ fn a_timeout_after_some_calls_fails_only_that_gpu() {
             code: 10,
             after_calls: 1,
             times: None,
+            delay_ms: None,
         })
     });
     let mut src = {
@@ -282,6 +285,7 @@ fn both_with_fault(world: &World, gpu: usize, call: &str, code: u32) -> (NvmlSou
             code,
             after_calls: 0,
             times: None,
+            delay_ms: None,
         })
     });
     // SAFETY: every test that touches the environment holds NVML.

@@ -354,7 +354,8 @@ impl Sim {
         Ok(())
     }
 
-    /// Counts a call of `call` (on `gpu`) and returns the error code to inject, if any.
+    /// Counts a call of `call` (on `gpu`) and returns the error code to inject, if any, after
+    /// the fault's stall, if it has one.
     pub fn fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
         let count = self.calls.entry((call.to_string(), gpu)).or_insert(0);
         let n = *count;
@@ -366,14 +367,15 @@ impl Sim {
                 None => return None,
             },
         };
-        faults
-            .iter()
-            .find(|f| {
-                f.call == call
-                    && n >= f.after_calls
-                    && f.times.is_none_or(|t| n < f.after_calls.saturating_add(t))
-            })
-            .map(|f| f.code)
+        let fault = faults.iter().find(|f| {
+            f.call == call
+                && n >= f.after_calls
+                && f.times.is_none_or(|t| n < f.after_calls.saturating_add(t))
+        })?;
+        if let Some(ms) = fault.delay_ms {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        (fault.code != 0).then_some(fault.code)
     }
 
     /// What the driver would report now.

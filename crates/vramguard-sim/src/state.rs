@@ -261,14 +261,19 @@ pub struct SimAllocation {
     pub held_by: Vec<u32>,
 }
 
-/// An error injected into one NVML call.
+/// An error or a stall injected into one NVML call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
     /// The NVML function, e.g. `nvmlDeviceGetMemoryInfo_v2`.
     pub call: String,
-    /// The `nvmlReturn_t` to return, e.g. 15 (`GPU_IS_LOST`).
+    /// The `nvmlReturn_t` to return, e.g. 15 (`GPU_IS_LOST`); 0 (success) with `delay_ms`
+    /// for a call that only stalls.
     pub code: u32,
+    /// Block this long before answering, as a real driver does on a GPU in a bad state
+    /// (calls that hang for seconds before `GPU_IS_LOST` or `TIMEOUT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
     /// Succeed this many calls first (counted per process, per GPU).
     #[serde(default)]
     pub after_calls: u64,
@@ -385,10 +390,17 @@ impl SimState {
                         ),
                     ));
                 }
-                if f.code == 0 {
+                if f.code == 0 && f.delay_ms.is_none() {
                     return Err(invalid(
                         format!("{prefix}faults[{i}].code"),
-                        "0 is NVML_SUCCESS, not an error".into(),
+                        "0 is NVML_SUCCESS, not an error (add delay_ms for a call that only stalls)"
+                            .into(),
+                    ));
+                }
+                if f.delay_ms.is_some_and(|d| d > 600_000) {
+                    return Err(invalid(
+                        format!("{prefix}faults[{i}].delay_ms"),
+                        "at most 600000 (10 minutes)".into(),
                     ));
                 }
             }

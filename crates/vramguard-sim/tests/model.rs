@@ -282,6 +282,7 @@ fn faults_fire_after_n_calls_for_t_calls_per_gpu() {
             code: 15,
             after_calls: 2,
             times: Some(2),
+            delay_ms: None,
         })
     })
     .unwrap();
@@ -292,6 +293,44 @@ fn faults_fire_after_n_calls_for_t_calls_per_gpu() {
     assert_eq!(seen, vec![None, None, Some(15), Some(15), None]);
     assert_eq!(sim.fault("nvmlDeviceGetMemoryInfo_v2", Some(0)), None);
     assert_eq!(sim.fault("nvmlDeviceGetName", Some(1)), None);
+}
+
+#[test]
+fn a_stalled_call_blocks_then_answers() {
+    let w = World::new(None, vec![]);
+    store::update_state(&w.path(), |s| {
+        s.gpus[0].faults.push(Fault {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            code: 0,
+            after_calls: 1,
+            times: Some(1),
+            delay_ms: Some(300),
+        })
+    })
+    .unwrap();
+    let mut sim = w.sim();
+    let timed = |sim: &mut Sim| {
+        let t = std::time::Instant::now();
+        let r = sim.fault("nvmlDeviceGetMemoryInfo_v2", Some(0));
+        (r, t.elapsed())
+    };
+    let (r, fast) = timed(&mut sim);
+    assert_eq!(r, None);
+    assert!(fast < std::time::Duration::from_millis(100), "{fast:?}");
+    let (r, slow) = timed(&mut sim);
+    assert_eq!(r, None, "a stall with code 0 then succeeds");
+    assert!(slow >= std::time::Duration::from_millis(300), "{slow:?}");
+    assert!(timed(&mut sim).1 < std::time::Duration::from_millis(100));
+    // A stall alone is valid; code 0 without one is not an error at all.
+    let err = store::update_state(&w.path(), |s| {
+        s.gpus[0].faults[0].delay_ms = None;
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("faults[0].code") && err.contains("delay_ms"),
+        "{err}"
+    );
 }
 
 #[test]

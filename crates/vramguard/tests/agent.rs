@@ -118,45 +118,74 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
     let world = World::new(2);
     let h = world.holder(&["nvidia0"], 60);
     world.allocate(allocation(0, h.pid(), GIB));
+    // First a transient Timeout on GPU 0's process list (two calls), alone: it must count
+    // exactly two errors and leave GPU 0 up and read.
     world.update(|s| {
-        s.gpus[1].faults.push(vramguard_sim::state::Fault {
-            call: "nvmlDeviceGetMemoryInfo_v2".into(),
-            code: 15,
-            after_calls: 2,
-            times: None,
-        });
         s.gpus[0].faults.push(vramguard_sim::state::Fault {
             call: "nvmlDeviceGetComputeRunningProcesses_v3".into(),
             code: 10,
             after_calls: 3,
             times: Some(2),
+            delay_ms: None,
         });
     });
     let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    let errors = |m: &str| {
+        sample(
+            m,
+            "vramguard_collection_errors_total",
+            &["kind=\"gpu_call\""],
+        )
+        .unwrap_or(0.0)
+    };
+    wait_until(10, "GPU 0's two timeouts to be counted", || {
+        errors(&agent.metrics()) >= 2.0
+    });
+    let collections = |m: &str| {
+        ["full", "new_processes", "holders", "cached"]
+            .iter()
+            .filter_map(|k| {
+                sample(
+                    m,
+                    "vramguard_collections_total",
+                    &[&format!("kind=\"{k}\"")],
+                )
+            })
+            .sum::<f64>()
+    };
+    let before = collections(&agent.metrics());
+    wait_until(10, "more collections after the fault", || {
+        collections(&agent.metrics()) >= before + 5.0
+    });
+    let m = agent.metrics();
+    assert_eq!(errors(&m), 2.0, "exactly the two injected timeouts: {m}");
+    assert_eq!(sample(&m, "vramguard_up", &["gpu=\"0\""]), Some(1.0));
+    assert_eq!(sample(&m, "vramguard_up", &["gpu=\"1\""]), Some(1.0));
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_gpu_holders",
+            &["gpu=\"0\"", "class=\"active\""]
+        ),
+        Some(1.0),
+        "GPU 0's holder is listed again after the timeouts: {m}"
+    );
+    // Then GPU 1 is lost for good: it is reported down, GPU 0 is still read.
+    world.update(|s| {
+        s.gpus[1].faults.push(vramguard_sim::state::Fault {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            code: 15,
+            after_calls: 0,
+            times: None,
+            delay_ms: None,
+        });
+    });
     wait_until(10, "GPU 1 to be reported down", || {
         sample(&agent.metrics(), "vramguard_up", &["gpu=\"1\""]) == Some(0.0)
     });
-    wait_until(10, "the timeout to pass", || {
-        sample(
-            &agent.metrics(),
-            "vramguard_collections_total",
-            &["kind=\"cached\""],
-        )
-        .unwrap_or(0.0)
-            > 8.0
-    });
     let m = agent.metrics();
     assert_eq!(sample(&m, "vramguard_up", &["gpu=\"0\""]), Some(1.0));
-    assert!(
-        sample(
-            &m,
-            "vramguard_collection_errors_total",
-            &["kind=\"gpu_call\""]
-        )
-        .unwrap_or(0.0)
-            >= 2.0,
-        "{m}"
-    );
+    assert!(errors(&m) > 2.0, "GPU 1's failures are counted: {m}");
     assert_eq!(
         sample(&m, "vramguard_gpu_memory_used_bytes", &["gpu=\"0\""]),
         Some(GIB as f64),

@@ -375,6 +375,7 @@ fn a_lost_gpu_is_reported_and_the_others_still_are() {
             code: 15,
             after_calls: 0,
             times: None,
+            delay_ms: None,
         })
     });
     for path in [Path_::Nvml, Path_::InProcess] {
