@@ -295,7 +295,15 @@ fn main() {
     }
     let soak = env_or("SOAK_SECS", 0);
     if soak > 0 {
-        let agent = start_agent(&world, "[agent]\ninterval = \"1s\"\n");
+        // SOAK_CONFIG adds lines to the soak's [agent] table (e.g. shorter windows).
+        let extra = std::env::var("SOAK_CONFIG").unwrap_or_default();
+        let agent = start_agent(
+            &world,
+            &format!(
+                "[agent]\ninterval = \"1s\"\n{}\n",
+                extra.replace("\\n", "\n")
+            ),
+        );
         let t = Instant::now();
         let mut churn: Vec<Child> = Vec::new();
         let mut rss = Vec::new();

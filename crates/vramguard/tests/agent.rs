@@ -905,3 +905,405 @@ fn behind_tls_and_a_password_a_real_prometheus_still_scrapes() {
         prom_query(prom_addr, "vramguard_up{gpu=\"0\"}")["data"]["result"][0]["value"][1] == "1"
     });
 }
+
+/// The state of `alert` in Prometheus: "pending", "firing", or None when it is not active.
+fn alert_state(prom: SocketAddr, alert: &str) -> Option<String> {
+    let r = prom_query(prom, &format!("ALERTS{{alertname=\"{alert}\"}}"));
+    let states: Vec<String> = r["data"]["result"]
+        .as_array()?
+        .iter()
+        .filter_map(|s| s["metric"]["alertstate"].as_str().map(String::from))
+        .collect();
+    if states.iter().any(|s| s == "firing") {
+        Some("firing".into())
+    } else {
+        states.into_iter().next()
+    }
+}
+
+/// Makes `alert` fire with `cause`, then resolve with `cure`; records that it was tested.
+fn fires_and_resolves(
+    prom: SocketAddr,
+    tested: &mut Vec<String>,
+    alert: &str,
+    cause: impl FnOnce(),
+    cure: impl FnOnce(),
+) {
+    // Quiet before its cause (a step in used memory from an earlier case looks like a leak
+    // for a while in a 20-second trend window).
+    let quiet = (0..400).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        alert_state(prom, alert).is_none()
+    });
+    assert!(
+        quiet,
+        "{alert} is not quiet before its cause: {}\n{}\n{}",
+        prom_query(prom, &format!("ALERTS{{alertname=\"{alert}\"}}")),
+        prom_query(prom, "vramguard_gpu_leak_slope_lower_bytes_per_second[40s]"),
+        prom_query(prom, "vramguard_gpu_memory_used_bytes{gpu=\"0\"}[40s]"),
+    );
+    cause();
+    wait_until(40, &format!("{alert} to fire"), || {
+        alert_state(prom, alert).as_deref() == Some("firing")
+    });
+    cure();
+    wait_until(40, &format!("{alert} to resolve"), || {
+        alert_state(prom, alert).is_none()
+    });
+    tested.push(alert.to_string());
+}
+
+/// The shipped rules for a test: `for` durations of 1 s, the Xid window 10 s, the stall
+/// threshold 3 s; the expressions are otherwise the shipped ones.
+fn rules_for_test() -> String {
+    std::fs::read_to_string(deploy("prometheus/vramguard-rules.yml"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("for:") {
+                "        for: 1s".to_string()
+            } else {
+                l.replace("[15m]", "[10s]").replace(
+                    "vramguard_last_collection_timestamp_seconds > 120",
+                    "vramguard_last_collection_timestamp_seconds > 3",
+                )
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn shipped_alert_names() -> Vec<String> {
+    let text = std::fs::read_to_string(deploy("prometheus/vramguard-rules.yml")).unwrap();
+    let docs = yaml_rust2::YamlLoader::load_from_str(&text).unwrap();
+    let mut names: Vec<String> = docs[0]["groups"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_vec().unwrap().iter())
+        .filter_map(|r| r["alert"].as_str().map(String::from))
+        .collect();
+    names.sort();
+    names
+}
+
+fn set_allocation(world: &World, pid: u32, bytes: u64) {
+    world.update(|s| {
+        for a in s.allocations.iter_mut().filter(|a| a.pid == pid) {
+            a.bytes = bytes;
+        }
+    });
+}
+
+/// Every alert rule in `deploy/prometheus` fires against a real agent on the simulated
+/// driver, scraped by a real Prometheus, and resolves when its cause is gone; afterwards every
+/// Grafana dashboard query returns data.
+#[test]
+fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
+    let world = World::new(2);
+    // GPU 1 is a V100: it retires pages instead of remapping rows.
+    world.update(|s| {
+        s.gpus[1].name = "Tesla V100-SXM2-32GB".into();
+        s.gpus[1].total_bytes = 32 * GIB;
+        s.gpus[1].health.remapped_rows = None;
+        s.gpus[1].health.retired_pages = Some(Default::default());
+    });
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        "[agent]\ninterval = \"250ms\"\ntrend_window = \"20s\"\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yml"), rules_for_test()).unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{}']\n",
+            agent.addr
+        ),
+    )
+    .unwrap();
+    let (_prom, prom) = prometheus(dir.path());
+    wait_until(20, "the first scrape", || {
+        prom_query(prom, "up{job=\"vramguard\"}")["data"]["result"][0]["value"][1] == "1"
+    });
+    let mut tested = Vec::new();
+    // A live job that stays throughout: the top-holders panel has it.
+    let live = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 600);
+    world.allocate(allocation(0, live.pid(), GIB));
+
+    // A crashed job: its workers are orphans holding memory no live job owns.
+    let mut j = job(&world, 300);
+    j.crash();
+    let both = ["VramguardOrphanHolders", "VramguardGhostMemory"];
+    for alert in both {
+        wait_until(40, &format!("{alert} to fire"), || {
+            alert_state(prom, alert).as_deref() == Some("firing")
+        });
+    }
+    for w in &j.workers {
+        let _ = Command::new("kill")
+            .args(["-KILL", &w.to_string()])
+            .status();
+    }
+    drop(j);
+    for alert in both {
+        wait_until(40, &format!("{alert} to resolve"), || {
+            alert_state(prom, alert).is_none()
+        });
+        tested.push(alert.to_string());
+    }
+
+    // Nearly full.
+    let m = agent.metrics();
+    let total = sample(&m, "vramguard_gpu_memory_total_bytes", &["gpu=\"0\""]).unwrap() as u64;
+    let used = sample(&m, "vramguard_gpu_memory_used_bytes", &["gpu=\"0\""]).unwrap() as u64;
+    let big = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 600);
+    world.allocate(allocation(0, big.pid(), 0));
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuMemoryFull",
+        || set_allocation(&world, big.pid(), total / 100 * 99 - used),
+        || set_allocation(&world, big.pid(), 0),
+    );
+
+    // A leak: a live holder grows by 256 MiB a second, then stops and frees it.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (go, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let grower = {
+        let (go, stop, state, pid) = (go.clone(), stop.clone(), world.state_path(), big.pid());
+        std::thread::spawn(move || {
+            let mut bytes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if !go.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                bytes += 64 << 20;
+                vramguard_sim::store::update_state(&state, |s| {
+                    for a in s.allocations.iter_mut().filter(|a| a.pid == pid) {
+                        a.bytes = bytes;
+                    }
+                })
+                .unwrap();
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuMemoryLeak",
+        || go.store(true, Ordering::Relaxed),
+        || {
+            stop.store(true, Ordering::Relaxed);
+            set_allocation(&world, big.pid(), 0);
+        },
+    );
+    grower.join().unwrap();
+
+    // GPU 0 stops answering, then comes back.
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuLost",
+        || {
+            world.update(|s| {
+                s.gpus[0].faults.push(vramguard_sim::state::Fault {
+                    call: "nvmlDeviceGetMemoryInfo_v2".into(),
+                    code: 15,
+                    after_calls: 0,
+                    times: None,
+                    delay_ms: None,
+                })
+            })
+        },
+        || world.update(|s| s.gpus[0].faults.clear()),
+    );
+
+    // Memory health: a remap waits for a reset; a remap failed; a V100's pages wait.
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuRowRemapPending",
+        || {
+            world.update(|s| {
+                s.gpus[0].health.remapped_rows = Some(vramguard_sim::state::SimRemappedRows {
+                    correctable: 1,
+                    pending: true,
+                    ..Default::default()
+                })
+            })
+        },
+        // The GPU is in use, so no reset here: the remap is applied as a reset would.
+        || {
+            world.update(|s| {
+                s.gpus[0].health.remapped_rows = Some(vramguard_sim::state::SimRemappedRows {
+                    correctable: 1,
+                    ..Default::default()
+                })
+            })
+        },
+    );
+    // The same rule on a V100, whose retired pages wait for a reset.
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuRowRemapPending",
+        || {
+            world.update(|s| {
+                s.gpus[1].health.retired_pages = Some(vramguard_sim::state::SimRetiredPages {
+                    double_bit_ecc: vec![0x1000],
+                    pending: true,
+                    ..Default::default()
+                })
+            })
+        },
+        || {
+            let _ = vramguard_sim::Sim::open(world.state_path())
+                .unwrap()
+                .reset(1)
+                .unwrap();
+        },
+    );
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuRowRemapFailure",
+        || {
+            world.update(|s| {
+                s.gpus[0].health.remapped_rows = Some(vramguard_sim::state::SimRemappedRows {
+                    failure: true,
+                    ..Default::default()
+                })
+            })
+        },
+        || world.update(|s| s.gpus[0].health.remapped_rows = Some(Default::default())),
+    );
+
+    // Two Xid 79s a few seconds apart (a counter's first sample is not an increase).
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardGpuCriticalXid",
+        || {
+            world.update(|s| s.gpus[1].health.xid_events.push(79));
+            wait_until(20, "the first Xid in Prometheus", || {
+                prom_query(prom, "vramguard_gpu_xid_events_total{xid=\"79\"}")["data"]["result"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty())
+            });
+            world.update(|s| s.gpus[1].health.xid_events.push(79));
+        },
+        || {},
+    );
+
+    // Every call stalls for 15 s: collection stops, the HTTP side still answers,
+    // and /healthz turns 503 while it lasts.
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardCollectionStalled",
+        || {
+            world.update(|s| {
+                s.gpus[0].faults.push(vramguard_sim::state::Fault {
+                    call: "nvmlDeviceGetMemoryInfo_v2".into(),
+                    code: 0,
+                    after_calls: 0,
+                    times: None,
+                    delay_ms: Some(15_000),
+                })
+            });
+            wait_until(20, "/healthz to report the stall", || {
+                agent.get("/healthz").0 == 503
+            });
+        },
+        || {
+            world.update(|s| s.gpus[0].faults.clear());
+            wait_until(20, "/healthz to recover", || agent.get("/healthz").0 == 200);
+        },
+    );
+
+    // The agent stops answering scrapes (stopped, as a hung process would be).
+    let pid = agent.child.pid().to_string();
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardAgentDown",
+        || {
+            Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        },
+        || {
+            Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+        },
+    );
+
+    tested.sort();
+    tested.dedup();
+    assert_eq!(
+        tested,
+        shipped_alert_names(),
+        "every shipped rule is exercised"
+    );
+
+    // One more exit, now that the release-lag histogram exists in Prometheus: a rate needs
+    // an increase between two scrapes.
+    let count = || {
+        prom_query(prom, "sum(vramguard_release_lag_seconds_count)")["data"]["result"][0]["value"]
+            [1]
+        .as_str()
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+    };
+    let before = count();
+    let short = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 600);
+    world.allocate(allocation(0, short.pid(), GIB));
+    wait_until(10, "the short job in the metrics", || {
+        agent
+            .metrics()
+            .contains(&format!("pid=\"{}\"", short.pid()))
+    });
+    drop(short);
+    wait_until(20, "its release lag in Prometheus", || count() > before);
+
+    // Every query of the Grafana dashboard returns data after these incidents.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy("grafana/vramguard-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut n = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap().replace("$instance", ".*");
+            let has_data = |r: &Value| {
+                r["status"] == "success"
+                    && r["data"]["result"].as_array().is_some_and(|r| {
+                        !r.is_empty()
+                            && r.iter().all(|s| {
+                                s["value"][1]
+                                    .as_str()
+                                    .and_then(|v| v.parse::<f64>().ok())
+                                    .is_some_and(f64::is_finite)
+                            })
+                    })
+            };
+            let mut last = Value::Null;
+            let ok = (0..100).any(|_| {
+                last = prom_query(prom, &expr);
+                has_data(&last) || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    false
+                }
+            });
+            assert!(ok, "no data for panel {:?}: {expr}: {last}", p["title"]);
+            n += 1;
+        }
+    }
+    assert!(n >= 15, "{n} dashboard queries checked");
+    drop(live);
+    drop(big);
+}
