@@ -346,23 +346,29 @@ fn main() {
             rss[0],
             rss[rss.len() - 1]
         );
-        // The slope after the first minute (start-up allocations), with its 95% interval:
-        // a leak is a slope whose interval stays above zero.
-        let settled: Vec<(f64, f64)> = points.into_iter().filter(|(m, _)| *m >= 1.0).collect();
-        match vramguard_core::trend::theil_sen(&settled) {
-            Some(tr) => println!(
-                "soak {soak}s: RSS slope {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
-                tr.slope,
-                tr.ci_low,
-                tr.ci_high,
-                tr.n,
-                if tr.ci_low > 0.0 {
-                    ": rising"
-                } else {
-                    ": the interval includes zero"
-                }
-            ),
-            None => println!("soak {soak}s: too short for a slope (run at least 3 minutes)"),
+        // Slopes with their 95% intervals: after the first minute (start-up allocations), and
+        // in steady state, once the trend window (30 min by default) and the timeline have
+        // filled (SOAK_SETTLE_SECS, by default half the run up to 30 min). A leak is a
+        // steady-state slope whose interval stays above zero.
+        let settle = env_or("SOAK_SETTLE_SECS", (soak / 2).min(1800)) as f64 / 60.0;
+        for (what, from) in [("after the first minute", 1.0), ("in steady state", settle)] {
+            let part: Vec<(f64, f64)> =
+                points.iter().copied().filter(|(m, _)| *m >= from).collect();
+            match vramguard_core::trend::theil_sen(&part) {
+                Some(tr) => println!(
+                    "soak {soak}s: RSS slope {what} (from minute {from:.0}): {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
+                    tr.slope,
+                    tr.ci_low,
+                    tr.ci_high,
+                    tr.n,
+                    if tr.ci_low > 0.0 {
+                        ": rising"
+                    } else {
+                        ": the interval includes zero"
+                    }
+                ),
+                None => println!("soak {soak}s: too short for a slope {what}"),
+            }
         }
     }
 }

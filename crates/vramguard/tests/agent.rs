@@ -356,12 +356,17 @@ fn sinks_see_exactly_one_firing_and_one_resolved_per_incident() {
 #[test]
 fn sighup_reloads_the_config_and_keeps_it_when_the_new_one_is_bad() {
     let world = World::new(1);
-    let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    let rule =
+        |name: &str| format!("[[alerts.rule]]\nname = \"{name}\"\nwhen = \"orphan_holders\"\n");
+    let agent = Agent::start(
+        &world,
+        Path_::InProcess,
+        &format!("[agent]\ninterval = \"200ms\"\n{}", rule("old")),
+    );
     let cfg = world
         .dir
         .path()
         .join(format!("agent-{}.toml", std::process::id()));
-    std::fs::write(&cfg, "[agent]\ninterval = \"forever\"\n").unwrap();
     let hup = |pid: u32| {
         assert!(
             Command::new("kill")
@@ -371,6 +376,19 @@ fn sighup_reloads_the_config_and_keeps_it_when_the_new_one_is_bad() {
                 .success()
         );
     };
+    let firing = |rule: &str| {
+        sample(
+            &agent.metrics(),
+            "vramguard_alert_firing",
+            &[&format!("rule=\"{rule}\"")],
+        )
+    };
+    // A config whose rules are fine but whose interval is not: nothing of it may apply.
+    std::fs::write(
+        &cfg,
+        format!("[agent]\ninterval = \"forever\"\n{}", rule("partial")),
+    )
+    .unwrap();
     hup(agent.child.pid());
     wait_until(5, "the reload failure to be logged", || {
         agent.log_text().contains("config reload failed")
@@ -380,25 +398,25 @@ fn sighup_reloads_the_config_and_keeps_it_when_the_new_one_is_bad() {
         "{}",
         agent.log_text()
     );
-    assert_eq!(
-        agent.get("/healthz").0,
-        200,
-        "still running on the old config"
-    );
-    std::fs::write(&cfg, "[agent]\ninterval = \"200ms\"\n[[alerts.rule]]\nname = \"orphans\"\nwhen = \"orphan_holders\"\n").unwrap();
+    assert_eq!(agent.get("/healthz").0, 200);
+    // Still the old config: its rule fires on an incident, the new one does not exist.
+    let mut j = job(&world, 0);
+    j.crash();
+    wait_until(5, "the old rule to fire", || firing("old") == Some(1.0));
+    assert_eq!(firing("partial"), None, "{}", agent.metrics());
+    // A good config replaces the old one whole.
+    std::fs::write(
+        &cfg,
+        format!("[agent]\ninterval = \"200ms\"\n{}", rule("new")),
+    )
+    .unwrap();
     hup(agent.child.pid());
     wait_until(5, "the reload", || {
         agent.log_text().contains("config reloaded")
     });
-    let mut j = job(&world, 0);
-    j.crash();
-    wait_until(5, "the new rule to fire", || {
-        sample(
-            &agent.metrics(),
-            "vramguard_alert_firing",
-            &["rule=\"orphans\""],
-        ) == Some(1.0)
-    });
+    wait_until(5, "the new rule to fire", || firing("new") == Some(1.0));
+    assert_eq!(firing("old"), None, "{}", agent.metrics());
+    drop(j);
 }
 
 #[test]
@@ -705,6 +723,80 @@ fn get_raw(addr: std::net::SocketAddr, path: &str) -> String {
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
     buf
+}
+
+#[test]
+fn beyond_top_holders_the_rest_is_summed_per_class_under_pid_other() {
+    let world = World::new(1);
+    // Five live jobs of 5, 4, 3, 2 and 1 GiB, and the orphaned 1 GiB worker of a crashed one.
+    let live: Vec<Reaped> = (1..=5)
+        .map(|gib| {
+            let h = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 600);
+            world.allocate(allocation(0, h.pid(), gib * GIB));
+            h
+        })
+        .collect();
+    let crashed = crashed_trainer(&world);
+    let agent = Agent::start(
+        &world,
+        Path_::InProcess,
+        "[agent]\ninterval = \"200ms\"\ntop_holders = 2\n",
+    );
+    let series = |m: &str| -> Vec<String> {
+        m.lines()
+            .filter(|l| l.starts_with("vramguard_holder_memory_bytes{"))
+            .map(String::from)
+            .collect()
+    };
+    wait_until(10, "the orphan in the metrics", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_holder_memory_bytes",
+            &["pid=\"other\"", "class=\"orphan\""],
+        )
+        .is_some()
+    });
+    let m = agent.metrics();
+    let lines = series(&m);
+    assert_eq!(
+        lines.len(),
+        4,
+        "two holders, then one 'other' per class: {lines:#?}"
+    );
+    let of = |pid: u32| {
+        sample(
+            &m,
+            "vramguard_holder_memory_bytes",
+            &[&format!("pid=\"{pid}\"")],
+        )
+    };
+    assert_eq!(of(live[4].pid()), Some((5 * GIB) as f64));
+    assert_eq!(of(live[3].pid()), Some((4 * GIB) as f64));
+    assert_eq!(
+        of(live[2].pid()),
+        None,
+        "beyond top_holders: no series of its own"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_holder_memory_bytes",
+            &["pid=\"other\"", "class=\"active\""]
+        ),
+        Some((6 * GIB) as f64),
+        "3 + 2 + 1 GiB of live jobs: {lines:#?}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_holder_memory_bytes",
+            &["pid=\"other\"", "class=\"orphan\""]
+        ),
+        Some(GIB as f64),
+        "{lines:#?}"
+    );
+    drop(crashed);
+    drop(live);
 }
 
 #[test]

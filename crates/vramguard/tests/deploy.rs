@@ -159,13 +159,36 @@ fn the_systemd_unit_verifies() {
         .filter(|l| !l.is_empty() && !l.contains("nvidia-persistenced.service"))
         .collect();
     assert!(complaints.is_empty(), "{stderr}");
-    // And the agent accepts the command line (up to its first sample).
+    // And the agent runs with that command line: it serves its first collection.
     let exec = text
         .lines()
         .find_map(|l| l.strip_prefix("ExecStart=/usr/local/bin/vramguard "))
         .unwrap();
-    let args: Vec<&str> = exec.split_whitespace().collect();
-    Vg::bare().args(&args).args(["--help"]).code(0);
+    let world = World::new(1);
+    let cfg = config(&world, "[agent]\nlisten = \"127.0.0.1:0\"\n");
+    let args: Vec<String> = exec
+        .split_whitespace()
+        .map(|a| match a {
+            "/etc/vramguard/config.toml" => cfg.display().to_string(),
+            _ => a.to_string(),
+        })
+        .collect();
+    agent_serves(&world, &args);
+}
+
+/// Starts `vramguard ARGS` (on the simulated driver of `world`) and checks that it is an agent
+/// that collects and serves its metrics.
+fn agent_serves(world: &World, args: &[String]) {
+    let mut cmd = Command::new(BIN);
+    cmd.env("VRAMGUARD_SIM", world.state_path()).args(args);
+    let agent = Agent::spawn(cmd, true);
+    let (code, body) = agent.get("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        sample(&body, "vramguard_up", &["gpu=\"0\""]) == Some(1.0),
+        "{body}"
+    );
+    assert_eq!(agent.get("/healthz").0, 200);
 }
 
 fn which(tool: &str) -> Result<PathBuf, ()> {
@@ -224,7 +247,20 @@ fn the_kubernetes_manifests_hold_together_and_their_commands_run() {
     // The agent's command line and the ConfigMap's config are accepted by the binary.
     let world = World::new(1);
     let cm = docs.iter().find(|d| kind(d) == "ConfigMap").unwrap();
-    let cfg = config(&world, cm["data"]["config.toml"].as_str().unwrap());
+    let shipped = cm["data"]["config.toml"].as_str().unwrap();
+    // The agent listens where the pod's port and its probe point.
+    let port = agent["ports"][0]["containerPort"].as_i64().unwrap();
+    assert_eq!(
+        agent["readinessProbe"]["httpGet"]["port"].as_i64(),
+        Some(port)
+    );
+    let listen = format!("listen = \"0.0.0.0:{port}\"");
+    assert!(shipped.contains(&listen), "{shipped}");
+    // Here on a free loopback port, as the test cannot own port {port}.
+    let cfg = config(
+        &world,
+        &shipped.replace(&listen, "listen = \"127.0.0.1:0\""),
+    );
     let args: Vec<String> = strings(&agent["args"])
         .into_iter()
         .map(|a| match a.as_str() {
@@ -234,10 +270,7 @@ fn the_kubernetes_manifests_hold_together_and_their_commands_run() {
         })
         .collect();
     assert!(args.iter().any(|a| a == "agent"), "{args:?}");
-    Vg::new(&world, Path_::InProcess)
-        .args(&args)
-        .args(["--help"])
-        .code(0);
+    agent_serves(&world, &args);
     Vg::new(&world, Path_::InProcess)
         .args(["--config".as_ref(), cfg.as_os_str(), "diagnose".as_ref()])
         .code(0);

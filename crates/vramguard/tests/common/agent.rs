@@ -54,17 +54,21 @@ impl Agent {
                 });
             }
         }
-        let mut child = cmd
-            .args([
-                "--config".as_ref(),
-                cfg.as_os_str(),
-                "agent".as_ref(),
-                "--listen".as_ref(),
-                "127.0.0.1:0".as_ref(),
-            ])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        cmd.args([
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "agent".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ]);
+        // Behind TLS or a password, plain requests cannot tell; the caller checks.
+        Agent::spawn(cmd, !config.contains("web_config"))
+    }
+
+    /// Starts an agent from a prepared command (its stderr is taken here); waits for the
+    /// first collection when `wait_ready`.
+    pub fn spawn(mut cmd: Command, wait_ready: bool) -> Agent {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
         let l2 = log.clone();
@@ -93,8 +97,7 @@ impl Agent {
             addr: addr.unwrap(),
             log,
         };
-        // Behind TLS or a password, plain requests cannot tell; the caller checks.
-        if !config.contains("web_config") {
+        if wait_ready {
             wait_until(20, "the first collection", || {
                 agent.get("/healthz").0 == 200
             });
