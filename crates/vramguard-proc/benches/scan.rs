@@ -27,20 +27,48 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
-fn time_cmd(program: &str, args: &[String]) -> Option<Duration> {
+/// Median of three runs of a tool, and its output of the last run; `None` when it is not
+/// installed. A run that fails stops the bench: a figure from a failed tool means nothing.
+fn time_cmd(program: &str, args: &[String]) -> Option<(Duration, String)> {
     let mut runs = Vec::new();
+    let mut text = String::new();
     for _ in 0..3 {
         let t = Instant::now();
-        let out = Command::new(program)
+        let out = match Command::new(program)
             .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .ok()?;
-        let _ = out;
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("{program}: {e}"),
+        };
         runs.push(t.elapsed());
+        assert!(
+            out.status.success(),
+            "{program} {} failed: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    Some(median(runs))
+    Some((median(runs), text))
+}
+
+/// How many of `pids` a tool's output names (as whole words).
+fn named(text: &str, pids: &[u32]) -> usize {
+    let words: std::collections::HashSet<&str> = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .collect();
+    pids.iter()
+        .filter(|p| words.contains(p.to_string().as_str()))
+        .count()
 }
 
 fn main() {
@@ -89,6 +117,8 @@ fn main() {
         }
         kids.0.push(cmd.spawn().expect("spawn"));
     }
+    // The children have their copies: the bench itself holds no device file from here on.
+    drop((plain, holding));
     let pids: Vec<u32> = kids.0.iter().map(|c| c.id()).collect();
     // Wait until every process holds its files.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -101,9 +131,14 @@ fn main() {
                     .unwrap_or(false)
             })
             .count();
-        if ready == pids.len() || Instant::now() > deadline {
+        if ready == pids.len() {
             break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "setup: after 120 s only {ready} of {} processes hold their files",
+            pids.len()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let total_fds: usize = std::fs::read_dir("/proc")
@@ -125,15 +160,21 @@ fn main() {
     let holder_pids: Vec<u32> = pids[..holders].to_vec();
     let mut full = Vec::new();
     for _ in 0..5 {
+        // No pids from the driver: like fuser, the scan must find the holders by their fds.
         let t = Instant::now();
         let mut c = ProcCollector::new("/proc", &dev).unwrap();
-        let got = c.collect(&holder_pids, ScanDepth::Full, 0).unwrap();
+        let got = c.collect(&[], ScanDepth::Full, 0).unwrap();
         full.push(t.elapsed());
-        assert!(
-            got.processes.len() >= holders,
-            "found {} holders",
-            got.processes.len()
-        );
+        let mut found: Vec<u32> = got
+            .processes
+            .iter()
+            .filter(|p| p.device_files.gpu_minors().next().is_some())
+            .map(|p| p.pid)
+            .collect();
+        found.sort_unstable();
+        let mut want = holder_pids.clone();
+        want.sort_unstable();
+        assert_eq!(found, want, "the full scan finds exactly the holders");
     }
     let full = median(full);
 
@@ -202,8 +243,22 @@ fn main() {
     }
 
     println!("full fd scan (vramguard):          {}", ms(full));
+    if let Some((_, text)) = &fuser {
+        assert_eq!(
+            named(text, &holder_pids),
+            holders,
+            "fuser names every holder"
+        );
+    }
+    if let Some((_, text)) = &lsof {
+        assert_eq!(
+            named(text, &holder_pids),
+            holders,
+            "lsof names every holder"
+        );
+    }
     match fuser {
-        Some(f) => println!(
+        Some((f, _)) => println!(
             "fuser -v on the 3 device files:    {}   ({:.1}x the full scan)",
             ms(f),
             f.as_secs_f64() / full.as_secs_f64()
@@ -213,7 +268,7 @@ fn main() {
         }
     }
     match lsof {
-        Some(l) => println!(
+        Some((l, _)) => println!(
             "lsof on the 3 device files:        {}   ({:.1}x the full scan)",
             ms(l),
             l.as_secs_f64() / full.as_secs_f64()

@@ -1,11 +1,16 @@
 //! The agent under load, not in CI: `cargo bench -p vramguard --bench agent`.
 //!
-//! Starts PROCS processes (HOLDERS of them holding simulated GPU memory), runs `vramguard
-//! agent` on them, and prints:
-//! - CPU time per steady-state sample and RSS of the agent process (from /proc/PID);
-//! - the same with a /proc listing (new-process discovery) in every sample;
+//! Starts PROCS processes with FDS_EACH fds each (HOLDERS of them holding simulated GPU
+//! memory), the scan bench's population, runs `vramguard agent` on them, and prints:
+//! - CPU per sample at the default configuration over MEASURE_SECS (periodic /proc listings
+//!   and full fd scans included), CPU from every thread's `schedstat` in nanoseconds;
+//! - the same for a tuned agent (interval 250 ms, no periodic listing or scan), labelled so;
 //! - /metrics latency (p50, p99, max) under SCRAPERS concurrent scrapers;
-//! - with SOAK_SECS set (e.g. 600), RSS every 30 s while holders come and go.
+//! - CPU per sample with a /proc listing in every sample;
+//! - with SOAK_SECS set (e.g. 3600), RSS every 15 s while holders come and go, and its slope
+//!   after the first minute and in steady state.
+//!
+//! A setup that times out stops the bench with an error.
 //!
 //! Every process it starts is killed by pid when it ends.
 
@@ -42,12 +47,17 @@ unsafe fn libc_dup2(a: i32, b: i32) {
     unsafe { dup2(a, b) };
 }
 
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+/// CPU time of every thread of `pid`, in nanoseconds (the first field of each task's
+/// `schedstat`): precise enough for a per-sample figure in hundredths of a millisecond.
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -126,13 +136,19 @@ impl KeepAlive {
     }
 }
 
-fn collections(addr: SocketAddr) -> f64 {
+/// Collections so far, of one kind (`full`, `new_processes`, `holders`, `cached`) or all.
+fn collections_of(addr: SocketAddr, kind: Option<&str>) -> f64 {
     get(addr, "/metrics")
         .1
         .lines()
         .filter(|l| l.starts_with("vramguard_collections_total"))
+        .filter(|l| kind.is_none_or(|k| l.contains(&format!("kind=\"{k}\""))))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+fn collections(addr: SocketAddr) -> f64 {
+    collections_of(addr, None)
 }
 
 struct AgentProc {
@@ -191,13 +207,13 @@ fn start_agent(world: &World, config: &str) -> AgentProc {
     AgentProc { child, addr }
 }
 
+/// CPU milliseconds per collection over `secs`, and how many collections that was.
 fn per_sample(agent: &AgentProc, secs: u64) -> (f64, f64) {
-    let hz = 100.0;
-    let (t0, c0) = (cpu_ticks(agent.child.id()), collections(agent.addr));
+    let (t0, c0) = (cpu_ns(agent.child.id()), collections(agent.addr));
     std::thread::sleep(Duration::from_secs(secs));
-    let (t1, c1) = (cpu_ticks(agent.child.id()), collections(agent.addr));
+    let (t1, c1) = (cpu_ns(agent.child.id()), collections(agent.addr));
     let samples = (c1 - c0).max(1.0);
-    (((t1 - t0) as f64 / hz) * 1000.0 / samples, samples)
+    ((t1 - t0) as f64 / 1e6 / samples, samples)
 }
 
 fn main() {
@@ -205,18 +221,42 @@ fn main() {
     let holders = env_or("HOLDERS", 200);
     let scrapers = env_or("SCRAPERS", 50);
     let world = World::new(1);
-    let files: Vec<std::fs::File> = ["nvidiactl", "nvidia-uvm", "nvidia0"]
+    // The scan bench's population: FDS_EACH fds per process, the holders' first three on the
+    // device files.
+    let fds_each = env_or("FDS_EACH", 25usize);
+    let filler = world.dir.path().join("filler");
+    std::fs::write(&filler, b"").unwrap();
+    let open = |p: &std::path::Path| std::fs::File::open(p).unwrap();
+    let mut files: Vec<std::fs::File> = ["nvidiactl", "nvidia-uvm", "nvidia0"]
         .iter()
-        .map(|f| std::fs::File::open(world.dev(f)).unwrap())
+        .map(|f| open(&world.dev(f)))
         .collect();
-    let idle: Vec<std::fs::File> = (0..3)
-        .map(|_| std::fs::File::open("/etc/hostname").unwrap())
-        .collect();
+    files.extend((3..fds_each).map(|_| open(&filler)));
+    let idle: Vec<std::fs::File> = (0..fds_each).map(|_| open(&filler)).collect();
     let t = Instant::now();
     let mut kids = Children(Vec::new());
     for i in 0..procs {
         kids.0
             .push(spawn_sleeper(if i < holders { &files } else { &idle }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let ready = kids
+            .0
+            .iter()
+            .filter(|c| {
+                std::fs::read_dir(format!("/proc/{}/fd", c.id()))
+                    .is_ok_and(|d| d.count() >= fds_each)
+            })
+            .count();
+        if ready == kids.0.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "setup: after 120 s only {ready} of {procs} processes hold their files"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
     world.update(|s| {
         for c in kids.0.iter().take(holders as usize) {
@@ -224,21 +264,36 @@ fn main() {
         }
     });
     println!(
-        "setup: {procs} processes, {holders} holding simulated GPU memory ({:.1}s)",
+        "setup: {procs} processes x {fds_each} fds, {holders} holding simulated GPU memory ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
 
     // SOAK_ONLY=1 skips straight to the soak.
     if env_or("SOAK_ONLY", 0) == 0 {
         {
+            // The defaults: a sample a second, a /proc listing every 5 s, a full fd scan every
+            // 60 s; measured over MEASURE_SECS (120) so the periodic work is in the mean.
+            let agent = start_agent(&world, "");
+            std::thread::sleep(Duration::from_secs(3));
+            let secs = env_or("MEASURE_SECS", 120u64);
+            let full0 = collections_of(agent.addr, Some("full"));
+            let (ms, n) = per_sample(&agent, secs);
+            let full = collections_of(agent.addr, Some("full")) - full0;
+            println!(
+                "at the defaults: {ms:.2} ms CPU per sample ({n:.0} samples over {secs} s, {full:.0} of them full fd scans), {:.2}% of one core, RSS {} KiB",
+                ms * n / (secs as f64 * 10.0),
+                rss_kib(agent.child.id())
+            );
+        }
+        {
             let agent = start_agent(
                 &world,
                 "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n",
             );
             std::thread::sleep(Duration::from_secs(2));
-            let (ms, n) = per_sample(&agent, 15);
+            let (ms, n) = per_sample(&agent, 30);
             println!(
-                "steady state: {ms:.2} ms CPU per sample ({n:.0} samples), RSS {} KiB",
+                "tuned (interval 250 ms, no periodic listing or full scan): {ms:.2} ms CPU per steady-state sample ({n:.0} samples), RSS {} KiB",
                 rss_kib(agent.child.id())
             );
             // Scrapers.
