@@ -165,6 +165,30 @@ pub struct SampleFacts<'a> {
     pub top_holders: usize,
 }
 
+/// The metrics text of a single full collection of `report`, outside an agent: no trends, no
+/// alerts, no history (release lags, Xid counts) beyond what the report says.
+pub fn one_collection(
+    report: &Report,
+    top_holders: usize,
+    duration_secs: f64,
+    timestamp_secs: f64,
+) -> String {
+    let m = Metrics::new();
+    m.update(
+        report,
+        &SampleFacts {
+            duration_secs,
+            depth: "full",
+            timestamp_secs,
+            gpu_trends: &BTreeMap::new(),
+            holder_trends: &BTreeMap::new(),
+            firing: &[],
+            top_holders,
+        },
+    );
+    m.render()
+}
+
 impl Metrics {
     /// A registry with every metric, prefixed `vramguard_`.
     pub fn new() -> Metrics {

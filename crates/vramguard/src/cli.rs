@@ -52,6 +52,9 @@ pub enum Command {
     /// Print the raw facts (driver + /proc) as JSON, to replay with --replay or attach to a
     /// bug report
     Snapshot(SnapshotArgs),
+    /// Print the metrics of one collection, as the agent serves them on /metrics (for a
+    /// textfile collector, a cron job, or a saved snapshot with --replay)
+    Metrics(SnapshotArgs),
     /// Free ghost GPU memory safely: plan, SIGTERM, grace, SIGKILL, verify the driver released
     /// it, optionally reset; every action in the audit log (exit 0 all freed, 1 some remains,
     /// 2 error or refused)
@@ -354,6 +357,9 @@ pub struct DemoArgs {
     /// residue (audit log in the demo's temporary directory)
     #[arg(long)]
     pub reclaim: bool,
+    /// Also save the incident's snapshot here (to replay with --replay)
+    #[arg(long, value_name = "FILE")]
+    pub save_snapshot: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -254,6 +254,12 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
         Duration::from_millis(500),
     )?;
     let report = vramguard_core::classify(&snap, &policy);
+    if let Some(path) = &args.save_snapshot {
+        let text = serde_json::to_vec_pretty(&snap)?;
+        vramguard_fs::write_file(path, &text).map_err(|e| {
+            anyhow::anyhow!("saving the snapshot to {}: {}", path.display(), e.reason())
+        })?;
+    }
     let style = crate::render::Style::new(crate::render::use_colour());
     if !args.json {
         println!(

@@ -113,6 +113,24 @@ fn run(cli: cli::Cli) -> Result<i32> {
             print_json(&ctx.snapshot(args.sample)?)?;
             Ok(0)
         }
+        Command::Metrics(args) => {
+            let ctx = context::Ctx::new(cli.global)?;
+            let t0 = std::time::Instant::now();
+            let (snap, report) = ctx.report(args.sample)?;
+            let replayed = ctx.global.replay.is_some();
+            print(&vramguard_agent::metrics::one_collection(
+                &report,
+                ctx.config.agent.top_holders,
+                // A replay is the saved collection: nothing of this run's clock in it.
+                if replayed {
+                    0.0
+                } else {
+                    t0.elapsed().as_secs_f64()
+                },
+                snap.taken_at_ms as f64 / 1000.0,
+            ))?;
+            Ok(0)
+        }
         Command::Reclaim(args) => {
             let ctx = context::Ctx::new(cli.global)?;
             reclaim::run(&ctx, &args)

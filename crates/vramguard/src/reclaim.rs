@@ -190,12 +190,48 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
     crate::render::wrap_lines(&out, crate::render::output_width())
 }
 
+/// Refuses a `--gpu` the machine does not have.
+fn check_gpus(opts: &ReclaimOptions, report: &Report) -> Result<()> {
+    if let Some(gpus) = &opts.gpus
+        && let Some(missing) = gpus
+            .iter()
+            .find(|g| !report.gpus.iter().any(|r| r.index == **g))
+    {
+        bail!(
+            "--gpu {missing}: no such GPU (this machine has {})",
+            report.gpus.len()
+        );
+    }
+    Ok(())
+}
+
+/// Prints the plan of a dry run.
+fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
+    if json {
+        crate::print_json(
+            &serde_json::json!({ "schema_version": vramguard_core::SCHEMA_VERSION, "dry_run": true, "plan": plan }),
+        )
+    } else {
+        crate::print(&render_plan(plan, report, true))
+    }
+}
+
 /// Runs `vramguard reclaim`.
 pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
-    if ctx.global.replay.is_some() {
-        bail!("reclaim acts on this machine; --replay only works with status and diagnose");
-    }
     let opts = options(args)?;
+    if ctx.global.replay.is_some() {
+        if !args.dry_run {
+            bail!(
+                "reclaim acts on this machine; with --replay only --dry-run works (the plan for the saved snapshot)"
+            );
+        }
+        // The saved snapshot keeps the window of work it was taken with.
+        let (snap, report) = ctx.report(Duration::ZERO)?;
+        check_gpus(&opts, &report)?;
+        let plan = plan_reclaim(&snap, &report, &opts);
+        print_dry_run(&plan, &report, args.json)?;
+        return Ok(0);
+    }
     let reset = parse_reset(&args.reset)?;
     let grace = parse_duration(&args.grace)?;
     let release_timeout = parse_duration(&args.release_timeout)?;
@@ -233,16 +269,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         sample: args.sample,
     };
     let (snap, report) = env.planning_snapshot().map_err(anyhow::Error::msg)?;
-    if let Some(gpus) = &opts.gpus
-        && let Some(missing) = gpus
-            .iter()
-            .find(|g| !report.gpus.iter().any(|r| r.index == **g))
-    {
-        bail!(
-            "--gpu {missing}: no such GPU (this machine has {})",
-            report.gpus.len()
-        );
-    }
+    check_gpus(&opts, &report)?;
     let plan = plan_reclaim(&snap, &report, &opts);
     // Pin the targets now: from here on a reused pid is out of reach.
     let pinned = vramguard_ops::identity::pin(&proc_root, identities(&plan));
@@ -250,13 +277,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
     let interactive = std::io::stdin().is_terminal();
     let dry = args.dry_run || (!args.yes && !interactive);
     if dry {
-        if args.json {
-            crate::print_json(
-                &serde_json::json!({ "schema_version": vramguard_core::SCHEMA_VERSION, "dry_run": true, "plan": plan }),
-            )?;
-        } else {
-            crate::print(&render_plan(&plan, &report, true))?;
-        }
+        print_dry_run(&plan, &report, args.json)?;
         return Ok(0);
     }
     if !args.json {

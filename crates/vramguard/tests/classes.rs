@@ -35,6 +35,7 @@ fn killed_trainer_leaves_orphaned_workers_and_a_hidden_dataloader_worker() {
     assert_eq!(holder(&before, 0, trainer.workers[0])["class"], "active");
 
     trainer.crash();
+    capture_incident(&world, Path_::Nvml);
     let report = Vg::new(&world, Path_::Nvml)
         .args(["status", "--json"])
         .json(0);
@@ -84,6 +85,7 @@ fn zombie_leader_with_a_running_thread_is_a_killable_zombie() {
     wait_until(10, "the leader to become a zombie", || {
         state_of(h.pid) == Some('Z')
     });
+    capture_incident(&world, Path_::Nvml);
     let report = Vg::new(&world, Path_::Nvml)
         .args(["status", "--json"])
         .json(0);
@@ -112,6 +114,7 @@ fn a_thread_stuck_in_d_state_is_reported_and_not_killable() {
                 })
                 .unwrap_or(false)
     });
+    capture_incident(&world, Path_::Nvml);
     let report = Vg::new(&world, Path_::Nvml)
         .args(["status", "--json"])
         .json(0);
@@ -188,6 +191,7 @@ fn a_pid_reported_from_inside_a_namespace_maps_back_through_nspid() {
         &["python3", "serve.py"],
         s,
     );
+    capture_incident(&world, Path_::Nvml);
     let report = Vg::new(&world, Path_::Nvml)
         .args(["status", "--json"])
         .json(0);
@@ -242,6 +246,7 @@ fn the_persistence_daemon_is_system_and_blocks_the_reset_of_residue() {
     let mut b = start(&world, &["python3", "bench.py"], bench);
     b.crash();
 
+    capture_incident(&world, Path_::Nvml);
     let out = Vg::new(&world, Path_::Nvml)
         .args(["diagnose", "--json"])
         .json(1);
@@ -293,6 +298,7 @@ fn a_monitor_holding_the_device_does_not_hide_driver_residue() {
     monitor["open_gpus"] = json!([1]);
     monitor["new_session"] = json!(true);
     let m = start(&world, &["gpu-monitor"], monitor);
+    capture_incident(&world, Path_::Nvml);
     let d = Vg::new(&world, Path_::Nvml)
         .args(["diagnose", "--json"])
         .json(1);
@@ -325,6 +331,7 @@ fn residue_with_no_holder_points_at_a_reset() {
     s["new_session"] = json!(true);
     let mut h = start(&world, &["python3", "bench.py"], s);
     h.crash();
+    capture_incident(&world, Path_::Nvml);
     let out = Vg::new(&world, Path_::Nvml).args(["diagnose"]).code(1);
     let text = stdout(&out);
     assert!(
@@ -358,6 +365,7 @@ fn an_idle_holder_past_the_configured_threshold() {
     assert!(idle["idle_secs"].as_u64().unwrap() >= 1);
     assert_eq!(holder(&report, 0, b.pid)["class"], "active");
     // Idle is informational: diagnose stays clean.
+    capture_incident(&world, Path_::Nvml);
     Vg::new(&world, Path_::Nvml)
         .args(["--config".as_ref(), cfg.as_os_str(), "diagnose".as_ref()])
         .code(0);
@@ -378,6 +386,7 @@ fn a_lost_gpu_is_reported_and_the_others_still_are() {
             delay_ms: None,
         })
     });
+    capture_incident(&world, Path_::Nvml);
     for path in [Path_::Nvml, Path_::InProcess] {
         let report = Vg::new(&world, path).args(["status", "--json"]).json(0);
         assert_eq!(holder(&report, 0, h.pid)["class"], "active");
@@ -421,11 +430,11 @@ fn a_snapshot_replays_to_the_same_report() {
         .json(0);
     assert_eq!(holder(&replayed, 0, h.workers[0])["class"], "orphan");
     // The whole report is the same, but for what the clock decides: when it was taken and
-    // how long the two runs watched the processes for signs of work.
+    // how long the two runs watched the processes for signs of work (and so how long idle).
     fn timeless(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(m) => {
-                for k in ["taken_at_ms", "window_ms"] {
+                for k in ["taken_at_ms", "window_ms", "idle_secs"] {
                     if let Some(x) = m.get_mut(k) {
                         *x = json!(0);
                     }

@@ -144,6 +144,7 @@ impl Drop for TestCgroup {
 
 /// `status --json` and the default plan (`reclaim --dry-run --json`, no `--include`).
 fn look(world: &World) -> (Value, BTreeSet<u32>) {
+    capture_incident(world, Path_::Nvml);
     let status = Vg::new(world, Path_::Nvml)
         .args(["status", "--json"])
         .json(0);

@@ -301,3 +301,35 @@ pub fn status_with_config(world: &World, cfg: &Path) -> Value {
 pub fn sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
+
+/// With `VRAMGUARD_CAPTURE_INCIDENTS=DIR` (scripts/capture-incidents.sh), saves a snapshot of
+/// `world` as `DIR/<test name>[-N].json`: the incident corpus (`tests/incidents`) is made of
+/// these. Does nothing otherwise.
+pub fn capture_incident(world: &World, path: Path_) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("incident")
+        .rsplit("::")
+        .next()
+        .unwrap()
+        .to_string();
+    capture_incident_as(world, path, &test);
+}
+
+/// [`capture_incident`] under the name `name`.
+pub fn capture_incident_as(world: &World, path: Path_, name: &str) {
+    let Some(dir) = std::env::var_os("VRAMGUARD_CAPTURE_INCIDENTS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = (1..)
+        .map(|n| match n {
+            1 => dir.join(format!("{name}.json")),
+            n => dir.join(format!("{name}-{n}.json")),
+        })
+        .find(|f| !f.exists())
+        .unwrap();
+    let out = Vg::new(world, path).args(["snapshot"]).code(0);
+    std::fs::write(&file, &out.stdout).unwrap();
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Rewrites the golden outputs of the incident corpus (tests/incidents/<name>/) from the current
+# code. Run it after an intended change in wording or classification, review the diff, and
+# commit it on its own, saying why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VRAMGUARD_UPDATE_GOLDEN=1 cargo test -p vramguard --test incidents -- every_incident_replays_to_its_golden_outputs
+git status --short tests/incidents || true
