@@ -112,6 +112,14 @@ fn main() {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                // A bench stopped by a signal runs no destructors: its processes die with it.
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
                 Ok(())
             });
         }

@@ -34,6 +34,14 @@ fn spawn_sleeper(files: &[std::fs::File]) -> Child {
             for (n, fd) in fds.iter().enumerate() {
                 libc_dup2(*fd, 100 + n as i32);
             }
+            // A bench stopped by a signal runs no destructors: its processes die with it.
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
             Ok(())
         });
     }
@@ -170,7 +178,22 @@ fn start_agent(world: &World, config: &str) -> AgentProc {
     let wrap = std::env::var("AGENT_WRAP").unwrap_or_default();
     let mut argv: Vec<&str> = wrap.split_whitespace().collect();
     argv.push(BIN);
-    let mut child = Command::new(argv[0])
+    let mut cmd = Command::new(argv[0]);
+    // SAFETY: prctl only, between fork and exec: the agent dies with the bench.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .args(&argv[1..])
         .env_remove("VRAMGUARD_SIM")
         .args([
