@@ -13,16 +13,12 @@ pub struct CgroupError(pub String);
 /// The cgroup v2 mount point, from `/proc/self/mountinfo` (`/sys/fs/cgroup` on unified hosts,
 /// `/sys/fs/cgroup/unified` on hybrid ones).
 pub fn cgroup2_mount() -> Option<PathBuf> {
-    let text = std::fs::read("/proc/self/mountinfo").ok()?;
-    vramguard_proc::parse::parse_cgroup2_mount(&text).map(PathBuf::from)
+    vramguard_proc::ProcFs::own().ok()?.cgroup2_mount()
 }
 
 /// This process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`).
 pub fn own_cgroup() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim().to_string())
+    vramguard_proc::ProcFs::own().ok()?.own_cgroup()
 }
 
 /// A cgroup created for one job, removed by [`JobCgroup::remove`].

@@ -865,7 +865,8 @@ mod write_ahead_tests {
     }
 
     fn start_ticks(pid: u32) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let stat =
+            std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC)).unwrap();
         stat[stat.rfind(')').unwrap() + 1..]
             .split_ascii_whitespace()
             .nth(19)
@@ -875,7 +876,7 @@ mod write_ahead_tests {
     }
 
     fn alive(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC))
             .is_ok_and(|s| !matches!(s[s.rfind(')').unwrap() + 2..].chars().next(), Some('Z')))
     }
 
@@ -939,7 +940,7 @@ mod write_ahead_tests {
         let dir = tempfile::tempdir().unwrap();
         let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "t").unwrap();
         audit.budget = Some(records);
-        let pinned = crate::identity::pin(Path::new("/proc"), identities(&plan));
+        let pinned = crate::identity::pin(Path::new(vramguard_proc::OWN_PROC), identities(&plan));
         let result = execute(
             &plan,
             pinned,
@@ -950,7 +951,7 @@ mod write_ahead_tests {
                 Duration::from_millis(300),
                 Duration::from_secs(1),
                 ResetMode::Never,
-                PathBuf::from("/proc"),
+                PathBuf::from(vramguard_proc::OWN_PROC),
             ),
         );
         (kids, result)

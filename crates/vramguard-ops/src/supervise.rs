@@ -14,9 +14,6 @@
 //!   in the child and checked against `getppid` right after), and a watchdog process holding
 //!   a pidfd of vramguard kills the job's cgroup (or, without one, the job's process group).
 
-/// The supervisor's own `/proc`: it signals its own job, in its own PID namespace.
-const PROC_ROOT: &str = "/proc";
-
 use crate::cgroup::{CgroupError, JobCgroup};
 use crate::identity::{Identity, verify};
 use std::collections::{BTreeMap, BTreeSet};
@@ -116,6 +113,9 @@ pub enum SuperviseError {
     /// A cgroup was required but could not be created.
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    /// Our own `/proc` could not be opened: the job's tree could not be followed.
+    #[error("{0}; vramguard run needs the /proc of its own PID namespace")]
+    Proc(#[from] vramguard_proc::ProcError),
     /// Anything else.
     #[error("{0}")]
     Setup(String),
@@ -238,26 +238,27 @@ fn tree_under(
     Some(out)
 }
 
-/// Every descendant of `root` (through the parent links in `/proc`), with start times.
-pub fn descendants(root: u32, exclude: &BTreeSet<u32>) -> BTreeMap<u32, u64> {
+/// Every descendant of `root` (through the parent links of every process in `fs`), with
+/// start times: for kernels without the children lists.
+pub fn descendants(
+    fs: &vramguard_proc::ProcFs,
+    root: u32,
+    exclude: &BTreeSet<u32>,
+) -> BTreeMap<u32, u64> {
     let mut children: BTreeMap<u32, Vec<(u32, u64)>> = BTreeMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(bytes) = std::fs::read(e.path().join("stat")) else {
-                continue;
-            };
-            let Ok(stat) = vramguard_proc::parse::parse_stat(&bytes) else {
-                continue;
-            };
-            if stat.state == Some('Z') {
-                continue;
-            }
-            if let (Some(ppid), Some(start)) = (stat.ppid, stat.start_ticks) {
-                children.entry(ppid).or_default().push((pid, start));
-            }
+    let pids = fs
+        .pid_lister()
+        .and_then(|mut l| l.list())
+        .unwrap_or_default();
+    for pid in pids {
+        let Ok(vramguard_proc::Found::Yes(stat)) = fs.stat(pid) else {
+            continue;
+        };
+        if stat.state == Some('Z') {
+            continue;
+        }
+        if let (Some(ppid), Some(start)) = (stat.ppid, stat.start_ticks) {
+            children.entry(ppid).or_default().push((pid, start));
         }
     }
     let mut out = BTreeMap::new();
@@ -278,7 +279,7 @@ struct Job {
     me: u32,
     exclude: BTreeSet<u32>,
     /// The `/proc` the job's tree is read through (the supervisor's own namespace).
-    proc: Option<vramguard_proc::ProcFs>,
+    proc: vramguard_proc::ProcFs,
 }
 
 impl Job {
@@ -287,14 +288,11 @@ impl Job {
     /// it exits: when this is empty (through the kernel's exact children lists), nothing of the
     /// job is left anywhere.
     fn remaining(&self) -> BTreeMap<u32, u64> {
-        let mut all = self
-            .proc
-            .as_ref()
-            .and_then(|fs| tree_under(fs, self.me, &self.exclude))
-            .unwrap_or_else(|| descendants(self.me, &self.exclude));
+        let mut all = tree_under(&self.proc, self.me, &self.exclude)
+            .unwrap_or_else(|| descendants(&self.proc, self.me, &self.exclude));
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
-                if let Some(start) = crate::identity::start_ticks(Path::new("/proc"), pid) {
+                if let Some(start) = crate::identity::start_ticks(self.proc.root(), pid) {
                     all.entry(pid).or_insert(start);
                 }
             }
@@ -313,7 +311,7 @@ impl Job {
     fn signal_each(&self, sig: rustix::process::Signal) -> usize {
         let mut n = 0;
         for (pid, start_ticks) in self.remaining() {
-            if let Ok(v) = verify(Path::new("/proc"), Identity { pid, start_ticks })
+            if let Ok(v) = verify(self.proc.root(), Identity { pid, start_ticks })
                 && v.signal(sig).is_ok()
             {
                 n += 1;
@@ -359,11 +357,11 @@ impl Job {
     }
 }
 
-fn stuck_report(pids: impl Iterator<Item = u32>) -> Vec<String> {
+fn stuck_report(fs: &vramguard_proc::ProcFs, pids: impl Iterator<Item = u32>) -> Vec<String> {
     pids.map(|pid| {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-        format!("{pid} ({}) in {}", comm.trim(), wchan.trim())
+        let comm = fs.text(pid, "comm").unwrap_or_default();
+        let wchan = fs.text(pid, "wchan").unwrap_or_default();
+        format!("{pid} ({comm}) in {wchan}")
     })
     .collect()
 }
@@ -375,6 +373,8 @@ pub fn supervise(
 ) -> Result<Supervised, SuperviseError> {
     let started = Instant::now();
     let me = std::process::id();
+    // The job's tree is read through our own namespace's /proc, opened before anything starts.
+    let own_proc = vramguard_proc::ProcFs::own()?;
     let signals = BlockedSignals::block();
     // Descendants that escape (setsid, double fork) are re-parented to us, not to init.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
@@ -497,7 +497,7 @@ pub fn supervise(
         cgroup,
         me,
         exclude,
-        proc: vramguard_proc::ProcFs::open(PROC_ROOT).ok(),
+        proc: own_proc,
     };
 
     enum Phase {
@@ -566,7 +566,7 @@ pub fn supervise(
                     break;
                 }
                 if since.elapsed() > Duration::from_secs(5) {
-                    stuck = stuck_report(rest.into_keys());
+                    stuck = stuck_report(&job.proc, rest.into_keys());
                     if end.is_none() {
                         end = Some(JobEnd::Signaled(libc::SIGKILL));
                     }

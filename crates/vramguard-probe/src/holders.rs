@@ -51,7 +51,8 @@ pub type HolderError = String;
 fn identities(pids: impl IntoIterator<Item = u32>) -> Vec<Identity> {
     pids.into_iter()
         .filter_map(|pid| {
-            start_ticks(Path::new("/proc"), pid).map(|start_ticks| Identity { pid, start_ticks })
+            start_ticks(Path::new(vramguard_proc::OWN_PROC), pid)
+                .map(|start_ticks| Identity { pid, start_ticks })
         })
         .collect()
 }
@@ -200,13 +201,13 @@ impl Holding {
     pub fn children_alive(&self) -> bool {
         self.children
             .iter()
-            .any(|c| start_ticks(Path::new("/proc"), c.pid) == Some(c.start_ticks))
+            .any(|c| start_ticks(Path::new(vramguard_proc::OWN_PROC), c.pid) == Some(c.start_ticks))
     }
 
     /// SIGKILLs the children (verified by pid and start time).
     pub fn kill_children(&self) {
         for c in &self.children {
-            if let Ok(v) = verify(Path::new("/proc"), *c) {
+            if let Ok(v) = verify(Path::new(vramguard_proc::OWN_PROC), *c) {
                 let _ = v.signal(rustix::process::Signal::KILL);
             }
         }

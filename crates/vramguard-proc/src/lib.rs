@@ -17,5 +17,5 @@ pub mod procfs;
 pub mod work;
 
 pub use collector::{Collected, ProcCollector, ScanDepth};
-pub use procfs::{Found, ProcError, ProcFs};
+pub use procfs::{Found, OWN_PROC, ProcError, ProcFs};
 pub use work::WorkSampler;

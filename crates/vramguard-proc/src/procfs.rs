@@ -69,6 +69,10 @@ fn triage<T>(
     }
 }
 
+/// The `/proc` of this process's own PID namespace: the only one through which the pids it
+/// signals, supervises or pins mean what they say. Everything else reads a configurable root.
+pub const OWN_PROC: &str = "/proc";
+
 /// A `/proc` tree.
 #[derive(Debug)]
 pub struct ProcFs {
@@ -90,6 +94,44 @@ impl ProcFs {
             cause: e.into(),
         })?;
         Ok(ProcFs { root, root_fd })
+    }
+
+    /// [`OWN_PROC`]: for whatever signals or waits for processes.
+    pub fn own() -> Result<Self, ProcError> {
+        ProcFs::open(OWN_PROC)
+    }
+
+    /// A small text file of a process (`comm`, `wchan`), trimmed; `None` when it is gone or
+    /// unreadable.
+    pub fn text(&self, pid: u32, file: &str) -> Option<String> {
+        self.text_of(&format!("{pid}/{file}"))
+            .map(|t| t.trim().to_string())
+    }
+
+    /// The cgroup v2 mount point seen by the reading process (`self/mountinfo`):
+    /// `/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on hybrid ones.
+    pub fn cgroup2_mount(&self) -> Option<PathBuf> {
+        let mut buf = Vec::new();
+        match self.read_into("self/mountinfo", &mut buf) {
+            Ok(Found::Yes(())) => crate::parse::parse_cgroup2_mount(&buf).map(PathBuf::from),
+            _ => None,
+        }
+    }
+
+    /// The reading process's cgroup v2 path (the `0::` line of `self/cgroup`).
+    pub fn own_cgroup(&self) -> Option<String> {
+        let text = self.text_of("self/cgroup")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(|p| p.trim().to_string())
+    }
+
+    fn text_of(&self, rel: &str) -> Option<String> {
+        let mut buf = Vec::new();
+        match self.read_into(rel, &mut buf) {
+            Ok(Found::Yes(())) => Some(String::from_utf8_lossy(&buf).into_owned()),
+            _ => None,
+        }
     }
 
     /// The root directory.

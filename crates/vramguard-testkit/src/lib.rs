@@ -91,14 +91,14 @@ impl Drop for Spawned {
 
 /// Start time (clock ticks after boot) of a live pid.
 pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC)).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
 /// State letter of a live pid.
 pub fn state_of(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC)).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_ascii_whitespace().next()?.chars().next()
 }
@@ -212,7 +212,7 @@ impl World {
 
 /// How many fds of `pid` point into `dir`.
 pub fn open_files(pid: u32, dir: &Path) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
+    std::fs::read_dir(format!("{}/{pid}/fd", vramguard_proc::OWN_PROC))
         .map(|d| {
             d.flatten()
                 .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.starts_with(dir)))

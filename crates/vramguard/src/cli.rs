@@ -26,7 +26,7 @@ pub struct Global {
     pub nvml_lib: Option<PathBuf>,
 
     /// The /proc tree to read (a fixture tree in tests, or a container's view)
-    #[arg(long, global = true, default_value = "/proc", value_name = "DIR")]
+    #[arg(long, global = true, default_value = vramguard_proc::OWN_PROC, value_name = "DIR")]
     pub proc_root: PathBuf,
 
     /// Directory of the nvidia* device files [default: /dev, or the simulator's dev_dir]

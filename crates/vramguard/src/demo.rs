@@ -18,7 +18,7 @@ use vramguard_core::Policy;
 use vramguard_core::report::Class;
 use vramguard_core::units::format_bytes;
 use vramguard_gpu::SimSource;
-use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_proc::{OWN_PROC, ProcCollector, ScanDepth};
 use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use vramguard_sim::state::AfterExit;
 
@@ -33,13 +33,13 @@ struct Started {
     others: Vec<(u32, Option<u64>)>,
 }
 
+/// The start time of a live (not zombie) process of the demo, read through our own `/proc`.
 fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..]
-        .split_ascii_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
+    let fs = vramguard_proc::ProcFs::own().ok()?;
+    match fs.stat(pid) {
+        Ok(vramguard_proc::Found::Yes(stat)) if stat.state != Some('Z') => stat.start_ticks,
+        _ => None,
+    }
 }
 
 impl Started {
@@ -58,8 +58,6 @@ impl Started {
         for (pid, start) in self.others.drain(..) {
             if start.is_some()
                 && start_ticks(pid) == start
-                && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| !s.contains(") Z "))
                 && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
                 && rustix::process::kill_process(p, rustix::process::Signal::KILL).is_ok()
             {
@@ -244,7 +242,7 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
     };
     let mut source = SimSource::open(&state)?;
     let mut collector =
-        ProcCollector::new("/proc", vramguard_sim::SimState::load(&state)?.dev_dir)?;
+        ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(&state)?.dev_dir)?;
     // As `vramguard status` does: watch the processes work for half a second.
     let snap = vramguard_ops::take_sampled_snapshot(
         &mut source,
@@ -321,7 +319,7 @@ fn reclaim_demo(
     use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
     let mut env = MachineEnv {
         source: Box::new(SimSource::open(state)?),
-        collector: ProcCollector::new("/proc", vramguard_sim::SimState::load(state)?.dev_dir)?,
+        collector: ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(state)?.dev_dir)?,
         policy: policy.clone(),
         reset: ResetBackend::Sim(state.to_path_buf()),
         last_report: None,
@@ -329,7 +327,7 @@ fn reclaim_demo(
     };
     let (snap, report) = env.planning_snapshot().map_err(anyhow::Error::msg)?;
     let plan = vramguard_core::plan::plan_reclaim(&snap, &report, opts);
-    let pinned = vramguard_ops::identity::pin(Path::new("/proc"), identities(&plan));
+    let pinned = vramguard_ops::identity::pin(Path::new(OWN_PROC), identities(&plan));
     let audit_path = dir.join("audit.jsonl");
     let mut audit = AuditLog::open(&audit_path, report.hostname.as_deref().unwrap_or(""))?;
     println!("\n$ {shown}\n{}", render_plan(&plan, &report, false));
@@ -343,7 +341,7 @@ fn reclaim_demo(
             Duration::from_secs(10),
             Duration::from_secs(20),
             ResetMode::Auto,
-            PathBuf::from("/proc"),
+            PathBuf::from(OWN_PROC),
         ),
     )?;
     print!("{}", render_outcome(&outcome, &audit_path));

@@ -201,9 +201,9 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
     let rep = ProbeReport {
         schema_version: vramguard_core::SCHEMA_VERSION,
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+        hostname: vramguard_proc::ProcFs::own()
             .ok()
-            .map(|h| h.trim().to_string()),
+            .and_then(|fs| fs.hostname()),
         driver_version,
         gpu: gpu_info,
         holder: holder_name,

@@ -1,0 +1,46 @@
+//! Rules of the crate layout that a change could break silently (docs/architecture.md).
+
+use std::path::{Path, PathBuf};
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every `.rs` file under `dir`, with its text.
+fn rust_files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                out.push((p, text));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn only_the_proc_crate_and_the_simulator_name_proc() {
+    // Every /proc read goes through vramguard-proc, relative to a root (`--proc-root`, or
+    // OWN_PROC where pids are signalled): a literal elsewhere bypasses both.
+    let mut offenders = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap().flatten() {
+        let name = krate.file_name().to_string_lossy().to_string();
+        if name == "vramguard-proc" || name == "vramguard-sim" {
+            continue;
+        }
+        for (path, text) in rust_files(&krate.path().join("src")) {
+            for (n, line) in text.lines().enumerate() {
+                if line.contains("\"/proc") {
+                    offenders.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
