@@ -30,7 +30,7 @@ use vramguard_core::{Policy, classify};
 use vramguard_gpu::GpuSource;
 use vramguard_ops::identity::{Identity, Verified, verify};
 use vramguard_ops::reclaim::{MachineEnv, ReclaimOutcome, ResetBackend, identities};
-use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, take_snapshot};
+use vramguard_ops::{AuditLog, ExecuteOptions, take_snapshot};
 use vramguard_proc::{ProcCollector, ScanDepth, WorkSampler};
 
 /// (GPU index, used bytes) of one holder on each GPU it uses.
@@ -52,27 +52,9 @@ pub struct AgentSetup {
     /// GPU sources.
     pub make_source: SourceFactory,
     /// How automatic reclaim resets GPUs.
-    pub reset: ResetSpec,
+    pub reset: ResetBackend,
     /// Set by the caller to stop the agent (tests); SIGTERM and SIGINT set it too.
     pub shutdown: Arc<AtomicBool>,
-}
-
-/// How to reset a GPU (a cloneable description of [`ResetBackend`]).
-#[derive(Debug, Clone)]
-pub enum ResetSpec {
-    /// The simulator's reset.
-    Sim(PathBuf),
-    /// `nvidia-smi --gpu-reset -i N`.
-    NvidiaSmi,
-}
-
-impl ResetSpec {
-    fn backend(&self) -> ResetBackend {
-        match self {
-            ResetSpec::Sim(p) => ResetBackend::Sim(p.clone()),
-            ResetSpec::NvidiaSmi => ResetBackend::nvidia_smi(),
-        }
-    }
 }
 
 /// A holder whose exit is watched.
@@ -102,7 +84,7 @@ struct Agent {
     setup_proc: PathBuf,
     setup_dev: PathBuf,
     make_source: SourceFactory,
-    reset: ResetSpec,
+    reset: ResetBackend,
     config: Config,
     source: Box<dyn GpuSource>,
     collector: ProcCollector,
@@ -637,7 +619,7 @@ fn auto_reclaim(
     dev_dir: PathBuf,
     policy: Policy,
     rc: crate::config::ReclaimConfig,
-    reset: ResetSpec,
+    reset: ResetBackend,
     host: String,
     eligible: BTreeSet<(u32, u64)>,
 ) -> Result<ReclaimOutcome, String> {
@@ -645,7 +627,7 @@ fn auto_reclaim(
         source: make_source()?,
         collector: ProcCollector::new(&proc_root, &dev_dir).map_err(|e| e.to_string())?,
         policy,
-        reset: reset.backend(),
+        reset,
         last_report: None,
         sample: rc.sample,
     };
@@ -664,11 +646,7 @@ fn auto_reclaim(
     plan.jobs.retain(|j| !j.targets.is_empty());
     let pinned = vramguard_ops::identity::pin(&proc_root, identities(&plan));
     let mut audit = AuditLog::open(&rc.audit_log, &host).map_err(|e| e.to_string())?;
-    let reset_mode = match rc.reset.as_str() {
-        "auto" => ResetMode::Auto,
-        "force" => ResetMode::Force,
-        _ => ResetMode::Never,
-    };
+    let reset_mode = rc.reset;
     vramguard_ops::execute(
         &plan,
         pinned,

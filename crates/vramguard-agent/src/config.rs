@@ -280,8 +280,8 @@ pub struct ReclaimConfig {
     pub grace: Duration,
     /// Wait for the driver.
     pub release_timeout: Duration,
-    /// `never`, `auto` or `force`.
-    pub reset: String,
+    /// When to reset a GPU after reclaiming.
+    pub reset: vramguard_ops::ResetMode,
     /// How long an automatic reclaim watches its targets work before it acts (the agent's
     /// own history must also show no work for `min_age`).
     pub sample: Duration,
@@ -584,13 +584,12 @@ impl Config {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        let reset = rc.reset.clone().unwrap_or_else(|| "never".into());
-        if !matches!(reset.as_str(), "never" | "auto" | "force") {
-            return Err(err(
-                "reclaim.reset",
-                format!("{reset:?}: expected never, auto or force"),
-            ));
-        }
+        let reset = rc
+            .reset
+            .as_deref()
+            .unwrap_or("never")
+            .parse::<vramguard_ops::ResetMode>()
+            .map_err(|e| err("reclaim.reset", e.to_string()))?;
         let reclaim = ReclaimConfig {
             auto: rc.auto,
             min_age: dur("reclaim.min_age", &rc.min_age, Duration::from_secs(300))?,

@@ -17,4 +17,4 @@ pub mod notify;
 pub mod page;
 pub mod web;
 
-pub use agent::{AgentSetup, ResetSpec, SourceFactory, run};
+pub use agent::{AgentSetup, SourceFactory, run};

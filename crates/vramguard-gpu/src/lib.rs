@@ -1,8 +1,9 @@
 //! The GPU half of a vramguard snapshot.
 //!
-//! Two sources implement [`GpuSource`]: [`NvmlSource`] (NVML through `nvml-wrapper`: the real
-//! driver, or the simulator's `libnvidia-ml.so.1`) and [`SimSource`] (the simulation model
-//! in-process). Both answer the same small set of per-device calls ([`read::DeviceCalls`]);
+//! Two sources implement [`GpuSource`]: [`NvmlSource`] here (NVML through `nvml-wrapper`: the
+//! real driver, or the simulator's `libnvidia-ml.so.1`) and `vramguard_sim::SimSource` (the
+//! simulation model in-process, which lives with the simulator so that nothing here depends
+//! on it). Both answer the same small set of per-device calls ([`read::DeviceCalls`]);
 //! one routine ([`read::read_gpu`]) turns those answers into a [`GpuSample`], validating every
 //! process record, falling back to the `_v2` calls when `_v3` records are implausible,
 //! de-duplicating pids across the three process lists and dropping junk utilization samples.
@@ -11,12 +12,11 @@
 //! One GPU failing never hides the others: its sample carries the failed call.
 #![deny(missing_docs)]
 
+pub mod codes;
 mod nvml;
 pub mod read;
-mod sim;
 
-pub use nvml::NvmlSource;
-pub use sim::SimSource;
+pub use nvml::{NvmlSource, now_ms, unreachable_gpu};
 
 use std::time::Duration;
 use vramguard_core::snapshot::{CallError, DriverFacts, GpuSample};
@@ -56,9 +56,9 @@ pub enum SourceError {
     /// A machine-wide call failed (e.g. the device count).
     #[error("NVIDIA driver: {0}")]
     Call(CallError),
-    /// The simulator's state could not be used.
+    /// Another source's own failure (the simulator's state file).
     #[error(transparent)]
-    Sim(#[from] vramguard_sim::SimError),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Something that can read every GPU.
@@ -71,7 +71,8 @@ pub trait GpuSource: Send {
     fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError>;
 }
 
-pub(crate) fn init_advice(code: Option<u32>) -> &'static str {
+/// What to check when NVML refuses to start with `code`.
+pub fn init_advice(code: Option<u32>) -> &'static str {
     match code {
         Some(9) => "is the kernel module loaded? (`lsmod | grep nvidia`, `dmesg | grep -i nvrm`)",
         Some(4) => "run as root or as a user allowed to open /dev/nvidia*",

@@ -56,7 +56,7 @@ fn call_error(call: &str, e: &NvmlError) -> CallError {
         code,
         message: match code {
             // NVML's own words, as nvmlErrorString gives them.
-            Some(c) => vramguard_sim::codes::message(c).to_string(),
+            Some(c) => crate::codes::message(c).to_string(),
             None => e.to_string(),
         },
     }
@@ -295,7 +295,7 @@ impl DeviceCalls for NvmlDevice<'_> {
         let fail = |code: u32| CallError {
             call: CALL.into(),
             code: Some(code),
-            message: vramguard_sim::codes::message(code).into(),
+            message: crate::codes::message(code).into(),
         };
         let sym = match self.device.nvml().lib().nvmlDeviceGetRemappedRows.as_ref() {
             Ok(sym) => sym,
@@ -346,7 +346,7 @@ impl DeviceCalls for NvmlDevice<'_> {
 }
 
 /// A sample for a GPU whose handle could not even be obtained.
-pub(crate) fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
+pub fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
     GpuSample {
         index,
         uuid: None,
@@ -366,7 +366,8 @@ pub(crate) fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
     }
 }
 
-pub(crate) fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -344,7 +344,7 @@ mod tests {
         CallError {
             call: call.into(),
             code: Some(code),
-            message: vramguard_sim::codes::message(code).into(),
+            message: crate::codes::message(code).into(),
         }
     }
 

@@ -14,5 +14,7 @@ pub mod snapshot;
 pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
-pub use reclaim::{ExecuteOptions, ReclaimEnv, ReclaimOutcome, ResetMode, execute};
+pub use reclaim::{
+    ExecuteOptions, ReclaimEnv, ReclaimOutcome, ResetMode, UnknownResetMode, execute,
+};
 pub use snapshot::{take_sampled_snapshot, take_snapshot};

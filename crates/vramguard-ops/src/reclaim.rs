@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vramguard_core::plan::{Plan, Target};
 use vramguard_core::report::{Report, UnaccountedCause};
 use vramguard_core::snapshot::Snapshot;
-use vramguard_core::units::format_bytes;
 use vramguard_core::{Policy, classify};
 use vramguard_gpu::GpuSource;
 use vramguard_proc::{ProcCollector, ScanDepth};
@@ -39,6 +39,24 @@ pub enum ResetMode {
     /// When any unaccounted memory remains on a selected GPU, even if vramguard cannot prove
     /// it is residue; still never while a process holds the device.
     Force,
+}
+
+/// A reset mode that is not `never`, `auto` or `force`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected never, auto or force")]
+pub struct UnknownResetMode(pub String);
+
+impl std::str::FromStr for ResetMode {
+    type Err = UnknownResetMode;
+
+    fn from_str(s: &str) -> Result<ResetMode, UnknownResetMode> {
+        match s {
+            "never" | "no" => Ok(ResetMode::Never),
+            "auto" => Ok(ResetMode::Auto),
+            "force" => Ok(ResetMode::Force),
+            other => Err(UnknownResetMode(other.to_string())),
+        }
+    }
 }
 
 /// How the executor behaves.
@@ -701,11 +719,24 @@ pub fn execute(
 }
 
 /// How a GPU is reset.
+#[derive(Clone)]
 pub enum ResetBackend {
-    /// The simulator's reset, on its state file.
-    Sim(PathBuf),
     /// A command, run without a shell; `{index}`, `{uuid}`, `{pci_bus_id}` are replaced.
     Command(Vec<String>),
+    /// A function of the GPU index (the simulator's reset): what it did, or why it failed.
+    Function(Arc<ResetFn>),
+}
+
+/// A reset done in-process.
+pub type ResetFn = dyn Fn(u32) -> Result<String, String> + Send + Sync;
+
+impl std::fmt::Debug for ResetBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResetBackend::Command(argv) => f.debug_tuple("Command").field(argv).finish(),
+            ResetBackend::Function(_) => f.write_str("Function"),
+        }
+    }
 }
 
 impl ResetBackend {
@@ -783,12 +814,7 @@ impl ReclaimEnv for MachineEnv {
 
     fn reset(&mut self, gpu: u32) -> Result<String, String> {
         match &self.reset {
-            ResetBackend::Sim(state) => {
-                let mut sim = vramguard_sim::Sim::open(state).map_err(|e| e.to_string())?;
-                sim.reset(gpu)
-                    .map(|o| format!("simulated reset cleared {}", format_bytes(o.cleared_bytes)))
-                    .map_err(|e| e.to_string())
-            }
+            ResetBackend::Function(reset) => reset(gpu),
             ResetBackend::Command(template) => {
                 let g = self
                     .last_report

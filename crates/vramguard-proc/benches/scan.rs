@@ -14,8 +14,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use vramguard_core::{Policy, classify};
-use vramguard_gpu::{GpuSource, SimSource};
+use vramguard_gpu::GpuSource;
 use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_sim::SimSource;
 use vramguard_testkit::{Children, GIB, World, allocation, env_or};
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -36,11 +36,14 @@
 //! - MIG mode reports per-process memory as `NVML_VALUE_NOT_AVAILABLE` and no utilization.
 #![deny(missing_docs)]
 
-pub mod codes;
+/// NVML's return codes (they belong to the GPU crate, which speaks NVML).
+pub use vramguard_gpu::codes;
 pub mod holder;
 pub mod model;
+pub mod source;
 pub mod state;
 pub mod store;
 
 pub use model::{Observation, ObservedGpu, ObservedProcess, Sim, SimError};
+pub use source::SimSource;
 pub use state::{AfterExit, AllocationKind, SimAllocation, SimGpu, SimState};

@@ -5,9 +5,10 @@ use crate::context::Ctx;
 use anyhow::{Result, anyhow};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use vramguard_agent::{AgentSetup, ResetSpec, SourceFactory};
+use vramguard_agent::{AgentSetup, SourceFactory};
 use vramguard_core::units::parse_duration;
-use vramguard_gpu::{GpuSource, NvmlSource, SimSource};
+use vramguard_gpu::{GpuSource, NvmlSource};
+use vramguard_sim::SimSource;
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
@@ -55,10 +56,7 @@ pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
         proc_root: ctx.global.proc_root.clone(),
         dev_dir: ctx.dev_dir()?,
         make_source,
-        reset: match &ctx.global.sim {
-            Some(state) => ResetSpec::Sim(state.clone()),
-            None => ResetSpec::NvidiaSmi,
-        },
+        reset: ctx.reset_backend(None)?,
         shutdown: Arc::new(AtomicBool::new(false)),
     };
     vramguard_agent::run(setup, None).map_err(anyhow::Error::msg)?;

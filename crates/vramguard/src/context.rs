@@ -8,8 +8,10 @@ use std::time::Duration;
 use vramguard_agent::config::Config;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
-use vramguard_gpu::{GpuSource, NvmlSource, SimSource};
+use vramguard_gpu::{GpuSource, NvmlSource};
+use vramguard_ops::reclaim::ResetBackend;
 use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_sim::SimSource;
 
 /// Everything a command needs to look at the machine.
 pub struct Ctx {
@@ -59,6 +61,21 @@ impl Ctx {
         }
     }
 
+    /// How GPUs are reset: `command` (a `--reset-command`, split on whitespace, with
+    /// `{index}`, `{uuid}`, `{pci_bus_id}`), else the simulator's reset with `--sim`, else
+    /// `nvidia-smi --gpu-reset -i {index}`. The one place the choice is made.
+    pub fn reset_backend(&self, command: Option<&str>) -> Result<ResetBackend> {
+        if let Some(cmd) = command {
+            let argv: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
+            anyhow::ensure!(!argv.is_empty(), "--reset-command is empty");
+            return Ok(ResetBackend::Command(argv));
+        }
+        Ok(match &self.global.sim {
+            Some(state) => sim_reset(state.clone()),
+            None => ResetBackend::nvidia_smi(),
+        })
+    }
+
     /// A `/proc` collector.
     pub fn collector(&self) -> Result<ProcCollector> {
         let dev = self.dev_dir()?;
@@ -88,6 +105,21 @@ impl Ctx {
         let report = classify(&snap, &self.policy);
         Ok((snap, report))
     }
+}
+
+/// The simulator's reset of the GPUs of `state`.
+pub fn sim_reset(state: PathBuf) -> ResetBackend {
+    ResetBackend::Function(std::sync::Arc::new(move |gpu| {
+        let mut sim = vramguard_sim::Sim::open(&state).map_err(|e| e.to_string())?;
+        sim.reset(gpu)
+            .map(|o| {
+                format!(
+                    "simulated reset cleared {}",
+                    vramguard_core::units::format_bytes(o.cleared_bytes)
+                )
+            })
+            .map_err(|e| e.to_string())
+    }))
 }
 
 /// Reads a snapshot saved by `vramguard snapshot`.

@@ -17,8 +17,8 @@ use std::time::Duration;
 use vramguard_core::Policy;
 use vramguard_core::report::Class;
 use vramguard_core::units::format_bytes;
-use vramguard_gpu::SimSource;
 use vramguard_proc::{OWN_PROC, ProcCollector, ScanDepth};
+use vramguard_sim::SimSource;
 use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use vramguard_sim::state::AfterExit;
 
@@ -314,14 +314,14 @@ fn reclaim_demo(
     opts: &vramguard_core::plan::ReclaimOptions,
 ) -> Result<()> {
     use crate::reclaim::{render_outcome, render_plan};
+    use vramguard_ops::reclaim::MachineEnv;
     use vramguard_ops::reclaim::identities;
-    use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
     use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
     let mut env = MachineEnv {
         source: Box::new(SimSource::open(state)?),
         collector: ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(state)?.dev_dir)?,
         policy: policy.clone(),
-        reset: ResetBackend::Sim(state.to_path_buf()),
+        reset: crate::context::sim_reset(state.to_path_buf()),
         last_report: None,
         sample: Duration::from_secs(1),
     };

@@ -11,17 +11,12 @@ use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::units::{format_bytes, format_duration, parse_duration};
-use vramguard_ops::reclaim::{MachineEnv, ResetBackend};
+use vramguard_ops::reclaim::MachineEnv;
 use vramguard_ops::reclaim::{ReclaimOutcome, identities};
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
 
 fn parse_reset(s: &str) -> Result<ResetMode> {
-    Ok(match s {
-        "never" | "no" => ResetMode::Never,
-        "auto" => ResetMode::Auto,
-        "force" => ResetMode::Force,
-        other => bail!("--reset {other:?}: expected never, auto or force"),
-    })
+    s.parse().map_err(|e| anyhow::anyhow!("--reset {e}"))
 }
 
 fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
@@ -250,21 +245,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         source: ctx.gpu_source()?,
         collector: ctx.collector()?,
         policy: ctx.policy.clone(),
-        reset: match (&args.reset_command, &ctx.global.sim) {
-            (Some(cmd), _) => {
-                let argv: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
-                if argv.is_empty() {
-                    bail!("--reset-command is empty");
-                }
-                ResetBackend::Command(argv)
-            }
-            (None, Some(state)) => ResetBackend::Sim(state.clone()),
-            (None, None) => ResetBackend::Command(
-                ["nvidia-smi", "--gpu-reset", "-i", "{index}"]
-                    .map(String::from)
-                    .to_vec(),
-            ),
-        },
+        reset: ctx.reset_backend(args.reset_command.as_deref())?,
         last_report: None,
         sample: args.sample,
     };

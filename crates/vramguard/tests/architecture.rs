@@ -44,3 +44,42 @@ fn only_the_proc_crate_and_the_simulator_name_proc() {
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
+
+/// The names of the crates in a manifest's `[dependencies]` table (not dev- or build-).
+fn normal_dependencies(krate: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(crates_dir().join(krate).join("Cargo.toml")).unwrap();
+    let mut in_deps = false;
+    let mut deps = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if in_deps && let Some((name, _)) = line.split_once(['=', '.']) {
+            deps.push(name.trim().to_string());
+        }
+    }
+    deps
+}
+
+#[test]
+fn the_real_node_does_not_depend_on_the_simulator() {
+    // The simulator plugs into the GPU crate's `GpuSource` and the executor's reset function;
+    // the code that runs on a real node must not need it.
+    for krate in [
+        "vramguard-core",
+        "vramguard-proc",
+        "vramguard-gpu",
+        "vramguard-ops",
+        "vramguard-agent",
+    ] {
+        let deps = normal_dependencies(krate);
+        assert!(
+            !deps.iter().any(|d| d == "vramguard-sim"),
+            "{krate} depends on vramguard-sim: {deps:?}"
+        );
+        assert!(!deps.is_empty() || krate == "vramguard-core", "{krate}: {deps:?}");
+    }
+    assert!(normal_dependencies("vramguard-sim").contains(&"vramguard-gpu".to_string()));
+}

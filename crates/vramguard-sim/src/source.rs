@@ -1,18 +1,21 @@
 //! The simulation model, in-process (`vramguard --sim STATE`).
 
-use crate::nvml::{now_ms, unreachable_gpu};
-use crate::read::{
-    DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, XidTally, read_gpu,
-};
-use crate::{DriverSample, GpuSource, SourceError, init_advice};
+use crate::codes::{self, VALUE_NOT_AVAILABLE_U64};
+use crate::state::Quirk;
+use crate::{AllocationKind, ObservedGpu, Sim, SimError};
 use std::path::Path;
 use std::time::Duration;
 use vramguard_core::snapshot::{
     CallError, DriverFacts, DriverSource, GpuMemory, ProcessKind, RemappedRows, RetiredPages,
 };
-use vramguard_sim::codes::{self, VALUE_NOT_AVAILABLE_U64};
-use vramguard_sim::state::Quirk;
-use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
+use vramguard_gpu::read::{
+    DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, XidTally, read_gpu,
+};
+use vramguard_gpu::{DriverSample, GpuSource, SourceError, init_advice, now_ms, unreachable_gpu};
+
+fn backend(e: SimError) -> SourceError {
+    SourceError::Backend(Box::new(e))
+}
 
 /// Reads the simulated GPUs directly from the model, answering exactly what the
 /// simulator's NVML library would.
@@ -20,7 +23,7 @@ use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
 pub struct SimSource {
     sim: Sim,
     /// Per GPU, how many of its Xid events were already received (the event set registered
-    /// at open, as [`crate::NvmlSource`]'s does), or why registering failed, until reported.
+    /// at open, as [`vramguard_gpu::NvmlSource`]'s does), or why registering failed, until reported.
     xid_seen: Vec<Result<usize, Option<CallError>>>,
     xids: XidTally,
 }
@@ -28,7 +31,7 @@ pub struct SimSource {
 impl SimSource {
     /// Opens the state file, like `nvmlInit_v2` would.
     pub fn open(state: &Path) -> Result<Self, SourceError> {
-        let mut sim = Sim::open(state)?;
+        let mut sim = Sim::open(state).map_err(backend)?;
         if let Some(code) = sim.fault("nvmlInit_v2", None) {
             let error = fault_error("nvmlInit_v2", code);
             return Err(SourceError::Init {
@@ -315,7 +318,7 @@ impl SimSource {
                 code,
             )));
         }
-        let count = self.sim.observe()?.gpus.len() as u32;
+        let count = self.sim.observe().map_err(backend)?.gpus.len() as u32;
         let now = now_ms();
         let since = now.saturating_sub(utilization_window.as_millis() as u64);
         let mut gpus = Vec::with_capacity(count as usize);

@@ -4,7 +4,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 use vramguard_core::snapshot::{GpuSample, ProcessKind, ProcessListState};
-use vramguard_gpu::{GpuSource, NvmlSource, SimSource, SourceError};
+use vramguard_gpu::{GpuSource, NvmlSource, SourceError};
+use vramguard_sim::SimSource;
 use vramguard_sim::state::{AfterExit, AllocationKind, Fault, Quirk};
 use vramguard_testkit::{GIB, World, allocation, sim_nvml_lib};
 
