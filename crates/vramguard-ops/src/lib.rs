@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod identity;
 pub mod reclaim;
 pub mod snapshot;
+pub mod spawn;
 pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};

@@ -3,13 +3,42 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vramguard_ops::identity::{Identity, start_ticks, verify};
-use vramguard_sim::holder::with_default_signals;
-use vramguard_sim::holder::{HolderSpec, Worker};
+use vramguard_ops::spawn::with_default_signals;
+
+/// What a holder must do: hold `bytes` on `gpu`, with `children` children inheriting its
+/// context, for at most `lifetime`; `scratch` is a directory for its files.
+#[derive(Debug, Clone)]
+pub struct HoldRequest<'a> {
+    /// The GPU index.
+    pub gpu: u32,
+    /// How much to hold.
+    pub bytes: u64,
+    /// Children that inherit the context.
+    pub children: u32,
+    /// How long it may live.
+    pub lifetime: Duration,
+    /// A directory for its files.
+    pub scratch: &'a Path,
+}
+
+/// A started holder: the child process, the pid that holds the memory, and its children.
+pub struct Started {
+    /// The process started (killed and reaped with the holding).
+    pub child: Child,
+    /// The pid that holds the memory.
+    pub pid: u32,
+    /// Its children that inherited the context.
+    pub children: Vec<u32>,
+}
+
+/// Starts a holder for a request.
+pub type HolderSpawner = dyn Fn(&HoldRequest<'_>) -> Result<Started, HolderError> + Send + Sync;
 
 /// How holders are made.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum HolderKind {
     /// The built-in CUDA holder: `EXE __cuda-hold`.
     Cuda {
@@ -18,13 +47,9 @@ pub enum HolderKind {
         /// The GPU's PCI bus id (CUDA and NVML number GPUs differently; the bus id is common).
         pci_bus_id: String,
     },
-    /// Simulated holders registering allocations with the simulator.
-    Sim {
-        /// The vramguard executable.
-        exe: PathBuf,
-        /// The state file.
-        state: PathBuf,
-    },
+    /// Holders started by a function (the simulator's, which registers allocations with
+    /// its model).
+    Spawner(Arc<HolderSpawner>),
     /// The user's own command, run with `sh -c`; it gets `VRAMGUARD_PROBE_BYTES` and
     /// `CUDA_VISIBLE_DEVICES` (the GPU's UUID).
     Command {
@@ -112,40 +137,18 @@ impl HolderKind {
                     exited: None,
                 })
             }
-            HolderKind::Sim { exe, state } => {
-                static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                let ready = scratch.join(format!(
-                    "probe-holder-{}-{}",
-                    std::process::id(),
-                    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ));
-                let lifetime_ms = lifetime.as_millis() as u64;
-                let worker = Worker {
-                    argv: vec!["probe-child".into()],
-                    spec: HolderSpec {
-                        comm: Some("probe-child".into()),
-                        open_gpus: vec![gpu],
-                        ..HolderSpec::new(state.clone(), lifetime_ms)
-                    },
-                };
-                let spec = HolderSpec {
-                    comm: Some("probe-holder".into()),
-                    holds: vec![vramguard_sim::holder::Hold::on(gpu, bytes)],
-                    group_leader: true,
-                    workers: vec![worker; children as usize],
-                    ready_file: Some(ready.clone()),
-                    share_with_workers: true,
-                    ..HolderSpec::new(state.clone(), lifetime_ms)
-                };
-                let child = vramguard_sim::holder::spawn_with(exe, &["probe-holder".into()], &spec)
-                    .map_err(|e| e.to_string())?;
-                let r = vramguard_sim::holder::wait_ready(&ready, Duration::from_secs(20))
-                    .map_err(|e| e.to_string())?;
-                let _ = std::fs::remove_file(&ready);
+            HolderKind::Spawner(spawn) => {
+                let started = spawn(&HoldRequest {
+                    gpu,
+                    bytes,
+                    children,
+                    lifetime,
+                    scratch,
+                })?;
                 Ok(Holding {
-                    pid: r.pid,
-                    child,
-                    children: identities(r.workers),
+                    pid: started.pid,
+                    child: started.child,
+                    children: identities(started.children),
                     exited: None,
                 })
             }

@@ -3,10 +3,12 @@
 use crate::cli::{ProbeCommand, ProbeCommon};
 use crate::context::Ctx;
 use anyhow::{Context, Result, anyhow, bail};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
 use vramguard_probe::experiments::{self, Probe};
-use vramguard_probe::holders::HolderKind;
+use vramguard_probe::holders::{HoldRequest, HolderKind, Started};
 use vramguard_probe::report::{self, GpuInfo, ProbeReport, Results};
 use vramguard_probe::sampler::Sampler;
 
@@ -77,10 +79,7 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
     let exe = std::env::current_exe().context("locating the vramguard executable")?;
     let (holders, holder_name) = match (&ctx.global.sim, &common.holder_cmd) {
         (Some(state), _) => (
-            HolderKind::Sim {
-                exe,
-                state: state.clone(),
-            },
+            HolderKind::Spawner(Arc::new(sim_holders(exe, state.clone()))),
             "simulated".to_string(),
         ),
         (None, Some(cmd)) => (
@@ -226,4 +225,48 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
         }
     }
     Ok(if left_behind { 1 } else { 0 })
+}
+
+/// Simulated holders: this executable as a holder process (the simulator's holder protocol),
+/// registering its allocation and its children with the model in `state`.
+fn sim_holders(
+    exe: PathBuf,
+    state: PathBuf,
+) -> impl Fn(&HoldRequest<'_>) -> Result<Started, String> + Send + Sync {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use vramguard_sim::holder::{Hold, HolderSpec, Worker, spawn_with, wait_ready};
+    let next = AtomicU64::new(0);
+    move |req| {
+        let ready = req.scratch.join(format!(
+            "probe-holder-{}-{}",
+            std::process::id(),
+            next.fetch_add(1, Ordering::Relaxed)
+        ));
+        let lifetime_ms = req.lifetime.as_millis() as u64;
+        let worker = Worker {
+            argv: vec!["probe-child".into()],
+            spec: HolderSpec {
+                comm: Some("probe-child".into()),
+                open_gpus: vec![req.gpu],
+                ..HolderSpec::new(state.clone(), lifetime_ms)
+            },
+        };
+        let spec = HolderSpec {
+            comm: Some("probe-holder".into()),
+            holds: vec![Hold::on(req.gpu, req.bytes)],
+            group_leader: true,
+            workers: vec![worker; req.children as usize],
+            ready_file: Some(ready.clone()),
+            share_with_workers: true,
+            ..HolderSpec::new(state.clone(), lifetime_ms)
+        };
+        let child = spawn_with(&exe, &["probe-holder".into()], &spec).map_err(|e| e.to_string())?;
+        let r = wait_ready(&ready, Duration::from_secs(20)).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_file(&ready);
+        Ok(Started {
+            child,
+            pid: r.pid,
+            children: r.workers,
+        })
+    }
 }

@@ -72,6 +72,7 @@ fn the_real_node_does_not_depend_on_the_simulator() {
         "vramguard-proc",
         "vramguard-gpu",
         "vramguard-ops",
+        "vramguard-probe",
         "vramguard-agent",
     ] {
         let deps = normal_dependencies(krate);
@@ -79,7 +80,10 @@ fn the_real_node_does_not_depend_on_the_simulator() {
             !deps.iter().any(|d| d == "vramguard-sim"),
             "{krate} depends on vramguard-sim: {deps:?}"
         );
-        assert!(!deps.is_empty() || krate == "vramguard-core", "{krate}: {deps:?}");
+        assert!(
+            !deps.is_empty() || krate == "vramguard-core",
+            "{krate}: {deps:?}"
+        );
     }
     assert!(normal_dependencies("vramguard-sim").contains(&"vramguard-gpu".to_string()));
 }
