@@ -23,6 +23,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
+use vramguard_core::release::ReleaseWatch;
 use vramguard_core::report::{Class, Report, UnaccountedCause};
 use vramguard_core::snapshot::{ProcessListState, Snapshot};
 use vramguard_core::trend::Trend;
@@ -67,9 +68,8 @@ struct Watched {
 
 /// An exit whose memory is expected back.
 struct PendingLag {
-    gpu: u32,
+    watch: ReleaseWatch,
     exited: Instant,
-    threshold: u64,
     deadline: Instant,
 }
 
@@ -103,6 +103,7 @@ struct Agent {
     /// Holders seen exiting: never watched again (an unreaped zombie's pidfd stays readable).
     exited: BTreeSet<(u32, u64)>,
     pending: Vec<PendingLag>,
+    /// (used, total) bytes per GPU at the last sample: what an exit is measured against.
     last_used: BTreeMap<u32, (u64, u64)>,
     /// Trends from the last fit, and when it was.
     gpu_trends: BTreeMap<u32, Trend>,
@@ -223,8 +224,7 @@ impl Agent {
             if let Some(m) = g.memory {
                 self.history
                     .record_gpu(g.index, t, m.used, g.ghost_bytes, trend_window, timeline);
-                self.last_used
-                    .insert(g.index, (m.used, self.config.policy.tolerance_for(m.total)));
+                self.last_used.insert(g.index, (m.used, m.total));
             }
             if refit
                 && let Some(tr) = self
@@ -442,7 +442,7 @@ impl Agent {
         for (pid, w, at) in exits {
             tracing::debug!(pid, comm = ?w.comm, "GPU holder exited");
             for (gpu, bytes) in w.gpus {
-                let (Some(bytes), Some((used, tol))) = (bytes, self.last_used.get(&gpu).copied())
+                let (Some(bytes), Some((used, total))) = (bytes, self.last_used.get(&gpu).copied())
                 else {
                     continue;
                 };
@@ -450,9 +450,8 @@ impl Agent {
                     continue;
                 }
                 self.pending.push(PendingLag {
-                    gpu,
+                    watch: ReleaseWatch::new(gpu, total, used, bytes, &self.config.policy),
                     exited: at,
-                    threshold: used.saturating_sub(bytes).saturating_add(tol),
                     deadline: at + Duration::from_secs(120),
                 });
             }
@@ -463,7 +462,7 @@ impl Agent {
     /// the wait timed out): the GPU changed, and the metrics should say so.
     fn poll_lags(&mut self) -> bool {
         let before = self.pending.len();
-        let gpus: BTreeSet<u32> = self.pending.iter().map(|p| p.gpu).collect();
+        let gpus: BTreeSet<u32> = self.pending.iter().map(|p| p.watch.gpu).collect();
         let now = Instant::now();
         for gpu in gpus {
             let used = match self.source.memory_used(gpu) {
@@ -471,12 +470,13 @@ impl Agent {
                 Err(_) => continue,
             };
             let metrics = &self.metrics;
-            self.pending.retain(|p| {
-                if p.gpu != gpu {
+            self.pending.retain_mut(|p| {
+                if p.watch.gpu != gpu {
                     return true;
                 }
-                if used <= p.threshold {
-                    metrics.release_lag(gpu, now.duration_since(p.exited).as_secs_f64());
+                let after = now.saturating_duration_since(p.exited);
+                if p.watch.observe(used, after.as_millis() as u64) {
+                    metrics.release_lag(gpu, after.as_secs_f64());
                     false
                 } else if now >= p.deadline {
                     metrics.release_timeout(gpu);

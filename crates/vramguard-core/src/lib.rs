@@ -16,6 +16,7 @@ pub mod job;
 pub mod plan;
 pub mod policy;
 pub mod quirks;
+pub mod release;
 pub mod report;
 pub mod sanitize;
 pub mod snapshot;

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vramguard_core::plan::{Plan, Target};
+use vramguard_core::release::ReleaseWatch;
 use vramguard_core::report::{Report, UnaccountedCause};
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, classify};
@@ -484,7 +485,8 @@ pub fn execute(
     // 3. Wait for the driver to give the memory back.
     let policy = env.policy().clone();
     let mut releases = Vec::new();
-    let mut watch: Vec<(u32, u64, u64, u64, Instant)> = Vec::new(); // gpu, before, expected, threshold, last exit
+    // Per GPU: the watch, and the last exit its times count from.
+    let mut watch: Vec<(ReleaseWatch, Instant)> = Vec::new();
     for (&gpu, &expected) in &plan.expected_free {
         let Some(g) = report.gpus.iter().find(|g| g.index == gpu) else {
             continue;
@@ -508,28 +510,21 @@ pub fn execute(
             .filter_map(|p| exit_times.get(p).copied())
             .max()
             .unwrap_or_else(Instant::now);
-        let tolerance = policy.tolerance_for(mem.total);
-        let threshold = mem.used.saturating_sub(expected).saturating_add(tolerance);
-        watch.push((gpu, mem.used, expected, threshold, last_exit));
+        watch.push((
+            ReleaseWatch::new(gpu, mem.total, mem.used, expected, &policy),
+            last_exit,
+        ));
     }
-    let mut first_drop: BTreeMap<u32, Instant> = BTreeMap::new();
-    let mut released_at: BTreeMap<u32, Instant> = BTreeMap::new();
-    let mut last_used: BTreeMap<u32, u64> = BTreeMap::new();
     let wait_deadline = Instant::now() + opts.release_timeout;
-    while !watch.is_empty() && released_at.len() < watch.len() {
+    while !watch.iter().all(|(w, _)| w.released()) {
         let used = env.used_memory().map_err(ExecuteError::Env)?;
         let now = Instant::now();
-        for (gpu, before, _, threshold, _) in &watch {
-            let Some(u) = used.get(gpu).copied() else {
-                continue;
-            };
-            last_used.insert(*gpu, u);
-            let drop_tolerance = policy.tolerance_bytes.min(*before);
-            if u + drop_tolerance < *before {
-                first_drop.entry(*gpu).or_insert(now);
-            }
-            if u <= *threshold {
-                released_at.entry(*gpu).or_insert(now);
+        for (w, last_exit) in &mut watch {
+            if let Some(u) = used.get(&w.gpu).copied() {
+                w.observe(
+                    u,
+                    now.saturating_duration_since(*last_exit).as_millis() as u64,
+                );
             }
         }
         if now >= wait_deadline {
@@ -537,20 +532,17 @@ pub fn execute(
         }
         std::thread::sleep(opts.poll);
     }
-    for (gpu, before, expected, _, last_exit) in watch {
-        let after = last_used.get(&gpu).copied();
-        let since = |t: Option<&Instant>| {
-            t.map(|t| t.saturating_duration_since(last_exit).as_millis() as u64)
-        };
+    for (w, _) in watch {
+        let after = w.last_used();
         let rel = GpuRelease {
-            gpu,
-            used_before: before,
-            expected_bytes: expected,
+            gpu: w.gpu,
+            used_before: w.used_before,
+            expected_bytes: w.expected_bytes,
             used_after: after,
-            freed_bytes: after.map_or(0, |a| before.saturating_sub(a)),
-            released: released_at.contains_key(&gpu),
-            release_ms: since(released_at.get(&gpu)),
-            first_drop_ms: since(first_drop.get(&gpu)),
+            freed_bytes: after.map_or(0, |a| w.used_before.saturating_sub(a)),
+            released: w.released(),
+            release_ms: w.released_after_ms(),
+            first_drop_ms: w.first_drop_after_ms(),
         };
         stop_unless!(
             outcomes,

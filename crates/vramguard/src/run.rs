@@ -7,6 +7,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use vramguard_core::Policy;
+use vramguard_core::release::ReleaseWatch;
 use vramguard_core::units::{format_bytes, format_duration, parse_bytes, parse_duration};
 use vramguard_gpu::GpuSource;
 use vramguard_ops::supervise::{
@@ -159,26 +160,30 @@ impl GpuTracker {
             return;
         };
         let deadline = Instant::now() + timeout;
-        let mut pending: BTreeSet<u32> = self
+        let mut pending: BTreeMap<u32, ReleaseWatch> = self
             .gpus
             .iter()
             .filter(|(_, u)| u.last_job > 0)
-            .map(|(i, _)| *i)
+            .map(|(i, u)| {
+                let w = ReleaseWatch::new(*i, u.total, u.last_used, u.last_job, &self.policy);
+                (*i, w)
+            })
             .collect();
         for u in self.gpus.values_mut().filter(|u| u.last_job == 0) {
             u.released = Some(true);
         }
         while !pending.is_empty() {
             if let Ok(sample) = source.sample(Duration::from_secs(1)) {
+                let after_ms = job_gone.elapsed().as_millis() as u64;
                 for g in &sample.gpus {
-                    let (Some(mem), Some(u)) = (g.memory, self.gpus.get_mut(&g.index)) else {
+                    let (Some(mem), Some(w)) = (g.memory, pending.get_mut(&g.index)) else {
                         continue;
                     };
-                    let threshold =
-                        u.last_used.saturating_sub(u.last_job) + self.policy.tolerance_for(u.total);
-                    if pending.contains(&g.index) && mem.used <= threshold {
+                    if w.observe(mem.used, after_ms)
+                        && let Some(u) = self.gpus.get_mut(&g.index)
+                    {
                         u.released = Some(true);
-                        u.release_ms = Some(job_gone.elapsed().as_millis() as u64);
+                        u.release_ms = w.released_after_ms();
                         pending.remove(&g.index);
                     }
                 }
@@ -191,7 +196,7 @@ impl GpuTracker {
         if pending.is_empty() {
             return;
         }
-        for i in &pending {
+        for i in pending.keys() {
             if let Some(u) = self.gpus.get_mut(i) {
                 u.released = Some(false);
             }
