@@ -30,7 +30,7 @@ use vramguard_core::trend::Trend;
 use vramguard_core::{Policy, classify};
 use vramguard_gpu::GpuSource;
 use vramguard_ops::identity::{Identity, Verified, verify};
-use vramguard_ops::reclaim::{MachineEnv, ReclaimOutcome, ResetBackend, identities};
+use vramguard_ops::reclaim::{MachineEnv, ReclaimOutcome, ResetBackend};
 use vramguard_ops::{AuditLog, ExecuteOptions, take_snapshot};
 use vramguard_proc::{ProcCollector, ScanDepth, WorkSampler};
 
@@ -623,39 +623,32 @@ fn auto_reclaim(
     host: String,
     eligible: BTreeSet<(u32, u64)>,
 ) -> Result<ReclaimOutcome, String> {
-    let mut env = MachineEnv {
-        source: make_source()?,
-        collector: ProcCollector::new(&proc_root, &dev_dir).map_err(|e| e.to_string())?,
+    let mut env = MachineEnv::new(
+        make_source()?,
+        ProcCollector::new(&proc_root, &dev_dir).map_err(|e| e.to_string())?,
         policy,
         reset,
-        last_report: None,
-        sample: rc.sample,
-    };
-    let (snap, report) = env.planning_snapshot()?;
+        rc.sample,
+    );
     let opts = ReclaimOptions {
         gpus: None,
         include: rc.include.iter().copied().collect(),
         idle_for_secs: 0,
     };
-    let mut plan = plan_reclaim(&snap, &report, &opts);
-    // Only targets that have been reclaimable for min_age, re-checked from a fresh snapshot.
-    for job in &mut plan.jobs {
-        job.targets
-            .retain(|t| eligible.contains(&(t.pid, t.start_ticks)));
-    }
-    plan.jobs.retain(|j| !j.targets.is_empty());
-    let pinned = vramguard_ops::identity::pin(&proc_root, identities(&plan));
+    let prepared = env.prepare(&proc_root, |snap, report| {
+        let mut plan = plan_reclaim(snap, report, &opts);
+        // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
+        plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
+        plan
+    })?;
     let mut audit = AuditLog::open(&rc.audit_log, &host).map_err(|e| e.to_string())?;
-    let reset_mode = rc.reset;
-    vramguard_ops::execute(
-        &plan,
-        pinned,
-        &report,
-        &mut env,
-        &mut audit,
-        &ExecuteOptions::new(rc.grace, rc.release_timeout, reset_mode, proc_root),
-    )
-    .map_err(|e| e.to_string())
+    prepared
+        .run(
+            &mut env,
+            &mut audit,
+            &ExecuteOptions::new(rc.grace, rc.release_timeout, rc.reset, proc_root),
+        )
+        .map_err(|e| e.to_string())
 }
 
 /// How often the agent observes the processes of jobs that are gone.

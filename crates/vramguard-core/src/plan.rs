@@ -117,6 +117,14 @@ impl Plan {
         self.jobs.iter().flat_map(|j| j.targets.iter())
     }
 
+    /// Keeps only the targets `keep` accepts (and the jobs that still have one).
+    pub fn retain_targets(&mut self, mut keep: impl FnMut(&Target) -> bool) {
+        for job in &mut self.jobs {
+            job.targets.retain(&mut keep);
+        }
+        self.jobs.retain(|j| !j.targets.is_empty());
+    }
+
     /// Whether there is nothing to signal.
     pub fn is_empty(&self) -> bool {
         self.jobs.iter().all(|j| j.targets.is_empty())

@@ -759,7 +759,70 @@ pub struct MachineEnv {
     pub sample: Duration,
 }
 
+/// A reclaim ready to run: the plan made from a fresh sampled snapshot, its targets pinned
+/// (from here on a reused pid is out of reach). The one pipeline `reclaim`, the demo and the
+/// agent's automatic reclaim share: [`MachineEnv::prepare`], then [`Prepared::run`].
+pub struct Prepared {
+    /// The snapshot the plan was made from.
+    pub snapshot: Snapshot,
+    /// Its classification.
+    pub report: Report,
+    /// The plan.
+    pub plan: Plan,
+    pinned: Vec<Pinned>,
+}
+
+impl Prepared {
+    /// Executes the plan (every action in `audit`).
+    pub fn run(
+        self,
+        env: &mut MachineEnv,
+        audit: &mut AuditLog,
+        opts: &ExecuteOptions,
+    ) -> Result<ReclaimOutcome, ExecuteError> {
+        execute(&self.plan, self.pinned, &self.report, env, audit, opts)
+    }
+}
+
 impl MachineEnv {
+    /// An environment on this machine; plans are made after watching the processes work for
+    /// `sample`.
+    pub fn new(
+        source: Box<dyn GpuSource>,
+        collector: ProcCollector,
+        policy: Policy,
+        reset: ResetBackend,
+        sample: Duration,
+    ) -> MachineEnv {
+        MachineEnv {
+            source,
+            collector,
+            policy,
+            reset,
+            last_report: None,
+            sample,
+        }
+    }
+
+    /// Plans a reclaim from a fresh [`MachineEnv::planning_snapshot`]: `plan` makes the plan
+    /// (`plan_reclaim` with the caller's options, narrowed as it needs), then its targets are
+    /// pinned through `proc_root`.
+    pub fn prepare(
+        &mut self,
+        proc_root: &Path,
+        plan: impl FnOnce(&Snapshot, &Report) -> Plan,
+    ) -> Result<Prepared, String> {
+        let (snapshot, report) = self.planning_snapshot()?;
+        let plan = plan(&snapshot, &report);
+        let pinned = crate::identity::pin(proc_root, identities(&plan));
+        Ok(Prepared {
+            snapshot,
+            report,
+            plan,
+            pinned,
+        })
+    }
+
     /// The snapshot a plan is made from: a full collection, then [`MachineEnv::sample`] of
     /// watching the processes work, classified. The executor's own re-reads
     /// ([`ReclaimEnv::snapshot`]) take no window: they only follow what the plan did.

@@ -315,26 +315,27 @@ fn reclaim_demo(
 ) -> Result<()> {
     use crate::reclaim::{render_outcome, render_plan};
     use vramguard_ops::reclaim::MachineEnv;
-    use vramguard_ops::reclaim::identities;
-    use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
-    let mut env = MachineEnv {
-        source: Box::new(SimSource::open(state)?),
-        collector: ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(state)?.dev_dir)?,
-        policy: policy.clone(),
-        reset: crate::context::sim_reset(state.to_path_buf()),
-        last_report: None,
-        sample: Duration::from_secs(1),
-    };
-    let (snap, report) = env.planning_snapshot().map_err(anyhow::Error::msg)?;
-    let plan = vramguard_core::plan::plan_reclaim(&snap, &report, opts);
-    let pinned = vramguard_ops::identity::pin(Path::new(OWN_PROC), identities(&plan));
+    use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
+    let mut env = MachineEnv::new(
+        Box::new(SimSource::open(state)?),
+        ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(state)?.dev_dir)?,
+        policy.clone(),
+        crate::context::sim_reset(state.to_path_buf()),
+        Duration::from_secs(1),
+    );
+    let prepared = env
+        .prepare(Path::new(OWN_PROC), |snap, report| {
+            vramguard_core::plan::plan_reclaim(snap, report, opts)
+        })
+        .map_err(anyhow::Error::msg)?;
     let audit_path = dir.join("audit.jsonl");
-    let mut audit = AuditLog::open(&audit_path, report.hostname.as_deref().unwrap_or(""))?;
-    println!("\n$ {shown}\n{}", render_plan(&plan, &report, false));
-    let outcome = execute(
-        &plan,
-        pinned,
-        &report,
+    let host = prepared.report.hostname.clone().unwrap_or_default();
+    let mut audit = AuditLog::open(&audit_path, &host)?;
+    println!(
+        "\n$ {shown}\n{}",
+        render_plan(&prepared.plan, &prepared.report, false)
+    );
+    let outcome = prepared.run(
         &mut env,
         &mut audit,
         &ExecuteOptions::new(

@@ -12,8 +12,8 @@ use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::units::{format_bytes, format_duration, parse_duration};
 use vramguard_ops::reclaim::MachineEnv;
-use vramguard_ops::reclaim::{ReclaimOutcome, identities};
-use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, execute};
+use vramguard_ops::reclaim::ReclaimOutcome;
+use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
 
 fn parse_reset(s: &str) -> Result<ResetMode> {
     s.parse().map_err(|e| anyhow::anyhow!("--reset {e}"))
@@ -241,28 +241,27 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         );
     }
 
-    let mut env = MachineEnv {
-        source: ctx.gpu_source()?,
-        collector: ctx.collector()?,
-        policy: ctx.policy.clone(),
-        reset: ctx.reset_backend(args.reset_command.as_deref())?,
-        last_report: None,
-        sample: args.sample,
-    };
-    let (snap, report) = env.planning_snapshot().map_err(anyhow::Error::msg)?;
-    check_gpus(&opts, &report)?;
-    let plan = plan_reclaim(&snap, &report, &opts);
-    // Pin the targets now: from here on a reused pid is out of reach.
-    let pinned = vramguard_ops::identity::pin(&proc_root, identities(&plan));
+    let mut env = MachineEnv::new(
+        ctx.gpu_source()?,
+        ctx.collector()?,
+        ctx.policy.clone(),
+        ctx.reset_backend(args.reset_command.as_deref())?,
+        args.sample,
+    );
+    let prepared = env
+        .prepare(&proc_root, |snap, report| plan_reclaim(snap, report, &opts))
+        .map_err(anyhow::Error::msg)?;
+    check_gpus(&opts, &prepared.report)?;
+    let (plan, report) = (&prepared.plan, &prepared.report);
 
     let interactive = std::io::stdin().is_terminal();
     let dry = args.dry_run || (!args.yes && !interactive);
     if dry {
-        print_dry_run(&plan, &report, args.json)?;
+        print_dry_run(plan, report, args.json)?;
         return Ok(0);
     }
     if !args.json {
-        crate::print(&render_plan(&plan, &report, false))?;
+        crate::print(&render_plan(plan, report, false))?;
     }
     if plan.is_empty() && reset == ResetMode::Never {
         let ghost: u64 = report
@@ -310,10 +309,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
             return Ok(2);
         }
     }
-    let outcome = execute(
-        &plan,
-        pinned,
-        &report,
+    let outcome = prepared.run(
         &mut env,
         &mut audit,
         &ExecuteOptions::new(grace, release_timeout, reset, proc_root),
