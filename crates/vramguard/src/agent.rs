@@ -6,7 +6,6 @@ use anyhow::{Result, anyhow};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use vramguard_agent::{AgentSetup, SourceFactory};
-use vramguard_core::units::parse_duration;
 use vramguard_gpu::{GpuSource, NvmlSource};
 use vramguard_sim::SimSource;
 
@@ -33,11 +32,11 @@ pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
         }
         config.agent.listen = listen.clone();
     }
-    if let Some(i) = &args.interval {
-        config.agent.interval = parse_duration(i)?;
-        if config.agent.interval < std::time::Duration::from_millis(50) {
-            return Err(anyhow!("--interval {i}: at least 50ms"));
+    if let Some(i) = args.interval {
+        if i < std::time::Duration::from_millis(50) {
+            return Err(anyhow!("--interval {i:?}: at least 50ms"));
         }
+        config.agent.interval = i;
     }
     // Fail now, with the driver's own message, rather than in the loop.
     drop(ctx.gpu_source()?);

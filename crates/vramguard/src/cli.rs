@@ -2,6 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Explain, reclaim and prevent GPU memory held by processes whose job is gone.
 #[derive(Debug, Parser)]
@@ -101,12 +102,44 @@ pub enum Command {
     Sim(SimCommand),
 }
 
+/// Parses a duration argument (`500ms`, `10s`, `2h`).
+pub fn duration(s: &str) -> Result<Duration, String> {
+    vramguard_core::units::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Parses a size argument (`8GiB`, `512MiB`).
+pub fn bytes(s: &str) -> Result<u64, String> {
+    vramguard_core::units::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+/// Parses a reset mode: never, auto or force.
+pub fn reset_mode(s: &str) -> Result<vramguard_ops::ResetMode, String> {
+    s.parse()
+        .map_err(|e: vramguard_ops::UnknownResetMode| e.to_string())
+}
+
+/// Parses `run --isolation`: auto, cgroup or group.
+pub fn isolation(s: &str) -> Result<vramguard_ops::supervise::Isolation, String> {
+    use vramguard_ops::supervise::Isolation;
+    match s {
+        "auto" => Ok(Isolation::Auto),
+        "cgroup" => Ok(Isolation::Cgroup),
+        "group" | "process-group" => Ok(Isolation::ProcessGroup),
+        other => Err(format!("{other:?}: expected auto, cgroup or group")),
+    }
+}
+
+/// Parses a class name.
+pub fn class(s: &str) -> Result<vramguard_core::Class, String> {
+    s.trim().parse()
+}
+
 /// The longest sampling window accepted: a longer one is a typo, not a wish.
 const MAX_SAMPLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Parses `--sample`: a duration from 0 (no window) to ten minutes.
 pub fn parse_sample(s: &str) -> Result<std::time::Duration, String> {
-    let d = vramguard_core::units::parse_duration(s).map_err(|e| e.to_string())?;
+    let d = duration(s)?;
     if d > MAX_SAMPLE {
         return Err(format!(
             "{s:?} is longer than the 10m a sampling window may last"
@@ -159,22 +192,23 @@ pub struct ReclaimArgs {
         long,
         value_delimiter = ',',
         default_value = "orphan,hidden",
-        value_name = "CLASS"
+        value_name = "CLASS",
+        value_parser = class
     )]
-    pub include: Vec<String>,
+    pub include: Vec<vramguard_core::Class>,
     /// With --include idle: only holders idle at least this long
-    #[arg(long, default_value = "2h", value_name = "DURATION")]
-    pub idle_for: String,
+    #[arg(long, default_value = "2h", value_name = "DURATION", value_parser = duration)]
+    pub idle_for: Duration,
     /// Time between SIGTERM and SIGKILL
-    #[arg(long, default_value = "10s", value_name = "DURATION")]
-    pub grace: String,
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
+    pub grace: Duration,
     /// Time to wait for the driver to release the memory
-    #[arg(long, default_value = "60s", value_name = "DURATION")]
-    pub release_timeout: String,
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    pub release_timeout: Duration,
     /// Reset GPUs where memory no process holds remains: never, auto (only proven residue,
     /// nothing holding the device), force (any unaccounted memory, nothing holding the device)
-    #[arg(long, default_value = "never", value_name = "WHEN")]
-    pub reset: String,
+    #[arg(long, default_value = "never", value_name = "WHEN", value_parser = reset_mode)]
+    pub reset: vramguard_ops::ResetMode,
     /// Reset command, run without a shell; {index}, {uuid} and {pci_bus_id} are replaced
     /// [default: nvidia-smi --gpu-reset -i {index}; the simulator's reset with --sim]
     #[arg(long, value_name = "COMMAND")]
@@ -204,17 +238,17 @@ pub struct ReclaimArgs {
 #[derive(Debug, Args, Clone)]
 pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL for what remains when the job ends or is stopped
-    #[arg(long, default_value = "10s", value_name = "DURATION")]
-    pub grace: String,
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
+    pub grace: Duration,
     /// Time to wait for the driver to release the job's GPU memory after it ended
-    #[arg(long, default_value = "60s", value_name = "DURATION")]
-    pub release_timeout: String,
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    pub release_timeout: Duration,
     /// Forward signals to the main process only (default: to its whole group or cgroup)
     #[arg(long)]
     pub no_signal_group: bool,
     /// Containment: auto (cgroup v2 when writable, else process group), cgroup, group
-    #[arg(long, default_value = "auto", value_name = "HOW")]
-    pub isolation: String,
+    #[arg(long, default_value = "auto", value_name = "HOW", value_parser = isolation)]
+    pub isolation: vramguard_ops::supervise::Isolation,
     /// Pick GPUs and set CUDA_VISIBLE_DEVICES: auto:N (the N with the most free memory)
     #[arg(long, value_name = "auto:N")]
     pub gpus: Option<String>,
@@ -238,8 +272,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<String>,
     /// Sampling interval [default: [agent] interval, or 1s]
-    #[arg(long, value_name = "DURATION")]
-    pub interval: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub interval: Option<Duration>,
     /// Log debug messages too
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -289,11 +323,11 @@ pub enum ProbeCommand {
         #[command(flatten)]
         common: ProbeCommon,
         /// How long
-        #[arg(long, default_value = "30m", value_name = "DURATION")]
-        duration: String,
+        #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = duration)]
+        duration: Duration,
         /// One allocate/free cycle every
-        #[arg(long, default_value = "5s", value_name = "DURATION")]
-        cycle: String,
+        #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = duration)]
+        cycle: Duration,
         /// Kill the holder with TERM, KILL and INT in turn (default: TERM only)
         #[arg(long)]
         kill_cycles: bool,
@@ -306,15 +340,15 @@ pub struct ProbeCommon {
     #[arg(long, default_value_t = 0)]
     pub gpu: u32,
     /// Memory per holder
-    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
-    pub size: String,
+    #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = bytes)]
+    pub size: u64,
     /// Your own holder, run with `sh -c`: it gets VRAMGUARD_PROBE_BYTES and
     /// CUDA_VISIBLE_DEVICES (e.g. a PyTorch one-liner, to measure your framework's context)
     #[arg(long, value_name = "COMMAND")]
     pub holder_cmd: Option<String>,
     /// How long to wait for memory to appear, and to be released
-    #[arg(long, default_value = "60s", value_name = "DURATION")]
-    pub timeout: String,
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    pub timeout: Duration,
     /// Readings per second
     #[arg(long, default_value_t = 200)]
     pub rate: u32,
@@ -338,11 +372,11 @@ pub struct PickArgs {
 #[derive(Debug, Args, Clone)]
 pub struct GpuChoice {
     /// Only GPUs with at least this much free memory
-    #[arg(long, value_name = "SIZE")]
-    pub min_free: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = bytes)]
+    pub min_free: Option<u64>,
     /// Wait this long for enough GPUs to be free
-    #[arg(long, default_value = "0s", value_name = "DURATION")]
-    pub wait: String,
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = duration)]
+    pub wait: Duration,
     /// Name GPUs by UUID (stable across reboots) instead of index
     #[arg(long)]
     pub by_uuid: bool,
@@ -417,8 +451,8 @@ pub struct HoldArgs {
     #[arg(long, default_value_t = 0)]
     pub gpu: u32,
     /// Memory to hold, e.g. 8GiB
-    #[arg(long, default_value = "1GiB")]
-    pub bytes: String,
+    #[arg(long, default_value = "1GiB", value_parser = bytes)]
+    pub bytes: u64,
     /// What happens after exit: release, leak, or lag:DURATION (e.g. lag:1500ms)
     #[arg(long, default_value = "release")]
     pub after_exit: String,
@@ -432,11 +466,11 @@ pub struct HoldArgs {
     #[arg(long, default_value_t = 0)]
     pub workers: u32,
     /// Memory per worker
-    #[arg(long, default_value = "1GiB")]
-    pub worker_bytes: String,
+    #[arg(long, default_value = "1GiB", value_parser = bytes)]
+    pub worker_bytes: u64,
     /// Exit by itself after this long (a safety net)
-    #[arg(long, default_value = "1h")]
-    pub lifetime: String,
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    pub lifetime: Duration,
     /// Process name (comm) to take
     #[arg(long)]
     pub comm: Option<String>,

@@ -6,7 +6,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
+use vramguard_core::units::format_bytes;
 use vramguard_probe::experiments::{self, Probe};
 use vramguard_probe::holders::{HoldRequest, HolderKind, Started};
 use vramguard_probe::report::{self, GpuInfo, ProbeReport, Results};
@@ -35,8 +35,7 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
         | ProbeCommand::Concurrent { common, .. }
         | ProbeCommand::Soak { common, .. } => common,
     };
-    let bytes = parse_bytes(&common.size)?;
-    let timeout = parse_duration(&common.timeout)?;
+    let (bytes, timeout) = (common.size, common.timeout);
     if common.rate == 0 || common.rate > 10_000 {
         bail!(
             "--rate {}: between 1 and 10000 readings per second",
@@ -180,14 +179,8 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
                 vec![signal("TERM")?]
             };
             Results::Soak(
-                experiments::soak(
-                    &probe,
-                    bytes,
-                    parse_duration(duration)?,
-                    parse_duration(cycle)?,
-                    &sigs,
-                )
-                .map_err(anyhow::Error::msg)?,
+                experiments::soak(&probe, bytes, *duration, *cycle, &sigs)
+                    .map_err(anyhow::Error::msg)?,
             )
         }
     };

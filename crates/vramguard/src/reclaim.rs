@@ -10,22 +10,14 @@ use std::time::Duration;
 use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{fit, shown};
-use vramguard_core::units::{format_bytes, format_duration, parse_duration};
+use vramguard_core::units::{format_bytes, format_duration};
 use vramguard_ops::reclaim::MachineEnv;
 use vramguard_ops::reclaim::ReclaimOutcome;
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
 
-fn parse_reset(s: &str) -> Result<ResetMode> {
-    s.parse().map_err(|e| anyhow::anyhow!("--reset {e}"))
-}
-
 fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
     let mut include = BTreeSet::new();
-    for c in &args.include {
-        let class: Class = c
-            .trim()
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("--include: {e}"))?;
+    for &class in &args.include {
         if matches!(class, Class::Active | Class::System | Class::Foreign) {
             bail!(
                 "--include {class}: {class} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace)"
@@ -36,7 +28,7 @@ fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
     Ok(ReclaimOptions {
         gpus: (!args.gpu.is_empty()).then(|| args.gpu.iter().copied().collect()),
         include,
-        idle_for_secs: parse_duration(&args.idle_for)?.as_secs(),
+        idle_for_secs: args.idle_for.as_secs(),
     })
 }
 
@@ -227,9 +219,7 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         print_dry_run(&plan, &report, args.json)?;
         return Ok(0);
     }
-    let reset = parse_reset(&args.reset)?;
-    let grace = parse_duration(&args.grace)?;
-    let release_timeout = parse_duration(&args.release_timeout)?;
+    let (reset, grace, release_timeout) = (args.reset, args.grace, args.release_timeout);
     let proc_root = ctx.global.proc_root.clone();
     let own = std::fs::read_link(proc_root.join("self"))
         .ok()

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use vramguard_core::Policy;
 use vramguard_core::release::ReleaseWatch;
-use vramguard_core::units::{format_bytes, format_duration, parse_bytes, parse_duration};
+use vramguard_core::units::{format_bytes, format_duration};
 use vramguard_gpu::GpuSource;
 use vramguard_ops::supervise::{
     BlockedSignals, Isolation, SuperviseError, SuperviseOptions, Supervised, supervise,
@@ -29,13 +29,8 @@ fn choose_gpus(
     if count == 0 {
         bail!("asked for 0 GPUs");
     }
-    let min_free = choice
-        .min_free
-        .as_deref()
-        .map(parse_bytes)
-        .transpose()?
-        .unwrap_or(0);
-    let wait = parse_duration(&choice.wait)?;
+    let min_free = choice.min_free.unwrap_or(0);
+    let wait = choice.wait;
     let by_uuid = choice.by_uuid;
     let deadline = Instant::now() + wait;
     loop {
@@ -215,23 +210,13 @@ struct RunSummary<'a> {
     gpu_check: Option<String>,
 }
 
-fn isolation(s: &str) -> Result<Isolation> {
-    Ok(match s {
-        "auto" => Isolation::Auto,
-        "cgroup" => Isolation::Cgroup,
-        "group" | "process-group" => Isolation::ProcessGroup,
-        other => bail!("--isolation {other:?}: expected auto, cgroup or group"),
-    })
-}
-
 /// `vramguard run -- CMD`.
 pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
     // Before any thread exists (an NVML library may start some): no thread may receive the
     // signals meant for the job with their default, fatal, dispositions.
     let _blocked = BlockedSignals::block();
-    let grace = parse_duration(&args.grace)?;
-    let release_timeout = parse_duration(&args.release_timeout)?;
-    let isolation = isolation(&args.isolation)?;
+    let (grace, release_timeout) = (args.grace, args.release_timeout);
+    let isolation = args.isolation;
     let command = args
         .command
         .iter()

@@ -3,7 +3,7 @@
 use crate::cli::{Global, HoldArgs, SimCommand};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
-use vramguard_core::units::{format_bytes, parse_bytes, parse_duration};
+use vramguard_core::units::{format_bytes, parse_duration};
 use vramguard_sim::holder::{self, Hold, HolderSpec, Worker};
 use vramguard_sim::state::{AfterExit, SimRemappedRows, SimState};
 use vramguard_sim::{Sim, store};
@@ -48,9 +48,7 @@ pub fn parse_after_exit(s: &str) -> Result<AfterExit> {
 
 fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
     let state = state_path(global)?.to_path_buf();
-    let lifetime = parse_duration(&args.lifetime)?;
-    let bytes = parse_bytes(&args.bytes)?;
-    let worker_bytes = parse_bytes(&args.worker_bytes)?;
+    let (lifetime, bytes, worker_bytes) = (args.lifetime, args.bytes, args.worker_bytes);
     let me: Vec<String> = std::env::args().collect();
     let lifetime_ms = lifetime.as_millis() as u64;
     let workers = (0..args.workers)
