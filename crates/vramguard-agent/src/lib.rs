@@ -9,7 +9,8 @@
 
 pub mod agent;
 pub mod alerts;
-pub mod config;
+/// The config file (its own crate: every command reads it).
+pub use vramguard_config as config;
 pub mod history;
 pub mod http;
 pub mod metrics;

@@ -5,7 +5,7 @@ use crate::cli::Global;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use vramguard_agent::config::Config;
+use vramguard_config::Config;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
 use vramguard_gpu::{GpuSource, NvmlSource};

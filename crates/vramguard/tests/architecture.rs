@@ -73,6 +73,7 @@ fn the_real_node_does_not_depend_on_the_simulator() {
         "vramguard-gpu",
         "vramguard-ops",
         "vramguard-probe",
+        "vramguard-config",
         "vramguard-agent",
     ] {
         let deps = normal_dependencies(krate);
