@@ -119,10 +119,41 @@ pub struct TargetOutcome {
     pub signals: Vec<String>,
     /// Milliseconds from SIGTERM to exit, when it exited.
     pub exited_after_ms: Option<u64>,
-    /// `exited`, `exited_after_kill`, `gone_before`, `not_signalled`, `survived_kill`.
-    pub result: String,
+    /// What became of it.
+    pub result: TargetResult,
     /// Why it was not signalled, or what keeps it alive.
     pub detail: Option<String>,
+}
+
+/// What became of one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetResult {
+    /// SIGTERM sent; the run stopped before its end was known.
+    Signalled,
+    /// It exited after SIGTERM.
+    Exited,
+    /// It ignored SIGTERM and exited after SIGKILL.
+    ExitedAfterKill,
+    /// It was gone before the first signal.
+    GoneBefore,
+    /// It was not signalled (its identity no longer matched, or the pidfd failed).
+    NotSignalled,
+    /// It survived SIGKILL (stuck in the kernel, D state).
+    SurvivedKill,
+}
+
+impl std::fmt::Display for TargetResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TargetResult::Signalled => "signalled",
+            TargetResult::Exited => "exited",
+            TargetResult::ExitedAfterKill => "exited_after_kill",
+            TargetResult::GoneBefore => "gone_before",
+            TargetResult::NotSignalled => "not_signalled",
+            TargetResult::SurvivedKill => "survived_kill",
+        })
+    }
 }
 
 /// Memory released on one GPU.
@@ -354,7 +385,7 @@ pub fn execute(
             comm: t.comm.clone(),
             signals: Vec::new(),
             exited_after_ms: None,
-            result: String::new(),
+            result: TargetResult::Signalled,
             detail: None,
         };
         let handle = match pinned.remove(&t.pid) {
@@ -386,9 +417,9 @@ pub fn execute(
             }
             Err(refusal) => {
                 outcome.result = if refusal == Refusal::Gone {
-                    "gone_before".into()
+                    TargetResult::GoneBefore
                 } else {
-                    "not_signalled".into()
+                    TargetResult::NotSignalled
                 };
                 outcome.detail = Some(refusal.to_string());
                 stop_unless!(outcomes, audit.record(
@@ -413,7 +444,7 @@ pub fn execute(
                 exit_times.insert(r.target.pid, at);
                 let o = outcomes.get_mut(&r.target.pid).expect("outcome");
                 o.exited_after_ms = Some(ms);
-                o.result = "exited".into();
+                o.result = TargetResult::Exited;
                 stop_unless!(
                     outcomes,
                     audit.record(
@@ -461,7 +492,7 @@ pub fn execute(
                 let ms = at.duration_since(r.term_at).as_millis() as u64;
                 exit_times.insert(r.target.pid, at);
                 o.exited_after_ms = Some(ms);
-                o.result = "exited_after_kill".into();
+                o.result = TargetResult::ExitedAfterKill;
                 stop_unless!(
                     outcomes,
                     audit.record(
@@ -472,7 +503,7 @@ pub fn execute(
             }
             None => {
                 let detail = stuck_threads(&opts.proc_root, r.target.pid);
-                o.result = "survived_kill".into();
+                o.result = TargetResult::SurvivedKill;
                 o.detail = Some(detail.clone());
                 stop_unless!(
                     outcomes,
@@ -500,7 +531,7 @@ pub fn execute(
         let signalled = holders.iter().any(|p| {
             outcomes
                 .get(p)
-                .is_some_and(|o| !o.signals.is_empty() || o.result == "gone_before")
+                .is_some_and(|o| !o.signals.is_empty() || o.result == TargetResult::GoneBefore)
         });
         if !signalled {
             continue;

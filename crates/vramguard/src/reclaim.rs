@@ -12,7 +12,7 @@ use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::units::{format_bytes, format_duration};
 use vramguard_ops::reclaim::MachineEnv;
-use vramguard_ops::reclaim::ReclaimOutcome;
+use vramguard_ops::reclaim::{ReclaimOutcome, TargetResult};
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
 
 fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
@@ -112,12 +112,12 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
 pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> String {
     let mut out = String::new();
     for t in &o.targets {
-        let what = match (t.result.as_str(), t.exited_after_ms) {
-            ("exited", Some(ms)) => format!(
+        let what = match (t.result, t.exited_after_ms) {
+            (TargetResult::Exited, Some(ms)) => format!(
                 "exited {} after SIGTERM",
                 format_duration(Duration::from_millis(ms))
             ),
-            ("exited_after_kill", Some(ms)) => format!(
+            (TargetResult::ExitedAfterKill, Some(ms)) => format!(
                 "ignored SIGTERM; SIGKILLed, exited {} after SIGTERM",
                 format_duration(Duration::from_millis(ms))
             ),
