@@ -324,7 +324,8 @@ pub fn identities(plan: &Plan) -> Vec<Identity> {
 }
 
 /// Executes `plan`, whose targets were pinned (in plan order) by [`crate::identity::pin`],
-/// recording everything in `audit`.
+/// recording everything in `audit`: the plan, SIGTERM, the grace period and SIGKILL, the wait
+/// for the driver, resets if asked, and what remains.
 pub fn execute(
     plan: &Plan,
     pinned: Vec<Pinned>,
@@ -333,6 +334,47 @@ pub fn execute(
     audit: &mut AuditLog,
     opts: &ExecuteOptions,
 ) -> Result<ReclaimOutcome, ExecuteError> {
+    record_plan(plan, opts, audit)?;
+    let mut run = Run {
+        plan,
+        opts,
+        audit,
+        outcomes: BTreeMap::new(),
+        exit_times: BTreeMap::new(),
+    };
+    let running = run.terminate(pinned)?;
+    run.kill_survivors(&running)?;
+    let releases = run.wait_for_release(report, env)?;
+    let resets = if opts.reset == ResetMode::Never {
+        Vec::new()
+    } else {
+        run.reset_gpus(env)?
+    };
+    let remaining = run.what_remains(env)?;
+    let exit_code = if remaining.is_empty() { 0 } else { 1 };
+    run.log(
+        "result",
+        json!({ "exit_code": exit_code, "remaining": remaining,
+            "freed_bytes": releases.iter().map(|r| r.freed_bytes).sum::<u64>() }),
+    )?;
+    Ok(ReclaimOutcome {
+        schema_version: vramguard_core::SCHEMA_VERSION,
+        run_id: run.audit.run_id().to_string(),
+        plan: plan.clone(),
+        targets: run.outcomes.into_values().collect(),
+        releases,
+        resets,
+        remaining,
+        exit_code,
+    })
+}
+
+/// The plan, before anything is signalled: a failure here stops the run with nothing done.
+fn record_plan(
+    plan: &Plan,
+    opts: &ExecuteOptions,
+    audit: &mut AuditLog,
+) -> Result<(), ExecuteError> {
     audit.record(
         "start",
         json!({
@@ -361,253 +403,265 @@ pub fn execute(
             json!({ "pid": l.pid, "comm": l.comm, "class": l.class, "gpus": l.gpus, "reason": l.reason }),
         )?;
     }
+    Ok(())
+}
 
-    // From the first signal on, a failed record stops the run and names what was left
-    // half-done (the outcomes so far say which targets got SIGTERM and no SIGKILL).
-    macro_rules! stop_unless {
-        ($outcomes:expr, $record:expr) => {
-            if let Err(cause) = $record {
-                return Err(ExecuteError::Stopped {
-                    cause,
-                    unfinished: unfinished(&$outcomes),
-                });
-            }
-        };
+/// A run in progress: what each target did so far, and when each exited.
+struct Run<'a> {
+    plan: &'a Plan,
+    opts: &'a ExecuteOptions,
+    audit: &'a mut AuditLog,
+    outcomes: BTreeMap<u32, TargetOutcome>,
+    exit_times: BTreeMap<u32, Instant>,
+}
+
+impl<'a> Run<'a> {
+    /// Records an action. From the first signal on, a failed record stops the run and names
+    /// what was left half-done (the outcomes say which targets got SIGTERM and no SIGKILL).
+    fn log(&mut self, event: &str, value: serde_json::Value) -> Result<(), ExecuteError> {
+        self.audit
+            .record(event, value)
+            .map_err(|cause| ExecuteError::Stopped {
+                cause,
+                unfinished: unfinished(&self.outcomes),
+            })
     }
-    // 1. SIGTERM through the pinned pidfds.
-    let mut outcomes: BTreeMap<u32, TargetOutcome> = BTreeMap::new();
-    let mut running: Vec<Running<'_>> = Vec::new();
-    let mut pinned: BTreeMap<u32, Pinned> =
-        pinned.into_iter().map(|p| (p.identity.pid, p)).collect();
-    for t in plan.targets() {
-        let mut outcome = TargetOutcome {
-            pid: t.pid,
-            comm: t.comm.clone(),
-            signals: Vec::new(),
-            exited_after_ms: None,
-            result: TargetResult::Signalled,
-            detail: None,
-        };
-        let handle = match pinned.remove(&t.pid) {
-            Some(p) if p.identity.start_ticks == t.start_ticks => p.handle,
-            _ => Err(Refusal::Failed("not pinned at plan time".into())),
-        };
-        // Write-ahead: a signal's record is on disk before the signal is sent.
-        let sent = match handle {
-            Ok(v) => {
-                stop_unless!(
-                    outcomes,
-                    audit.record(
+
+    fn outcome(&mut self, pid: u32) -> &mut TargetOutcome {
+        self.outcomes
+            .get_mut(&pid)
+            .expect("every target has an outcome")
+    }
+
+    /// Phase 1: SIGTERM through the pinned pidfds; returns the targets now running down.
+    fn terminate(&mut self, pinned: Vec<Pinned>) -> Result<Vec<Running<'a>>, ExecuteError> {
+        let mut running = Vec::new();
+        let mut pinned: BTreeMap<u32, Pinned> =
+            pinned.into_iter().map(|p| (p.identity.pid, p)).collect();
+        let plan = self.plan;
+        for t in plan.targets() {
+            self.outcomes.insert(
+                t.pid,
+                TargetOutcome {
+                    pid: t.pid,
+                    comm: t.comm.clone(),
+                    signals: Vec::new(),
+                    exited_after_ms: None,
+                    result: TargetResult::Signalled,
+                    detail: None,
+                },
+            );
+            let handle = match pinned.remove(&t.pid) {
+                Some(p) if p.identity.start_ticks == t.start_ticks => p.handle,
+                _ => Err(Refusal::Failed("not pinned at plan time".into())),
+            };
+            // Write-ahead: a signal's record is on disk before the signal is sent.
+            let sent = match handle {
+                Ok(v) => {
+                    self.log(
                         "signal",
                         json!({ "pid": t.pid, "start_ticks": t.start_ticks, "signal": "TERM" }),
-                    )
-                );
-                v.signal(Signal::TERM).map(|()| v)
-            }
-            Err(refusal) => Err(refusal),
-        };
-        match sent {
-            Ok(v) => {
-                outcome.signals.push("TERM".into());
-                running.push(Running {
-                    target: t,
-                    verified: v,
-                    term_at: Instant::now(),
-                });
-            }
-            Err(refusal) => {
-                outcome.result = if refusal == Refusal::Gone {
-                    TargetResult::GoneBefore
-                } else {
-                    TargetResult::NotSignalled
-                };
-                outcome.detail = Some(refusal.to_string());
-                stop_unless!(outcomes, audit.record(
-                    "skipped",
-                    json!({ "pid": t.pid, "start_ticks": t.start_ticks, "reason": refusal.to_string() }),
-                ));
+                    )?;
+                    v.signal(Signal::TERM).map(|()| v)
+                }
+                Err(refusal) => Err(refusal),
+            };
+            match sent {
+                Ok(v) => {
+                    self.outcome(t.pid).signals.push("TERM".into());
+                    running.push(Running {
+                        target: t,
+                        verified: v,
+                        term_at: Instant::now(),
+                    });
+                }
+                Err(refusal) => {
+                    let o = self.outcome(t.pid);
+                    o.result = if refusal == Refusal::Gone {
+                        TargetResult::GoneBefore
+                    } else {
+                        TargetResult::NotSignalled
+                    };
+                    o.detail = Some(refusal.to_string());
+                    self.log(
+                        "skipped",
+                        json!({ "pid": t.pid, "start_ticks": t.start_ticks, "reason": refusal.to_string() }),
+                    )?;
+                }
             }
         }
-        outcomes.insert(t.pid, outcome);
+        Ok(running)
     }
 
-    // 2. Grace, then SIGKILL.
-    let mut exit_times: BTreeMap<u32, Instant> = BTreeMap::new();
-    let deadline = Instant::now() + opts.grace;
-    let procs: Vec<&Verified> = running.iter().map(|r| &r.verified).collect();
-    let exits = wait_all(&procs, deadline);
-    let mut survivors = Vec::new();
-    for (r, exit) in running.iter().zip(exits) {
-        match exit {
-            Some(at) => {
-                let ms = at.duration_since(r.term_at).as_millis() as u64;
-                exit_times.insert(r.target.pid, at);
-                let o = outcomes.get_mut(&r.target.pid).expect("outcome");
-                o.exited_after_ms = Some(ms);
-                o.result = TargetResult::Exited;
-                stop_unless!(
-                    outcomes,
-                    audit.record(
-                        "exited",
-                        json!({ "pid": r.target.pid, "after_ms": ms, "signal": "TERM" }),
-                    )
-                );
-            }
-            None => survivors.push(r),
-        }
+    /// Records an exit `at`, `ms` after SIGTERM.
+    fn exited(
+        &mut self,
+        r: &Running<'_>,
+        at: Instant,
+        result: TargetResult,
+        signal: &str,
+    ) -> Result<(), ExecuteError> {
+        let ms = at.duration_since(r.term_at).as_millis() as u64;
+        self.exit_times.insert(r.target.pid, at);
+        let o = self.outcome(r.target.pid);
+        o.exited_after_ms = Some(ms);
+        o.result = result;
+        self.log(
+            "exited",
+            json!({ "pid": r.target.pid, "after_ms": ms, "signal": signal }),
+        )
     }
-    let mut killed = Vec::new();
-    for r in &survivors {
-        stop_unless!(
-            outcomes,
-            audit.record(
+
+    /// Phase 2: The grace period, then SIGKILL for whoever is left.
+    fn kill_survivors(&mut self, running: &[Running<'a>]) -> Result<(), ExecuteError> {
+        let procs: Vec<&Verified> = running.iter().map(|r| &r.verified).collect();
+        let exits = wait_all(&procs, Instant::now() + self.opts.grace);
+        let mut survivors = Vec::new();
+        for (r, exit) in running.iter().zip(exits) {
+            match exit {
+                Some(at) => self.exited(r, at, TargetResult::Exited, "TERM")?,
+                None => survivors.push(r),
+            }
+        }
+        for r in &survivors {
+            self.log(
                 "signal",
                 json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
-                    "after_grace_ms": opts.grace.as_millis() as u64 }),
-            )
-        );
-        if let Err(e) = r.verified.signal(Signal::KILL) {
-            stop_unless!(
-                outcomes,
-                audit.record(
+                    "after_grace_ms": self.opts.grace.as_millis() as u64 }),
+            )?;
+            if let Err(e) = r.verified.signal(Signal::KILL) {
+                self.log(
                     "signal_failed",
                     json!({ "pid": r.target.pid, "signal": "KILL", "error": e.to_string() }),
-                )
-            );
-        }
-        outcomes
-            .get_mut(&r.target.pid)
-            .expect("outcome")
-            .signals
-            .push(signal_name(Signal::KILL).into());
-        killed.push(*r);
-    }
-    let kill_deadline = Instant::now() + opts.kill_wait;
-    let kprocs: Vec<&Verified> = killed.iter().map(|r| &r.verified).collect();
-    let kexits = wait_all(&kprocs, kill_deadline);
-    for (r, exit) in killed.iter().zip(kexits) {
-        let o = outcomes.get_mut(&r.target.pid).expect("outcome");
-        match exit {
-            Some(at) => {
-                let ms = at.duration_since(r.term_at).as_millis() as u64;
-                exit_times.insert(r.target.pid, at);
-                o.exited_after_ms = Some(ms);
-                o.result = TargetResult::ExitedAfterKill;
-                stop_unless!(
-                    outcomes,
-                    audit.record(
-                        "exited",
-                        json!({ "pid": r.target.pid, "after_ms": ms, "signal": "KILL" }),
-                    )
-                );
+                )?;
             }
-            None => {
-                let detail = stuck_threads(&opts.proc_root, r.target.pid);
-                o.result = TargetResult::SurvivedKill;
-                o.detail = Some(detail.clone());
-                stop_unless!(
-                    outcomes,
-                    audit.record("stuck", json!({ "pid": r.target.pid, "detail": detail }))
-                );
+            self.outcome(r.target.pid)
+                .signals
+                .push(signal_name(Signal::KILL).into());
+        }
+        let kprocs: Vec<&Verified> = survivors.iter().map(|r| &r.verified).collect();
+        let kexits = wait_all(&kprocs, Instant::now() + self.opts.kill_wait);
+        for (r, exit) in survivors.iter().zip(kexits) {
+            match exit {
+                Some(at) => self.exited(r, at, TargetResult::ExitedAfterKill, "KILL")?,
+                None => {
+                    let detail = stuck_threads(&self.opts.proc_root, r.target.pid);
+                    let o = self.outcome(r.target.pid);
+                    o.result = TargetResult::SurvivedKill;
+                    o.detail = Some(detail.clone());
+                    self.log("stuck", json!({ "pid": r.target.pid, "detail": detail }))?;
+                }
             }
         }
+        Ok(())
     }
 
-    // 3. Wait for the driver to give the memory back.
-    let policy = env.policy().clone();
-    let mut releases = Vec::new();
-    // Per GPU: the watch, and the last exit its times count from.
-    let mut watch: Vec<(ReleaseWatch, Instant)> = Vec::new();
-    for (&gpu, &expected) in &plan.expected_free {
-        let Some(g) = report.gpus.iter().find(|g| g.index == gpu) else {
-            continue;
-        };
-        let Some(mem) = g.memory else { continue };
-        let holders: Vec<u32> = plan
-            .targets()
-            .filter(|t| t.gpus.iter().any(|tg| tg.gpu == gpu))
-            .map(|t| t.pid)
-            .collect();
-        let signalled = holders.iter().any(|p| {
-            outcomes
-                .get(p)
-                .is_some_and(|o| !o.signals.is_empty() || o.result == TargetResult::GoneBefore)
-        });
-        if !signalled {
-            continue;
-        }
-        let last_exit = holders
-            .iter()
-            .filter_map(|p| exit_times.get(p).copied())
-            .max()
-            .unwrap_or_else(Instant::now);
-        watch.push((
-            ReleaseWatch::new(gpu, mem.total, mem.used, expected, &policy),
-            last_exit,
-        ));
-    }
-    let wait_deadline = Instant::now() + opts.release_timeout;
-    while !watch.iter().all(|(w, _)| w.released()) {
-        let used = env.used_memory().map_err(ExecuteError::Env)?;
-        let now = Instant::now();
-        for (w, last_exit) in &mut watch {
-            if let Some(u) = used.get(&w.gpu).copied() {
-                w.observe(
-                    u,
-                    now.saturating_duration_since(*last_exit).as_millis() as u64,
-                );
+    /// Phase 3: Waits for the driver to give the memory back, on every GPU where a target was
+    /// signalled (or was gone already).
+    fn wait_for_release(
+        &mut self,
+        report: &Report,
+        env: &mut dyn ReclaimEnv,
+    ) -> Result<Vec<GpuRelease>, ExecuteError> {
+        let policy = env.policy().clone();
+        // Per GPU: the watch, and the last exit its times count from.
+        let mut watch: Vec<(ReleaseWatch, Instant)> = Vec::new();
+        for (&gpu, &expected) in &self.plan.expected_free {
+            let Some(mem) = report
+                .gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .and_then(|g| g.memory)
+            else {
+                continue;
+            };
+            let holders: Vec<u32> = self
+                .plan
+                .targets()
+                .filter(|t| t.gpus.iter().any(|tg| tg.gpu == gpu))
+                .map(|t| t.pid)
+                .collect();
+            let signalled = holders.iter().any(|p| {
+                self.outcomes
+                    .get(p)
+                    .is_some_and(|o| !o.signals.is_empty() || o.result == TargetResult::GoneBefore)
+            });
+            if !signalled {
+                continue;
             }
+            let last_exit = holders
+                .iter()
+                .filter_map(|p| self.exit_times.get(p).copied())
+                .max()
+                .unwrap_or_else(Instant::now);
+            watch.push((
+                ReleaseWatch::new(gpu, mem.total, mem.used, expected, &policy),
+                last_exit,
+            ));
         }
-        if now >= wait_deadline {
-            break;
+        let deadline = Instant::now() + self.opts.release_timeout;
+        while !watch.iter().all(|(w, _)| w.released()) {
+            let used = env.used_memory().map_err(ExecuteError::Env)?;
+            let now = Instant::now();
+            for (w, last_exit) in &mut watch {
+                if let Some(u) = used.get(&w.gpu).copied() {
+                    w.observe(
+                        u,
+                        now.saturating_duration_since(*last_exit).as_millis() as u64,
+                    );
+                }
+            }
+            if now >= deadline {
+                break;
+            }
+            std::thread::sleep(self.opts.poll);
         }
-        std::thread::sleep(opts.poll);
-    }
-    for (w, _) in watch {
-        let after = w.last_used();
-        let rel = GpuRelease {
-            gpu: w.gpu,
-            used_before: w.used_before,
-            expected_bytes: w.expected_bytes,
-            used_after: after,
-            freed_bytes: after.map_or(0, |a| w.used_before.saturating_sub(a)),
-            released: w.released(),
-            release_ms: w.released_after_ms(),
-            first_drop_ms: w.first_drop_after_ms(),
-        };
-        stop_unless!(
-            outcomes,
-            audit.record(
+        let mut releases = Vec::new();
+        for (w, _) in watch {
+            let after = w.last_used();
+            let rel = GpuRelease {
+                gpu: w.gpu,
+                used_before: w.used_before,
+                expected_bytes: w.expected_bytes,
+                used_after: after,
+                freed_bytes: after.map_or(0, |a| w.used_before.saturating_sub(a)),
+                released: w.released(),
+                release_ms: w.released_after_ms(),
+                first_drop_ms: w.first_drop_after_ms(),
+            };
+            self.log(
                 if rel.released {
                     "released"
                 } else {
                     "not_released"
                 },
                 serde_json::to_value(&rel).expect("serialises"),
-            )
-        );
-        releases.push(rel);
+            )?;
+            releases.push(rel);
+        }
+        Ok(releases)
     }
 
-    // 4. Resets, only when asked.
-    let mut resets = Vec::new();
-    if opts.reset != ResetMode::Never {
+    /// Phase 4: Resets the plan's GPUs whose remaining unaccounted memory the reset mode allows,
+    /// never while a process holds the device.
+    fn reset_gpus(&mut self, env: &mut dyn ReclaimEnv) -> Result<Vec<ResetOutcome>, ExecuteError> {
+        let mut resets = Vec::new();
         let (_, now_report) = env.snapshot().map_err(ExecuteError::Env)?;
         for g in now_report
             .gpus
             .iter()
-            .filter(|g| plan.gpus.contains(&g.index))
+            .filter(|g| self.plan.gpus.contains(&g.index))
         {
             let Some(un) = g.unaccounted.as_ref().filter(|u| u.significant) else {
                 continue;
             };
             let residue = un.cause == Some(UnaccountedCause::DriverResidue);
-            if !(residue || opts.reset == ResetMode::Force) {
-                stop_unless!(outcomes, audit.record(
+            if !(residue || self.opts.reset == ResetMode::Force) {
+                self.log(
                     "reset_skipped",
                     json!({ "gpu": g.index, "unaccounted_bytes": un.bytes,
                             "reason": format!("not proven residue ({:?}); use --reset=force", un.cause) }),
-                ));
+                )?;
                 resets.push(ResetOutcome {
                     gpu: g.index,
                     unaccounted_bytes: un.bytes,
@@ -623,10 +677,10 @@ pub fn execute(
             }
             let blockers: Vec<String> = g.reset_blockers.iter().map(|b| b.to_string()).collect();
             if !blockers.is_empty() {
-                stop_unless!(outcomes, audit.record(
+                self.log(
                     "reset_refused",
                     json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "blockers": blockers }),
-                ));
+                )?;
                 resets.push(ResetOutcome {
                     gpu: g.index,
                     unaccounted_bytes: un.bytes,
@@ -637,108 +691,99 @@ pub fn execute(
                 });
                 continue;
             }
-            stop_unless!(
-                outcomes,
-                audit.record(
-                    "reset",
-                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes }),
-                )
-            );
-            let result = env.reset(g.index);
-            let baseline = policy.baseline_for(g.index, g.uuid.as_deref());
-            let tolerance = g.memory.map_or(0, |m| policy.tolerance_for(m.total));
-            let mut used_after = None;
-            if result.is_ok() {
-                let deadline = Instant::now() + opts.release_timeout;
-                loop {
-                    let used = env.used_memory().map_err(ExecuteError::Env)?;
-                    used_after = used.get(&g.index).copied();
-                    if used_after.is_some_and(|u| u <= baseline + tolerance)
-                        || Instant::now() >= deadline
-                    {
-                        break;
-                    }
-                    std::thread::sleep(opts.poll);
-                }
-            }
-            let text = match &result {
-                Ok(msg) if used_after.is_some_and(|u| u <= baseline + tolerance) => {
-                    format!("reset done, memory back to baseline: {msg}")
-                }
-                Ok(msg) => format!("reset done but memory did not return to baseline: {msg}"),
-                Err(e) => format!("reset failed: {e}"),
-            };
-            stop_unless!(
-                outcomes,
-                audit.record(
-                    if result.is_ok() {
-                        "reset_done"
-                    } else {
-                        "reset_failed"
-                    },
-                    json!({ "gpu": g.index, "result": text, "used_after": used_after }),
-                )
-            );
-            resets.push(ResetOutcome {
-                gpu: g.index,
-                unaccounted_bytes: un.bytes,
-                attempted: true,
-                blockers: Vec::new(),
-                result: text,
-                used_after,
-            });
+            resets.push(self.reset_one(env, g, un.bytes)?);
         }
+        Ok(resets)
     }
 
-    // 5. What remains.
-    let (_, last) = env.snapshot().map_err(ExecuteError::Env)?;
-    let mut remaining = Vec::new();
-    for g in last
-        .gpus
-        .iter()
-        .filter(|g| plan.gpus.contains(&g.index) && g.ghost_bytes > 0)
-    {
-        let mut why: Vec<String> = g
-            .holders
-            .iter()
-            .filter(|h| h.class.is_ghost())
-            .map(|h| format!("pid {} ({}): {}", h.pid, h.class, h.action.summary))
-            .collect();
-        if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
-            why.extend(u.explanation.iter().skip(1).cloned());
-            if opts.reset == ResetMode::Never && u.cause == Some(UnaccountedCause::DriverResidue) {
-                why.push(format!(
-                    "driver residue stays until a reset: vramguard reclaim --gpu {} --reset=auto",
-                    g.index
-                ));
+    /// Resets one GPU and waits for its memory to return to the baseline.
+    fn reset_one(
+        &mut self,
+        env: &mut dyn ReclaimEnv,
+        g: &vramguard_core::GpuReport,
+        unaccounted_bytes: u64,
+    ) -> Result<ResetOutcome, ExecuteError> {
+        self.log(
+            "reset",
+            json!({ "gpu": g.index, "unaccounted_bytes": unaccounted_bytes }),
+        )?;
+        let result = env.reset(g.index);
+        let policy = env.policy().clone();
+        let baseline = policy.baseline_for(g.index, g.uuid.as_deref());
+        let tolerance = g.memory.map_or(0, |m| policy.tolerance_for(m.total));
+        let mut used_after = None;
+        if result.is_ok() {
+            let deadline = Instant::now() + self.opts.release_timeout;
+            loop {
+                let used = env.used_memory().map_err(ExecuteError::Env)?;
+                used_after = used.get(&g.index).copied();
+                if used_after.is_some_and(|u| u <= baseline + tolerance)
+                    || Instant::now() >= deadline
+                {
+                    break;
+                }
+                std::thread::sleep(self.opts.poll);
             }
         }
-        remaining.push(Remaining {
+        let text = match &result {
+            Ok(msg) if used_after.is_some_and(|u| u <= baseline + tolerance) => {
+                format!("reset done, memory back to baseline: {msg}")
+            }
+            Ok(msg) => format!("reset done but memory did not return to baseline: {msg}"),
+            Err(e) => format!("reset failed: {e}"),
+        };
+        self.log(
+            if result.is_ok() {
+                "reset_done"
+            } else {
+                "reset_failed"
+            },
+            json!({ "gpu": g.index, "result": text, "used_after": used_after }),
+        )?;
+        Ok(ResetOutcome {
             gpu: g.index,
-            ghost_bytes: g.ghost_bytes,
-            why,
-        });
+            unaccounted_bytes,
+            attempted: true,
+            blockers: Vec::new(),
+            result: text,
+            used_after,
+        })
     }
-    let exit_code = if remaining.is_empty() { 0 } else { 1 };
-    stop_unless!(
-        outcomes,
-        audit.record(
-            "result",
-            json!({ "exit_code": exit_code, "remaining": remaining,
-                "freed_bytes": releases.iter().map(|r| r.freed_bytes).sum::<u64>() }),
-        )
-    );
-    let targets: Vec<TargetOutcome> = outcomes.into_values().collect();
-    Ok(ReclaimOutcome {
-        schema_version: vramguard_core::SCHEMA_VERSION,
-        run_id: audit.run_id().to_string(),
-        plan: plan.clone(),
-        targets,
-        releases,
-        resets,
-        remaining,
-        exit_code,
-    })
+
+    /// Phase 5: What ghost memory remains on the plan's GPUs, and why.
+    fn what_remains(&mut self, env: &mut dyn ReclaimEnv) -> Result<Vec<Remaining>, ExecuteError> {
+        let (_, last) = env.snapshot().map_err(ExecuteError::Env)?;
+        let mut remaining = Vec::new();
+        for g in last
+            .gpus
+            .iter()
+            .filter(|g| self.plan.gpus.contains(&g.index) && g.ghost_bytes > 0)
+        {
+            let mut why: Vec<String> = g
+                .holders
+                .iter()
+                .filter(|h| h.class.is_ghost())
+                .map(|h| format!("pid {} ({}): {}", h.pid, h.class, h.action.summary))
+                .collect();
+            if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
+                why.extend(u.explanation.iter().skip(1).cloned());
+                if self.opts.reset == ResetMode::Never
+                    && u.cause == Some(UnaccountedCause::DriverResidue)
+                {
+                    why.push(format!(
+                        "driver residue stays until a reset: vramguard reclaim --gpu {} --reset=auto",
+                        g.index
+                    ));
+                }
+            }
+            remaining.push(Remaining {
+                gpu: g.index,
+                ghost_bytes: g.ghost_bytes,
+                why,
+            });
+        }
+        Ok(remaining)
+    }
 }
 
 /// How a GPU is reset.
