@@ -355,13 +355,55 @@ fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
     }
 }
 
+/// What the checks of one GPU read and write.
+struct GpuChecks<'a, 'p> {
+    gpu: &'a GpuReport,
+    checks: &'a mut Vec<Check>,
+    steps: &'a mut Vec<NextStep>,
+    plan: &'a mut GpuPlan<'p>,
+}
+
+/// The checks of one GPU, in the order they are shown (after `readable`, which ends the list
+/// for a GPU whose memory could not be read).
+const GPU_CHECKS: &[fn(&mut GpuChecks<'_, '_>)] = &[
+    memory_health,
+    process_list,
+    memory_accounted,
+    orphans,
+    zombies,
+    foreign_pids,
+    hidden_holders,
+    idle_holders,
+    detached_holders,
+    reclaimable,
+    reset_blockers,
+];
+
 fn gpu_checks(
     gpu: &GpuReport,
     checks: &mut Vec<Check>,
     steps: &mut Vec<NextStep>,
     plan: &mut GpuPlan<'_>,
 ) {
-    let g = Some(gpu.index);
+    let mut d = GpuChecks {
+        gpu,
+        checks,
+        steps,
+        plan,
+    };
+    if !readable(&mut d) {
+        return;
+    }
+    for check in GPU_CHECKS {
+        check(&mut d);
+    }
+}
+
+/// Whether the driver answered for this GPU; false when its memory is unknown (no other
+/// check can say anything then).
+fn readable(d: &mut GpuChecks<'_, '_>) -> bool {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let (checks, steps) = (&mut *d.checks, &mut *d.steps);
     if let Some(failure) = &gpu.failure {
         checks.push(check(
             g,
@@ -378,9 +420,16 @@ fn gpu_checks(
             command: Some("dmesg | grep -i xid".into()),
         });
         if gpu.memory.is_none() {
-            return;
+            return false;
         }
     }
+    true
+}
+
+/// Row remaps, retired pages and Xids, each with the command that checks or fixes it.
+fn memory_health(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let (checks, steps) = (&mut *d.checks, &mut *d.steps);
     for finding in crate::health::findings(gpu.index, &gpu.health) {
         checks.push(check(
             g,
@@ -401,6 +450,12 @@ fn gpu_checks(
             });
         }
     }
+}
+
+/// Whether the driver's process list could be read and trusted.
+fn process_list(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let checks = &mut *d.checks;
     match &gpu.process_list {
         ProcessListState::Complete => checks.push(check(
             g,
@@ -424,6 +479,12 @@ fn gpu_checks(
             format!("could not be read: {error}"),
         )),
     }
+}
+
+/// Whether the listed processes account for the used memory.
+fn memory_accounted(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let checks = &mut *d.checks;
     if let (Some(mem), Some(un)) = (gpu.memory, &gpu.unaccounted) {
         let listed = gpu.holders.iter().filter(|h| h.listed).count();
         if !un.significant {
@@ -457,7 +518,12 @@ fn gpu_checks(
             ));
         }
     }
+}
 
+/// Holders whose job is gone and that do no work.
+fn orphans(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let checks = &mut *d.checks;
     let of = |class: Class| -> Vec<&Holder> {
         gpu.holders.iter().filter(|h| h.class == class).collect()
     };
@@ -486,6 +552,15 @@ fn gpu_checks(
             ),
         ));
     }
+}
+
+/// Zombies and processes stuck in D state.
+fn zombies(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let (checks, steps) = (&mut *d.checks, &mut *d.steps);
+    let of = |class: Class| -> Vec<&Holder> {
+        gpu.holders.iter().filter(|h| h.class == class).collect()
+    };
     let zombies = of(Class::Zombie);
     if zombies.is_empty() {
         checks.push(check(
@@ -516,6 +591,15 @@ fn gpu_checks(
             });
         }
     }
+}
+
+/// Listed pids that are not processes of this namespace.
+fn foreign_pids(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let (checks, steps) = (&mut *d.checks, &mut *d.steps);
+    let of = |class: Class| -> Vec<&Holder> {
+        gpu.holders.iter().filter(|h| h.class == class).collect()
+    };
     let foreign = of(Class::Foreign);
     if foreign.is_empty() {
         checks.push(check(g, "foreign pids", CheckStatus::Pass, "none".into()));
@@ -536,6 +620,15 @@ fn gpu_checks(
             command: None,
         });
     }
+}
+
+/// Holders of the device file the driver does not list.
+fn hidden_holders(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let checks = &mut *d.checks;
+    let of = |class: Class| -> Vec<&Holder> {
+        gpu.holders.iter().filter(|h| h.class == class).collect()
+    };
     let hidden = of(Class::Hidden);
     if hidden.is_empty() {
         checks.push(check(g, "hidden holders", CheckStatus::Pass, "none".into()));
@@ -558,6 +651,15 @@ fn gpu_checks(
             ),
         ));
     }
+}
+
+/// Holders without GPU utilization.
+fn idle_holders(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let checks = &mut *d.checks;
+    let of = |class: Class| -> Vec<&Holder> {
+        gpu.holders.iter().filter(|h| h.class == class).collect()
+    };
     let idle = of(Class::Idle);
     if !idle.is_empty() {
         checks.push(check(
@@ -572,7 +674,15 @@ fn gpu_checks(
             ),
         ));
     }
+}
 
+/// Working holders whose launcher is gone.
+fn detached_holders(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let checks = &mut *d.checks;
+    let of = |class: Class| -> Vec<&Holder> {
+        gpu.holders.iter().filter(|h| h.class == class).collect()
+    };
     let detached = of(Class::Detached);
     if !detached.is_empty() {
         checks.push(check(
@@ -588,27 +698,43 @@ fn gpu_checks(
             ),
         ));
     }
+}
 
+/// What a reclaim would free here.
+fn reclaimable(d: &mut GpuChecks<'_, '_>) {
+    let gpu = d.gpu;
     let reclaimable: Vec<&Holder> = gpu
         .holders
         .iter()
         .filter(|h| h.action.reclaimable)
         .collect();
     if !reclaimable.is_empty() {
-        plan.reclaim_gpus.push(gpu.index);
-        *plan.reclaim_hidden |= reclaimable.iter().any(|h| h.class == Class::Hidden);
-        *plan.reclaimable_bytes = plan
+        d.plan.reclaim_gpus.push(gpu.index);
+        *d.plan.reclaim_hidden |= reclaimable.iter().any(|h| h.class == Class::Hidden);
+        *d.plan.reclaimable_bytes = d
+            .plan
             .reclaimable_bytes
             .saturating_add(sum_bytes(&reclaimable));
+        let hidden: Vec<&Holder> = gpu
+            .holders
+            .iter()
+            .filter(|h| h.class == Class::Hidden)
+            .collect();
         let all_hidden_reclaimable =
             !hidden.is_empty() && hidden.iter().all(|h| h.action.reclaimable);
         if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
             && un.cause == Some(UnaccountedCause::HiddenHolders)
             && all_hidden_reclaimable
         {
-            *plan.reclaimable_bytes = plan.reclaimable_bytes.saturating_add(un.bytes);
+            *d.plan.reclaimable_bytes = d.plan.reclaimable_bytes.saturating_add(un.bytes);
         }
     }
+}
+
+/// Driver residue: whether a reset could clear it, and what blocks it.
+fn reset_blockers(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let (checks, steps) = (&mut *d.checks, &mut *d.steps);
     if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
         && un.cause == Some(UnaccountedCause::DriverResidue)
     {
@@ -620,8 +746,8 @@ fn gpu_checks(
                 CheckStatus::Pass,
                 "none: a reset can clear the residue".into(),
             ));
-            plan.reset_gpus.push(gpu.index);
-            *plan.reclaimable_bytes = plan.reclaimable_bytes.saturating_add(un.bytes);
+            d.plan.reset_gpus.push(gpu.index);
+            *d.plan.reclaimable_bytes = d.plan.reclaimable_bytes.saturating_add(un.bytes);
         } else {
             checks.push(check(
                 g,
