@@ -192,8 +192,9 @@ pub fn router(shared: Shared, auth: Arc<BasicAuth>) -> Router {
         ))
 }
 
-/// Connections served at once; more are closed as soon as they are accepted, so that a flood
-/// of idle sockets cannot take the descriptors the collector needs.
+/// Connections served at once, so that a flood of idle sockets cannot take the descriptors the
+/// collector needs. At the cap, the oldest connection that has not sent a whole request is
+/// closed to make room; only when every one is serving requests is a newcomer refused.
 pub const MAX_CONNECTIONS: usize = 128;
 /// A client must send a request's headers within this time (slowloris).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -202,6 +203,34 @@ pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
 /// Request heads larger than this are refused.
 pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
 
+/// A connection being served: when it was accepted, whether it has sent a whole request yet,
+/// and how to close it.
+struct Live {
+    since: tokio::time::Instant,
+    served: Arc<std::sync::atomic::AtomicBool>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// Makes room for a new connection at the cap: closes the oldest one that has not sent a whole
+/// request (a client that connects and says nothing, or too little, cannot keep the slots
+/// from scrapers that do). False when every connection is serving requests.
+fn evict_idle(live: &mut Vec<Live>) -> bool {
+    live.retain(|c| !c.abort.is_finished());
+    let oldest = live
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !c.served.load(std::sync::atomic::Ordering::Relaxed))
+        .min_by_key(|(_, c)| c.since)
+        .map(|(i, _)| i);
+    match oldest {
+        Some(i) => {
+            live.swap_remove(i).abort.abort();
+            true
+        }
+        None => false,
+    }
+}
+
 /// Accepts connections until `stopped`, each under the limits above.
 async fn serve(
     listener: tokio::net::TcpListener,
@@ -209,8 +238,8 @@ async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
     stopped: &mut tokio::sync::watch::Receiver<bool>,
 ) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut refused: u64 = 0;
+    let mut live: Vec<Live> = Vec::new();
+    let (mut refused, mut evicted): (u64, u64) = (0, 0);
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -225,7 +254,16 @@ async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        live.retain(|c| !c.abort.is_finished());
+        if live.len() >= MAX_CONNECTIONS && evict_idle(&mut live) {
+            evicted += 1;
+            if evicted.is_power_of_two() {
+                tracing::warn!(
+                    "{evicted} HTTP connection(s) closed to make room: {MAX_CONNECTIONS} were open, not all sending requests"
+                );
+            }
+        }
+        if live.len() >= MAX_CONNECTIONS {
             refused += 1;
             if refused.is_power_of_two() {
                 tracing::warn!(
@@ -235,11 +273,16 @@ async fn serve(
             drop(stream);
             continue;
         };
+        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let app = app.clone();
         let tls = tls.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let service = hyper_util::service::TowerToHyperService::new(app);
+        let flag = served.clone();
+        let task = tokio::spawn(async move {
+            let inner = hyper_util::service::TowerToHyperService::new(app);
+            let service = hyper::service::service_fn(move |req| {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                hyper::service::Service::call(&inner, req)
+            });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
@@ -260,6 +303,11 @@ async fn serve(
                     let _ = tokio::time::timeout(MAX_CONNECTION_AGE, conn).await;
                 }
             }
+        });
+        live.push(Live {
+            since: tokio::time::Instant::now(),
+            served,
+            abort: task.abort_handle(),
         });
     }
 }

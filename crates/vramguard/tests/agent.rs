@@ -847,6 +847,66 @@ fn command_lines_stay_off_the_http_side_and_a_failing_driver_shows_as_down() {
 }
 
 #[test]
+fn at_the_connection_cap_a_scrape_closes_a_silent_connection_and_is_served() {
+    let world = World::new(1);
+    let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    // A keep-alive client that has sent a request: it is serving, and must not be closed.
+    let mut scraper = std::net::TcpStream::connect(agent.addr).unwrap();
+    scraper
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let request = |s: &mut std::net::TcpStream| {
+        write!(s, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    assert!(request(&mut scraper).starts_with("HTTP/1.1 200"));
+    // Every other slot taken by connections that say nothing (within the header timeout).
+    let silent: Vec<std::net::TcpStream> = (0..140)
+        .map(|_| std::net::TcpStream::connect(agent.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let mut s = std::net::TcpStream::connect(agent.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "a scrape at the cap was refused: {text:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // The first silent connections were the ones closed; the serving one was kept.
+    let mut first = silent[0].try_clone().unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    let r = first.read(&mut buf);
+    assert!(
+        matches!(&r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the oldest silent connection is closed, not left open: {r:?}"
+    );
+    assert!(
+        request(&mut scraper).starts_with("HTTP/1.1 200"),
+        "the scraper kept its slot"
+    );
+    assert!(
+        agent.log_text().contains("closed to make room"),
+        "{}",
+        agent.log_text()
+    );
+}
+
+#[test]
 fn a_flood_of_idle_connections_starves_neither_collection_nor_scrapes() {
     let world = World::new(1);
     let mut s = spec(&world, json!([hold(0, 2)]));
