@@ -344,286 +344,325 @@ impl Config {
     }
 
     fn from_raw(path: Option<&Path>, raw: RawConfig) -> Result<Config, ConfigError> {
-        let name = path.map_or("(defaults)".to_string(), |p| p.display().to_string());
-        let err = |key: &str, msg: String| ConfigError {
-            path: name.clone(),
-            message: format!("{key}: {msg}"),
+        let c = Checker {
+            name: path.map_or("(defaults)".to_string(), |p| p.display().to_string()),
         };
-        // No duration here means anything at zero: an interval, a window, a wait.
-        let dur = |key: &str,
-                   v: &Option<String>,
-                   default: Duration|
-         -> Result<Duration, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(s) => match parse_duration(s) {
-                    Ok(d) if d.is_zero() => Err(err(key, format!("{s:?} must be longer than 0"))),
-                    Ok(d) => Ok(d),
-                    Err(e) => Err(err(key, e.to_string())),
-                },
-            }
-        };
-        let size = |key: &str, s: &str| parse_bytes(s).map_err(|e| err(key, e.to_string()));
+        Ok(Config {
+            path: path.map(Path::to_path_buf),
+            policy: policy(&c, &raw.policy)?,
+            agent: agent(&c, &raw.agent)?,
+            alerts: alerts(&c, &raw.alerts)?,
+            reclaim: reclaim(&c, &raw.reclaim)?,
+        })
+    }
+}
 
-        let mut policy = Policy::default();
-        let p = &raw.policy;
-        if let Some(t) = &p.tolerance {
-            policy.tolerance_bytes = size("policy.tolerance", t)?;
+/// Checks values of one file, naming the file and the key in every error.
+struct Checker {
+    name: String,
+}
+
+impl Checker {
+    fn err(&self, key: &str, msg: String) -> ConfigError {
+        ConfigError {
+            path: self.name.clone(),
+            message: format!("{key}: {msg}"),
         }
-        if let Some(r) = p.tolerance_ratio {
-            if !(0.0..=1.0).contains(&r) {
-                return Err(err(
-                    "policy.tolerance_ratio",
-                    format!("{r} is not between 0 and 1"),
-                ));
-            }
-            policy.tolerance_ratio = r;
+    }
+
+    /// A duration, `default` when absent. No duration here means anything at zero: an
+    /// interval, a window, a wait.
+    fn dur(
+        &self,
+        key: &str,
+        v: &Option<String>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(s) => match parse_duration(s) {
+                Ok(d) if d.is_zero() => Err(self.err(key, format!("{s:?} must be longer than 0"))),
+                Ok(d) => Ok(d),
+                Err(e) => Err(self.err(key, e.to_string())),
+            },
         }
-        policy.idle_after_secs = dur(
+    }
+
+    fn size(&self, key: &str, s: &str) -> Result<u64, ConfigError> {
+        parse_bytes(s).map_err(|e| self.err(key, e.to_string()))
+    }
+}
+
+/// `[policy]`.
+fn policy(c: &Checker, p: &RawPolicy) -> Result<Policy, ConfigError> {
+    let mut policy = Policy::default();
+    if let Some(t) = &p.tolerance {
+        policy.tolerance_bytes = c.size("policy.tolerance", t)?;
+    }
+    if let Some(r) = p.tolerance_ratio {
+        if !(0.0..=1.0).contains(&r) {
+            return Err(c.err(
+                "policy.tolerance_ratio",
+                format!("{r} is not between 0 and 1"),
+            ));
+        }
+        policy.tolerance_ratio = r;
+    }
+    policy.idle_after_secs = c
+        .dur(
             "policy.idle_after",
             &p.idle_after,
             Duration::from_secs(policy.idle_after_secs),
         )?
         .as_secs();
-        for (gpu, s) in &p.baseline {
-            policy
-                .baseline_bytes
-                .insert(gpu.clone(), size(&format!("policy.baseline.{gpu}"), s)?);
+    for (gpu, s) in &p.baseline {
+        policy
+            .baseline_bytes
+            .insert(gpu.clone(), c.size(&format!("policy.baseline.{gpu}"), s)?);
+    }
+    policy.system_comms.extend(p.system_comms.iter().cloned());
+    if let Some(pct) = p.work_cpu_percent {
+        if !(pct > 0.0 && pct <= 100.0) {
+            return Err(c.err(
+                "policy.work_cpu_percent",
+                format!("{pct}: expected a percentage of one core above 0, at most 100"),
+            ));
         }
-        policy.system_comms.extend(p.system_comms.iter().cloned());
-        if let Some(pct) = p.work_cpu_percent {
-            if !(pct > 0.0 && pct <= 100.0) {
-                return Err(err(
-                    "policy.work_cpu_percent",
-                    format!("{pct}: expected a percentage of one core above 0, at most 100"),
-                ));
-            }
-            policy.work_cpu_percent = pct;
-        }
-        policy.gpu_busy_recent_secs = dur(
+        policy.work_cpu_percent = pct;
+    }
+    policy.gpu_busy_recent_secs = c
+        .dur(
             "policy.gpu_busy_recent",
             &p.gpu_busy_recent,
             Duration::from_secs(policy.gpu_busy_recent_secs),
         )?
         .as_secs()
         .max(1);
-        if let Some(uid) = p.system_max_uid {
-            policy.system_max_uid = uid;
-        }
+    if let Some(uid) = p.system_max_uid {
+        policy.system_max_uid = uid;
+    }
 
-        let a = &raw.agent;
-        let agent = AgentConfig {
-            listen: a.listen.clone().unwrap_or_else(|| "127.0.0.1:9835".into()),
-            interval: dur("agent.interval", &a.interval, Duration::from_secs(1))?,
-            discover_every: dur(
-                "agent.discover_every",
-                &a.discover_every,
-                Duration::from_secs(5),
-            )?,
-            recheck_every: dur(
-                "agent.recheck_every",
-                &a.recheck_every,
-                Duration::from_secs(5),
-            )?,
-            full_scan_every: dur(
-                "agent.full_scan_every",
-                &a.full_scan_every,
-                Duration::from_secs(60),
-            )?,
-            top_holders: a.top_holders.unwrap_or(10),
-            show_cmdline: a.show_cmdline.unwrap_or(false),
-            web_config: a.web_config.as_deref().map(PathBuf::from),
-            trend_window: dur(
-                "agent.trend_window",
-                &a.trend_window,
-                Duration::from_secs(1800),
-            )?,
-            timeline: dur("agent.timeline", &a.timeline, Duration::from_secs(600))?,
-        };
-        if agent.interval < Duration::from_millis(50) {
-            return Err(err("agent.interval", "at least 50ms".into()));
-        }
-        if agent.top_holders == 0 {
-            return Err(err(
-                "agent.top_holders",
-                "0: at least 1 holder per GPU is exported".into(),
-            ));
-        }
-        if agent.listen.parse::<std::net::SocketAddr>().is_err() {
-            return Err(err(
-                "agent.listen",
-                format!("{:?} is not an address:port", agent.listen),
-            ));
-        }
+    Ok(policy)
+}
 
-        let mut rules = Vec::new();
-        for (i, r) in raw.alerts.rule.iter().enumerate() {
-            let key = format!("alerts.rule[{i}] ({})", r.name);
-            let above_str = |what: &str| -> Result<String, ConfigError> {
-                match &r.above {
-                    Some(toml::Value::String(s)) => Ok(s.clone()),
-                    Some(toml::Value::Integer(n)) => Ok(n.to_string()),
-                    Some(toml::Value::Float(f)) => Ok(f.to_string()),
-                    _ => Err(err(&key, format!("`above` ({what}) is required"))),
-                }
-            };
-            let condition = match r.when.as_str() {
-                "ghost_bytes" => Condition::GhostBytes(size(&key, &above_str("a size")?)?),
-                "used_bytes" => Condition::UsedBytes(size(&key, &above_str("a size")?)?),
-                "used_ratio" => {
-                    let v: f64 = above_str("a ratio")?
-                        .parse()
-                        .map_err(|_| err(&key, "above: a ratio between 0 and 1".into()))?;
-                    if !(0.0..=1.0).contains(&v) {
-                        return Err(err(&key, "above: a ratio between 0 and 1".into()));
-                    }
-                    Condition::UsedRatio(v)
-                }
-                "leak_slope" => {
-                    let s = above_str("a size per hour, e.g. \"1GiB\"")?;
-                    Condition::LeakSlope(size(&key, s.trim_end_matches("/h"))? as f64)
-                }
-                "gpu_lost" => Condition::GpuLost,
-                "memory_health" => Condition::MemoryHealth,
-                other => match other.strip_suffix("_holders").map(str::parse::<Class>) {
-                    Some(Ok(class)) => Condition::Holders(class),
-                    _ => {
-                        return Err(err(
-                            &key,
-                            format!(
-                                "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost, memory_health or <class>_holders (orphan_holders, zombie_holders...)"
-                            ),
-                        ));
-                    }
-                },
-            };
-            rules.push(Rule {
-                name: r.name.clone(),
-                condition,
-                // Zero is meaningful here: fire at the first sample that matches.
-                for_: match &r.for_ {
-                    None => Duration::ZERO,
-                    Some(s) => {
-                        parse_duration(s).map_err(|e| err(&format!("{key}.for"), e.to_string()))?
-                    }
-                },
-            });
-        }
-        let mut webhooks = Vec::new();
-        for (i, w) in raw.alerts.webhook.iter().enumerate() {
-            let host = w
-                .url
-                .strip_prefix("http://")
-                .or_else(|| w.url.strip_prefix("https://"))
-                .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or(""));
-            match host {
-                None => {
-                    return Err(err(
-                        &format!("alerts.webhook[{i}].url"),
-                        format!("{:?} is not an http(s) URL", w.url),
-                    ));
-                }
-                Some(h) if h.is_empty() || h.starts_with(':') => {
-                    return Err(err(
-                        &format!("alerts.webhook[{i}].url"),
-                        format!("{:?} names no host", w.url),
-                    ));
-                }
-                Some(_) => {}
+/// `[agent]`.
+fn agent(c: &Checker, a: &RawAgent) -> Result<AgentConfig, ConfigError> {
+    let agent = AgentConfig {
+        listen: a.listen.clone().unwrap_or_else(|| "127.0.0.1:9835".into()),
+        interval: c.dur("agent.interval", &a.interval, Duration::from_secs(1))?,
+        discover_every: c.dur(
+            "agent.discover_every",
+            &a.discover_every,
+            Duration::from_secs(5),
+        )?,
+        recheck_every: c.dur(
+            "agent.recheck_every",
+            &a.recheck_every,
+            Duration::from_secs(5),
+        )?,
+        full_scan_every: c.dur(
+            "agent.full_scan_every",
+            &a.full_scan_every,
+            Duration::from_secs(60),
+        )?,
+        top_holders: a.top_holders.unwrap_or(10),
+        show_cmdline: a.show_cmdline.unwrap_or(false),
+        web_config: a.web_config.as_deref().map(PathBuf::from),
+        trend_window: c.dur(
+            "agent.trend_window",
+            &a.trend_window,
+            Duration::from_secs(1800),
+        )?,
+        timeline: c.dur("agent.timeline", &a.timeline, Duration::from_secs(600))?,
+    };
+    if agent.interval < Duration::from_millis(50) {
+        return Err(c.err("agent.interval", "at least 50ms".into()));
+    }
+    if agent.top_holders == 0 {
+        return Err(c.err(
+            "agent.top_holders",
+            "0: at least 1 holder per GPU is exported".into(),
+        ));
+    }
+    if agent.listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(c.err(
+            "agent.listen",
+            format!("{:?} is not an address:port", agent.listen),
+        ));
+    }
+
+    Ok(agent)
+}
+
+/// `[alerts]`.
+fn alerts(c: &Checker, raw: &RawAlerts) -> Result<AlertsConfig, ConfigError> {
+    let mut rules = Vec::new();
+    for (i, r) in raw.rule.iter().enumerate() {
+        let key = format!("alerts.rule[{i}] ({})", r.name);
+        let above_str = |what: &str| -> Result<String, ConfigError> {
+            match &r.above {
+                Some(toml::Value::String(s)) => Ok(s.clone()),
+                Some(toml::Value::Integer(n)) => Ok(n.to_string()),
+                Some(toml::Value::Float(f)) => Ok(f.to_string()),
+                _ => Err(c.err(&key, format!("`above` ({what}) is required"))),
             }
-            webhooks.push(Webhook {
-                url: w.url.clone(),
-                timeout: dur(
-                    &format!("alerts.webhook[{i}].timeout"),
-                    &w.timeout,
-                    Duration::from_secs(5),
-                )?,
-                retries: w.retries.unwrap_or(3),
-            });
-        }
-        let mut execs = Vec::new();
-        for (i, x) in raw.alerts.exec.iter().enumerate() {
-            if x.argv.first().is_none_or(|p| p.trim().is_empty()) {
-                return Err(err(
-                    &format!("alerts.exec[{i}].argv"),
-                    "empty: name the program to run first".into(),
+        };
+        let condition = match r.when.as_str() {
+            "ghost_bytes" => Condition::GhostBytes(c.size(&key, &above_str("a size")?)?),
+            "used_bytes" => Condition::UsedBytes(c.size(&key, &above_str("a size")?)?),
+            "used_ratio" => {
+                let v: f64 = above_str("a ratio")?
+                    .parse()
+                    .map_err(|_| c.err(&key, "above: a ratio between 0 and 1".into()))?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(c.err(&key, "above: a ratio between 0 and 1".into()));
+                }
+                Condition::UsedRatio(v)
+            }
+            "leak_slope" => {
+                let s = above_str("a size per hour, e.g. \"1GiB\"")?;
+                Condition::LeakSlope(c.size(&key, s.trim_end_matches("/h"))? as f64)
+            }
+            "gpu_lost" => Condition::GpuLost,
+            "memory_health" => Condition::MemoryHealth,
+            other => match other.strip_suffix("_holders").map(str::parse::<Class>) {
+                Some(Ok(class)) => Condition::Holders(class),
+                _ => {
+                    return Err(c.err(
+                        &key,
+                        format!(
+                            "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost, memory_health or <class>_holders (orphan_holders, zombie_holders...)"
+                        ),
+                    ));
+                }
+            },
+        };
+        rules.push(Rule {
+            name: r.name.clone(),
+            condition,
+            // Zero is meaningful here: fire at the first sample that matches.
+            for_: match &r.for_ {
+                None => Duration::ZERO,
+                Some(s) => {
+                    parse_duration(s).map_err(|e| c.err(&format!("{key}.for"), e.to_string()))?
+                }
+            },
+        });
+    }
+    let mut webhooks = Vec::new();
+    for (i, w) in raw.webhook.iter().enumerate() {
+        let host = w
+            .url
+            .strip_prefix("http://")
+            .or_else(|| w.url.strip_prefix("https://"))
+            .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or(""));
+        match host {
+            None => {
+                return Err(c.err(
+                    &format!("alerts.webhook[{i}].url"),
+                    format!("{:?} is not an http(s) URL", w.url),
                 ));
             }
-            execs.push(Exec {
-                argv: x.argv.clone(),
-                timeout: dur(
-                    &format!("alerts.exec[{i}].timeout"),
-                    &x.timeout,
-                    Duration::from_secs(30),
-                )?,
-            });
+            Some(h) if h.is_empty() || h.starts_with(':') => {
+                return Err(c.err(
+                    &format!("alerts.webhook[{i}].url"),
+                    format!("{:?} names no host", w.url),
+                ));
+            }
+            Some(_) => {}
         }
-
-        let rc = &raw.reclaim;
-        let include = match &rc.include {
-            None => vec![Class::Orphan, Class::Hidden],
-            Some(list) => list
-                .iter()
-                .map(|c| {
-                    let class: Class = c.parse().map_err(|e: String| err("reclaim.include", e))?;
-                    if matches!(class, Class::Active | Class::System | Class::Foreign) {
-                        return Err(err(
-                            "reclaim.include",
-                            format!("{class} holders are never reclaimed"),
-                        ));
-                    }
-                    if class == Class::Detached {
-                        return Err(err(
-                            "reclaim.include",
-                            "detached holders are working: they are never reclaimed \
-                             automatically (use `vramguard reclaim --include detached` by hand)"
-                                .to_string(),
-                        ));
-                    }
-                    Ok(class)
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        let reset = rc
-            .reset
-            .as_deref()
-            .unwrap_or("never")
-            .parse::<vramguard_ops::ResetMode>()
-            .map_err(|e| err("reclaim.reset", e.to_string()))?;
-        let reclaim = ReclaimConfig {
-            auto: rc.auto,
-            min_age: dur("reclaim.min_age", &rc.min_age, Duration::from_secs(300))?,
-            include,
-            grace: dur("reclaim.grace", &rc.grace, Duration::from_secs(10))?,
-            release_timeout: dur(
-                "reclaim.release_timeout",
-                &rc.release_timeout,
-                Duration::from_secs(60),
+        webhooks.push(Webhook {
+            url: w.url.clone(),
+            timeout: c.dur(
+                &format!("alerts.webhook[{i}].timeout"),
+                &w.timeout,
+                Duration::from_secs(5),
             )?,
-            reset,
-            sample: dur("reclaim.sample", &rc.sample, Duration::from_secs(2))?,
-            audit_log: match rc.audit_log.as_deref() {
-                Some("") => return Err(err("reclaim.audit_log", "empty: name a file".into())),
-                _ => rc
-                    .audit_log
-                    .as_deref()
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| PathBuf::from(vramguard_ops::DEFAULT_AUDIT_LOG)),
-            },
-        };
-        Ok(Config {
-            path: path.map(Path::to_path_buf),
-            policy,
-            agent,
-            alerts: AlertsConfig {
-                log: raw.alerts.log,
-                rules,
-                webhooks,
-                execs,
-            },
-            reclaim,
-        })
+            retries: w.retries.unwrap_or(3),
+        });
     }
+    let mut execs = Vec::new();
+    for (i, x) in raw.exec.iter().enumerate() {
+        if x.argv.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err(c.err(
+                &format!("alerts.exec[{i}].argv"),
+                "empty: name the program to run first".into(),
+            ));
+        }
+        execs.push(Exec {
+            argv: x.argv.clone(),
+            timeout: c.dur(
+                &format!("alerts.exec[{i}].timeout"),
+                &x.timeout,
+                Duration::from_secs(30),
+            )?,
+        });
+    }
+
+    Ok(AlertsConfig {
+        log: raw.log,
+        rules,
+        webhooks,
+        execs,
+    })
+}
+
+/// `[reclaim]`.
+fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
+    let include = match &rc.include {
+        None => vec![Class::Orphan, Class::Hidden],
+        Some(list) => list
+            .iter()
+            .map(|name| {
+                let class: Class = name
+                    .parse()
+                    .map_err(|e: String| c.err("reclaim.include", e))?;
+                if matches!(class, Class::Active | Class::System | Class::Foreign) {
+                    return Err(c.err(
+                        "reclaim.include",
+                        format!("{class} holders are never reclaimed"),
+                    ));
+                }
+                if class == Class::Detached {
+                    return Err(c.err(
+                        "reclaim.include",
+                        "detached holders are working: they are never reclaimed \
+                         automatically (use `vramguard reclaim --include detached` by hand)"
+                            .to_string(),
+                    ));
+                }
+                Ok(class)
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let reset = rc
+        .reset
+        .as_deref()
+        .unwrap_or("never")
+        .parse::<vramguard_ops::ResetMode>()
+        .map_err(|e| c.err("reclaim.reset", e.to_string()))?;
+    let reclaim = ReclaimConfig {
+        auto: rc.auto,
+        min_age: c.dur("reclaim.min_age", &rc.min_age, Duration::from_secs(300))?,
+        include,
+        grace: c.dur("reclaim.grace", &rc.grace, Duration::from_secs(10))?,
+        release_timeout: c.dur(
+            "reclaim.release_timeout",
+            &rc.release_timeout,
+            Duration::from_secs(60),
+        )?,
+        reset,
+        sample: c.dur("reclaim.sample", &rc.sample, Duration::from_secs(2))?,
+        audit_log: match rc.audit_log.as_deref() {
+            Some("") => return Err(c.err("reclaim.audit_log", "empty: name a file".into())),
+            _ => rc
+                .audit_log
+                .as_deref()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(vramguard_ops::DEFAULT_AUDIT_LOG)),
+        },
+    };
+    Ok(reclaim)
 }
 
 #[cfg(test)]
