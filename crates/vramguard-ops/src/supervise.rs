@@ -366,21 +366,13 @@ fn stuck_report(fs: &vramguard_proc::ProcFs, pids: impl Iterator<Item = u32>) ->
     .collect()
 }
 
-/// Runs and supervises the job. `on_tick` sees the job's pids periodically while it runs.
-pub fn supervise(
-    opts: &SuperviseOptions,
-    on_tick: &mut dyn FnMut(&[u32]),
-) -> Result<Supervised, SuperviseError> {
-    let started = Instant::now();
-    let me = std::process::id();
-    // The job's tree is read through our own namespace's /proc, opened before anything starts.
-    let own_proc = vramguard_proc::ProcFs::own()?;
-    let signals = BlockedSignals::block();
-    // Descendants that escape (setsid, double fork) are re-parented to us, not to init.
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
-        .map_err(|e| SuperviseError::Setup(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
-
-    let (cgroup, isolation, isolation_note) = match opts.isolation {
+/// The job's containment: a cgroup v2 leaf below ours when one can be made (required with
+/// `Isolation::Cgroup`), else a process group; with the reason when `auto` fell back.
+fn containment(
+    wanted: Isolation,
+    me: u32,
+) -> Result<(Option<JobCgroup>, Isolation, Option<String>), SuperviseError> {
+    Ok(match wanted {
         Isolation::ProcessGroup => (None, Isolation::ProcessGroup, None),
         wanted => match JobCgroup::create(&format!("vramguard-run-{me}")) {
             Ok(cg) => (Some(cg), Isolation::Cgroup, None),
@@ -391,11 +383,20 @@ pub fn supervise(
                 Some(format!("{e}; using a process group")),
             ),
         },
-    };
-    let procs_file = cgroup.as_ref().map(|cg| {
+    })
+}
+
+/// Starts the job's main process in its own process group (and in `cgroup`, before it runs
+/// anything), with an empty signal mask, SIGINT/SIGQUIT at their defaults, and a death signal
+/// tied to vramguard; returns its pid. It is reaped by [`reap`], like every child.
+fn spawn_job(
+    opts: &SuperviseOptions,
+    cgroup: Option<&JobCgroup>,
+    me: u32,
+) -> Result<u32, SuperviseError> {
+    let procs_file = cgroup.map(|cg| {
         CString::new(cg.procs_file().into_os_string().into_encoded_bytes()).expect("no NUL in path")
     });
-
     let Some((program, args)) = opts.argv.split_first() else {
         return Err(SuperviseError::Setup("no command given".into()));
     };
@@ -443,29 +444,34 @@ pub fn supervise(
             Ok(())
         });
     }
-    let child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(cause) => {
-            if let Some(cg) = &cgroup {
-                cg.remove();
-            }
-            let code = if cause.kind() == std::io::ErrorKind::NotFound {
+    match cmd.spawn() {
+        Ok(child) => {
+            let main = child.id();
+            // The Child handle is not waited on: reaping happens in `reap`, for every child alike.
+            std::mem::forget(child);
+            Ok(main)
+        }
+        Err(cause) => Err(SuperviseError::Spawn {
+            program: program.to_string_lossy().into_owned(),
+            code: if cause.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
-            };
-            return Err(SuperviseError::Spawn {
-                program: program.to_string_lossy().into_owned(),
-                cause,
-                code,
-            });
-        }
-    };
-    let main = child.id();
-    // The Child handle is not waited on: reaping happens in `reap`, for every child alike.
-    std::mem::forget(child);
+            },
+            cause,
+        }),
+    }
+}
 
-    let mut watchdog: Option<Child> = opts.watchdog.as_ref().and_then(|exe| {
+/// The watchdog: a process of its own that kills the job (its cgroup, or its group) if
+/// vramguard dies without doing so.
+fn start_watchdog(
+    opts: &SuperviseOptions,
+    me: u32,
+    main: u32,
+    cgroup: Option<&JobCgroup>,
+) -> Option<Child> {
+    opts.watchdog.as_ref().and_then(|exe| {
         let mut w = Command::new(exe);
         // SAFETY: only sigprocmask between fork and exec.
         unsafe {
@@ -483,11 +489,38 @@ pub fn supervise(
             .arg(main.to_string())
             .stdin(Stdio::null())
             .process_group(0);
-        if let Some(cg) = &cgroup {
+        if let Some(cg) = cgroup {
             w.arg("--cgroup").arg(cg.dir());
         }
         w.spawn().ok()
-    });
+    })
+}
+
+/// Runs and supervises the job. `on_tick` sees the job's pids periodically while it runs.
+pub fn supervise(
+    opts: &SuperviseOptions,
+    on_tick: &mut dyn FnMut(&[u32]),
+) -> Result<Supervised, SuperviseError> {
+    let started = Instant::now();
+    let me = std::process::id();
+    // The job's tree is read through our own namespace's /proc, opened before anything starts.
+    let own_proc = vramguard_proc::ProcFs::own()?;
+    let signals = BlockedSignals::block();
+    // Descendants that escape (setsid, double fork) are re-parented to us, not to init.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| SuperviseError::Setup(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
+
+    let (cgroup, isolation, isolation_note) = containment(opts.isolation, me)?;
+    let main = match spawn_job(opts, cgroup.as_ref(), me) {
+        Ok(main) => main,
+        Err(e) => {
+            if let Some(cg) = &cgroup {
+                cg.remove();
+            }
+            return Err(e);
+        }
+    };
+    let mut watchdog = start_watchdog(opts, me, main, cgroup.as_ref());
     let mut exclude = BTreeSet::new();
     if let Some(w) = &watchdog {
         exclude.insert(w.id());
