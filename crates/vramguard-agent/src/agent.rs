@@ -123,22 +123,7 @@ impl Agent {
     /// One collection, classification, and everything that follows from it.
     fn sample(&mut self) {
         let t0 = Instant::now();
-        let full_due = self
-            .last_full
-            .is_none_or(|t| t.elapsed() >= self.config.agent.full_scan_every)
-            || (self.needs_full
-                && self
-                    .last_full
-                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(10)));
-        let depth = if full_due {
-            ScanDepth::Full
-        } else if self.last_discover.elapsed() >= self.config.agent.discover_every {
-            ScanDepth::NewProcesses
-        } else if self.last_recheck.elapsed() >= self.config.agent.recheck_every {
-            ScanDepth::Holders
-        } else {
-            ScanDepth::Cached
-        };
+        let depth = self.depth_due();
         let snap = match take_snapshot(
             self.source.as_mut(),
             &mut self.collector,
@@ -204,6 +189,62 @@ impl Agent {
                 .as_ref()
                 .is_some_and(|u| u.significant && u.cause == Some(UnaccountedCause::Unknown))
         });
+        let holder_trends = self.record_history(&report);
+        let gpu_trends = &self.gpu_trends;
+
+        for n in self.alerts.evaluate(&report, gpu_trends, now_ms()) {
+            self.notifier.send(n);
+        }
+        let firing = self.alerts.firing();
+        self.metrics.update(
+            &report,
+            &SampleFacts {
+                duration_secs: t0.elapsed().as_secs_f64(),
+                depth: match depth {
+                    ScanDepth::Full => "full",
+                    ScanDepth::NewProcesses => "new_processes",
+                    ScanDepth::Holders => "holders",
+                    ScanDepth::Cached => "cached",
+                },
+                timestamp_secs: now_ms() as f64 / 1000.0,
+                gpu_trends,
+                holder_trends: &holder_trends,
+                firing: &firing,
+                top_holders: self.config.agent.top_holders,
+            },
+        );
+        self.watch_holders(&report);
+        if self.config.reclaim.auto {
+            self.track_reclaimable(&snap, &report);
+        }
+        self.publish(report, &firing);
+    }
+
+    /// How deep this collection must look: a full fd scan when one is due (or unaccounted
+    /// memory asks for one), a /proc listing for new processes, a re-read of the holders, or
+    /// what is cached.
+    fn depth_due(&self) -> ScanDepth {
+        let full_due = self
+            .last_full
+            .is_none_or(|t| t.elapsed() >= self.config.agent.full_scan_every)
+            || (self.needs_full
+                && self
+                    .last_full
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(10)));
+        if full_due {
+            ScanDepth::Full
+        } else if self.last_discover.elapsed() >= self.config.agent.discover_every {
+            ScanDepth::NewProcesses
+        } else if self.last_recheck.elapsed() >= self.config.agent.recheck_every {
+            ScanDepth::Holders
+        } else {
+            ScanDepth::Cached
+        }
+    }
+
+    /// Feeds this sample into the trend and timeline history, refits the trends when a bucket
+    /// closed, forgets holders that are gone; returns the holder trends to export, by (gpu, pid).
+    fn record_history(&mut self, report: &Report) -> BTreeMap<(u32, u32), Trend> {
         let t = self.started.elapsed().as_secs_f64();
         let (trend_window, timeline) = (
             self.config.agent.trend_window.as_secs_f64(),
@@ -251,7 +292,6 @@ impl Agent {
                 }
             }
         }
-        let gpu_trends = &self.gpu_trends;
         // Exported under (gpu, pid) for the holders of this sample only.
         let holder_trends: BTreeMap<(u32, u32), Trend> = report
             .holders()
@@ -268,33 +308,7 @@ impl Agent {
             .collect();
         self.history.prune(t, trend_window, &present);
         self.holder_trends.retain(|k, _| present.contains(k));
-
-        for n in self.alerts.evaluate(&report, gpu_trends, now_ms()) {
-            self.notifier.send(n);
-        }
-        let firing = self.alerts.firing();
-        self.metrics.update(
-            &report,
-            &SampleFacts {
-                duration_secs: t0.elapsed().as_secs_f64(),
-                depth: match depth {
-                    ScanDepth::Full => "full",
-                    ScanDepth::NewProcesses => "new_processes",
-                    ScanDepth::Holders => "holders",
-                    ScanDepth::Cached => "cached",
-                },
-                timestamp_secs: now_ms() as f64 / 1000.0,
-                gpu_trends,
-                holder_trends: &holder_trends,
-                firing: &firing,
-                top_holders: self.config.agent.top_holders,
-            },
-        );
-        self.watch_holders(&report);
-        if self.config.reclaim.auto {
-            self.track_reclaimable(&snap, &report);
-        }
-        self.publish(report, &firing);
+        holder_trends
     }
 
     /// Observes the processes of jobs that are gone (at most once a second: CPU time is
