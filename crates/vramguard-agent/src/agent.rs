@@ -649,12 +649,14 @@ fn auto_reclaim(
         include: rc.include.iter().copied().collect(),
         idle_for_secs: 0,
     };
-    let prepared = env.prepare(&proc_root, |snap, report| {
-        let mut plan = plan_reclaim(snap, report, &opts);
-        // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
-        plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
-        plan
-    })?;
+    let prepared = env
+        .prepare(&proc_root, |snap, report| {
+            let mut plan = plan_reclaim(snap, report, &opts);
+            // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
+            plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
+            plan
+        })
+        .map_err(|e| e.to_string())?;
     let mut audit = AuditLog::open(&rc.audit_log, &host).map_err(|e| e.to_string())?;
     prepared
         .run(

@@ -99,9 +99,9 @@ impl ExecuteOptions {
 /// What the executor needs from the machine.
 pub trait ReclaimEnv {
     /// A fresh snapshot with a full scan, and its report.
-    fn snapshot(&mut self) -> Result<(Snapshot, Report), String>;
+    fn snapshot(&mut self) -> Result<(Snapshot, Report), EnvError>;
     /// Used memory per GPU index, straight from the driver (polled often).
-    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String>;
+    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, EnvError>;
     /// Resets one GPU; `Ok` with what the reset said, `Err` with why it failed.
     fn reset(&mut self, gpu: u32) -> Result<String, String>;
     /// The classification policy (tolerances).
@@ -243,8 +243,19 @@ pub enum ExecuteError {
         unfinished: Vec<(u32, Option<String>)>,
     },
     /// The machine could not be read.
-    #[error("{0}")]
-    Env(String),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+}
+
+/// Why the machine could not be read while reclaiming.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    /// A snapshot (GPUs and `/proc`) failed.
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
+    /// The GPUs could not be read.
+    #[error(transparent)]
+    Gpu(#[from] vramguard_gpu::SourceError),
 }
 
 fn unfinished_text(unfinished: &[(u32, Option<String>)]) -> String {
@@ -601,7 +612,7 @@ impl<'a> Run<'a> {
         }
         let deadline = Instant::now() + self.opts.release_timeout;
         while !watch.iter().all(|(w, _)| w.released()) {
-            let used = env.used_memory().map_err(ExecuteError::Env)?;
+            let used = env.used_memory()?;
             let now = Instant::now();
             for (w, last_exit) in &mut watch {
                 if let Some(u) = used.get(&w.gpu).copied() {
@@ -646,7 +657,7 @@ impl<'a> Run<'a> {
     /// never while a process holds the device.
     fn reset_gpus(&mut self, env: &mut dyn ReclaimEnv) -> Result<Vec<ResetOutcome>, ExecuteError> {
         let mut resets = Vec::new();
-        let (_, now_report) = env.snapshot().map_err(ExecuteError::Env)?;
+        let (_, now_report) = env.snapshot()?;
         for g in now_report
             .gpus
             .iter()
@@ -715,7 +726,7 @@ impl<'a> Run<'a> {
         if result.is_ok() {
             let deadline = Instant::now() + self.opts.release_timeout;
             loop {
-                let used = env.used_memory().map_err(ExecuteError::Env)?;
+                let used = env.used_memory()?;
                 used_after = used.get(&g.index).copied();
                 if used_after.is_some_and(|u| u <= baseline + tolerance)
                     || Instant::now() >= deadline
@@ -752,7 +763,7 @@ impl<'a> Run<'a> {
 
     /// Phase 5: What ghost memory remains on the plan's GPUs, and why.
     fn what_remains(&mut self, env: &mut dyn ReclaimEnv) -> Result<Vec<Remaining>, ExecuteError> {
-        let (_, last) = env.snapshot().map_err(ExecuteError::Env)?;
+        let (_, last) = env.snapshot()?;
         let mut remaining = Vec::new();
         for g in last
             .gpus
@@ -887,7 +898,7 @@ impl MachineEnv {
         &mut self,
         proc_root: &Path,
         plan: impl FnOnce(&Snapshot, &Report) -> Plan,
-    ) -> Result<Prepared, String> {
+    ) -> Result<Prepared, EnvError> {
         let (snapshot, report) = self.planning_snapshot()?;
         let plan = plan(&snapshot, &report);
         let pinned = crate::identity::pin(proc_root, identities(&plan));
@@ -902,15 +913,14 @@ impl MachineEnv {
     /// The snapshot a plan is made from: a full collection, then [`MachineEnv::sample`] of
     /// watching the processes work, classified. The executor's own re-reads
     /// ([`ReclaimEnv::snapshot`]) take no window: they only follow what the plan did.
-    pub fn planning_snapshot(&mut self) -> Result<(Snapshot, Report), String> {
+    pub fn planning_snapshot(&mut self) -> Result<(Snapshot, Report), EnvError> {
         let snap = take_sampled_snapshot(
             self.source.as_mut(),
             &mut self.collector,
             &self.policy,
             ScanDepth::Full,
             self.sample,
-        )
-        .map_err(|e| format!("{e:#}"))?;
+        )?;
         let report = classify(&snap, &self.policy);
         self.last_report = Some(report.clone());
         Ok((snap, report))
@@ -918,24 +928,20 @@ impl MachineEnv {
 }
 
 impl ReclaimEnv for MachineEnv {
-    fn snapshot(&mut self) -> Result<(Snapshot, Report), String> {
+    fn snapshot(&mut self) -> Result<(Snapshot, Report), EnvError> {
         let snap = take_snapshot(
             self.source.as_mut(),
             &mut self.collector,
             &self.policy,
             ScanDepth::Full,
-        )
-        .map_err(|e| format!("{e:#}"))?;
+        )?;
         let report = classify(&snap, &self.policy);
         self.last_report = Some(report.clone());
         Ok((snap, report))
     }
 
-    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String> {
-        let sample = self
-            .source
-            .sample(Duration::from_secs(1))
-            .map_err(|e| e.to_string())?;
+    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, EnvError> {
+        let sample = self.source.sample(Duration::from_secs(1))?;
         Ok(sample
             .gpus
             .iter()
@@ -997,10 +1003,12 @@ mod write_ahead_tests {
     struct Unused(Policy);
 
     impl ReclaimEnv for Unused {
-        fn snapshot(&mut self) -> Result<(Snapshot, Report), String> {
-            Err("not used".into())
+        fn snapshot(&mut self) -> Result<(Snapshot, Report), EnvError> {
+            Err(EnvError::Gpu(vramguard_gpu::SourceError::Backend(
+                "not used".into(),
+            )))
         }
-        fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, String> {
+        fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, EnvError> {
             Ok(BTreeMap::new())
         }
         fn reset(&mut self, _gpu: u32) -> Result<String, String> {
