@@ -20,7 +20,7 @@
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
-    nvmlProcessInfo_t, nvmlProcessUtilizationSample_t,
+    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t,
 };
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
@@ -422,16 +422,18 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     })
 }
 
-/// The count-then-fill protocol shared by every process-list call.
+/// The count-then-fill protocol shared by every process-list call: `write(i, pid, bytes)`
+/// fills the caller's `i`-th record in the layout its version uses.
 unsafe fn process_list(
     call: &str,
     device: nvmlDevice_t,
     kind: AllocationKind,
     apply_quirks: bool,
     count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
+    filling: bool,
+    mut write: impl FnMut(usize, c_uint, c_ulonglong),
 ) -> c_uint {
-    let counted = infos.is_null().then_some(call);
+    let counted = (!filling).then_some(call);
     with_gpu_counted(counted, device, |_, gpu| {
         if count.is_null() {
             return INVALID_ARGUMENT;
@@ -442,22 +444,49 @@ unsafe fn process_list(
         if procs.is_empty() {
             return SUCCESS;
         }
-        if infos.is_null() || capacity < procs.len() {
+        if !filling || capacity < procs.len() {
             return INSUFFICIENT_SIZE;
         }
         let swapped = apply_quirks && gpu.quirks.contains(&Quirk::SwappedV3ProcessRecords);
         for (i, p) in procs.iter().enumerate() {
             let bytes = p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64);
-            let record = nvmlProcessInfo_t {
-                pid: if swapped { bytes as u32 } else { p.pid },
-                usedGpuMemory: if swapped { p.pid as u64 } else { bytes },
-                gpuInstanceId: NO_INSTANCE,
-                computeInstanceId: NO_INSTANCE,
-            };
-            unsafe { *infos.add(i) = record };
+            if swapped {
+                write(i, bytes as u32, p.pid as u64);
+            } else {
+                write(i, p.pid, bytes);
+            }
         }
         SUCCESS
     })
+}
+
+/// The `_v2`/`_v3` record (24 bytes).
+unsafe fn process_list_v2(
+    call: &str,
+    device: nvmlDevice_t,
+    kind: AllocationKind,
+    apply_quirks: bool,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> c_uint {
+    unsafe {
+        process_list(
+            call,
+            device,
+            kind,
+            apply_quirks,
+            count,
+            !infos.is_null(),
+            |i, pid, bytes| {
+                *infos.add(i) = nvmlProcessInfo_t {
+                    pid,
+                    usedGpuMemory: bytes,
+                    gpuInstanceId: NO_INSTANCE,
+                    computeInstanceId: NO_INSTANCE,
+                }
+            },
+        )
+    }
 }
 
 macro_rules! process_list_fn {
@@ -470,7 +499,7 @@ macro_rules! process_list_fn {
             count: *mut c_uint,
             infos: *mut nvmlProcessInfo_t,
         ) -> c_uint {
-            unsafe { process_list(stringify!($name), device, $kind, $quirks, count, infos) }
+            unsafe { process_list_v2(stringify!($name), device, $kind, $quirks, count, infos) }
         }
     };
 }
@@ -504,6 +533,48 @@ process_list_fn!(
     nvmlDeviceGetMPSComputeRunningProcesses_v2,
     AllocationKind::Mps,
     false
+);
+
+macro_rules! process_list_v1_fn {
+    ($name:ident, $kind:expr) => {
+        /// The unversioned call a real driver still exports (NVML before 11.0, and bindings
+        /// such as nvidia-ml-py3 that never moved on): 16-byte `{pid, usedGpuMemory}` records.
+        ///
+        /// # Safety
+        /// `count` must be writable; `infos` must hold `*count` records or be null.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_v1_t,
+        ) -> c_uint {
+            unsafe {
+                process_list(
+                    stringify!($name),
+                    device,
+                    $kind,
+                    false,
+                    count,
+                    !infos.is_null(),
+                    |i, pid, bytes| {
+                        *infos.add(i) = nvmlProcessInfo_v1_t {
+                            pid,
+                            usedGpuMemory: bytes,
+                        }
+                    },
+                )
+            }
+        }
+    };
+}
+
+process_list_v1_fn!(
+    nvmlDeviceGetComputeRunningProcesses,
+    AllocationKind::Compute
+);
+process_list_v1_fn!(
+    nvmlDeviceGetGraphicsRunningProcesses,
+    AllocationKind::Graphics
 );
 
 /// # Safety

@@ -342,3 +342,47 @@ fn an_event_registration_refused_is_reported_once() {
         );
     }
 }
+
+#[test]
+fn the_legacy_unversioned_process_list_gives_16_byte_records() {
+    // nvidia-ml-py3 and other old bindings call the unversioned symbol, which a real 580
+    // driver still exports, with `{pid, usedGpuMemory}` records.
+    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlProcessInfo_v1_t};
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let world = World::new(1);
+    let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    world.allocate(allocation(0, holder.pid(), 3 * GIB));
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    assert_eq!(std::mem::size_of::<nvmlProcessInfo_v1_t>(), 16);
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    unsafe {
+        let lib = NvmlLib::new(sim_nvml_lib()).unwrap();
+        assert_eq!(lib.nvmlInit_v2(), 0);
+        let mut dev: nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(lib.nvmlDeviceGetHandleByIndex_v2(0, &mut dev), 0);
+        let list = lib.nvmlDeviceGetComputeRunningProcesses.as_ref().unwrap();
+        let mut count = 0;
+        assert_eq!(
+            list(dev, &mut count, std::ptr::null_mut()),
+            7,
+            "INSUFFICIENT_SIZE"
+        );
+        assert_eq!(count, 1);
+        let mut infos = [nvmlProcessInfo_v1_t {
+            pid: 0,
+            usedGpuMemory: 0,
+        }; 2];
+        count = 2;
+        assert_eq!(list(dev, &mut count, infos.as_mut_ptr()), 0);
+        assert_eq!(count, 1);
+        assert_eq!(infos[0].pid, holder.pid());
+        assert_eq!(infos[0].usedGpuMemory, 3 * GIB);
+        assert_eq!(infos[1].pid, 0, "nothing written past the records");
+        let graphics = lib.nvmlDeviceGetGraphicsRunningProcesses.as_ref().unwrap();
+        count = 0;
+        assert_eq!(graphics(dev, &mut count, std::ptr::null_mut()), 0);
+        assert_eq!(count, 0);
+        lib.nvmlShutdown();
+    }
+}
