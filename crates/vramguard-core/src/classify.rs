@@ -509,70 +509,11 @@ impl<'a> Context<'a> {
             if job_gone {
                 evidence.push(work_evidence(&work));
             }
-            let reclaimable = job_gone && work.is_idle();
-            (
-                Class::Hidden,
-                Action {
-                    summary: if reclaimable {
-                        "its job is gone and it does no work: terminate it (SIGTERM, then \
-                         SIGKILL)"
-                            .into()
-                    } else if job_gone && work.is_working() {
-                        "its job's leader is gone, but it is working: ask its owner before \
-                         stopping it"
-                            .into()
-                    } else if job_gone {
-                        "its job is gone; whether it still works is unknown: `vramguard \
-                         reclaim` samples it before deciding"
-                            .into()
-                    } else {
-                        "its job is alive: ask its owner before stopping it".into()
-                    },
-                    command: Some(format!(
-                        "vramguard reclaim --gpu {} --include hidden",
-                        gpu.index
-                    )),
-                    reclaimable,
-                },
-            )
+            (Class::Hidden, hidden_action(gpu.index, job_gone, &work))
         } else if let Some(dead) = &dead_job {
             evidence.push(self.dead_job_evidence(p, dead));
             evidence.push(work_evidence(&work));
-            if work.is_working() {
-                (
-                    Class::Detached,
-                    Action {
-                        summary: format!(
-                            "its launcher is gone but it is working: leave it (ask {} before \
-                             stopping it)",
-                            shown(p.user.as_deref().unwrap_or("its owner"))
-                        ),
-                        command: Some(format!(
-                            "vramguard reclaim --gpu {} --include detached --dry-run",
-                            gpu.index
-                        )),
-                        reclaimable: false,
-                    },
-                )
-            } else {
-                let reclaimable = work.is_idle();
-                (
-                    Class::Orphan,
-                    Action {
-                        summary: if reclaimable {
-                            "its job is gone and it does no work: terminate it (SIGTERM, then \
-                             SIGKILL)"
-                                .into()
-                        } else {
-                            "its job is gone; whether it still works is unknown: `vramguard \
-                             reclaim` samples it before deciding"
-                                .into()
-                        },
-                        command: Some(format!("vramguard reclaim --gpu {}", gpu.index)),
-                        reclaimable,
-                    },
-                )
-            }
+            dead_job_verdict(gpu.index, p, &work)
         } else if let Some(idle) = idle_secs.filter(|s| *s >= self.policy.idle_after_secs) {
             evidence.push(format!(
                 "no GPU utilization for {} (idle threshold {})",
@@ -582,18 +523,7 @@ impl<'a> Context<'a> {
             evidence.push(job.info.evidence.clone());
             (
                 Class::Idle,
-                Action {
-                    summary: format!(
-                        "ask {} whether it is still needed (an idle kernel keeps its context)",
-                        shown(p.user.as_deref().unwrap_or("its owner"))
-                    ),
-                    command: Some(format!(
-                        "vramguard reclaim --gpu {} --include idle --idle-for {}",
-                        gpu.index,
-                        format_duration(Duration::from_secs(self.policy.idle_after_secs))
-                    )),
-                    reclaimable: false,
-                },
+                idle_action(gpu.index, p, self.policy.idle_after_secs),
             )
         } else {
             evidence.push(job.info.evidence.clone());
@@ -1352,6 +1282,77 @@ impl<'a> Context<'a> {
             cause,
             explanation,
         }
+    }
+}
+
+/// What to do about a holder the driver does not list (a hidden one): terminate it only when
+/// its job is gone and it does no work.
+fn hidden_action(gpu: u32, job_gone: bool, work: &Work) -> Action {
+    let reclaimable = job_gone && work.is_idle();
+    Action {
+        summary: if reclaimable {
+            "its job is gone and it does no work: terminate it (SIGTERM, then SIGKILL)".into()
+        } else if job_gone && work.is_working() {
+            "its job's leader is gone, but it is working: ask its owner before stopping it".into()
+        } else if job_gone {
+            "its job is gone; whether it still works is unknown: `vramguard reclaim` samples \
+             it before deciding"
+                .into()
+        } else {
+            "its job is alive: ask its owner before stopping it".into()
+        },
+        command: Some(format!("vramguard reclaim --gpu {gpu} --include hidden")),
+        reclaimable,
+    }
+}
+
+/// A listed holder whose job is gone: detached while it works (never a target by default),
+/// an orphan otherwise, reclaimable only when it was seen doing no work.
+fn dead_job_verdict(gpu: u32, p: &ProcessFacts, work: &Work) -> (Class, Action) {
+    if work.is_working() {
+        return (
+            Class::Detached,
+            Action {
+                summary: format!(
+                    "its launcher is gone but it is working: leave it (ask {} before stopping it)",
+                    shown(p.user.as_deref().unwrap_or("its owner"))
+                ),
+                command: Some(format!(
+                    "vramguard reclaim --gpu {gpu} --include detached --dry-run"
+                )),
+                reclaimable: false,
+            },
+        );
+    }
+    let reclaimable = work.is_idle();
+    (
+        Class::Orphan,
+        Action {
+            summary: if reclaimable {
+                "its job is gone and it does no work: terminate it (SIGTERM, then SIGKILL)".into()
+            } else {
+                "its job is gone; whether it still works is unknown: `vramguard reclaim` \
+                 samples it before deciding"
+                    .into()
+            },
+            command: Some(format!("vramguard reclaim --gpu {gpu}")),
+            reclaimable,
+        },
+    )
+}
+
+/// What to do about an idle holder of a live job: ask its owner.
+fn idle_action(gpu: u32, p: &ProcessFacts, idle_after_secs: u64) -> Action {
+    Action {
+        summary: format!(
+            "ask {} whether it is still needed (an idle kernel keeps its context)",
+            shown(p.user.as_deref().unwrap_or("its owner"))
+        ),
+        command: Some(format!(
+            "vramguard reclaim --gpu {gpu} --include idle --idle-for {}",
+            format_duration(Duration::from_secs(idle_after_secs))
+        )),
+        reclaimable: false,
     }
 }
 
