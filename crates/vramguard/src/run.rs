@@ -210,6 +210,115 @@ struct RunSummary<'a> {
     gpu_check: Option<String>,
 }
 
+/// Says what still holds the memory of the GPUs not released, from a fresh look at the
+/// machine.
+fn name_what_still_holds(ctx: &Ctx, tracker: &mut GpuTracker, not_released: &[u32]) {
+    if let Ok((_, report)) = ctx.report(std::time::Duration::ZERO) {
+        for g in report
+            .gpus
+            .iter()
+            .filter(|g| not_released.contains(&g.index))
+        {
+            let u = tracker.gpus.get_mut(&g.index).expect("tracked");
+            for h in g
+                .holders
+                .iter()
+                .filter(|h| h.class != vramguard_core::Class::Active)
+            {
+                u.still_held.push(format!(
+                    "pid {} ({}, {})",
+                    h.pid,
+                    vramguard_core::sanitize::escape(h.comm.as_deref().unwrap_or("?")),
+                    h.class
+                ));
+            }
+            if let Some(un) = g.unaccounted.as_ref().filter(|u| u.significant) {
+                u.still_held.push(format!(
+                    "{} unaccounted: {}",
+                    format_bytes(un.bytes),
+                    un.explanation.get(1).cloned().unwrap_or_default()
+                ));
+            }
+        }
+    }
+}
+
+/// The one line `run` prints when the job is over.
+fn summary_line(
+    command: &str,
+    job: &Supervised,
+    tracker: &GpuTracker,
+    release_timeout: Duration,
+    gpu_check: Option<&str>,
+) -> String {
+    let mut line = format!(
+        "vramguard run: `{command}` {} after {} ({})",
+        match job.end {
+            vramguard_ops::supervise::JobEnd::Exited(c) => format!("exited with {c}"),
+            vramguard_ops::supervise::JobEnd::Signaled(s) => format!(
+                "was killed by SIG{}",
+                vramguard_ops::supervise::signal_name(s)
+            ),
+        },
+        format_duration(Duration::from_millis(job.runtime_ms)),
+        match job.isolation {
+            Isolation::Cgroup => "cgroup",
+            _ => "process group",
+        }
+    );
+    if job.leftovers > 0 {
+        line.push_str(&format!(
+            "; {} leftover process(es) stopped{}",
+            job.leftovers,
+            if job.killed_after_grace {
+                " (SIGKILL after the grace period)"
+            } else {
+                " by SIGTERM"
+            }
+        ));
+    }
+    if !job.stuck.is_empty() {
+        line.push_str(&format!(
+            "; survived SIGKILL (D state): {}",
+            job.stuck.join(", ")
+        ));
+    }
+    for u in tracker.gpus.values() {
+        line.push_str(&format!(
+            "; GPU {}: peak {}",
+            u.index,
+            format_bytes(u.peak_job_bytes)
+        ));
+        match (u.released, u.release_ms) {
+            (Some(true), Some(ms)) => line.push_str(&format!(
+                ", released {} after the job ended",
+                format_duration(Duration::from_millis(ms))
+            )),
+            (Some(true), None) => line.push_str(", released"),
+            (Some(false), _) => line.push_str(&format!(
+                ", NOT released after {}: {}",
+                format_duration(release_timeout),
+                if u.still_held.is_empty() {
+                    "no holder found".into()
+                } else {
+                    u.still_held.join(", ")
+                }
+            )),
+            (None, _) => {}
+        }
+    }
+    if tracker.source.is_some() && tracker.gpus.is_empty() {
+        line.push_str("; the job used no GPU");
+    }
+    if let Some(note) = gpu_check {
+        line.push_str(&format!("; {note}"));
+    }
+    if let Some(note) = &job.isolation_note {
+        line.push_str(&format!("; {note}"));
+    }
+    line
+}
+
 /// `vramguard run -- CMD`.
 pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
     // Before any thread exists (an NVML library may start some): no thread may receive the
@@ -289,103 +398,19 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
         .map(|u| u.index)
         .collect();
     if !not_released.is_empty() {
-        // Say what still holds it, from a fresh look at the machine.
-        if let Ok((_, report)) = ctx.report(std::time::Duration::ZERO) {
-            for g in report
-                .gpus
-                .iter()
-                .filter(|g| not_released.contains(&g.index))
-            {
-                let u = tracker.gpus.get_mut(&g.index).expect("tracked");
-                for h in g
-                    .holders
-                    .iter()
-                    .filter(|h| h.class != vramguard_core::Class::Active)
-                {
-                    u.still_held.push(format!(
-                        "pid {} ({}, {})",
-                        h.pid,
-                        vramguard_core::sanitize::escape(h.comm.as_deref().unwrap_or("?")),
-                        h.class
-                    ));
-                }
-                if let Some(un) = g.unaccounted.as_ref().filter(|u| u.significant) {
-                    u.still_held.push(format!(
-                        "{} unaccounted: {}",
-                        format_bytes(un.bytes),
-                        un.explanation.get(1).cloned().unwrap_or_default()
-                    ));
-                }
-            }
-        }
+        name_what_still_holds(ctx, &mut tracker, &not_released);
     }
 
-    let mut line = format!(
-        "vramguard run: `{command}` {} after {} ({})",
-        match job.end {
-            vramguard_ops::supervise::JobEnd::Exited(c) => format!("exited with {c}"),
-            vramguard_ops::supervise::JobEnd::Signaled(s) => format!(
-                "was killed by SIG{}",
-                vramguard_ops::supervise::signal_name(s)
-            ),
-        },
-        format_duration(Duration::from_millis(job.runtime_ms)),
-        match job.isolation {
-            Isolation::Cgroup => "cgroup",
-            _ => "process group",
-        }
+    eprintln!(
+        "{}",
+        summary_line(
+            &command,
+            &job,
+            &tracker,
+            release_timeout,
+            gpu_check.as_deref()
+        )
     );
-    if job.leftovers > 0 {
-        line.push_str(&format!(
-            "; {} leftover process(es) stopped{}",
-            job.leftovers,
-            if job.killed_after_grace {
-                " (SIGKILL after the grace period)"
-            } else {
-                " by SIGTERM"
-            }
-        ));
-    }
-    if !job.stuck.is_empty() {
-        line.push_str(&format!(
-            "; survived SIGKILL (D state): {}",
-            job.stuck.join(", ")
-        ));
-    }
-    for u in tracker.gpus.values() {
-        line.push_str(&format!(
-            "; GPU {}: peak {}",
-            u.index,
-            format_bytes(u.peak_job_bytes)
-        ));
-        match (u.released, u.release_ms) {
-            (Some(true), Some(ms)) => line.push_str(&format!(
-                ", released {} after the job ended",
-                format_duration(Duration::from_millis(ms))
-            )),
-            (Some(true), None) => line.push_str(", released"),
-            (Some(false), _) => line.push_str(&format!(
-                ", NOT released after {}: {}",
-                format_duration(release_timeout),
-                if u.still_held.is_empty() {
-                    "no holder found".into()
-                } else {
-                    u.still_held.join(", ")
-                }
-            )),
-            (None, _) => {}
-        }
-    }
-    if tracker.source.is_some() && tracker.gpus.is_empty() {
-        line.push_str("; the job used no GPU");
-    }
-    if let Some(note) = &gpu_check {
-        line.push_str(&format!("; {note}"));
-    }
-    if let Some(note) = &job.isolation_note {
-        line.push_str(&format!("; {note}"));
-    }
-    eprintln!("{line}");
 
     let mut code = job.end.exit_code();
     if args.strict && !not_released.is_empty() {
