@@ -20,7 +20,7 @@
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
-    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t,
+    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t, nvmlUtilization_t,
 };
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
@@ -405,6 +405,104 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         SUCCESS
     })
 }
+
+/// Utilization of the whole GPU, from its busy processes: (SM %, memory %), each capped at 100.
+fn gpu_utilization(gpu: &ObservedGpu) -> (u32, u32) {
+    let sum = |f: fn(&vramguard_sim::model::ObservedUtilization) -> u32| {
+        gpu.utilization.iter().map(f).sum::<u32>().min(100)
+    };
+    (sum(|u| u.sm_util), sum(|u| u.mem_util))
+}
+
+/// The board power limit in milliwatts, by model (what `nvidia-smi -q -d POWER` shows).
+fn power_limit_mw(gpu: &ObservedGpu) -> u32 {
+    if gpu.name.contains("V100") {
+        300_000
+    } else if gpu.name.contains("A100") {
+        400_000
+    } else {
+        700_000
+    }
+}
+
+/// Power draw in milliwatts: 75 W idle, rising with the SM utilization to the board limit.
+fn power_draw_mw(gpu: &ObservedGpu) -> u32 {
+    let idle = 75_000;
+    idle + (power_limit_mw(gpu) - idle) / 100 * gpu_utilization(gpu).0
+}
+
+/// # Safety
+/// `utilization` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetUtilizationRates", device, |_, gpu| {
+        if utilization.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let (sm, memory) = gpu_utilization(gpu);
+        unsafe { *utilization = nvmlUtilization_t { gpu: sm, memory } };
+        SUCCESS
+    })
+}
+
+/// The GPU core temperature (sensor 0, the only one NVML defines): 30 °C idle, 75 °C at full
+/// load. In MIG mode per-process utilization is not reported, so it stays at idle.
+///
+/// # Safety
+/// `temp` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetTemperature", device, |_, gpu| {
+        if temp.is_null() || sensor != 0 {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *temp = 30 + gpu_utilization(gpu).0 * 45 / 100 };
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `power` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: nvmlDevice_t,
+    power: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetPowerUsage", device, |_, gpu| {
+        if power.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *power = power_draw_mw(gpu) };
+        SUCCESS
+    })
+}
+
+macro_rules! power_limit_fn {
+    ($name:ident) => {
+        /// # Safety
+        /// `limit` must be writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: nvmlDevice_t, limit: *mut c_uint) -> c_uint {
+            with_gpu(stringify!($name), device, |_, gpu| {
+                if limit.is_null() {
+                    return INVALID_ARGUMENT;
+                }
+                unsafe { *limit = power_limit_mw(gpu) };
+                SUCCESS
+            })
+        }
+    };
+}
+
+power_limit_fn!(nvmlDeviceGetEnforcedPowerLimit);
+power_limit_fn!(nvmlDeviceGetPowerManagementLimit);
 
 /// # Safety
 /// `mode` must be writable.

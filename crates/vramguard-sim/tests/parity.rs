@@ -386,3 +386,58 @@ fn the_legacy_unversioned_process_list_gives_16_byte_records() {
         lib.nvmlShutdown();
     }
 }
+
+#[test]
+fn utilization_temperature_and_power_follow_the_busy_processes() {
+    // What nvitop, gpustat and nvidia-smi show first, asked the way they ask.
+    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlUtilization_t};
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let world = World::new(2);
+    let busy = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let mut a = allocation(0, busy.pid(), 3 * GIB);
+    a.sm_util = 60;
+    a.mem_util = 25;
+    world.allocate(a);
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    unsafe {
+        let lib = NvmlLib::new(sim_nvml_lib()).unwrap();
+        assert_eq!(lib.nvmlInit_v2(), 0);
+        let handle = |i| {
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(lib.nvmlDeviceGetHandleByIndex_v2(i, &mut dev), 0);
+            dev
+        };
+        let (g0, g1) = (handle(0), handle(1));
+        let rates = |dev| {
+            let mut u = nvmlUtilization_t { gpu: 0, memory: 0 };
+            assert_eq!(lib.nvmlDeviceGetUtilizationRates(dev, &mut u), 0);
+            (u.gpu, u.memory)
+        };
+        assert_eq!(rates(g0), (60, 25));
+        assert_eq!(rates(g1), (0, 0));
+        let temp = |dev, sensor| {
+            let mut t = 0;
+            (lib.nvmlDeviceGetTemperature(dev, sensor, &mut t), t)
+        };
+        assert_eq!(temp(g0, 0), (0, 57));
+        assert_eq!(temp(g1, 0), (0, 30));
+        assert_eq!(
+            temp(g0, 7).0,
+            2,
+            "INVALID_ARGUMENT for a sensor NVML does not define"
+        );
+        let mw = |f: &dyn Fn(nvmlDevice_t, *mut u32) -> u32, dev| {
+            let mut v = 0;
+            assert_eq!(f(dev, &mut v), 0);
+            v
+        };
+        let usage = |d, p| lib.nvmlDeviceGetPowerUsage(d, p);
+        let limit = |d, p| lib.nvmlDeviceGetEnforcedPowerLimit(d, p);
+        assert_eq!(mw(&usage, g0), 75_000 + 6_250 * 60);
+        assert_eq!(mw(&usage, g1), 75_000);
+        assert_eq!(mw(&limit, g0), 700_000);
+        lib.nvmlShutdown();
+    }
+}
