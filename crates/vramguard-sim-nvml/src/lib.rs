@@ -30,6 +30,8 @@ use vramguard_sim::codes::*;
 use vramguard_sim::state::Quirk;
 use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
 
+mod device_info;
+
 struct Loaded {
     sim: Sim,
     refcount: u32,

@@ -441,3 +441,95 @@ fn utilization_temperature_and_power_follow_the_busy_processes() {
         lib.nvmlShutdown();
     }
 }
+
+#[test]
+fn the_properties_monitoring_tools_read_first_are_answered() {
+    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t};
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let world = World::new(2);
+    world.update(|s| {
+        s.gpus[1].name = "NVIDIA A100-SXM4-80GB".into();
+        s.gpus[1].mig = true;
+    });
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    unsafe {
+        let lib = NvmlLib::new(sim_nvml_lib()).unwrap();
+        assert_eq!(lib.nvmlInit_v2(), 0);
+        let handle = |i| {
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(lib.nvmlDeviceGetHandleByIndex_v2(i, &mut dev), 0);
+            dev
+        };
+        let (h200, a100) = (handle(0), handle(1));
+        let cc = |dev| {
+            let (mut major, mut minor) = (0, 0);
+            assert_eq!(
+                lib.nvmlDeviceGetCudaComputeCapability(dev, &mut major, &mut minor),
+                0
+            );
+            (major, minor)
+        };
+        assert_eq!(cc(h200), (9, 0));
+        assert_eq!(cc(a100), (8, 0));
+        let mig = |dev| {
+            let (mut cur, mut pending) = (9, 9);
+            assert_eq!(lib.nvmlDeviceGetMigMode(dev, &mut cur, &mut pending), 0);
+            (cur, pending)
+        };
+        assert_eq!(mig(h200), (0, 0));
+        assert_eq!(mig(a100), (1, 1));
+        let mut arch = 0;
+        assert_eq!(lib.nvmlDeviceGetArchitecture(h200, &mut arch), 0);
+        assert_eq!(arch, 9, "Hopper");
+        let clock = |dev, kind, max: bool| {
+            let mut mhz = 0;
+            let r = if max {
+                lib.nvmlDeviceGetMaxClockInfo(dev, kind, &mut mhz)
+            } else {
+                lib.nvmlDeviceGetClockInfo(dev, kind, &mut mhz)
+            };
+            (r, mhz)
+        };
+        assert_eq!(clock(h200, 1, true), (0, 1980));
+        assert_eq!(clock(h200, 1, false), (0, 345), "idle SM clock");
+        assert_eq!(
+            clock(h200, 9, false).0,
+            2,
+            "INVALID_ARGUMENT for an unknown clock"
+        );
+        let mut fan = 0;
+        assert_eq!(
+            lib.nvmlDeviceGetFanSpeed(h200, &mut fan),
+            3,
+            "NOT_SUPPORTED: no fan"
+        );
+        let mut serial = [0 as std::ffi::c_char; 32];
+        assert_eq!(lib.nvmlDeviceGetSerial(a100, serial.as_mut_ptr(), 32), 0);
+        let serial = std::ffi::CStr::from_ptr(serial.as_ptr())
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(serial, "1654923000001");
+        let mut small = [0 as std::ffi::c_char; 4];
+        assert_eq!(
+            lib.nvmlDeviceGetSerial(a100, small.as_mut_ptr(), 4),
+            7,
+            "INSUFFICIENT_SIZE for a short buffer"
+        );
+        let energy = |dev| {
+            let mut mj = 0;
+            assert_eq!(lib.nvmlDeviceGetTotalEnergyConsumption(dev, &mut mj), 0);
+            mj
+        };
+        let e0 = energy(h200);
+        std::thread::sleep(Duration::from_millis(200));
+        let e1 = energy(h200);
+        assert!(
+            e1 >= e0 + 75_000 * 150 / 1000,
+            "75 W idle over 0.2 s: {e0} → {e1}"
+        );
+        lib.nvmlShutdown();
+    }
+}

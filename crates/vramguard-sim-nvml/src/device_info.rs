@@ -1,0 +1,312 @@
+//! Device properties and telemetry the monitoring tools read first (nvidia-smi, nvitop,
+//! gpustat, NVIDIA's Python bindings): clocks, P-state, ECC and MIG modes, PCIe link,
+//! architecture and compute capability, serial and VBIOS, encoder/decoder use, energy.
+//! Values are those of the model the GPU is named after (H200, H100, A100, V100); what moves
+//! follows the modelled load (busy processes' utilization).
+
+use crate::{INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, gpu_utilization, power_draw_mw, with_gpu};
+use crate::{ObservedGpu, write_c_string};
+use nvml_wrapper_sys::bindings::nvmlDevice_t;
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+
+/// Static facts of a GPU model.
+struct Model {
+    /// `nvmlDeviceArchitecture_t`: 5 Volta, 7 Ampere, 9 Hopper.
+    arch: c_uint,
+    compute_capability: (c_int, c_int),
+    /// Maximum graphics/SM, memory and video clocks, MHz.
+    max_clocks: [c_uint; 3],
+    pcie: (c_uint, c_uint),
+}
+
+fn model(gpu: &ObservedGpu) -> Model {
+    if gpu.name.contains("V100") {
+        Model {
+            arch: 5,
+            compute_capability: (7, 0),
+            max_clocks: [1530, 877, 1372],
+            pcie: (3, 16),
+        }
+    } else if gpu.name.contains("A100") {
+        Model {
+            arch: 7,
+            compute_capability: (8, 0),
+            max_clocks: [1410, 1593, 1290],
+            pcie: (4, 16),
+        }
+    } else if gpu.name.contains("H100") {
+        Model {
+            arch: 9,
+            compute_capability: (9, 0),
+            max_clocks: [1980, 2619, 1755],
+            pcie: (5, 16),
+        }
+    } else {
+        Model {
+            arch: 9,
+            compute_capability: (9, 0),
+            max_clocks: [1980, 3201, 1755],
+            pcie: (5, 16),
+        }
+    }
+}
+
+/// The clock of `kind` (`nvmlClockType_t`: 0 graphics, 1 SM, 2 memory, 3 video): the maximum
+/// for `max`, else the maximum under load and the idle clock otherwise (memory stays fixed).
+fn clock(gpu: &ObservedGpu, kind: c_uint, max: bool) -> Option<c_uint> {
+    let m = model(gpu).max_clocks;
+    let top = match kind {
+        0 | 1 => m[0],
+        2 => return Some(m[1]),
+        3 => m[2],
+        _ => return None,
+    };
+    Some(if max || gpu_utilization(gpu).0 > 0 {
+        top
+    } else {
+        345
+    })
+}
+
+/// Writes one value through `out`, or `INVALID_ARGUMENT` for a null pointer.
+unsafe fn put<T>(out: *mut T, value: T) -> c_uint {
+    if out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    unsafe { *out = value };
+    SUCCESS
+}
+
+macro_rules! one_value {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, |$gpu:ident| $value:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `out` must be writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: nvmlDevice_t, out: *mut $ty) -> c_uint {
+            with_gpu(stringify!($name), device, |_, $gpu| unsafe { put(out, $value) })
+        }
+    };
+}
+
+one_value!(
+    /// P0: a data-centre GPU with persistence mode stays in P0.
+    nvmlDeviceGetPerformanceState, c_uint, |_gpu| 0
+);
+one_value!(
+    /// `NVML_COMPUTEMODE_DEFAULT`.
+    nvmlDeviceGetComputeMode, c_uint, |_gpu| 0
+);
+one_value!(
+    /// No display is attached to a data-centre GPU.
+    nvmlDeviceGetDisplayMode, c_uint, |_gpu| 0
+);
+one_value!(
+    /// No display is active.
+    nvmlDeviceGetDisplayActive, c_uint, |_gpu| 0
+);
+one_value!(
+    /// `nvmlDeviceArchitecture_t` of the model.
+    nvmlDeviceGetArchitecture, c_uint, |gpu| model(gpu).arch
+);
+one_value!(
+    /// The link generation in use.
+    nvmlDeviceGetCurrPcieLinkGeneration, c_uint, |gpu| model(gpu).pcie.0
+);
+one_value!(
+    /// The link width in use.
+    nvmlDeviceGetCurrPcieLinkWidth, c_uint, |gpu| model(gpu).pcie.1
+);
+one_value!(
+    /// The highest link generation.
+    nvmlDeviceGetMaxPcieLinkGeneration, c_uint, |gpu| model(gpu).pcie.0
+);
+one_value!(
+    /// The widest link.
+    nvmlDeviceGetMaxPcieLinkWidth, c_uint, |gpu| model(gpu).pcie.1
+);
+one_value!(
+    /// `nvmlClocksEventReasonGpuIdle` (0x1) while no process is busy, none under load.
+    nvmlDeviceGetCurrentClocksEventReasons, c_ulonglong, |gpu| {
+        u64::from(gpu_utilization(gpu).0 == 0)
+    }
+);
+
+/// Fans: the SXM boards modelled here are cooled by the chassis and have none.
+///
+/// # Safety
+/// `speed` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(device: nvmlDevice_t, speed: *mut c_uint) -> c_uint {
+    with_gpu("nvmlDeviceGetFanSpeed", device, |_, _| {
+        if speed.is_null() {
+            INVALID_ARGUMENT
+        } else {
+            NOT_SUPPORTED
+        }
+    })
+}
+
+macro_rules! clock_fn {
+    ($name:ident, $max:expr) => {
+        /// # Safety
+        /// `clock` must be writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            kind: c_uint,
+            out: *mut c_uint,
+        ) -> c_uint {
+            with_gpu(stringify!($name), device, |_, gpu| {
+                match clock(gpu, kind, $max) {
+                    Some(mhz) => unsafe { put(out, mhz) },
+                    None => INVALID_ARGUMENT,
+                }
+            })
+        }
+    };
+}
+
+clock_fn!(nvmlDeviceGetClockInfo, false);
+clock_fn!(nvmlDeviceGetMaxClockInfo, true);
+
+macro_rules! two_values {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, |$gpu:ident| $value:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `first` and `second` must be writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            first: *mut $ty,
+            second: *mut $ty,
+        ) -> c_uint {
+            with_gpu(stringify!($name), device, |_, $gpu| {
+                if first.is_null() || second.is_null() {
+                    return INVALID_ARGUMENT;
+                }
+                let (a, b) = $value;
+                unsafe {
+                    *first = a;
+                    *second = b;
+                }
+                SUCCESS
+            })
+        }
+    };
+}
+
+two_values!(
+    /// ECC on, now and after the next reset.
+    nvmlDeviceGetEccMode, c_uint, |_gpu| (1, 1)
+);
+two_values!(
+    /// MIG mode, current and pending.
+    nvmlDeviceGetMigMode, c_uint, |gpu| (c_uint::from(gpu.mig), c_uint::from(gpu.mig))
+);
+two_values!(
+    /// The model's CUDA compute capability.
+    nvmlDeviceGetCudaComputeCapability, c_int, |gpu| model(gpu).compute_capability
+);
+two_values!(
+    /// NVENC is idle (sampling period 167 ms, as drivers report).
+    nvmlDeviceGetEncoderUtilization, c_uint, |_gpu| (0, 167_000)
+);
+two_values!(
+    /// NVDEC is idle.
+    nvmlDeviceGetDecoderUtilization, c_uint, |_gpu| (0, 167_000)
+);
+
+/// A serial number unique to the GPU's index.
+///
+/// # Safety
+/// `serial` must hold `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    device: nvmlDevice_t,
+    serial: *mut c_char,
+    length: c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetSerial", device, |_, gpu| unsafe {
+        write_c_string(&format!("1654923{:06}", gpu.index), serial, length)
+    })
+}
+
+/// # Safety
+/// `version` must hold `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    device: nvmlDevice_t,
+    version: *mut c_char,
+    length: c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetVbiosVersion", device, |_, _| unsafe {
+        write_c_string("96.00.99.00.01", version, length)
+    })
+}
+
+/// Energy in millijoules since this library was loaded, integrated from the power draw at each
+/// call (monotonic, as NVML's counter is).
+///
+/// # Safety
+/// `energy` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    device: nvmlDevice_t,
+    energy: *mut c_ulonglong,
+) -> c_uint {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static ENERGY: Mutex<BTreeMap<u32, (Instant, u64)>> = Mutex::new(BTreeMap::new());
+    with_gpu("nvmlDeviceGetTotalEnergyConsumption", device, |_, gpu| {
+        let now = Instant::now();
+        let mut all = ENERGY.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, mj) = all.entry(gpu.index).or_insert((now, 0));
+        let ms = now.duration_since(*last).as_millis() as u64;
+        *mj += u64::from(power_draw_mw(gpu)) * ms / 1000;
+        *last = now;
+        unsafe { put(energy, *mj) }
+    })
+}
+
+macro_rules! driver_model_fn {
+    ($name:ident) => {
+        /// The driver model (WDDM/TCC) exists on Windows only: `NOT_SUPPORTED` on Linux.
+        ///
+        /// # Safety
+        /// Nothing is written.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            _current: *mut c_uint,
+            _pending: *mut c_uint,
+        ) -> c_uint {
+            with_gpu(stringify!($name), device, |_, _| NOT_SUPPORTED)
+        }
+    };
+}
+
+driver_model_fn!(nvmlDeviceGetDriverModel);
+driver_model_fn!(nvmlDeviceGetDriverModel_v2);
+
+/// ECC error counts: none, corrected (0) or uncorrected (1), volatile (0) or aggregate (1).
+///
+/// # Safety
+/// `count` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: nvmlDevice_t,
+    error_type: c_uint,
+    counter_type: c_uint,
+    count: *mut c_ulonglong,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetTotalEccErrors", device, |_, _| {
+        if error_type > 1 || counter_type > 1 {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { put(count, 0) }
+    })
+}
