@@ -343,24 +343,47 @@ fn an_event_registration_refused_is_reported_once() {
     }
 }
 
+/// The simulator's library loaded through NVIDIA's ABI and initialised on `world` (the caller
+/// holds NVML).
+///
+/// # Safety
+/// Loads a shared library.
+unsafe fn sim_library(world: &World) -> nvml_wrapper_sys::bindings::NvmlLib {
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    let lib = unsafe { nvml_wrapper_sys::bindings::NvmlLib::new(sim_nvml_lib()) }.unwrap();
+    assert_eq!(unsafe { lib.nvmlInit_v2() }, 0);
+    lib
+}
+
+/// The handle of GPU `index`.
+fn device(
+    lib: &nvml_wrapper_sys::bindings::NvmlLib,
+    index: u32,
+) -> nvml_wrapper_sys::bindings::nvmlDevice_t {
+    let mut dev = std::ptr::null_mut();
+    // SAFETY: a valid out pointer.
+    assert_eq!(
+        unsafe { lib.nvmlDeviceGetHandleByIndex_v2(index, &mut dev) },
+        0
+    );
+    dev
+}
+
 #[test]
 fn the_legacy_unversioned_process_list_gives_16_byte_records() {
     // nvidia-ml-py3 and other old bindings call the unversioned symbol, which a real 580
     // driver still exports, with `{pid, usedGpuMemory}` records.
-    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlProcessInfo_v1_t};
+    use nvml_wrapper_sys::bindings::nvmlProcessInfo_v1_t;
     let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
     let world = World::new(1);
     let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
     world.allocate(allocation(0, holder.pid(), 3 * GIB));
-    // SAFETY: every test that touches the environment holds NVML.
-    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
     assert_eq!(std::mem::size_of::<nvmlProcessInfo_v1_t>(), 16);
     // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
     unsafe {
-        let lib = NvmlLib::new(sim_nvml_lib()).unwrap();
-        assert_eq!(lib.nvmlInit_v2(), 0);
-        let mut dev: nvmlDevice_t = std::ptr::null_mut();
-        assert_eq!(lib.nvmlDeviceGetHandleByIndex_v2(0, &mut dev), 0);
+        let lib = sim_library(&world);
+        let dev = device(&lib, 0);
         let list = lib.nvmlDeviceGetComputeRunningProcesses.as_ref().unwrap();
         let mut count = 0;
         assert_eq!(
@@ -390,7 +413,7 @@ fn the_legacy_unversioned_process_list_gives_16_byte_records() {
 #[test]
 fn utilization_temperature_and_power_follow_the_busy_processes() {
     // What nvitop, gpustat and nvidia-smi show first, asked the way they ask.
-    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlUtilization_t};
+    use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlUtilization_t};
     let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
     let world = World::new(2);
     let busy = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
@@ -398,17 +421,10 @@ fn utilization_temperature_and_power_follow_the_busy_processes() {
     a.sm_util = 60;
     a.mem_util = 25;
     world.allocate(a);
-    // SAFETY: every test that touches the environment holds NVML.
-    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
     // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
     unsafe {
-        let lib = NvmlLib::new(sim_nvml_lib()).unwrap();
-        assert_eq!(lib.nvmlInit_v2(), 0);
-        let handle = |i| {
-            let mut dev: nvmlDevice_t = std::ptr::null_mut();
-            assert_eq!(lib.nvmlDeviceGetHandleByIndex_v2(i, &mut dev), 0);
-            dev
-        };
+        let lib = sim_library(&world);
+        let handle = |i| device(&lib, i);
         let (g0, g1) = (handle(0), handle(1));
         let rates = |dev| {
             let mut u = nvmlUtilization_t { gpu: 0, memory: 0 };
@@ -444,24 +460,16 @@ fn utilization_temperature_and_power_follow_the_busy_processes() {
 
 #[test]
 fn the_properties_monitoring_tools_read_first_are_answered() {
-    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t};
     let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
     let world = World::new(2);
     world.update(|s| {
         s.gpus[1].name = "NVIDIA A100-SXM4-80GB".into();
         s.gpus[1].mig = true;
     });
-    // SAFETY: every test that touches the environment holds NVML.
-    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
     // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
     unsafe {
-        let lib = NvmlLib::new(sim_nvml_lib()).unwrap();
-        assert_eq!(lib.nvmlInit_v2(), 0);
-        let handle = |i| {
-            let mut dev: nvmlDevice_t = std::ptr::null_mut();
-            assert_eq!(lib.nvmlDeviceGetHandleByIndex_v2(i, &mut dev), 0);
-            dev
-        };
+        let lib = sim_library(&world);
+        let handle = |i| device(&lib, i);
         let (h200, a100) = (handle(0), handle(1));
         let cc = |dev| {
             let (mut major, mut minor) = (0, 0);
