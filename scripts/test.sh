@@ -37,5 +37,19 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
+# The simulated driver is judged by the clients users run against real ones: NVIDIA's Python
+# bindings, nvitop and gpustat, in a venv inside the build folder (pinned versions).
+pyenv=target/pyenv
+clients="nvidia-ml-py==13.615.71 nvitop==1.7.2 gpustat==1.1.1"
+if [ ! -f "$pyenv/.clients" ] || [ "$(cat "$pyenv/.clients")" != "$clients" ]; then
+    command -v python3 >/dev/null 2>&1 || { echo "scripts/test.sh: python3 is missing" >&2; exit 2; }
+    python3 -m venv "$pyenv" || {
+        apt-get install -y -qq python3-venv >/dev/null && python3 -m venv "$pyenv"
+    }
+    # shellcheck disable=SC2086
+    "$pyenv/bin/pip" install -q $clients
+    echo "$clients" > "$pyenv/.clients"
+fi
+
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked

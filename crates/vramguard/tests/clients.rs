@@ -1,0 +1,124 @@
+//! The simulated driver as third-party clients see it: NVIDIA's Python bindings, gpustat and
+//! nvitop (the venv `scripts/test.sh` builds in `target/pyenv`, pinned versions), loading the
+//! simulator's `libnvidia-ml.so.1` through `LD_LIBRARY_PATH` as they would a real driver's.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn client(tool: &str) -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/pyenv/bin")
+        .join(tool);
+    assert!(
+        bin.exists(),
+        "no {}: scripts/test.sh installs nvidia-ml-py, nvitop and gpustat in target/pyenv",
+        bin.display()
+    );
+    bin
+}
+
+fn run_client(world: &World, tool: &str, args: &[&str]) -> Output {
+    Command::new(client(tool))
+        .args(args)
+        .env("VRAMGUARD_SIM", world.state_path())
+        .env("LD_LIBRARY_PATH", sim_nvml_lib().parent().unwrap())
+        .env("COLUMNS", "160")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+/// Two H200s; GPU 0 has a 3 GiB holder at 40 % SM.
+fn busy_world() -> (World, Reaped) {
+    let world = World::new(2);
+    let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let mut a = allocation(0, holder.pid(), 3 * GIB);
+    a.sm_util = 40;
+    world.allocate(a);
+    (world, holder)
+}
+
+#[test]
+fn gpustat_reads_memory_processes_utilization_and_temperature() {
+    let (world, holder) = busy_world();
+    let out = run_client(&world, "gpustat", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g0 = &v["gpus"][0];
+    assert_eq!(g0["name"], "NVIDIA H200", "{g0:#}");
+    assert_eq!(g0["memory.used"], 3072, "{g0:#}");
+    assert_eq!(g0["utilization.gpu"], 40, "{g0:#}");
+    assert_eq!(g0["temperature.gpu"], 48, "{g0:#}");
+    assert_eq!(g0["power.draw"], 325, "{g0:#}");
+    assert_eq!(g0["enforced.power.limit"], 700, "{g0:#}");
+    assert_eq!(g0["processes"][0]["pid"], holder.pid(), "{g0:#}");
+    assert_eq!(g0["processes"][0]["gpu_memory_usage"], 3072, "{g0:#}");
+    let g1 = &v["gpus"][1];
+    assert_eq!(g1["utilization.gpu"], 0, "{g1:#}");
+    assert_eq!(g1["temperature.gpu"], 30, "{g1:#}");
+    assert_eq!(g1["processes"].as_array().map(Vec::len), Some(0), "{g1:#}");
+}
+
+#[test]
+fn nvitop_draws_its_whole_screen_without_an_error() {
+    let (world, holder) = busy_world();
+    let out = run_client(&world, "nvitop", &["--once"]);
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("Traceback") && !text.contains("ERROR"),
+        "nvitop met a call the simulator does not answer:\n{text}"
+    );
+    for expected in [
+        "H200",
+        "48C",
+        "325W / 700W",
+        "40%",
+        &holder.pid().to_string(),
+    ] {
+        assert!(text.contains(expected), "no {expected:?} in\n{text}");
+    }
+}
+
+#[test]
+fn nvidias_python_bindings_see_what_vramguard_sees() {
+    let (world, holder) = busy_world();
+    let script = r#"
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+m = n.nvmlDeviceGetMemoryInfo(h)
+print(json.dumps({
+    "used": m.used,
+    "procs": [[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+    "util": n.nvmlDeviceGetUtilizationRates(h).gpu,
+    "cc": list(n.nvmlDeviceGetCudaComputeCapability(h)),
+    "mig": list(n.nvmlDeviceGetMigMode(h)),
+}))
+n.nvmlShutdown()
+"#;
+    let out = run_client(&world, "python", &["-c", script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    // The unversioned call counts the driver's reserved memory as used; `_v2` apart.
+    let mem = &status["gpus"][0]["memory"];
+    assert_eq!(
+        v["used"].as_u64(),
+        Some(mem["used"].as_u64().unwrap() + mem["reserved"].as_u64().unwrap()),
+        "{v} {mem}"
+    );
+    assert_eq!(
+        v["procs"],
+        serde_json::json!([[holder.pid(), 3 * GIB]]),
+        "{v}"
+    );
+    assert_eq!(v["util"], 40);
+    assert_eq!(v["cc"], serde_json::json!([9, 0]));
+    assert_eq!(v["mig"], serde_json::json!([0, 0]));
+}
