@@ -68,6 +68,17 @@ pub struct ObservedUtilization {
     pub mem_util: u32,
 }
 
+/// How often the driver samples per-process utilization (about six times a second): a
+/// sample's timestamp is the start of its period, so calls within one period see the same
+/// sample, and a caller passing it back as `lastSeenTimeStamp` gets `NOT_FOUND` until the
+/// next one, as from a real driver.
+pub const UTILIZATION_SAMPLE_PERIOD_US: u64 = 166_667;
+
+/// The timestamp of the latest utilization sample at `now_ms`.
+pub fn last_utilization_sample_us(now_ms: u64) -> u64 {
+    now_ms * 1000 / UTILIZATION_SAMPLE_PERIOD_US * UTILIZATION_SAMPLE_PERIOD_US
+}
+
 /// One GPU, as the driver would report it now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedGpu {
@@ -632,7 +643,7 @@ impl Sim {
             if (a.sm_util > 0 || a.mem_util > 0) && !mig {
                 gpu.utilization.push(ObservedUtilization {
                     pid,
-                    timestamp_us: now * 1000,
+                    timestamp_us: last_utilization_sample_us(now),
                     sm_util: a.sm_util,
                     mem_util: a.mem_util,
                 });

@@ -395,3 +395,20 @@ fn an_inherited_context_is_held_by_the_children_and_listed_by_nobody() {
         t.elapsed()
     );
 }
+
+#[test]
+fn utilization_samples_carry_the_time_of_their_sampling_period() {
+    use vramguard_sim::model::{UTILIZATION_SAMPLE_PERIOD_US, last_utilization_sample_us};
+    let t = last_utilization_sample_us(1_000_000);
+    assert_eq!(t % UTILIZATION_SAMPLE_PERIOD_US, 0);
+    assert!(t <= 1_000_000_000 && 1_000_000_000 - t < UTILIZATION_SAMPLE_PERIOD_US);
+    // Within one period, the same sample; the next period, a newer one.
+    let period_ms = UTILIZATION_SAMPLE_PERIOD_US / 1000;
+    let start_ms = t.div_ceil(1000);
+    assert_eq!(last_utilization_sample_us(start_ms), t);
+    assert_eq!(last_utilization_sample_us(start_ms + period_ms - 1), t);
+    assert_eq!(
+        last_utilization_sample_us(start_ms + period_ms + 1),
+        t + UTILIZATION_SAMPLE_PERIOD_US
+    );
+}
