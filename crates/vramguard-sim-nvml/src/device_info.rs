@@ -310,3 +310,37 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
         unsafe { put(count, 0) }
     })
 }
+
+/// The name of a process, as the driver knows it: its argv[0] (its `comm` when the command
+/// line is empty), or `NOT_FOUND` when no such process exists. Monitoring tools ask this when
+/// they cannot see the process themselves (another PID namespace, `hidepid`).
+///
+/// # Safety
+/// `name` must hold `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetProcessName(
+    pid: c_uint,
+    name: *mut c_char,
+    length: c_uint,
+) -> c_uint {
+    use std::io::Read;
+    crate::with_sim(|sim| {
+        let dir = sim.state().proc_root.join(pid.to_string());
+        let mut cmdline = Vec::new();
+        let argv0 = std::fs::File::open(dir.join("cmdline"))
+            .and_then(|f| f.take(4096).read_to_end(&mut cmdline))
+            .ok()
+            .map(|_| {
+                let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+                String::from_utf8_lossy(first).into_owned()
+            });
+        let shown = match argv0 {
+            None => return crate::NOT_FOUND,
+            Some(a) if !a.is_empty() => a,
+            Some(_) => std::fs::read_to_string(dir.join("comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_default(),
+        };
+        unsafe { write_c_string(&shown, name, length) }
+    })
+}

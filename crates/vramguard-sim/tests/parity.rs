@@ -541,3 +541,31 @@ fn the_properties_monitoring_tools_read_first_are_answered() {
         lib.nvmlShutdown();
     }
 }
+
+#[test]
+fn the_driver_names_a_process_by_its_argv0() {
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let world = World::new(1);
+    let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    unsafe {
+        let lib = sim_library(&world);
+        let mut name = [0 as std::ffi::c_char; 64];
+        assert_eq!(
+            lib.nvmlSystemGetProcessName(holder.pid(), name.as_mut_ptr(), 64),
+            0
+        );
+        let name = std::ffi::CStr::from_ptr(name.as_ptr())
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(name, "sleep");
+        let mut none = [0 as std::ffi::c_char; 64];
+        assert_eq!(
+            lib.nvmlSystemGetProcessName(4_194_304, none.as_mut_ptr(), 64),
+            6,
+            "NOT_FOUND for a pid that does not exist"
+        );
+        lib.nvmlShutdown();
+    }
+}
