@@ -670,23 +670,6 @@ fn auto_reclaim(
 /// How often the agent observes the processes of jobs that are gone.
 const OBSERVE_EVERY: Duration = Duration::from_secs(1);
 
-/// How often freed heap memory is handed back to the kernel.
-const TRIM_EVERY: Duration = Duration::from_secs(60);
-
-/// Hands freed heap memory back to the kernel (glibc's `malloc_trim`). Under holder churn the
-/// agent frees about as much as it allocates, but glibc keeps freed pages in its heaps. In one
-/// 12-minute A/B soak with 1-minute windows, once the windows had filled, RSS rose 72 KiB/min
-/// without a trim (95% interval 32–110) and 37 KiB/min with a trim after every sample
-/// (24–54). That helps, but it does not stop the rise. A trim of the agent's few MiB of heap
-/// costs microseconds.
-fn give_back_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory; any thread may call it.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A running agent's HTTP address, for callers that bound port 0.
 pub type BoundAddr = Arc<RwLock<Option<std::net::SocketAddr>>>;
 
@@ -768,7 +751,6 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
     };
 
     let mut next = Instant::now();
-    let mut last_trim = Instant::now();
     while !shutdown.load(Ordering::SeqCst) {
         if reload.swap(false, Ordering::SeqCst) {
             agent.reload(setup.config_path.as_deref());
@@ -778,10 +760,6 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         if now >= next {
             agent.sample();
             next = Instant::now() + agent.config.agent.interval;
-        }
-        if last_trim.elapsed() >= TRIM_EVERY {
-            give_back_free_memory();
-            last_trim = Instant::now();
         }
         let until = if agent.pending.is_empty() {
             next
