@@ -187,12 +187,9 @@ fn host_facts_describe_this_process() {
 fn a_process_that_opens_the_device_after_it_was_first_seen_is_found_once_listed() {
     let dev = dev_dir();
     let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
-    // Seen first while it holds nothing: it opens the device only once told to (a fixed
-    // delay lost the race on a loaded machine).
-    let go = dev.path().join("go");
+    // Seen first while it holds nothing.
     let script = format!(
-        "while [ ! -e {} ]; do sleep 0.01; done; exec 3<{} ; exec sleep 60",
-        go.display(),
+        "sleep 0.3; exec 3<{} ; exec sleep 60",
         dev.path().join("nvidia0").display()
     );
     let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
@@ -202,16 +199,7 @@ fn a_process_that_opens_the_device_after_it_was_first_seen_is_found_once_listed(
         first.processes.iter().all(|p| p.pid != pid),
         "holds nothing yet"
     );
-    std::fs::write(&go, "").unwrap();
-    let fd_dir = format!("/proc/{pid}/fd");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(&fd_dir).map_or(0, |d| d.count()) < 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the device was never opened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    std::thread::sleep(Duration::from_millis(600));
     // Not listed: a new-process scan does not look again (a full scan would).
     let unlisted = c.collect(&[], ScanDepth::NewProcesses, 0).unwrap();
     assert!(unlisted.processes.iter().all(|p| p.pid != pid));
