@@ -189,6 +189,11 @@ pub fn one_collection(
     m.render()
 }
 
+/// Text another user controls, with control bytes shown as visible escapes.
+fn shown(text: &str) -> String {
+    vramguard_core::sanitize::escape(text).into_owned()
+}
+
 impl Metrics {
     /// A registry with every metric, prefixed `vramguard_`.
     pub fn new() -> Metrics {
@@ -535,15 +540,17 @@ impl Metrics {
                     uuid: gl.uuid.clone(),
                     model: gl.model.clone(),
                     pid: h.pid.to_string(),
-                    comm: h.comm.clone().unwrap_or_default(),
+                    // Process- and cgroup-supplied text: shown escaped, like everywhere else,
+                    // so `vramguard metrics` or a `curl` on a terminal obeys no control byte.
+                    comm: shown(h.comm.as_deref().unwrap_or_default()),
                     class: h.class.as_str().into(),
                     container: h
                         .container
                         .as_ref()
-                        .map(|c| c.id.chars().take(12).collect())
+                        .map(|c| shown(&c.id.chars().take(12).collect::<String>()))
                         .unwrap_or_default(),
-                    pod_uid: h.pod_uid.clone().unwrap_or_default(),
-                    job: h.job.as_ref().map(|j| j.label.clone()).unwrap_or_default(),
+                    pod_uid: shown(h.pod_uid.as_deref().unwrap_or_default()),
+                    job: h.job.as_ref().map(|j| shown(&j.label)).unwrap_or_default(),
                 };
                 self.holder_bytes.get_or_create(&hl).set(bytes);
                 if let Some(t) = facts.holder_trends.get(&(g.index, h.pid)) {
