@@ -635,37 +635,30 @@ fn prometheus(dir: &Path) -> (Reaped, SocketAddr) {
     (prom, prom_addr)
 }
 
+/// A real Prometheus in `dir` scraping the agent at `agent` every second, with the shipped
+/// rules as [`rules_for_test`] shortens them; returned after its first scrape.
+fn scraping_prometheus(dir: &Path, agent: SocketAddr) -> (Reaped, SocketAddr) {
+    std::fs::write(dir.join("rules.yml"), rules_for_test()).unwrap();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{agent}']\n"
+        ),
+    )
+    .unwrap();
+    let (prom, addr) = prometheus(dir);
+    wait_until(20, "the first scrape", || {
+        prom_query(addr, "up{job=\"vramguard\"}")["data"]["result"][0]["value"][1] == "1"
+    });
+    (prom, addr)
+}
+
 #[test]
 fn a_real_prometheus_scrapes_the_agent_and_the_shipped_rules_fire() {
     let world = World::new(1);
     let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"250ms\"\n");
     let dir = tempfile::tempdir().unwrap();
-    // The shipped rules, with their `for` durations shortened for the test.
-    let rules = std::fs::read_to_string(deploy("prometheus/vramguard-rules.yml")).unwrap();
-    let rules: String = rules
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("for:") {
-                "        for: 1s".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
-    std::fs::write(
-        dir.path().join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{}']\n",
-            agent.addr
-        ),
-    )
-    .unwrap();
-    let (_prom, prom_addr) = prometheus(dir.path());
-    wait_until(20, "the first scrape", || {
-        prom_query(prom_addr, "up{job=\"vramguard\"}")["data"]["result"][0]["value"][1] == "1"
-    });
+    let (_prom, prom_addr) = scraping_prometheus(dir.path(), agent.addr);
     let mut j = job(&world, 0);
     j.crash();
     let t = Instant::now();
@@ -1166,19 +1159,7 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
         "[agent]\ninterval = \"250ms\"\ntrend_window = \"20s\"\n",
     );
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("rules.yml"), rules_for_test()).unwrap();
-    std::fs::write(
-        dir.path().join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{}']\n",
-            agent.addr
-        ),
-    )
-    .unwrap();
-    let (_prom, prom) = prometheus(dir.path());
-    wait_until(20, "the first scrape", || {
-        prom_query(prom, "up{job=\"vramguard\"}")["data"]["result"][0]["value"][1] == "1"
-    });
+    let (_prom, prom) = scraping_prometheus(dir.path(), agent.addr);
     let mut tested = Vec::new();
     // A live job that stays throughout: the top-holders panel has it.
     let live = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 600);

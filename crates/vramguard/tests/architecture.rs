@@ -1,27 +1,11 @@
 //! Rules of the crate layout that a change could break silently (docs/architecture.md).
 
+mod common;
+use common::rust_files;
 use std::path::{Path, PathBuf};
 
 fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Every `.rs` file under `dir`, with its text.
-fn rust_files(dir: &Path) -> Vec<(PathBuf, String)> {
-    let mut out = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                let text = std::fs::read_to_string(&p).unwrap();
-                out.push((p, text));
-            }
-        }
-    }
-    out
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The README's guarantee tables (every table whose last column names tests) name only tests
 //! that exist, and every row names at least one.
 
+mod common;
+use common::rust_files;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -9,19 +11,10 @@ fn root() -> PathBuf {
 
 /// Every `.rs` file of the workspace's crates, concatenated.
 fn sources() -> String {
-    let mut text = String::new();
-    let mut dirs = vec![root().join("crates")];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                text.push_str(&std::fs::read_to_string(&p).unwrap());
-            }
-        }
-    }
-    text
+    rust_files(&root().join("crates"))
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect()
 }
 
 /// The README's tables whose header's last cell mentions tests: (header, rows).

@@ -333,3 +333,21 @@ pub fn capture_incident_as(world: &World, path: Path_, name: &str) {
     let out = Vg::new(world, path).args(["snapshot"]).code(0);
     std::fs::write(&file, &out.stdout).unwrap();
 }
+
+/// Every `.rs` file under `dir`, with its text (for tests that read the sources themselves).
+pub fn rust_files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                out.push((p, text));
+            }
+        }
+    }
+    out
+}
