@@ -28,17 +28,14 @@ use vramguard_core::report::{Class, Report, UnaccountedCause};
 use vramguard_core::snapshot::{ProcessListState, Snapshot};
 use vramguard_core::trend::Trend;
 use vramguard_core::{Policy, classify};
-use vramguard_gpu::GpuSource;
+use vramguard_node::{Node, NodeError, NodeFactory, SnapshotError};
 use vramguard_ops::identity::{Identity, Verified, verify};
-use vramguard_ops::reclaim::{MachineEnv, ReclaimOutcome, ResetBackend};
-use vramguard_ops::{AuditLog, ExecuteOptions, take_snapshot};
-use vramguard_proc::{ProcCollector, ScanDepth, WorkSampler};
+use vramguard_ops::reclaim::ReclaimOutcome;
+use vramguard_ops::{AuditLog, ExecuteOptions};
+use vramguard_proc::{ScanDepth, WorkSampler};
 
 /// (GPU index, used bytes) of one holder on each GPU it uses.
 type HeldMemory = Vec<(u32, Option<u64>)>;
-
-/// Makes a GPU source (the agent needs a second one for each automatic reclaim).
-pub type SourceFactory = Arc<dyn Fn() -> Result<Box<dyn GpuSource>, String> + Send + Sync>;
 
 /// Everything the agent needs from the command line.
 pub struct AgentSetup {
@@ -46,14 +43,9 @@ pub struct AgentSetup {
     pub config: Config,
     /// Where it came from (re-read on SIGHUP).
     pub config_path: Option<PathBuf>,
-    /// The `/proc` to scan.
-    pub proc_root: PathBuf,
-    /// The device directory.
-    pub dev_dir: PathBuf,
-    /// GPU sources.
-    pub make_source: SourceFactory,
-    /// How automatic reclaim resets GPUs.
-    pub reset: ResetBackend,
+    /// Opens the node with a policy (once at the start, again after a reload that changed
+    /// the policy, and once for each automatic reclaim, which runs on its own thread).
+    pub make_node: NodeFactory,
     /// Set by the caller to stop the agent (tests); SIGTERM and SIGINT set it too.
     pub shutdown: Arc<AtomicBool>,
 }
@@ -73,21 +65,10 @@ struct PendingLag {
     deadline: Instant,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 struct Agent {
-    setup_proc: PathBuf,
-    setup_dev: PathBuf,
-    make_source: SourceFactory,
-    reset: ResetBackend,
+    make_node: NodeFactory,
     config: Config,
-    source: Box<dyn GpuSource>,
-    collector: ProcCollector,
+    node: Box<dyn Node>,
     metrics: Metrics,
     history: History,
     alerts: AlertEngine,
@@ -110,7 +91,7 @@ struct Agent {
     holder_trends: HashMap<(u32, u32, u64), Trend>,
     last_fit: Option<Instant>,
     reclaimable_since: HashMap<(u32, u64), Instant>,
-    reclaim_job: Option<Receiver<Result<ReclaimOutcome, String>>>,
+    reclaim_job: Option<Receiver<Result<ReclaimOutcome, AutoReclaimError>>>,
     /// CPU and run-state history of the processes of jobs that are gone.
     work: WorkSampler,
     /// When they were last observed.
@@ -121,30 +102,36 @@ struct Agent {
 
 impl Agent {
     /// One collection, classification, and everything that follows from it.
+    /// Now, on the node's clock.
+    fn now(&self) -> Instant {
+        self.node.clock().now()
+    }
+
+    /// How long ago `t` was, on the node's clock.
+    fn since(&self, t: Instant) -> Duration {
+        self.now().saturating_duration_since(t)
+    }
+
     fn sample(&mut self) {
+        // The sample's own cost is measured on the real clock.
         let t0 = Instant::now();
         let depth = self.depth_due();
-        let snap = match take_snapshot(
-            self.source.as_mut(),
-            &mut self.collector,
-            &self.config.policy,
-            depth,
-        ) {
+        let snap = match self.node.snapshot(depth) {
             Ok(s) => s,
             Err(e) => {
                 let kind = match e {
-                    vramguard_ops::snapshot::SnapshotError::Gpu(_) => "source",
-                    vramguard_ops::snapshot::SnapshotError::Proc(_) => "proc",
+                    NodeError::Snapshot(SnapshotError::Proc(_)) | NodeError::Proc(_) => "proc",
+                    _ => "source",
                 };
                 self.metrics.error(kind);
                 tracing::error!("collection failed: {e}");
-                let age = self.last_good.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                let age = self.last_good.map_or(0.0, |t| self.since(t).as_secs_f64());
                 self.metrics.collection_failed(age);
                 self.publish_metrics_only();
                 return;
             }
         };
-        let now = Instant::now();
+        let now = self.now();
         match depth {
             ScanDepth::Full => {
                 self.last_full = Some(now);
@@ -169,7 +156,7 @@ impl Agent {
                 self.metrics.error("gpu_call");
             }
         }
-        self.last_good = Some(Instant::now());
+        self.last_good = Some(self.now());
         let mut snap = snap;
         if !self.config.agent.show_cmdline {
             // What the HTTP side shows is built from this snapshot: command names only.
@@ -192,7 +179,8 @@ impl Agent {
         let holder_trends = self.record_history(&report);
         let gpu_trends = &self.gpu_trends;
 
-        for n in self.alerts.evaluate(&report, gpu_trends, now_ms()) {
+        let wall_ms = self.node.clock().wall_ms();
+        for n in self.alerts.evaluate(&report, gpu_trends, wall_ms) {
             self.notifier.send(n);
         }
         let firing = self.alerts.firing();
@@ -206,7 +194,7 @@ impl Agent {
                     ScanDepth::Holders => "holders",
                     ScanDepth::Cached => "cached",
                 },
-                timestamp_secs: now_ms() as f64 / 1000.0,
+                timestamp_secs: wall_ms as f64 / 1000.0,
                 gpu_trends,
                 holder_trends: &holder_trends,
                 firing: &firing,
@@ -226,16 +214,16 @@ impl Agent {
     fn depth_due(&self) -> ScanDepth {
         let full_due = self
             .last_full
-            .is_none_or(|t| t.elapsed() >= self.config.agent.full_scan_every)
+            .is_none_or(|t| self.since(t) >= self.config.agent.full_scan_every)
             || (self.needs_full
                 && self
                     .last_full
-                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(10)));
+                    .is_none_or(|t| self.since(t) >= Duration::from_secs(10)));
         if full_due {
             ScanDepth::Full
-        } else if self.last_discover.elapsed() >= self.config.agent.discover_every {
+        } else if self.since(self.last_discover) >= self.config.agent.discover_every {
             ScanDepth::NewProcesses
-        } else if self.last_recheck.elapsed() >= self.config.agent.recheck_every {
+        } else if self.since(self.last_recheck) >= self.config.agent.recheck_every {
             ScanDepth::Holders
         } else {
             ScanDepth::Cached
@@ -245,7 +233,7 @@ impl Agent {
     /// Feeds this sample into the trend and timeline history, refits the trends when a bucket
     /// closed, forgets holders that are gone; returns the holder trends to export, by (gpu, pid).
     fn record_history(&mut self, report: &Report) -> BTreeMap<(u32, u32), Trend> {
-        let t = self.started.elapsed().as_secs_f64();
+        let t = self.since(self.started).as_secs_f64();
         let (trend_window, timeline) = (
             self.config.agent.trend_window.as_secs_f64(),
             self.config.agent.timeline.as_secs_f64(),
@@ -255,11 +243,11 @@ impl Agent {
         // every sample.
         let refit = self
             .last_fit
-            .is_none_or(|at| at.elapsed().as_secs_f64() >= trend_window / 240.0);
+            .is_none_or(|at| self.since(at).as_secs_f64() >= trend_window / 240.0);
         if refit {
             self.gpu_trends.clear();
             self.holder_trends.clear();
-            self.last_fit = Some(Instant::now());
+            self.last_fit = Some(self.now());
         }
         for g in &report.gpus {
             if let Some(m) = g.memory {
@@ -317,7 +305,7 @@ impl Agent {
     /// it, and an automatic reclaim needs it `orphan` in every sample for `min_age`. Returns
     /// whether a window was attached.
     fn attach_work(&mut self, snap: &mut Snapshot, report: &Report) -> bool {
-        let now = now_ms();
+        let now = self.node.clock().wall_ms();
         let every = OBSERVE_EVERY.max(self.config.agent.interval);
         let window_ms = self.config.reclaim.sample.max(every * 3).as_millis() as u64;
         self.work.forget_before(now.saturating_sub(window_ms));
@@ -325,12 +313,12 @@ impl Agent {
         if pids.is_empty() {
             return false;
         }
-        if self.last_observed.is_none_or(|t| t.elapsed() >= every) {
-            if let Err(e) = self.work.observe(self.collector.procfs(), &pids, now) {
+        if self.last_observed.is_none_or(|t| self.since(t) >= every) {
+            if let Err(e) = self.node.observe_work(&mut self.work, &pids) {
                 tracing::warn!("observing work: {e}");
                 return false;
             }
-            self.last_observed = Some(Instant::now());
+            self.last_observed = Some(self.now());
         }
         snap.work = Some(self.work.window(now.saturating_sub(window_ms), now));
         snap.normalize();
@@ -368,7 +356,7 @@ impl Agent {
             timelines: Arc::new(self.history.timeline.clone()),
             firing: firing.to_vec(),
             refresh_secs: self.config.agent.interval.as_secs().clamp(2, 30),
-            updated: Instant::now(),
+            updated: self.now(),
             samples,
             stale_after: (self.config.agent.interval * 5).max(Duration::from_secs(10)),
             ..Published::default()
@@ -401,8 +389,12 @@ impl Agent {
             match self.watched.get_mut(&key) {
                 Some(w) => w.gpus = gpus,
                 None => {
+                    // Watching needs a pidfd: only a node with a /proc has processes to watch.
+                    let Some(proc) = self.node.proc() else {
+                        continue;
+                    };
                     if let Ok(pidfd) = verify(
-                        &self.setup_proc,
+                        proc.root(),
                         Identity {
                             pid: key.0,
                             start_ticks: key.1,
@@ -477,9 +469,9 @@ impl Agent {
     fn poll_lags(&mut self) -> bool {
         let before = self.pending.len();
         let gpus: BTreeSet<u32> = self.pending.iter().map(|p| p.watch.gpu).collect();
-        let now = Instant::now();
+        let now = self.now();
         for gpu in gpus {
-            let used = match self.source.memory_used(gpu) {
+            let used = match self.node.memory_used(gpu) {
                 Ok(u) => u,
                 Err(_) => continue,
             };
@@ -511,7 +503,7 @@ impl Agent {
             idle_for_secs: 0,
         };
         let plan = plan_reclaim(snap, report, &opts);
-        let now = Instant::now();
+        let now = self.now();
         let current: BTreeSet<(u32, u64)> =
             plan.targets().map(|t| (t.pid, t.start_ticks)).collect();
         self.reclaimable_since.retain(|k, _| current.contains(k));
@@ -524,30 +516,20 @@ impl Agent {
         let eligible: BTreeSet<(u32, u64)> = self
             .reclaimable_since
             .iter()
-            .filter(|(_, since)| since.elapsed() >= rc.min_age)
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= rc.min_age)
             .map(|(k, _)| *k)
             .collect();
         if eligible.is_empty() {
             return;
         }
         let (tx, rx) = channel();
-        let make_source = self.make_source.clone();
-        let (proc_root, dev_dir) = (self.setup_proc.clone(), self.setup_dev.clone());
-        let (policy, rc, reset) = (self.config.policy.clone(), rc.clone(), self.reset.clone());
+        let make_node = self.make_node.clone();
+        let (policy, rc) = (self.config.policy.clone(), rc.clone());
         let host = report.hostname.clone().unwrap_or_default();
         std::thread::Builder::new()
             .name("vramguard-reclaim".into())
             .spawn(move || {
-                let r = auto_reclaim(
-                    make_source,
-                    proc_root,
-                    dev_dir,
-                    policy,
-                    rc,
-                    reset,
-                    host,
-                    eligible,
-                );
+                let r = auto_reclaim(&make_node, &policy, &rc, &host, &eligible);
                 let _ = tx.send(r);
             })
             .expect("spawn the reclaim thread");
@@ -610,6 +592,13 @@ impl Agent {
                 }
                 self.alerts.set_rules(&c.alerts);
                 *self.alerts_config.write().expect("alerts config") = c.alerts.clone();
+                if c.policy != self.config.policy {
+                    // The node asks the driver for utilisation over the policy's idle window.
+                    match (self.make_node)(&c.policy) {
+                        Ok(node) => self.node = node,
+                        Err(e) => tracing::error!("reopening the node with the new policy: {e}"),
+                    }
+                }
                 let listen = self.config.agent.listen.clone();
                 self.config = c;
                 self.config.agent.listen = listen;
@@ -626,45 +615,84 @@ impl Watched {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Why an automatic reclaim did not run to the end.
+#[derive(Debug, thiserror::Error)]
+pub enum AutoReclaimError {
+    /// The node could not be opened or read.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The audit log could not be opened: nothing was signalled.
+    #[error("{0}; nothing was signalled")]
+    Audit(#[from] vramguard_ops::audit::AuditError),
+    /// The executor stopped.
+    #[error(transparent)]
+    Execute(#[from] vramguard_ops::reclaim::ExecuteError),
+}
+
+/// The agent's automatic reclaim, on a node of its own: the same pipeline as `vramguard
+/// reclaim`, narrowed to the targets that stayed reclaimable for `min_age`.
 fn auto_reclaim(
-    make_source: SourceFactory,
-    proc_root: PathBuf,
-    dev_dir: PathBuf,
-    policy: Policy,
-    rc: crate::config::ReclaimConfig,
-    reset: ResetBackend,
-    host: String,
-    eligible: BTreeSet<(u32, u64)>,
-) -> Result<ReclaimOutcome, String> {
-    let mut env = MachineEnv::new(
-        make_source()?,
-        ProcCollector::new(&proc_root, &dev_dir).map_err(|e| e.to_string())?,
-        policy,
-        reset,
-        rc.sample,
-    );
+    make_node: &NodeFactory,
+    policy: &Policy,
+    rc: &crate::config::ReclaimConfig,
+    host: &str,
+    eligible: &BTreeSet<(u32, u64)>,
+) -> Result<ReclaimOutcome, AutoReclaimError> {
+    let mut node = make_node(policy)?;
     let opts = ReclaimOptions {
         gpus: None,
         include: rc.include.iter().copied().collect(),
         idle_for_secs: 0,
     };
-    let prepared = env
-        .prepare(&proc_root, |snap, report| {
-            let mut plan = plan_reclaim(snap, report, &opts);
-            // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
-            plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
-            plan
+    let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {
+        let mut plan = plan_reclaim(snap, report, &opts);
+        // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
+        plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
+        plan
+    })?;
+    let mut audit = AuditLog::open(&rc.audit_log, host)?;
+    Ok(prepared.run(
+        node.as_mut(),
+        &mut audit,
+        &ExecuteOptions::new(rc.grace, rc.release_timeout, rc.reset),
+    )?)
+}
+
+impl Agent {
+    /// An agent on a node opened from `setup`, publishing into `shared`.
+    fn new(setup: &AgentSetup, shared: Shared) -> Result<Agent, NodeError> {
+        let node = (setup.make_node)(&setup.config.policy)?;
+        let alerts_config = Arc::new(RwLock::new(setup.config.alerts.clone()));
+        let now = node.clock().now();
+        Ok(Agent {
+            make_node: setup.make_node.clone(),
+            node,
+            metrics: Metrics::new(),
+            history: History::default(),
+            alerts: AlertEngine::new(&setup.config.alerts),
+            notifier: Notifier::start(alerts_config.clone()),
+            alerts_config,
+            shared,
+            started: now,
+            last_discover: now,
+            last_recheck: now,
+            last_full: None,
+            needs_full: false,
+            watched: HashMap::new(),
+            exited: BTreeSet::new(),
+            pending: Vec::new(),
+            last_used: BTreeMap::new(),
+            gpu_trends: BTreeMap::new(),
+            holder_trends: HashMap::new(),
+            last_fit: None,
+            reclaimable_since: HashMap::new(),
+            reclaim_job: None,
+            work: WorkSampler::new(),
+            last_observed: None,
+            last_good: None,
+            config: setup.config.clone(),
         })
-        .map_err(|e| e.to_string())?;
-    let mut audit = AuditLog::open(&rc.audit_log, &host).map_err(|e| e.to_string())?;
-    prepared
-        .run(
-            &mut env,
-            &mut audit,
-            &ExecuteOptions::new(rc.grace, rc.release_timeout, rc.reset, proc_root),
-        )
-        .map_err(|e| e.to_string())
+    }
 }
 
 /// How often the agent observes the processes of jobs that are gone.
@@ -715,41 +743,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         *b.write().expect("bound address") = Some(server.addr);
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
-    let alerts_config = Arc::new(RwLock::new(setup.config.alerts.clone()));
-    let mut agent = Agent {
-        setup_proc: setup.proc_root.clone(),
-        setup_dev: setup.dev_dir.clone(),
-        make_source: setup.make_source.clone(),
-        reset: setup.reset.clone(),
-        source: (setup.make_source)()?,
-        collector: ProcCollector::new(&setup.proc_root, &setup.dev_dir)
-            .map_err(|e| e.to_string())?,
-        metrics: Metrics::new(),
-        history: History::default(),
-        alerts: AlertEngine::new(&setup.config.alerts),
-        notifier: Notifier::start(alerts_config.clone()),
-        alerts_config,
-        shared,
-        started: Instant::now(),
-        last_discover: Instant::now(),
-        last_recheck: Instant::now(),
-        last_full: None,
-        needs_full: false,
-        watched: HashMap::new(),
-        exited: BTreeSet::new(),
-        pending: Vec::new(),
-        last_used: BTreeMap::new(),
-        gpu_trends: BTreeMap::new(),
-        holder_trends: HashMap::new(),
-        last_fit: None,
-        reclaimable_since: HashMap::new(),
-        reclaim_job: None,
-        work: WorkSampler::new(),
-        last_observed: None,
-        last_good: None,
-        config: setup.config,
-    };
-
+    let mut agent = Agent::new(&setup, shared).map_err(|e| e.to_string())?;
     let mut next = Instant::now();
     while !shutdown.load(Ordering::SeqCst) {
         if reload.swap(false, Ordering::SeqCst) {
@@ -782,4 +776,145 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
     server.stop();
     agent.notifier.stop();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The agent's loop on a scripted node: samples are taken by hand, time moves on the
+    //! manual clock, and no process is started.
+    use super::*;
+    use vramguard_node::fake::FakeNode;
+
+    fn demo() -> FakeNode {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/incidents/demo.json"
+        );
+        let node =
+            FakeNode::new(serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap());
+        node.holds_hidden(16523, 0, 2 << 30);
+        node
+    }
+
+    fn agent_on(node: &FakeNode, config: Config) -> Agent {
+        let n = node.clone();
+        let setup = AgentSetup {
+            config,
+            config_path: None,
+            make_node: Arc::new(move |_: &Policy| -> Result<Box<dyn Node>, NodeError> {
+                Ok(Box::new(n.clone()))
+            }),
+            shutdown: Arc::new(AtomicBool::new(false)),
+        };
+        Agent::new(
+            &setup,
+            Arc::new(RwLock::new(Arc::new(Published::default()))),
+        )
+        .unwrap()
+    }
+
+    fn auto_reclaim_config(audit: &std::path::Path) -> Config {
+        let mut config = Config::default();
+        config.reclaim.auto = true;
+        config.reclaim.min_age = Duration::from_secs(60);
+        config.reclaim.grace = Duration::from_secs(5);
+        config.reclaim.audit_log = audit.to_path_buf();
+        config.agent.interval = Duration::from_secs(1);
+        config
+    }
+
+    /// Waits (on the real clock, for the reclaim thread) until the automatic reclaim is done.
+    fn finish_reclaim(agent: &mut Agent) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while agent.reclaim_job.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the automatic reclaim did not finish"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            agent.collect_reclaim();
+        }
+    }
+
+    /// An agent with automatic reclaim on the demo node, after two samples a second apart:
+    /// two observations make a window of work, so the orphans are reclaimable from then on.
+    fn warmed_up(node: &FakeNode) -> (Agent, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = agent_on(node, auto_reclaim_config(&dir.path().join("audit.jsonl")));
+        for _ in 0..2 {
+            agent.sample();
+            node.manual_clock().advance(Duration::from_secs(1));
+        }
+        (agent, dir)
+    }
+
+    #[test]
+    fn automatic_reclaim_waits_for_min_age_then_signals_exactly_the_targets() {
+        let node = demo();
+        let (mut agent, dir) = warmed_up(&node);
+        let clock = node.manual_clock().clone();
+        let since: BTreeSet<u32> = agent.reclaimable_since.keys().map(|k| k.0).collect();
+        assert_eq!(since, [16521, 16522, 16523].into());
+        // A sample a second, as configured: 59 s later, not yet.
+        for _ in 0..59 {
+            agent.sample();
+            assert!(agent.reclaim_job.is_none());
+            clock.advance(Duration::from_secs(1));
+        }
+        assert!(node.signals().is_empty(), "{:?}", node.signals());
+        agent.sample();
+        assert!(
+            agent.reclaim_job.is_some(),
+            "min_age passed: a reclaim starts"
+        );
+        finish_reclaim(&mut agent);
+        let signalled: BTreeSet<(u32, &str)> =
+            node.signals().iter().map(|s| (s.pid, s.signal)).collect();
+        assert_eq!(
+            signalled,
+            [(16521, "TERM"), (16522, "TERM"), (16523, "TERM")].into()
+        );
+        let metrics = agent.metrics.render();
+        assert!(
+            metrics.contains("vramguard_reclaim_actions_total{action=\"term\"} 3"),
+            "{metrics}"
+        );
+        let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+        let terms = audit
+            .lines()
+            .filter(|l| l.contains("\"event\":\"signal\"") && l.contains("\"TERM\""))
+            .count();
+        assert_eq!(terms, 3, "{audit}");
+    }
+
+    #[test]
+    fn a_holder_that_leaves_the_plan_restarts_its_min_age() {
+        let node = demo();
+        let (mut agent, _dir) = warmed_up(&node);
+        let clock = node.manual_clock().clone();
+        assert_eq!(agent.reclaimable_since.len(), 3);
+        // 16521 exits on its own: it leaves the plan and is forgotten.
+        node.exit(16521);
+        clock.advance(Duration::from_secs(1));
+        agent.sample();
+        assert!(!agent.reclaimable_since.keys().any(|k| k.0 == 16521));
+        assert_eq!(agent.reclaimable_since.len(), 2);
+    }
+
+    #[test]
+    fn without_auto_reclaim_nothing_is_ever_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = demo();
+        let mut config = auto_reclaim_config(&dir.path().join("audit.jsonl"));
+        config.reclaim.auto = false;
+        let mut agent = agent_on(&node, config);
+        for _ in 0..10 {
+            agent.sample();
+            node.manual_clock().advance(Duration::from_secs(60));
+        }
+        assert!(agent.reclaim_job.is_none());
+        assert!(node.signals().is_empty());
+        let metrics = agent.metrics.render();
+        assert!(metrics.contains("vramguard_gpu_ghost_bytes"), "{metrics}");
+    }
 }

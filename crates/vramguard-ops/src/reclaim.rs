@@ -12,22 +12,19 @@
 //! Every decision and action is appended to the audit log before the next one.
 
 use crate::audit::{AuditError, AuditLog};
-use crate::identity::{Identity, Pinned, Refusal, Verified, wait_all};
-use crate::snapshot::{take_sampled_snapshot, take_snapshot};
-use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vramguard_core::plan::{Plan, Target};
 use vramguard_core::release::ReleaseWatch;
 use vramguard_core::report::{Report, UnaccountedCause};
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, classify};
-use vramguard_gpu::GpuSource;
-use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_node::{Identity, Node, NodeError, Refusal, ResetTarget, Signal};
+use vramguard_proc::ScanDepth;
+
+pub use vramguard_node::{ResetBackend, ResetFn};
 
 /// When to reset a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,39 +70,19 @@ pub struct ExecuteOptions {
     pub poll: Duration,
     /// Resets.
     pub reset: ResetMode,
-    /// The `/proc` of vramguard's own PID namespace (identities are checked there).
-    pub proc_root: PathBuf,
 }
 
 impl ExecuteOptions {
     /// The usual options: 5 s for SIGKILLed processes to exit, the driver polled every 20 ms.
-    pub fn new(
-        grace: Duration,
-        release_timeout: Duration,
-        reset: ResetMode,
-        proc_root: PathBuf,
-    ) -> ExecuteOptions {
+    pub fn new(grace: Duration, release_timeout: Duration, reset: ResetMode) -> ExecuteOptions {
         ExecuteOptions {
             grace,
             kill_wait: Duration::from_secs(5),
             release_timeout,
             poll: Duration::from_millis(20),
             reset,
-            proc_root,
         }
     }
-}
-
-/// What the executor needs from the machine.
-pub trait ReclaimEnv {
-    /// A fresh snapshot with a full scan, and its report.
-    fn snapshot(&mut self) -> Result<(Snapshot, Report), EnvError>;
-    /// Used memory per GPU index, straight from the driver (polled often).
-    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, EnvError>;
-    /// Resets one GPU; `Ok` with what the reset said, `Err` with why it failed.
-    fn reset(&mut self, gpu: u32) -> Result<String, String>;
-    /// The classification policy (tolerances).
-    fn policy(&self) -> &Policy;
 }
 
 /// What happened to one target.
@@ -244,18 +221,7 @@ pub enum ExecuteError {
     },
     /// The machine could not be read.
     #[error(transparent)]
-    Env(#[from] EnvError),
-}
-
-/// Why the machine could not be read while reclaiming.
-#[derive(Debug, thiserror::Error)]
-pub enum EnvError {
-    /// A snapshot (GPUs and `/proc`) failed.
-    #[error(transparent)]
-    Snapshot(#[from] crate::snapshot::SnapshotError),
-    /// The GPUs could not be read.
-    #[error(transparent)]
-    Gpu(#[from] vramguard_gpu::SourceError),
+    Node(#[from] NodeError),
 }
 
 fn unfinished_text(unfinished: &[(u32, Option<String>)]) -> String {
@@ -294,54 +260,42 @@ fn signal_name(sig: Signal) -> &'static str {
     if sig == Signal::TERM { "TERM" } else { "KILL" }
 }
 
-/// Threads of `pid` and where they sleep, for a process that survived SIGKILL.
-fn stuck_threads(proc_root: &Path, pid: u32) -> String {
-    let Ok(dir) = std::fs::read_dir(proc_root.join(format!("{pid}/task"))) else {
-        return "its threads are unreadable".into();
-    };
-    let mut parts = Vec::new();
-    for t in dir.flatten() {
-        let tid = t.file_name().to_string_lossy().to_string();
-        let state = std::fs::read(t.path().join("stat"))
-            .ok()
-            .and_then(|s| vramguard_proc::parse::parse_stat(&s).ok())
-            .and_then(|s| s.state)
-            .unwrap_or('?');
-        let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
-        parts.push(format!("{tid} {state} {}", wchan.trim()));
-    }
-    format!(
-        "survived SIGKILL: threads {}; a thread in D state waits for I/O that no signal can \
-         interrupt (abort the hung mount or device, or reboot)",
-        parts.join(", ")
-    )
-}
-
 struct Running<'a> {
     target: &'a Target,
-    verified: Verified,
     term_at: Instant,
 }
 
-/// The identities of a plan's targets, to pin with [`crate::identity::pin`] as soon as the
-/// plan exists.
-pub fn identities(plan: &Plan) -> Vec<Identity> {
-    plan.targets()
-        .map(|t| Identity {
-            pid: t.pid,
-            start_ticks: t.start_ticks,
-        })
-        .collect()
+fn identity(t: &Target) -> Identity {
+    Identity {
+        pid: t.pid,
+        start_ticks: t.start_ticks,
+    }
 }
 
-/// Executes `plan`, whose targets were pinned (in plan order) by [`crate::identity::pin`],
-/// recording everything in `audit`: the plan, SIGTERM, the grace period and SIGKILL, the wait
-/// for the driver, resets if asked, and what remains.
+/// The identities of a plan's targets, to pin with [`Node::pin`] as soon as the plan exists.
+pub fn identities(plan: &Plan) -> Vec<Identity> {
+    plan.targets().map(identity).collect()
+}
+
+/// Which of a plan's targets the node pinned, and why the others could not be.
+pub type Pins = Vec<(Identity, Result<(), Refusal>)>;
+
+/// Pins every target of `plan` on `node`: call it as soon as the plan exists.
+pub fn pin_plan(node: &mut dyn Node, plan: &Plan) -> Pins {
+    let ids = identities(plan);
+    let results = node.pin(&ids);
+    ids.into_iter().zip(results).collect()
+}
+
+/// Executes `plan` on `node`, whose targets were pinned by [`pin_plan`], recording everything
+/// in `audit`: the plan, SIGTERM, the grace period and SIGKILL, the wait for the driver, resets
+/// if asked, and what remains. `report` is the plan's classification (made with `policy`).
 pub fn execute(
     plan: &Plan,
-    pinned: Vec<Pinned>,
+    pins: &Pins,
     report: &Report,
-    env: &mut dyn ReclaimEnv,
+    node: &mut dyn Node,
+    policy: &Policy,
     audit: &mut AuditLog,
     opts: &ExecuteOptions,
 ) -> Result<ReclaimOutcome, ExecuteError> {
@@ -349,19 +303,21 @@ pub fn execute(
     let mut run = Run {
         plan,
         opts,
+        policy,
+        node,
         audit,
         outcomes: BTreeMap::new(),
         exit_times: BTreeMap::new(),
     };
-    let running = run.terminate(pinned)?;
+    let running = run.terminate(pins)?;
     run.kill_survivors(&running)?;
-    let releases = run.wait_for_release(report, env)?;
+    let releases = run.wait_for_release(report)?;
     let resets = if opts.reset == ResetMode::Never {
         Vec::new()
     } else {
-        run.reset_gpus(env)?
+        run.reset_gpus()?
     };
-    let remaining = run.what_remains(env)?;
+    let remaining = run.what_remains()?;
     let exit_code = if remaining.is_empty() { 0 } else { 1 };
     run.log(
         "result",
@@ -421,6 +377,8 @@ fn record_plan(
 struct Run<'a> {
     plan: &'a Plan,
     opts: &'a ExecuteOptions,
+    policy: &'a Policy,
+    node: &'a mut dyn Node,
     audit: &'a mut AuditLog,
     outcomes: BTreeMap<u32, TargetOutcome>,
     exit_times: BTreeMap<u32, Instant>,
@@ -445,10 +403,8 @@ impl<'a> Run<'a> {
     }
 
     /// Phase 1: SIGTERM through the pinned pidfds; returns the targets now running down.
-    fn terminate(&mut self, pinned: Vec<Pinned>) -> Result<Vec<Running<'a>>, ExecuteError> {
+    fn terminate(&mut self, pins: &Pins) -> Result<Vec<Running<'a>>, ExecuteError> {
         let mut running = Vec::new();
-        let mut pinned: BTreeMap<u32, Pinned> =
-            pinned.into_iter().map(|p| (p.identity.pid, p)).collect();
         let plan = self.plan;
         for t in plan.targets() {
             self.outcomes.insert(
@@ -462,28 +418,28 @@ impl<'a> Run<'a> {
                     detail: None,
                 },
             );
-            let handle = match pinned.remove(&t.pid) {
-                Some(p) if p.identity.start_ticks == t.start_ticks => p.handle,
-                _ => Err(Refusal::Failed("not pinned at plan time".into())),
+            let id = identity(t);
+            let pinned = match pins.iter().find(|(p, _)| *p == id) {
+                Some((_, pinned)) => pinned.clone(),
+                None => Err(Refusal::Failed("not pinned at plan time".into())),
             };
             // Write-ahead: a signal's record is on disk before the signal is sent.
-            let sent = match handle {
-                Ok(v) => {
+            let sent = match pinned {
+                Ok(()) => {
                     self.log(
                         "signal",
                         json!({ "pid": t.pid, "start_ticks": t.start_ticks, "signal": "TERM" }),
                     )?;
-                    v.signal(Signal::TERM).map(|()| v)
+                    self.node.signal(id, Signal::TERM)
                 }
                 Err(refusal) => Err(refusal),
             };
             match sent {
-                Ok(v) => {
+                Ok(()) => {
                     self.outcome(t.pid).signals.push("TERM".into());
                     running.push(Running {
                         target: t,
-                        verified: v,
-                        term_at: Instant::now(),
+                        term_at: self.node.clock().now(),
                     });
                 }
                 Err(refusal) => {
@@ -525,8 +481,9 @@ impl<'a> Run<'a> {
 
     /// Phase 2: The grace period, then SIGKILL for whoever is left.
     fn kill_survivors(&mut self, running: &[Running<'a>]) -> Result<(), ExecuteError> {
-        let procs: Vec<&Verified> = running.iter().map(|r| &r.verified).collect();
-        let exits = wait_all(&procs, Instant::now() + self.opts.grace);
+        let ids: Vec<Identity> = running.iter().map(|r| identity(r.target)).collect();
+        let deadline = self.node.clock().now() + self.opts.grace;
+        let exits = self.node.wait_exits(&ids, deadline);
         let mut survivors = Vec::new();
         for (r, exit) in running.iter().zip(exits) {
             match exit {
@@ -540,7 +497,7 @@ impl<'a> Run<'a> {
                 json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
                     "after_grace_ms": self.opts.grace.as_millis() as u64 }),
             )?;
-            if let Err(e) = r.verified.signal(Signal::KILL) {
+            if let Err(e) = self.node.signal(identity(r.target), Signal::KILL) {
                 self.log(
                     "signal_failed",
                     json!({ "pid": r.target.pid, "signal": "KILL", "error": e.to_string() }),
@@ -550,13 +507,14 @@ impl<'a> Run<'a> {
                 .signals
                 .push(signal_name(Signal::KILL).into());
         }
-        let kprocs: Vec<&Verified> = survivors.iter().map(|r| &r.verified).collect();
-        let kexits = wait_all(&kprocs, Instant::now() + self.opts.kill_wait);
+        let kids: Vec<Identity> = survivors.iter().map(|r| identity(r.target)).collect();
+        let deadline = self.node.clock().now() + self.opts.kill_wait;
+        let kexits = self.node.wait_exits(&kids, deadline);
         for (r, exit) in survivors.iter().zip(kexits) {
             match exit {
                 Some(at) => self.exited(r, at, TargetResult::ExitedAfterKill, "KILL")?,
                 None => {
-                    let detail = stuck_threads(&self.opts.proc_root, r.target.pid);
+                    let detail = self.node.why_alive(r.target.pid);
                     let o = self.outcome(r.target.pid);
                     o.result = TargetResult::SurvivedKill;
                     o.detail = Some(detail.clone());
@@ -569,12 +527,8 @@ impl<'a> Run<'a> {
 
     /// Phase 3: Waits for the driver to give the memory back, on every GPU where a target was
     /// signalled (or was gone already).
-    fn wait_for_release(
-        &mut self,
-        report: &Report,
-        env: &mut dyn ReclaimEnv,
-    ) -> Result<Vec<GpuRelease>, ExecuteError> {
-        let policy = env.policy().clone();
+    fn wait_for_release(&mut self, report: &Report) -> Result<Vec<GpuRelease>, ExecuteError> {
+        let policy = self.policy;
         // Per GPU: the watch, and the last exit its times count from.
         let mut watch: Vec<(ReleaseWatch, Instant)> = Vec::new();
         for (&gpu, &expected) in &self.plan.expected_free {
@@ -604,28 +558,26 @@ impl<'a> Run<'a> {
                 .iter()
                 .filter_map(|p| self.exit_times.get(p).copied())
                 .max()
-                .unwrap_or_else(Instant::now);
+                .unwrap_or_else(|| self.node.clock().now());
             watch.push((
-                ReleaseWatch::new(gpu, mem.total, mem.used, expected, &policy),
+                ReleaseWatch::new(gpu, mem.total, mem.used, expected, policy),
                 last_exit,
             ));
         }
-        let deadline = Instant::now() + self.opts.release_timeout;
+        let deadline = self.node.clock().now() + self.opts.release_timeout;
         while !watch.iter().all(|(w, _)| w.released()) {
-            let used = env.used_memory()?;
-            let now = Instant::now();
+            let now = self.node.clock().now();
             for (w, last_exit) in &mut watch {
-                if let Some(u) = used.get(&w.gpu).copied() {
-                    w.observe(
-                        u,
-                        now.saturating_duration_since(*last_exit).as_millis() as u64,
-                    );
-                }
+                let used = self.node.memory_used(w.gpu)?;
+                w.observe(
+                    used,
+                    now.saturating_duration_since(*last_exit).as_millis() as u64,
+                );
             }
             if now >= deadline {
                 break;
             }
-            std::thread::sleep(self.opts.poll);
+            self.node.clock().sleep(self.opts.poll);
         }
         let mut releases = Vec::new();
         for (w, _) in watch {
@@ -655,9 +607,9 @@ impl<'a> Run<'a> {
 
     /// Phase 4: Resets the plan's GPUs whose remaining unaccounted memory the reset mode allows,
     /// never while a process holds the device.
-    fn reset_gpus(&mut self, env: &mut dyn ReclaimEnv) -> Result<Vec<ResetOutcome>, ExecuteError> {
+    fn reset_gpus(&mut self) -> Result<Vec<ResetOutcome>, ExecuteError> {
         let mut resets = Vec::new();
-        let (_, now_report) = env.snapshot()?;
+        let now_report = self.classified_snapshot()?;
         for g in now_report
             .gpus
             .iter()
@@ -702,7 +654,7 @@ impl<'a> Run<'a> {
                 });
                 continue;
             }
-            resets.push(self.reset_one(env, g, un.bytes)?);
+            resets.push(self.reset_one(g, un.bytes)?);
         }
         Ok(resets)
     }
@@ -710,7 +662,6 @@ impl<'a> Run<'a> {
     /// Resets one GPU and waits for its memory to return to the baseline.
     fn reset_one(
         &mut self,
-        env: &mut dyn ReclaimEnv,
         g: &vramguard_core::GpuReport,
         unaccounted_bytes: u64,
     ) -> Result<ResetOutcome, ExecuteError> {
@@ -718,22 +669,24 @@ impl<'a> Run<'a> {
             "reset",
             json!({ "gpu": g.index, "unaccounted_bytes": unaccounted_bytes }),
         )?;
-        let result = env.reset(g.index);
-        let policy = env.policy().clone();
-        let baseline = policy.baseline_for(g.index, g.uuid.as_deref());
-        let tolerance = g.memory.map_or(0, |m| policy.tolerance_for(m.total));
+        let result = self.node.reset(&ResetTarget {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+        });
+        let baseline = self.policy.baseline_for(g.index, g.uuid.as_deref());
+        let tolerance = g.memory.map_or(0, |m| self.policy.tolerance_for(m.total));
         let mut used_after = None;
         if result.is_ok() {
-            let deadline = Instant::now() + self.opts.release_timeout;
+            let deadline = self.node.clock().now() + self.opts.release_timeout;
             loop {
-                let used = env.used_memory()?;
-                used_after = used.get(&g.index).copied();
+                used_after = Some(self.node.memory_used(g.index)?);
                 if used_after.is_some_and(|u| u <= baseline + tolerance)
-                    || Instant::now() >= deadline
+                    || self.node.clock().now() >= deadline
                 {
                     break;
                 }
-                std::thread::sleep(self.opts.poll);
+                self.node.clock().sleep(self.opts.poll);
             }
         }
         let text = match &result {
@@ -761,9 +714,16 @@ impl<'a> Run<'a> {
         })
     }
 
+    /// A fresh full snapshot, classified: the executor's re-reads take no work window, they
+    /// only follow what the plan did.
+    fn classified_snapshot(&mut self) -> Result<Report, ExecuteError> {
+        let snap = self.node.snapshot(ScanDepth::Full)?;
+        Ok(classify(&snap, self.policy))
+    }
+
     /// Phase 5: What ghost memory remains on the plan's GPUs, and why.
-    fn what_remains(&mut self, env: &mut dyn ReclaimEnv) -> Result<Vec<Remaining>, ExecuteError> {
-        let (_, last) = env.snapshot()?;
+    fn what_remains(&mut self) -> Result<Vec<Remaining>, ExecuteError> {
+        let last = self.classified_snapshot()?;
         let mut remaining = Vec::new();
         for g in last
             .gpus
@@ -797,58 +757,9 @@ impl<'a> Run<'a> {
     }
 }
 
-/// How a GPU is reset.
-#[derive(Clone)]
-pub enum ResetBackend {
-    /// A command, run without a shell; `{index}`, `{uuid}`, `{pci_bus_id}` are replaced.
-    Command(Vec<String>),
-    /// A function of the GPU index (the simulator's reset): what it did, or why it failed.
-    Function(Arc<ResetFn>),
-}
-
-/// A reset done in-process.
-pub type ResetFn = dyn Fn(u32) -> Result<String, String> + Send + Sync;
-
-impl std::fmt::Debug for ResetBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ResetBackend::Command(argv) => f.debug_tuple("Command").field(argv).finish(),
-            ResetBackend::Function(_) => f.write_str("Function"),
-        }
-    }
-}
-
-impl ResetBackend {
-    /// `nvidia-smi --gpu-reset -i {index}`.
-    pub fn nvidia_smi() -> ResetBackend {
-        ResetBackend::Command(
-            ["nvidia-smi", "--gpu-reset", "-i", "{index}"]
-                .map(String::from)
-                .to_vec(),
-        )
-    }
-}
-
-/// The real machine (or the simulated one) as the executor sees it: a GPU source for the
-/// driver polls, a collector for the snapshots, and a way to reset a GPU.
-pub struct MachineEnv {
-    /// The GPUs.
-    pub source: Box<dyn GpuSource>,
-    /// The processes.
-    pub collector: ProcCollector,
-    /// Classification.
-    pub policy: Policy,
-    /// How to reset a GPU.
-    pub reset: ResetBackend,
-    /// The last report taken (names GPUs for the reset command).
-    pub last_report: Option<Report>,
-    /// How long [`ReclaimEnv::snapshot`] watches the processes work before it classifies.
-    pub sample: Duration,
-}
-
 /// A reclaim ready to run: the plan made from a fresh sampled snapshot, its targets pinned
 /// (from here on a reused pid is out of reach). The one pipeline `reclaim`, the demo and the
-/// agent's automatic reclaim share: [`MachineEnv::prepare`], then [`Prepared::run`].
+/// agent's automatic reclaim share: [`prepare`], then [`Prepared::run`].
 pub struct Prepared {
     /// The snapshot the plan was made from.
     pub snapshot: Snapshot,
@@ -856,308 +767,365 @@ pub struct Prepared {
     pub report: Report,
     /// The plan.
     pub plan: Plan,
-    pinned: Vec<Pinned>,
+    policy: Policy,
+    pins: Pins,
 }
 
 impl Prepared {
-    /// Executes the plan (every action in `audit`).
+    /// Executes the plan on `node` (every action in `audit`).
     pub fn run(
         self,
-        env: &mut MachineEnv,
+        node: &mut dyn Node,
         audit: &mut AuditLog,
         opts: &ExecuteOptions,
     ) -> Result<ReclaimOutcome, ExecuteError> {
-        execute(&self.plan, self.pinned, &self.report, env, audit, opts)
+        execute(
+            &self.plan,
+            &self.pins,
+            &self.report,
+            node,
+            &self.policy,
+            audit,
+            opts,
+        )
     }
 }
 
-impl MachineEnv {
-    /// An environment on this machine; plans are made after watching the processes work for
-    /// `sample`.
-    pub fn new(
-        source: Box<dyn GpuSource>,
-        collector: ProcCollector,
-        policy: Policy,
-        reset: ResetBackend,
-        sample: Duration,
-    ) -> MachineEnv {
-        MachineEnv {
-            source,
-            collector,
-            policy,
-            reset,
-            last_report: None,
-            sample,
-        }
-    }
-
-    /// Plans a reclaim from a fresh [`MachineEnv::planning_snapshot`]: `plan` makes the plan
-    /// (`plan_reclaim` with the caller's options, narrowed as it needs), then its targets are
-    /// pinned through `proc_root`.
-    pub fn prepare(
-        &mut self,
-        proc_root: &Path,
-        plan: impl FnOnce(&Snapshot, &Report) -> Plan,
-    ) -> Result<Prepared, EnvError> {
-        let (snapshot, report) = self.planning_snapshot()?;
-        let plan = plan(&snapshot, &report);
-        let pinned = crate::identity::pin(proc_root, identities(&plan));
-        Ok(Prepared {
-            snapshot,
-            report,
-            plan,
-            pinned,
-        })
-    }
-
-    /// The snapshot a plan is made from: a full collection, then [`MachineEnv::sample`] of
-    /// watching the processes work, classified. The executor's own re-reads
-    /// ([`ReclaimEnv::snapshot`]) take no window: they only follow what the plan did.
-    pub fn planning_snapshot(&mut self) -> Result<(Snapshot, Report), EnvError> {
-        let snap = take_sampled_snapshot(
-            self.source.as_mut(),
-            &mut self.collector,
-            &self.policy,
-            ScanDepth::Full,
-            self.sample,
-        )?;
-        let report = classify(&snap, &self.policy);
-        self.last_report = Some(report.clone());
-        Ok((snap, report))
-    }
-}
-
-impl ReclaimEnv for MachineEnv {
-    fn snapshot(&mut self) -> Result<(Snapshot, Report), EnvError> {
-        let snap = take_snapshot(
-            self.source.as_mut(),
-            &mut self.collector,
-            &self.policy,
-            ScanDepth::Full,
-        )?;
-        let report = classify(&snap, &self.policy);
-        self.last_report = Some(report.clone());
-        Ok((snap, report))
-    }
-
-    fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, EnvError> {
-        let sample = self.source.sample(Duration::from_secs(1))?;
-        Ok(sample
-            .gpus
-            .iter()
-            .filter_map(|g| g.memory.map(|m| (g.index, m.used)))
-            .collect())
-    }
-
-    fn reset(&mut self, gpu: u32) -> Result<String, String> {
-        match &self.reset {
-            ResetBackend::Function(reset) => reset(gpu),
-            ResetBackend::Command(template) => {
-                let g = self
-                    .last_report
-                    .as_ref()
-                    .and_then(|r| r.gpus.iter().find(|g| g.index == gpu));
-                let fill = |arg: &String| {
-                    arg.replace("{index}", &gpu.to_string())
-                        .replace("{uuid}", g.and_then(|g| g.uuid.as_deref()).unwrap_or(""))
-                        .replace(
-                            "{pci_bus_id}",
-                            g.and_then(|g| g.pci_bus_id.as_deref()).unwrap_or(""),
-                        )
-                };
-                let argv: Vec<String> = template.iter().map(fill).collect();
-                let out = std::process::Command::new(&argv[0])
-                    .args(&argv[1..])
-                    .output()
-                    .map_err(|e| format!("running {}: {e}", argv.join(" ")))?;
-                let text = format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout).trim(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-                if out.status.success() {
-                    Ok(format!("{}: {text}", argv.join(" ")))
-                } else {
-                    Err(format!(
-                        "{} exited with {}: {text}",
-                        argv.join(" "),
-                        out.status
-                    ))
-                }
-            }
-        }
-    }
-
-    fn policy(&self) -> &Policy {
-        &self.policy
-    }
+/// Plans a reclaim on `node`: a full collection, then `sample` of watching the processes work
+/// (a holder whose job is gone is a target only when it is seen idle), classified with
+/// `policy`; `plan` makes the plan (`plan_reclaim` with the caller's options, narrowed as it
+/// needs), and its targets are pinned at once.
+pub fn prepare(
+    node: &mut dyn Node,
+    policy: &Policy,
+    sample: Duration,
+    plan: impl FnOnce(&Snapshot, &Report) -> Plan,
+) -> Result<Prepared, NodeError> {
+    let snapshot = node.sampled_snapshot(ScanDepth::Full, sample)?;
+    let report = classify(&snapshot, policy);
+    let plan = plan(&snapshot, &report);
+    let pins = pin_plan(node, &plan);
+    Ok(Prepared {
+        snapshot,
+        report,
+        plan,
+        policy: policy.clone(),
+        pins,
+    })
 }
 
 #[cfg(test)]
-mod write_ahead_tests {
+mod tests {
+    //! The executor on a scripted node: no process is started and nothing sleeps; the manual
+    //! clock says exactly when each signal was sent. Real processes are signalled by the
+    //! integration tests (`crates/vramguard/tests/reclaim.rs`).
     use super::*;
-    use vramguard_core::plan::{PlannedJob, Target, TargetGpu};
-    use vramguard_core::snapshot::{DriverFacts, DriverSource};
+    use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
+    use vramguard_node::fake::{Behaviour, FakeNode, SentSignal};
 
-    /// The executor's view of the machine is not needed before the audit failure.
-    struct Unused(Policy);
+    const GIB: u64 = 1 << 30;
 
-    impl ReclaimEnv for Unused {
-        fn snapshot(&mut self) -> Result<(Snapshot, Report), EnvError> {
-            Err(EnvError::Gpu(vramguard_gpu::SourceError::Backend(
-                "not used".into(),
-            )))
-        }
-        fn used_memory(&mut self) -> Result<BTreeMap<u32, u64>, EnvError> {
-            Ok(BTreeMap::new())
-        }
-        fn reset(&mut self, _gpu: u32) -> Result<String, String> {
-            Err("not used".into())
-        }
-        fn policy(&self) -> &Policy {
-            &self.0
+    /// The demo incident: orphans 16521 and 16522 (8 GiB each on GPU 0), hidden worker 16523
+    /// (2 GiB on GPU 0, unlisted), 6 GiB of residue on GPU 1, active job 16518/16519.
+    fn demo() -> FakeNode {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/incidents/demo.json"
+        );
+        let snap: Snapshot = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let node = FakeNode::new(snap);
+        node.holds_hidden(16523, 0, 2 * GIB);
+        node
+    }
+
+    fn opts(reset: ResetMode) -> ExecuteOptions {
+        ExecuteOptions::new(Duration::from_secs(30), Duration::from_secs(10), reset)
+    }
+
+    struct Ran {
+        outcome: Result<ReclaimOutcome, ExecuteError>,
+        audit: String,
+        _dir: tempfile::TempDir,
+    }
+
+    fn reclaim(node: &FakeNode, opts: &ExecuteOptions, records: Option<usize>) -> Ran {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        audit.budget = records;
+        let policy = Policy::default();
+        let mut node = node.clone();
+        let prepared = prepare(
+            &mut node,
+            &policy,
+            Duration::from_secs(1),
+            |snap, report| plan_reclaim(snap, report, &ReclaimOptions::default()),
+        )
+        .unwrap();
+        let outcome = prepared.run(&mut node, &mut audit, opts);
+        Ran {
+            outcome,
+            audit: std::fs::read_to_string(&path).unwrap_or_default(),
+            _dir: dir,
         }
     }
 
-    struct Children(Vec<std::process::Child>);
-    impl Drop for Children {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
+    fn sent(node: &FakeNode) -> Vec<(u32, &'static str, u64)> {
+        let t0 = node.signals().first().map_or(Duration::ZERO, |s| s.at);
+        node.signals()
+            .iter()
+            .map(|SentSignal { at, pid, signal }| (*pid, *signal, (*at - t0).as_millis() as u64))
+            .collect()
+    }
+
+    #[test]
+    fn targets_that_exit_on_sigterm_get_nothing_more_and_the_release_is_timed() {
+        let node = demo();
+        node.release_lag(Duration::from_millis(700));
+        let out = reclaim(&node, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        assert_eq!(
+            sent(&node),
+            vec![(16521, "TERM", 0), (16522, "TERM", 0), (16523, "TERM", 0)]
+        );
+        assert!(
+            out.targets
+                .iter()
+                .all(|t| t.result == TargetResult::Exited && t.exited_after_ms == Some(100))
+        );
+        let gpu0 = out.releases.iter().find(|r| r.gpu == 0).unwrap();
+        assert!(gpu0.released, "{gpu0:?}");
+        assert_eq!(gpu0.freed_bytes, 18 * GIB);
+        // Polled every 20 ms: the lag is seen within one poll of the driver's 700 ms.
+        let ms = gpu0.release_ms.unwrap();
+        assert!((700..=720).contains(&ms), "release seen after {ms} ms");
+        // GPU 1's residue remains, and says what frees it.
+        assert_eq!(out.exit_code, 1);
+        let gpu1 = out.remaining.iter().find(|r| r.gpu == 1).unwrap();
+        assert!(
+            gpu1.why.iter().any(|w| w.contains("--reset=auto")),
+            "{:?}",
+            gpu1.why
+        );
+    }
+
+    #[test]
+    fn a_target_that_ignores_sigterm_gets_sigkill_exactly_when_the_grace_period_ends() {
+        let node = demo();
+        node.behave(16522, Behaviour::IgnoresTerm);
+        let out = reclaim(&node, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        assert_eq!(
+            sent(&node),
+            vec![
+                (16521, "TERM", 0),
+                (16522, "TERM", 0),
+                (16523, "TERM", 0),
+                (16522, "KILL", 30_000)
+            ]
+        );
+        let t = out.targets.iter().find(|t| t.pid == 16522).unwrap();
+        assert_eq!(t.result, TargetResult::ExitedAfterKill);
+        assert_eq!(t.signals, ["TERM", "KILL"]);
+    }
+
+    #[test]
+    fn a_target_that_survives_sigkill_is_reported_stuck_once_and_its_memory_remains() {
+        let node = demo();
+        node.behave(16521, Behaviour::Unkillable);
+        let ran = reclaim(&node, &opts(ResetMode::Never), None);
+        let out = ran.outcome.unwrap();
+        let t = out.targets.iter().find(|t| t.pid == 16521).unwrap();
+        assert_eq!(t.result, TargetResult::SurvivedKill);
+        assert!(t.detail.as_deref().unwrap().contains("unkillable"));
+        // One SIGKILL, no loop; the release waited its timeout and gave up.
+        assert_eq!(sent(&node).iter().filter(|s| s.1 == "KILL").count(), 1);
+        let gpu0 = out.releases.iter().find(|r| r.gpu == 0).unwrap();
+        assert!(!gpu0.released);
+        assert_eq!(gpu0.freed_bytes, 10 * GIB);
+        assert!(
+            out.remaining
+                .iter()
+                .any(|r| r.gpu == 0 && r.why.iter().any(|w| w.starts_with("pid 16521")))
+        );
+        assert_eq!(ran.audit.matches("\"event\":\"stuck\"").count(), 1);
+    }
+
+    #[test]
+    fn a_target_gone_before_sigterm_is_not_signalled_and_its_memory_still_counts() {
+        let node = demo();
+        let mut n = node.clone();
+        let policy = Policy::default();
+        let prepared = prepare(&mut n, &policy, Duration::ZERO, |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        // The zero window took no work sample: unknown work, so no target at all.
+        assert_eq!(prepared.plan.targets().count(), 0);
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        node.exit(16521);
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("a.jsonl"), "t").unwrap();
+        let out = prepared
+            .run(&mut n, &mut audit, &opts(ResetMode::Never))
+            .unwrap();
+        let t = out.targets.iter().find(|t| t.pid == 16521).unwrap();
+        assert_eq!(t.result, TargetResult::GoneBefore);
+        assert!(t.signals.is_empty());
+        assert!(!sent(&node).iter().any(|s| s.0 == 16521));
+        assert!(out.releases.iter().any(|r| r.gpu == 0 && r.released));
+    }
+
+    #[test]
+    fn a_pid_whose_start_time_changed_since_the_plan_is_never_signalled() {
+        let node = demo();
+        let mut n = node.clone();
+        let policy = Policy::default();
+        let mut prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        // As if the planned process had been replaced by another with its pid.
+        for job in &mut prepared.plan.jobs {
+            for t in &mut job.targets {
+                if t.pid == 16522 {
+                    t.start_ticks += 1;
+                }
             }
         }
-    }
-
-    fn start_ticks(pid: u32) -> u64 {
-        let stat =
-            std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC)).unwrap();
-        stat[stat.rfind(')').unwrap() + 1..]
-            .split_ascii_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap()
-    }
-
-    fn alive(pid: u32) -> bool {
-        std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC))
-            .is_ok_and(|s| !matches!(s[s.rfind(')').unwrap() + 2..].chars().next(), Some('Z')))
-    }
-
-    /// Runs the executor on `script`ed processes with room for `records` audit records.
-    fn run(script: &str, records: usize) -> (Children, Result<ReclaimOutcome, ExecuteError>) {
-        let kids = Children(
-            (0..2)
-                .map(|_| {
-                    std::process::Command::new("sh")
-                        .args(["-c", script])
-                        .spawn()
-                        .unwrap()
-                })
-                .collect(),
-        );
-        std::thread::sleep(Duration::from_millis(100));
-        let targets = kids
-            .0
-            .iter()
-            .map(|c| Target {
-                pid: c.id(),
-                start_ticks: start_ticks(c.id()),
-                class: vramguard_core::Class::Orphan,
-                comm: Some("sh".into()),
-                command: None,
-                uid: Some(0),
-                gpus: vec![TargetGpu {
-                    gpu: 0,
-                    bytes: None,
-                }],
-                evidence: vec![],
-            })
-            .collect();
-        let plan = Plan {
-            gpus: vec![0],
-            jobs: vec![PlannedJob {
-                leader_pid: None,
-                leader_command: None,
-                targets,
-            }],
-            left_alone: vec![],
-            expected_free: BTreeMap::new(),
-            warnings: vec![],
-        };
-        let report = Report {
-            schema_version: vramguard_core::SCHEMA_VERSION,
-            taken_at_ms: 0,
-            hostname: None,
-            pid_namespace_is_host: Some(true),
-            euid: 0,
-            driver: DriverFacts {
-                source: DriverSource::Simulated,
-                library: None,
-                driver_version: None,
-                nvml_version: None,
-            },
-            gpus: vec![],
-            limitations: vec![],
-            full_fd_scan: true,
-        };
+        let pins = pin_plan(&mut n, &prepared.plan);
+        assert!(matches!(
+            pins.iter().find(|p| p.0.pid == 16522).unwrap().1,
+            Err(Refusal::Reused { .. })
+        ));
         let dir = tempfile::tempdir().unwrap();
-        let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "t").unwrap();
-        audit.budget = Some(records);
-        let pinned = crate::identity::pin(Path::new(vramguard_proc::OWN_PROC), identities(&plan));
-        let result = execute(
-            &plan,
-            pinned,
-            &report,
-            &mut Unused(Policy::default()),
+        let mut audit = AuditLog::open(&dir.path().join("a.jsonl"), "t").unwrap();
+        let out = execute(
+            &prepared.plan,
+            &pins,
+            &prepared.report,
+            &mut n,
+            &policy,
             &mut audit,
-            &ExecuteOptions::new(
-                Duration::from_millis(300),
-                Duration::from_secs(1),
-                ResetMode::Never,
-                PathBuf::from(vramguard_proc::OWN_PROC),
-            ),
+            &opts(ResetMode::Never),
+        )
+        .unwrap();
+        let t = out.targets.iter().find(|t| t.pid == 16522).unwrap();
+        assert_eq!(t.result, TargetResult::NotSignalled);
+        assert!(!sent(&node).iter().any(|s| s.0 == 16522));
+    }
+
+    fn incident(name: &str) -> FakeNode {
+        let path = format!(
+            "{}/../../tests/incidents/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
         );
-        (kids, result)
+        FakeNode::new(serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap())
+    }
+
+    #[test]
+    fn residue_is_reset_only_when_asked_and_the_memory_is_checked_after() {
+        let node = incident("residue_with_no_holder_points_at_a_reset");
+        let out = reclaim(&node, &opts(ResetMode::Auto), None)
+            .outcome
+            .unwrap();
+        assert_eq!(node.resets(), vec![1]);
+        let r = out.resets.iter().find(|r| r.gpu == 1).unwrap();
+        assert!(r.attempted);
+        assert!(
+            r.result.starts_with("reset done, memory back to baseline"),
+            "{}",
+            r.result
+        );
+        assert_eq!(r.used_after, Some(0));
+        assert_eq!(out.exit_code, 0, "{:?}", out.remaining);
+
+        let never = incident("residue_with_no_holder_points_at_a_reset");
+        let out = reclaim(&never, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        assert!(never.resets().is_empty());
+        assert_eq!(out.exit_code, 1);
+    }
+
+    #[test]
+    fn a_failed_reset_is_reported_with_its_reason() {
+        let node = incident("residue_with_no_holder_points_at_a_reset");
+        node.refuse_resets("GPU 1 is in use by the X server");
+        let out = reclaim(&node, &opts(ResetMode::Auto), None)
+            .outcome
+            .unwrap();
+        let r = out.resets.iter().find(|r| r.gpu == 1).unwrap();
+        assert_eq!(r.result, "reset failed: GPU 1 is in use by the X server");
+        assert_eq!(out.exit_code, 1);
+    }
+
+    #[test]
+    fn residue_is_not_reset_while_a_live_job_holds_the_device() {
+        // The demo's GPU 1: 6 GiB of residue, and active pid 16519 on it.
+        let node = demo();
+        let out = reclaim(&node, &opts(ResetMode::Auto), None)
+            .outcome
+            .unwrap();
+        assert!(node.resets().is_empty(), "{:?}", node.resets());
+        let r = out.resets.iter().find(|r| r.gpu == 1).unwrap();
+        assert!(!r.attempted);
+        assert!(
+            r.blockers.iter().any(|b| b.contains("16519")),
+            "{:?}",
+            r.blockers
+        );
+    }
+
+    #[test]
+    fn a_reset_is_refused_while_a_target_survives_on_that_gpu() {
+        let node = demo();
+        node.behave(16521, Behaviour::Unkillable);
+        // Force: GPU 0's memory is not residue, but a survivor still holds the device.
+        let out = reclaim(&node, &opts(ResetMode::Force), None)
+            .outcome
+            .unwrap();
+        assert!(!node.resets().contains(&0), "{:?}", node.resets());
+        let r = out.resets.iter().find(|r| r.gpu == 0);
+        assert!(r.is_none_or(|r| !r.attempted), "{r:?}");
     }
 
     #[test]
     fn no_signal_is_sent_whose_record_could_not_be_written() {
-        // Room for start and the two targets: the first SIGTERM's record fails.
-        let (kids, result) = run("exec sleep 30", 3);
-        match result {
+        let node = demo();
+        // start, three targets, two left alone: the first SIGTERM's record fails.
+        let ran = reclaim(&node, &opts(ResetMode::Never), Some(6));
+        match ran.outcome {
             Err(ExecuteError::Stopped { unfinished, .. }) => assert!(unfinished.is_empty()),
             other => panic!("{other:?}"),
         }
-        for c in &kids.0 {
-            assert!(alive(c.id()), "{} got a signal without a record", c.id());
-        }
+        assert!(node.signals().is_empty(), "{:?}", node.signals());
     }
 
     #[test]
     fn a_failed_record_after_sigterm_stops_and_names_what_got_no_sigkill() {
-        // Room for start, two targets and both SIGTERMs; they ignore SIGTERM, and the first
-        // SIGKILL's record fails: no SIGKILL is sent, and the error says so.
-        let (kids, result) = run("trap '' TERM; while :; do sleep 1; done", 5);
-        let e = match result {
-            Err(e @ ExecuteError::Stopped { .. }) => e,
-            other => panic!("{other:?}"),
-        };
+        let node = demo();
+        node.behave(16521, Behaviour::IgnoresTerm)
+            .behave(16522, Behaviour::IgnoresTerm);
+        // Room for the plan and the three SIGTERMs; the first exit's record fails.
+        let ran = reclaim(&node, &opts(ResetMode::Never), Some(9));
+        let e = ran.outcome.unwrap_err();
         let ExecuteError::Stopped { unfinished, .. } = &e else {
-            unreachable!()
+            panic!("{e:?}")
         };
         let pids: Vec<u32> = unfinished.iter().map(|(p, _)| *p).collect();
-        assert_eq!(pids, kids.0.iter().map(|c| c.id()).collect::<Vec<_>>());
+        assert_eq!(pids, [16521, 16522]);
         let text = e.to_string();
         assert!(text.contains("No space left on device"), "{text}");
-        assert!(text.contains("nothing more was sent"), "{text}");
         assert!(
             text.contains("got SIGTERM and no SIGKILL will follow"),
             "{text}"
         );
-        for c in &kids.0 {
-            assert!(alive(c.id()), "{} got SIGKILL without a record", c.id());
-        }
+        assert!(!node.signals().iter().any(|s| s.signal == "KILL"));
     }
 }

@@ -37,21 +37,35 @@ impl WorkSampler {
     pub fn observe(&mut self, fs: &ProcFs, pids: &[u32], now_ms: u64) -> Result<(), ProcError> {
         for &pid in pids {
             if let Found::Yes(p) = fs.work_probe(pid)? {
-                let h = self.history.entry((pid, p.start_ticks)).or_default();
-                if h.back().is_some_and(|o| o.at_ms >= now_ms) {
-                    continue;
-                }
-                h.push_back(Observation {
-                    at_ms: now_ms,
-                    cpu_ticks: p.cpu_ticks,
-                    running: p.running,
-                });
-                while h.len() > KEEP_PER_PROCESS {
-                    h.pop_front();
-                }
+                self.record(pid, p.start_ticks, p.cpu_ticks, p.running, now_ms);
             }
         }
         Ok(())
+    }
+
+    /// Records one observation of the process (`pid`, `start_ticks`) made at `at_ms`: its
+    /// cumulative CPU time and whether a thread was running. A node without a `/proc` (the
+    /// fake one) observes through this.
+    pub fn record(
+        &mut self,
+        pid: u32,
+        start_ticks: u64,
+        cpu_ticks: u64,
+        running: bool,
+        at_ms: u64,
+    ) {
+        let h = self.history.entry((pid, start_ticks)).or_default();
+        if h.back().is_some_and(|o| o.at_ms >= at_ms) {
+            return;
+        }
+        h.push_back(Observation {
+            at_ms,
+            cpu_ticks,
+            running,
+        });
+        while h.len() > KEEP_PER_PROCESS {
+            h.pop_front();
+        }
     }
 
     /// Forgets observations older than `before_ms`, and processes with none left.

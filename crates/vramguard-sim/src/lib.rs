@@ -40,6 +40,7 @@
 pub use vramguard_gpu::codes;
 pub mod holder;
 pub mod model;
+pub mod node;
 pub mod source;
 pub mod state;
 pub mod store;

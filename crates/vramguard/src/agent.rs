@@ -5,9 +5,7 @@ use crate::context::Ctx;
 use anyhow::{Result, anyhow};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use vramguard_agent::{AgentSetup, SourceFactory};
-use vramguard_gpu::{GpuSource, NvmlSource};
-use vramguard_sim::SimSource;
+use vramguard_agent::AgentSetup;
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
@@ -40,22 +38,10 @@ pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
     }
     // Fail now, with the driver's own message, rather than in the loop.
     drop(ctx.gpu_source()?);
-    let (sim, lib) = (ctx.global.sim.clone(), ctx.global.nvml_lib.clone());
-    let make_source: SourceFactory = Arc::new(move || -> Result<Box<dyn GpuSource>, String> {
-        match (&lib, &sim) {
-            (None, Some(state)) => Ok(Box::new(SimSource::open(state).map_err(|e| e.to_string())?)),
-            (lib, _) => Ok(Box::new(
-                NvmlSource::open(lib.as_deref()).map_err(|e| e.to_string())?,
-            )),
-        }
-    });
     let setup = AgentSetup {
         config,
         config_path: ctx.global.config.clone(),
-        proc_root: ctx.global.proc_root.clone(),
-        dev_dir: ctx.dev_dir()?,
-        make_source,
-        reset: ctx.reset_backend(None)?,
+        make_node: ctx.node_factory()?,
         shutdown: Arc::new(AtomicBool::new(false)),
     };
     vramguard_agent::run(setup, None).map_err(anyhow::Error::msg)?;

@@ -9,7 +9,7 @@ use vramguard_config::Config;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
 use vramguard_gpu::{GpuSource, NvmlSource};
-use vramguard_ops::reclaim::ResetBackend;
+use vramguard_node::{MachineNode, Node, NodeFactory, ResetBackend};
 use vramguard_proc::{ProcCollector, ScanDepth};
 use vramguard_sim::SimSource;
 
@@ -71,9 +71,44 @@ impl Ctx {
             return Ok(ResetBackend::Command(argv));
         }
         Ok(match &self.global.sim {
-            Some(state) => sim_reset(state.clone()),
+            Some(state) => vramguard_sim::node::reset_backend(state.clone()),
             None => ResetBackend::nvidia_smi(),
         })
+    }
+
+    /// The node the options select (the simulated driver with `--sim`, else NVML), reading
+    /// `--proc-root` and classifying with `policy`; resets go through
+    /// [`Ctx::reset_backend`]`(reset_command)`.
+    pub fn node(&self, policy: &Policy, reset_command: Option<&str>) -> Result<MachineNode> {
+        Ok(MachineNode::new(
+            self.gpu_source()?,
+            self.collector()?,
+            policy.clone(),
+            self.reset_backend(reset_command)?,
+            &self.global.proc_root,
+        ))
+    }
+
+    /// Opens nodes like [`Ctx::node`] for as long as the caller runs (the agent).
+    pub fn node_factory(&self) -> Result<NodeFactory> {
+        let (sim, lib) = (self.global.sim.clone(), self.global.nvml_lib.clone());
+        let proc_root = self.global.proc_root.clone();
+        let dev_dir = self.dev_dir()?;
+        let reset = self.reset_backend(None)?;
+        Ok(std::sync::Arc::new(move |policy: &Policy| {
+            let source: Box<dyn GpuSource> = match (&lib, &sim) {
+                (None, Some(state)) => Box::new(SimSource::open(state)?),
+                (lib, _) => Box::new(NvmlSource::open(lib.as_deref())?),
+            };
+            let node: Box<dyn Node> = Box::new(MachineNode::new(
+                source,
+                ProcCollector::new(&proc_root, &dev_dir)?,
+                policy.clone(),
+                reset.clone(),
+                &proc_root,
+            ));
+            Ok(node)
+        }))
     }
 
     /// A `/proc` collector.
@@ -88,15 +123,9 @@ impl Ctx {
         if let Some(path) = &self.global.replay {
             return load_snapshot(path);
         }
-        let mut source = self.gpu_source()?;
-        let mut collector = self.collector()?;
-        Ok(vramguard_ops::take_sampled_snapshot(
-            source.as_mut(),
-            &mut collector,
-            &self.policy,
-            ScanDepth::Full,
-            sample,
-        )?)
+        Ok(self
+            .node(&self.policy, None)?
+            .sampled_snapshot(ScanDepth::Full, sample)?)
     }
 
     /// Snapshot and classification.
@@ -105,21 +134,6 @@ impl Ctx {
         let report = classify(&snap, &self.policy);
         Ok((snap, report))
     }
-}
-
-/// The simulator's reset of the GPUs of `state`.
-pub fn sim_reset(state: PathBuf) -> ResetBackend {
-    ResetBackend::Function(std::sync::Arc::new(move |gpu| {
-        let mut sim = vramguard_sim::Sim::open(&state).map_err(|e| e.to_string())?;
-        sim.reset(gpu)
-            .map(|o| {
-                format!(
-                    "simulated reset cleared {}",
-                    vramguard_core::units::format_bytes(o.cleared_bytes)
-                )
-            })
-            .map_err(|e| e.to_string())
-    }))
 }
 
 /// Reads a snapshot saved by `vramguard snapshot`.

@@ -17,8 +17,8 @@ use std::time::Duration;
 use vramguard_core::Policy;
 use vramguard_core::report::Class;
 use vramguard_core::units::format_bytes;
-use vramguard_proc::{OWN_PROC, ProcCollector, ScanDepth};
-use vramguard_sim::SimSource;
+use vramguard_node::Node;
+use vramguard_proc::{OWN_PROC, ScanDepth};
 use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use vramguard_sim::state::AfterExit;
 
@@ -240,17 +240,9 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
         idle_after_secs: 1,
         ..Policy::default()
     };
-    let mut source = SimSource::open(&state)?;
-    let mut collector =
-        ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(&state)?.dev_dir)?;
+    let mut node = vramguard_sim::node::open(&state, Path::new(OWN_PROC), &policy)?;
     // As `vramguard status` does: watch the processes work for half a second.
-    let snap = vramguard_ops::take_sampled_snapshot(
-        &mut source,
-        &mut collector,
-        &policy,
-        ScanDepth::Full,
-        Duration::from_millis(500),
-    )?;
+    let snap = node.sampled_snapshot(ScanDepth::Full, Duration::from_millis(500))?;
     let report = vramguard_core::classify(&snap, &policy);
     if let Some(path) = &args.save_snapshot {
         let text = serde_json::to_vec_pretty(&snap)?;
@@ -314,20 +306,12 @@ fn reclaim_demo(
     opts: &vramguard_core::plan::ReclaimOptions,
 ) -> Result<()> {
     use crate::reclaim::{render_outcome, render_plan};
-    use vramguard_ops::reclaim::MachineEnv;
     use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
-    let mut env = MachineEnv::new(
-        Box::new(SimSource::open(state)?),
-        ProcCollector::new(OWN_PROC, vramguard_sim::SimState::load(state)?.dev_dir)?,
-        policy.clone(),
-        crate::context::sim_reset(state.to_path_buf()),
-        Duration::from_secs(1),
-    );
-    let prepared = env
-        .prepare(Path::new(OWN_PROC), |snap, report| {
+    let mut node = vramguard_sim::node::open(state, Path::new(OWN_PROC), policy)?;
+    let prepared =
+        vramguard_ops::prepare(&mut node, policy, Duration::from_secs(1), |snap, report| {
             vramguard_core::plan::plan_reclaim(snap, report, opts)
-        })
-        .map_err(anyhow::Error::msg)?;
+        })?;
     let audit_path = dir.join("audit.jsonl");
     let host = prepared.report.hostname.clone().unwrap_or_default();
     let mut audit = AuditLog::open(&audit_path, &host)?;
@@ -336,13 +320,12 @@ fn reclaim_demo(
         render_plan(&prepared.plan, &prepared.report, false)
     );
     let outcome = prepared.run(
-        &mut env,
+        &mut node,
         &mut audit,
         &ExecuteOptions::new(
             Duration::from_secs(10),
             Duration::from_secs(20),
             ResetMode::Auto,
-            PathBuf::from(OWN_PROC),
         ),
     )?;
     print!("{}", render_outcome(&outcome, &audit_path));

@@ -11,7 +11,6 @@ use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::units::{format_bytes, format_duration};
-use vramguard_ops::reclaim::MachineEnv;
 use vramguard_ops::reclaim::{ReclaimOutcome, TargetResult};
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
 
@@ -231,16 +230,10 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         );
     }
 
-    let mut env = MachineEnv::new(
-        ctx.gpu_source()?,
-        ctx.collector()?,
-        ctx.policy.clone(),
-        ctx.reset_backend(args.reset_command.as_deref())?,
-        args.sample,
-    );
-    let prepared = env
-        .prepare(&proc_root, |snap, report| plan_reclaim(snap, report, &opts))
-        .map_err(anyhow::Error::msg)?;
+    let mut node = ctx.node(&ctx.policy, args.reset_command.as_deref())?;
+    let prepared = vramguard_ops::prepare(&mut node, &ctx.policy, args.sample, |snap, report| {
+        plan_reclaim(snap, report, &opts)
+    })?;
     check_gpus(&opts, &prepared.report)?;
     let (plan, report) = (&prepared.plan, &prepared.report);
 
@@ -300,9 +293,9 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         }
     }
     let outcome = prepared.run(
-        &mut env,
+        &mut node,
         &mut audit,
-        &ExecuteOptions::new(grace, release_timeout, reset, proc_root),
+        &ExecuteOptions::new(grace, release_timeout, reset),
     )?;
     if args.json {
         crate::print_json(&outcome)?;

@@ -55,6 +55,7 @@ fn the_real_node_does_not_depend_on_the_simulator() {
         "vramguard-core",
         "vramguard-proc",
         "vramguard-gpu",
+        "vramguard-node",
         "vramguard-ops",
         "vramguard-probe",
         "vramguard-config",
@@ -71,4 +72,21 @@ fn the_real_node_does_not_depend_on_the_simulator() {
         );
     }
     assert!(normal_dependencies("vramguard-sim").contains(&"vramguard-gpu".to_string()));
+}
+
+#[test]
+fn the_use_cases_reach_the_machine_only_through_the_node() {
+    // The executor and the agent's loop ask a `Node` (so they run on the fake one in unit
+    // tests); only the node crate and the binary that builds nodes talk to NVML.
+    for krate in ["vramguard-ops", "vramguard-agent"] {
+        let deps = normal_dependencies(krate);
+        assert!(
+            deps.iter().any(|d| d == "vramguard-node"),
+            "{krate}: {deps:?}"
+        );
+        assert!(
+            !deps.iter().any(|d| d == "vramguard-gpu"),
+            "{krate} reads GPUs behind the node's back: {deps:?}"
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! Taking a snapshot: the driver first (it names the holders), then `/proc`.
 
+use crate::clock::Clock;
 use std::time::Duration;
 use vramguard_core::Policy;
 use vramguard_core::snapshot::Snapshot;
@@ -17,20 +18,13 @@ pub enum SnapshotError {
     Proc(#[from] ProcError),
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// One collection.
 pub fn take_snapshot(
     source: &mut dyn GpuSource,
     collector: &mut ProcCollector,
     policy: &Policy,
     depth: ScanDepth,
+    clock: &dyn Clock,
 ) -> Result<Snapshot, SnapshotError> {
     let driver = source.sample(Duration::from_secs(policy.idle_after_secs.max(1)))?;
     let listed: Vec<u32> = driver
@@ -38,7 +32,7 @@ pub fn take_snapshot(
         .iter()
         .flat_map(|g| g.processes.iter().map(|p| p.pid))
         .collect();
-    let now = now_ms();
+    let now = clock.wall_ms();
     let procs = collector.collect(&listed, depth, now)?;
     let mut snap = Snapshot {
         taken_at_ms: now,
@@ -67,8 +61,9 @@ pub fn take_sampled_snapshot(
     policy: &Policy,
     depth: ScanDepth,
     window: Duration,
+    clock: &dyn Clock,
 ) -> Result<Snapshot, SnapshotError> {
-    let mut snap = take_snapshot(source, collector, policy, depth)?;
+    let mut snap = take_snapshot(source, collector, policy, depth, clock)?;
     if window.is_zero() {
         return Ok(snap);
     }
@@ -78,7 +73,7 @@ pub fn take_sampled_snapshot(
         &pids,
         window,
         SAMPLE_PERIOD.min(window / 5).max(Duration::from_millis(10)),
-        now_ms,
+        || clock.wall_ms(),
     )?);
     snap.normalize();
     Ok(snap)

@@ -1,0 +1,105 @@
+//! The one interface between vramguard's use cases and a node.
+//!
+//! A [`Node`] is everything a use case may ask of a machine: a snapshot (the driver, then
+//! `/proc`), one GPU's used memory (the fast poll), a GPU reset, signals to processes pinned
+//! by identity, the `/proc` it reads, and the clock. The reclaim executor, the agent's loop and
+//! the commands ask a `Node` and nothing else, so:
+//!
+//! - [`MachineNode`] is the real node: a [`vramguard_gpu::GpuSource`] (NVML, or the simulated
+//!   driver's source, which the simulator crate plugs in), a `/proc` collector, a
+//!   [`ResetBackend`], pidfd-pinned signals and the system clock;
+//! - [`fake::FakeNode`] is a scripted node over a saved snapshot with a [`ManualClock`]: the
+//!   executor's and the agent's unit tests run on it with no process and no sleep.
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod fake;
+pub mod identity;
+mod machine;
+pub mod reset;
+pub mod snapshot;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use identity::{Identity, Refusal};
+pub use machine::MachineNode;
+pub use reset::{ResetBackend, ResetError, ResetFn, ResetTarget};
+pub use rustix::process::Signal;
+pub use snapshot::SnapshotError;
+
+use std::time::{Duration, Instant};
+use vramguard_core::snapshot::{CallError, Snapshot};
+use vramguard_proc::{ProcFs, ScanDepth, WorkSampler};
+
+/// Why a node could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A snapshot (GPUs and `/proc`) failed.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// The GPUs could not be read.
+    #[error(transparent)]
+    Gpu(#[from] vramguard_gpu::SourceError),
+    /// One GPU's memory could not be read.
+    #[error("GPU {gpu}: {cause}")]
+    Memory {
+        /// The GPU index.
+        gpu: u32,
+        /// The failed call.
+        cause: CallError,
+    },
+    /// `/proc` could not be opened.
+    #[error(transparent)]
+    Proc(#[from] vramguard_proc::ProcError),
+}
+
+/// Everything a use case may ask of a machine.
+pub trait Node: Send {
+    /// One collection: the driver, then `/proc` at `depth`.
+    fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError>;
+
+    /// One collection, then `window` of watching its processes work (CPU time, running
+    /// threads). A zero window takes no sample: holders whose job is gone then have unknown
+    /// work and are never reclaim targets.
+    fn sampled_snapshot(
+        &mut self,
+        depth: ScanDepth,
+        window: Duration,
+    ) -> Result<Snapshot, NodeError>;
+
+    /// Used memory of one GPU, straight from the driver (the call a fast poll makes).
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError>;
+
+    /// Resets one GPU: what the reset said, or why it failed.
+    fn reset(&mut self, gpu: &ResetTarget) -> Result<String, ResetError>;
+
+    /// The `/proc` the node's snapshots read; `None` for a node without one (the fake).
+    fn proc(&self) -> Option<&ProcFs>;
+
+    /// Observes how `pids` work right now (CPU time, running threads) into `sampler`, at the
+    /// clock's wall time. Processes that are gone are skipped.
+    fn observe_work(&mut self, sampler: &mut WorkSampler, pids: &[u32]) -> Result<(), NodeError>;
+
+    /// The node's clock: every wait and every timestamp of a use case comes from it.
+    fn clock(&self) -> &dyn Clock;
+
+    /// Pins the processes about to be signalled (pidfd, then start time): from here on a
+    /// reused pid is out of reach. Replaces whatever was pinned before. Returns, per identity,
+    /// whether it could be pinned and why not.
+    fn pin(&mut self, ids: &[Identity]) -> Vec<Result<(), Refusal>>;
+
+    /// Sends `sig` to a pinned process; a process not pinned is refused.
+    fn signal(&mut self, id: Identity, sig: Signal) -> Result<(), Refusal>;
+
+    /// Waits until every one of `ids` (pinned) has exited, or `deadline`. Returns, per
+    /// identity, when it was seen gone (`None`: alive at the deadline).
+    fn wait_exits(&mut self, ids: &[Identity], deadline: Instant) -> Vec<Option<Instant>>;
+
+    /// What keeps a process alive that survived SIGKILL (its threads and wait channels).
+    fn why_alive(&self, pid: u32) -> String;
+}
+
+/// Opens nodes that classify with a policy (its idle threshold sets how far back the driver
+/// is asked for utilisation): the agent opens one to watch with and one per automatic reclaim.
+pub type NodeFactory = std::sync::Arc<
+    dyn Fn(&vramguard_core::Policy) -> Result<Box<dyn Node>, NodeError> + Send + Sync,
+>;

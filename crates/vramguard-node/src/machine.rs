@@ -1,0 +1,178 @@
+//! The real node: a GPU source, a `/proc` collector, a reset backend, pidfd-pinned signals and
+//! the system clock.
+
+use crate::clock::{Clock, SystemClock};
+use crate::identity::{self, Identity, Refusal, Verified};
+use crate::reset::{ResetBackend, ResetError, ResetTarget};
+use crate::snapshot::{take_sampled_snapshot, take_snapshot};
+use crate::{Node, NodeError};
+use rustix::process::Signal;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vramguard_core::Policy;
+use vramguard_core::snapshot::Snapshot;
+use vramguard_gpu::GpuSource;
+use vramguard_proc::{ProcCollector, ProcFs, ScanDepth, WorkSampler};
+
+/// This machine (or the simulated one, whose source and reset the simulator supplies).
+pub struct MachineNode {
+    source: Box<dyn GpuSource>,
+    collector: ProcCollector,
+    policy: Policy,
+    reset: ResetBackend,
+    /// The `/proc` of vramguard's own PID namespace, where pinned identities are checked.
+    signal_proc: PathBuf,
+    pinned: BTreeMap<u32, Verified>,
+    clock: SystemClock,
+}
+
+impl MachineNode {
+    /// A node reading GPUs from `source` and processes through `collector`, classifying with
+    /// `policy` (its idle threshold sets how far back utilisation samples are asked for),
+    /// resetting through `reset`, and checking identities to signal in `signal_proc`.
+    pub fn new(
+        source: Box<dyn GpuSource>,
+        collector: ProcCollector,
+        policy: Policy,
+        reset: ResetBackend,
+        signal_proc: &Path,
+    ) -> MachineNode {
+        MachineNode {
+            source,
+            collector,
+            policy,
+            reset,
+            signal_proc: signal_proc.to_path_buf(),
+            pinned: BTreeMap::new(),
+            clock: SystemClock,
+        }
+    }
+
+    /// The GPU source (for callers that need more than memory, like the probe).
+    pub fn source(&mut self) -> &mut dyn GpuSource {
+        self.source.as_mut()
+    }
+
+    /// The collector (the agent keeps its caches warm between samples).
+    pub fn collector(&mut self) -> &mut ProcCollector {
+        &mut self.collector
+    }
+
+    /// Replaces the classification policy (a reloaded config).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+}
+
+impl Node for MachineNode {
+    fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
+        Ok(take_snapshot(
+            self.source.as_mut(),
+            &mut self.collector,
+            &self.policy,
+            depth,
+            &self.clock,
+        )?)
+    }
+
+    fn sampled_snapshot(
+        &mut self,
+        depth: ScanDepth,
+        window: Duration,
+    ) -> Result<Snapshot, NodeError> {
+        Ok(take_sampled_snapshot(
+            self.source.as_mut(),
+            &mut self.collector,
+            &self.policy,
+            depth,
+            window,
+            &self.clock,
+        )?)
+    }
+
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError> {
+        self.source
+            .memory_used(gpu)
+            .map_err(|cause| NodeError::Memory { gpu, cause })
+    }
+
+    fn reset(&mut self, gpu: &ResetTarget) -> Result<String, ResetError> {
+        self.reset.reset(gpu)
+    }
+
+    fn proc(&self) -> Option<&ProcFs> {
+        Some(self.collector.procfs())
+    }
+
+    fn observe_work(&mut self, sampler: &mut WorkSampler, pids: &[u32]) -> Result<(), NodeError> {
+        let now = self.clock.wall_ms();
+        Ok(sampler.observe(self.collector.procfs(), pids, now)?)
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
+    }
+
+    fn pin(&mut self, ids: &[Identity]) -> Vec<Result<(), Refusal>> {
+        self.pinned.clear();
+        ids.iter()
+            .map(|&id| {
+                let v = identity::verify(&self.signal_proc, id)?;
+                self.pinned.insert(id.pid, v);
+                Ok(())
+            })
+            .collect()
+    }
+
+    fn signal(&mut self, id: Identity, sig: Signal) -> Result<(), Refusal> {
+        match self.pinned.get(&id.pid) {
+            Some(v) if v.identity == id => v.signal(sig),
+            _ => Err(Refusal::Failed("not pinned at plan time".into())),
+        }
+    }
+
+    fn wait_exits(&mut self, ids: &[Identity], deadline: Instant) -> Vec<Option<Instant>> {
+        let pinned: Vec<Option<&Verified>> = ids
+            .iter()
+            .map(|id| self.pinned.get(&id.pid).filter(|v| v.identity == *id))
+            .collect();
+        let watched: Vec<&Verified> = pinned.iter().flatten().copied().collect();
+        let mut exits = identity::wait_all(&watched, deadline).into_iter();
+        // A process that was never pinned cannot be watched: it counts as gone now.
+        pinned
+            .iter()
+            .map(|p| match p {
+                Some(_) => exits.next().flatten(),
+                None => Some(Instant::now()),
+            })
+            .collect()
+    }
+
+    fn why_alive(&self, pid: u32) -> String {
+        stuck_threads(&self.signal_proc, pid)
+    }
+}
+
+/// Threads of `pid` and where they sleep, for a process that survived SIGKILL.
+fn stuck_threads(proc_root: &Path, pid: u32) -> String {
+    let Ok(dir) = std::fs::read_dir(proc_root.join(format!("{pid}/task"))) else {
+        return "its threads are unreadable".into();
+    };
+    let mut parts = Vec::new();
+    for t in dir.flatten() {
+        let tid = t.file_name().to_string_lossy().to_string();
+        let state = std::fs::read(t.path().join("stat"))
+            .ok()
+            .and_then(|s| vramguard_proc::parse::parse_stat(&s).ok())
+            .and_then(|s| s.state)
+            .unwrap_or('?');
+        let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+        parts.push(format!("{tid} {state} {}", wchan.trim()));
+    }
+    format!(
+        "survived SIGKILL: threads {}; a thread in D state waits for I/O that no signal can \
+         interrupt (abort the hung mount or device, or reboot)",
+        parts.join(", ")
+    )
+}

@@ -1,0 +1,149 @@
+//! How a GPU is reset: a command (`nvidia-smi --gpu-reset -i {index}` by default, or the
+//! admin's `--reset-command`), or a function (the simulator's reset).
+
+use std::sync::Arc;
+
+/// The GPU a reset is for, by every name a reset command may want.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResetTarget {
+    /// Index.
+    pub index: u32,
+    /// UUID, when known.
+    pub uuid: Option<String>,
+    /// PCI bus id, when known.
+    pub pci_bus_id: Option<String>,
+}
+
+/// Why a reset failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetError {
+    /// The reset command could not be started.
+    #[error("running {command}: {cause}")]
+    NotStarted {
+        /// The command line.
+        command: String,
+        /// Why.
+        cause: String,
+    },
+    /// The reset command exited with an error.
+    #[error("{command} exited with {status}: {output}")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// What it printed.
+        output: String,
+    },
+    /// The in-process reset refused (the simulator's, with its reason).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A reset done in-process: what it did, or why it failed.
+pub type ResetFn = dyn Fn(u32) -> Result<String, ResetError> + Send + Sync;
+
+/// How a GPU is reset.
+#[derive(Clone)]
+pub enum ResetBackend {
+    /// A command, run without a shell; `{index}`, `{uuid}`, `{pci_bus_id}` are replaced.
+    Command(Vec<String>),
+    /// A function of the GPU index (the simulator's reset).
+    Function(Arc<ResetFn>),
+}
+
+impl std::fmt::Debug for ResetBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResetBackend::Command(argv) => f.debug_tuple("Command").field(argv).finish(),
+            ResetBackend::Function(_) => f.write_str("Function"),
+        }
+    }
+}
+
+impl ResetBackend {
+    /// `nvidia-smi --gpu-reset -i {index}`.
+    pub fn nvidia_smi() -> ResetBackend {
+        ResetBackend::Command(
+            ["nvidia-smi", "--gpu-reset", "-i", "{index}"]
+                .map(String::from)
+                .to_vec(),
+        )
+    }
+
+    /// Resets `gpu`: `Ok` with what the reset said.
+    pub fn reset(&self, gpu: &ResetTarget) -> Result<String, ResetError> {
+        match self {
+            ResetBackend::Function(reset) => reset(gpu.index),
+            ResetBackend::Command(template) => run_reset_command(template, gpu),
+        }
+    }
+}
+
+fn run_reset_command(template: &[String], gpu: &ResetTarget) -> Result<String, ResetError> {
+    let fill = |arg: &String| {
+        arg.replace("{index}", &gpu.index.to_string())
+            .replace("{uuid}", gpu.uuid.as_deref().unwrap_or(""))
+            .replace("{pci_bus_id}", gpu.pci_bus_id.as_deref().unwrap_or(""))
+    };
+    let argv: Vec<String> = template.iter().map(fill).collect();
+    let command = argv.join(" ");
+    let Some((program, args)) = argv.split_first() else {
+        return Err(ResetError::NotStarted {
+            command,
+            cause: "the reset command is empty".into(),
+        });
+    };
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| ResetError::NotStarted {
+            command: command.clone(),
+            cause: e.to_string(),
+        })?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    if out.status.success() {
+        Ok(format!("{command}: {text}"))
+    } else {
+        Err(ResetError::CommandFailed {
+            command,
+            status: out.status.to_string(),
+            output: text,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reset_command_gets_the_gpu_names_and_its_failure_says_what_ran() {
+        let gpu = ResetTarget {
+            index: 3,
+            uuid: Some("GPU-abc".into()),
+            pci_bus_id: Some("00000000:3B:00.0".into()),
+        };
+        let ok = ResetBackend::Command(
+            ["echo", "{index}", "{uuid}", "{pci_bus_id}"]
+                .map(String::from)
+                .to_vec(),
+        );
+        assert_eq!(
+            ok.reset(&gpu).unwrap(),
+            "echo 3 GPU-abc 00000000:3B:00.0: 3 GPU-abc 00000000:3B:00.0"
+        );
+        let failing = ResetBackend::Command(["false"].map(String::from).to_vec());
+        let err = failing.reset(&gpu).unwrap_err();
+        assert!(matches!(err, ResetError::CommandFailed { .. }), "{err}");
+        let missing = ResetBackend::Command(vec!["/nonexistent/reset".into()]);
+        assert!(matches!(
+            missing.reset(&gpu).unwrap_err(),
+            ResetError::NotStarted { .. }
+        ));
+    }
+}
