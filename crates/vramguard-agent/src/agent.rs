@@ -615,6 +615,40 @@ impl Watched {
     }
 }
 
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The web config is unusable.
+    #[error(transparent)]
+    WebConfig(#[from] crate::web::WebConfigError),
+    /// The listen address could not be bound.
+    #[error("listening on {listen}: {cause} (is another agent running? choose [agent] listen)")]
+    Listen {
+        /// `[agent] listen`.
+        listen: String,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// A part of the agent could not be started.
+    #[error("starting {what}: {cause}")]
+    Start {
+        /// Which part.
+        what: &'static str,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// The node could not be opened.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+impl AgentError {
+    /// `Start` for `what`, to map an I/O error with.
+    pub fn starting(what: &'static str) -> impl Fn(std::io::Error) -> AgentError {
+        move |cause| AgentError::Start { what, cause }
+    }
+}
+
 /// Why an automatic reclaim did not run to the end.
 #[derive(Debug, thiserror::Error)]
 pub enum AutoReclaimError {
@@ -702,11 +736,11 @@ const OBSERVE_EVERY: Duration = Duration::from_secs(1);
 pub type BoundAddr = Arc<RwLock<Option<std::net::SocketAddr>>>;
 
 /// Runs the agent until SIGTERM/SIGINT (or `setup.shutdown`). SIGHUP reloads the config.
-pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
+pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError> {
     let (wake_rx, wake_tx) = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
     )
-    .map_err(|e| format!("creating the wake pipe: {e}"))?;
+    .map_err(|e| AgentError::starting("the wake pipe")(e.into()))?;
     let wake_tx = Arc::new(wake_tx);
     let reload = Arc::new(AtomicBool::new(false));
     let shutdown = setup.shutdown.clone();
@@ -715,7 +749,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
     ])
-    .map_err(|e| format!("installing signal handlers: {e}"))?;
+    .map_err(AgentError::starting("the signal handlers"))?;
     let signals_handle = signals.handle();
     {
         let (reload, shutdown, wake_tx) = (reload.clone(), shutdown.clone(), wake_tx.clone());
@@ -730,7 +764,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
                     let _ = rustix::io::write(&*wake_tx, b"x");
                 }
             })
-            .map_err(|e| format!("starting the signal thread: {e}"))?;
+            .map_err(AgentError::starting("the signal thread"))?;
     }
 
     let shared: Shared = Arc::new(RwLock::new(Arc::new(Published::default())));
@@ -743,7 +777,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), String> {
         *b.write().expect("bound address") = Some(server.addr);
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
-    let mut agent = Agent::new(&setup, shared).map_err(|e| e.to_string())?;
+    let mut agent = Agent::new(&setup, shared)?;
     let mut next = Instant::now();
     while !shutdown.load(Ordering::SeqCst) {
         if reload.swap(false, Ordering::SeqCst) {
@@ -786,12 +820,7 @@ mod tests {
     use vramguard_node::fake::FakeNode;
 
     fn demo() -> FakeNode {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/incidents/demo.json"
-        );
-        let node =
-            FakeNode::new(serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap());
+        let node = FakeNode::incident("demo");
         node.holds_hidden(16523, 0, 2 << 30);
         node
     }

@@ -6,6 +6,7 @@
 //! - `GET /api/status`: the last report as JSON (the `status --json` schema).
 //! - `GET /healthz`: 200 while collections are recent, 503 when they stall.
 
+use crate::AgentError;
 use crate::history::Timelines;
 use crate::web::{BasicAuth, WebConfig};
 use axum::Router;
@@ -323,7 +324,7 @@ pub struct Server {
 impl Server {
     /// Binds `listen` and serves on a thread of its own, with TLS and basic authentication
     /// from the web config at `web` when given; binding and config errors are returned here.
-    pub fn start(listen: &str, shared: Shared, web: Option<&Path>) -> Result<Server, String> {
+    pub fn start(listen: &str, shared: Shared, web: Option<&Path>) -> Result<Server, AgentError> {
         let (tls, auth) = match web {
             None => (None, BasicAuth::default()),
             Some(path) => {
@@ -337,14 +338,14 @@ impl Server {
             .enable_io()
             .enable_time()
             .build()
-            .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
-        let std_listener = std::net::TcpListener::bind(listen).map_err(|e| {
-            format!("listening on {listen}: {e} (is another agent running? choose [agent] listen)")
-        })?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("listening on {listen}: {e}"))?;
-        let addr = std_listener.local_addr().map_err(|e| e.to_string())?;
+            .map_err(AgentError::starting("the HTTP runtime"))?;
+        let listening = |cause| AgentError::Listen {
+            listen: listen.to_string(),
+            cause,
+        };
+        let std_listener = std::net::TcpListener::bind(listen).map_err(listening)?;
+        std_listener.set_nonblocking(true).map_err(listening)?;
+        let addr = std_listener.local_addr().map_err(listening)?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let app = router(shared, Arc::new(auth));
         let thread = std::thread::Builder::new()
@@ -361,7 +362,7 @@ impl Server {
                     serve(listener, app, tls, &mut stopped).await;
                 });
             })
-            .map_err(|e| format!("starting the HTTP thread: {e}"))?;
+            .map_err(AgentError::starting("the HTTP thread"))?;
         Ok(Server {
             stop,
             thread: Some(thread),

@@ -18,4 +18,4 @@ pub mod notify;
 pub mod page;
 pub mod web;
 
-pub use agent::{AgentSetup, AutoReclaimError, run};
+pub use agent::{AgentError, AgentSetup, AutoReclaimError, run};

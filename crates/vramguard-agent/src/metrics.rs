@@ -194,6 +194,18 @@ fn shown(text: &str) -> String {
     vramguard_core::sanitize::escape(text).into_owned()
 }
 
+/// Registers vramguard's version (value 1).
+fn register_build_info(r: &mut Registry) {
+    r.register(
+        "build_info",
+        "vramguard's version (value 1)",
+        Family::<Vec<(String, String)>, Gauge>::default().tap(|f| {
+            f.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])
+                .set(1);
+        }),
+    );
+}
+
 impl Metrics {
     /// A registry with every metric, prefixed `vramguard_`.
     pub fn new() -> Metrics {
@@ -232,156 +244,173 @@ impl Metrics {
             xid_added: Default::default(),
             registry: Registry::default(),
         };
+        m.register_gpu_memory(&mut r);
+        m.register_trends_and_reclaim(&mut r);
+        m.register_collections(&mut r);
+        m.register_health(&mut r);
+        register_build_info(&mut r);
+        Metrics { registry: r, ..m }
+    }
+
+    /// Registers memory per GPU and per holder class, ghost memory, the largest holders.
+    fn register_gpu_memory(&self, r: &mut Registry) {
         r.register(
             "up",
             "Whether the GPU could be read (1) or failed (0); 0 for every GPU while collection fails",
-            m.up.clone(),
+            self.up.clone(),
         );
         r.register(
             "last_sample_age_seconds",
             "Seconds since the last successful collection, when these metrics were rendered",
-            m.last_sample_age.clone(),
+            self.last_sample_age.clone(),
         );
         r.register(
             "gpu_memory_total_bytes",
             "Installed GPU memory",
-            m.total.clone(),
+            self.total.clone(),
         );
         r.register(
             "gpu_memory_used_bytes",
             "Used GPU memory (nvmlDeviceGetMemoryInfo_v2)",
-            m.used.clone(),
+            self.used.clone(),
         );
-        r.register("gpu_memory_free_bytes", "Free GPU memory", m.free.clone());
+        r.register(
+            "gpu_memory_free_bytes",
+            "Free GPU memory",
+            self.free.clone(),
+        );
         r.register(
             "gpu_memory_reserved_bytes",
             "GPU memory reserved by the driver",
-            m.reserved.clone(),
+            self.reserved.clone(),
         );
         r.register(
             "gpu_memory_class_bytes",
             "Used GPU memory by holder class; class=unaccounted: used memory no listed process accounts for",
-            m.class_bytes.clone(),
+            self.class_bytes.clone(),
         );
         r.register(
             "gpu_holders",
             "Processes holding the GPU, by class",
-            m.holders.clone(),
+            self.holders.clone(),
         );
         r.register(
             "gpu_ghost_bytes",
             "GPU memory held by no live job (orphans, zombies, significant unaccounted memory)",
-            m.ghost.clone(),
+            self.ghost.clone(),
         );
         r.register(
             "holder_memory_bytes",
             "GPU memory of the largest holders (top N per GPU; the rest summed under pid=\"other\")",
-            m.holder_bytes.clone(),
+            self.holder_bytes.clone(),
         );
+    }
+
+    /// Registers leak trends, release lags and automatic reclaim.
+    fn register_trends_and_reclaim(&self, r: &mut Registry) {
         r.register(
             "holder_leak_slope_bytes_per_second",
             "Theil-Sen slope of a holder's GPU memory over the trend window",
-            m.holder_slope.clone(),
+            self.holder_slope.clone(),
         );
         r.register(
             "gpu_leak_slope_bytes_per_second",
             "Theil-Sen slope of the GPU's used memory over the trend window",
-            m.gpu_slope.clone(),
+            self.gpu_slope.clone(),
         );
         r.register(
             "gpu_leak_slope_lower_bytes_per_second",
             "Lower 95% bound of that slope: above 0 means a steady increase",
-            m.gpu_slope_low.clone(),
+            self.gpu_slope_low.clone(),
         );
         r.register(
             "release_lag_seconds",
             "Time from a GPU holder's exit to the driver releasing its memory",
-            m.release_lag.clone(),
+            self.release_lag.clone(),
         );
         r.register(
             "release_timeouts",
             "Exits whose memory was not released within 120 s",
-            m.release_timeouts.clone(),
+            self.release_timeouts.clone(),
         );
         r.register(
             "reclaim_actions",
             "Actions of automatic reclaim (term, kill, reset, skipped)",
-            m.reclaim_actions.clone(),
+            self.reclaim_actions.clone(),
         );
         r.register(
             "reclaimed_bytes",
             "GPU memory freed by automatic reclaim",
-            m.reclaimed_bytes.clone(),
+            self.reclaimed_bytes.clone(),
         );
+    }
+
+    /// Registers the agent itself: collections, errors, alerts, the driver.
+    fn register_collections(&self, r: &mut Registry) {
         r.register(
             "collection_duration_seconds",
             "Duration of the last collection",
-            m.collection_seconds.clone(),
+            self.collection_seconds.clone(),
         );
         r.register(
             "collections",
             "Collections, by depth (holders, new_processes, full)",
-            m.collections.clone(),
+            self.collections.clone(),
         );
         r.register(
             "collection_errors",
             "Collection errors, by kind (gpu_call, source, proc)",
-            m.errors.clone(),
+            self.errors.clone(),
         );
         r.register(
             "last_collection_timestamp_seconds",
             "When the last collection finished",
-            m.last_collection.clone(),
+            self.last_collection.clone(),
         );
         r.register(
             "alert_firing",
             "Incidents of the agent's own alert rules that are firing",
-            m.alerts.clone(),
+            self.alerts.clone(),
         );
         r.register(
             "driver_info",
             "The NVIDIA driver (value 1)",
-            m.driver.clone(),
+            self.driver.clone(),
         );
+    }
+
+    /// Registers memory health: remapped rows, retired pages, Xid events.
+    fn register_health(&self, r: &mut Registry) {
         r.register(
             "gpu_remapped_rows",
             "Memory rows remapped to spares, by cause (correctable, uncorrectable); Ampere and later",
-            m.remapped_rows.clone(),
+            self.remapped_rows.clone(),
         );
         r.register(
             "gpu_row_remap_pending",
             "A row remap waits for the next GPU reset (1) or not (0)",
-            m.remap_pending.clone(),
+            self.remap_pending.clone(),
         );
         r.register(
             "gpu_row_remap_failure",
             "A row remap failed: the GPU needs service (1) or not (0)",
-            m.remap_failure.clone(),
+            self.remap_failure.clone(),
         );
         r.register(
             "gpu_retired_pages",
             "Retired memory pages, by cause (single_bit_ecc, double_bit_ecc); before Ampere",
-            m.retired_pages.clone(),
+            self.retired_pages.clone(),
         );
         r.register(
             "gpu_retired_pages_pending",
             "Pages wait to be retired at the next GPU reset (1) or not (0)",
-            m.retired_pending.clone(),
+            self.retired_pending.clone(),
         );
         r.register(
             "gpu_xid_events",
             "Critical Xid events received since the agent started, by Xid",
-            m.xid.clone(),
+            self.xid.clone(),
         );
-        r.register(
-            "build_info",
-            "vramguard's version (value 1)",
-            Family::<Vec<(String, String)>, Gauge>::default().tap(|f| {
-                f.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])
-                    .set(1);
-            }),
-        );
-        Metrics { registry: r, ..m }
     }
 
     /// A collection failed as a whole (the driver or `/proc` could not be read): every GPU of

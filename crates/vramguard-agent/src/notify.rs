@@ -209,7 +209,41 @@ pub fn body(n: &Notification) -> String {
     .to_string()
 }
 
-fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), String> {
+/// Why a notification did not reach its sink.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    /// The webhook answered with an error, or could not be reached, on the last try.
+    #[error(transparent)]
+    Http(#[from] ureq::Error),
+    /// The agent is stopping: no more retries.
+    #[error("{last} (retries stopped at shutdown)")]
+    RetriesStopped {
+        /// The last try's error.
+        last: ureq::Error,
+    },
+    /// The command could not be started.
+    #[error("starting {program}: {cause}")]
+    NotStarted {
+        /// argv[0].
+        program: String,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// The command failed.
+    #[error("exited with {0}")]
+    Failed(std::process::ExitStatus),
+    /// The command outlived its timeout.
+    #[error("killed (with its process group) after {0:?}")]
+    TimedOut(Duration),
+    /// The agent stopped while the command ran.
+    #[error("killed at shutdown")]
+    Shutdown,
+    /// Waiting for the command failed.
+    #[error("waiting for the command: {0}")]
+    Wait(std::io::Error),
+}
+
+fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), DeliveryError> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(w.timeout))
         .http_status_as_error(true)
@@ -217,27 +251,28 @@ fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), String> 
         .into();
     let payload = body(n);
     let mut backoff = Duration::from_millis(500);
-    let mut last = String::new();
-    for attempt in 0..=w.retries {
-        if attempt > 0 {
-            if pause(backoff, stop) {
-                return Err(format!("{last} (retries stopped at shutdown)"));
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-        }
-        match agent
+    let mut attempt = 0;
+    loop {
+        let last = match agent
             .post(&w.url)
             .header("content-type", "application/json")
             .send(payload.as_str())
         {
             Ok(_) => return Ok(()),
-            Err(e) => last = e.to_string(),
+            Err(e) => e,
+        };
+        if attempt >= w.retries {
+            return Err(DeliveryError::Http(last));
         }
+        if pause(backoff, stop) {
+            return Err(DeliveryError::RetriesStopped { last });
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+        attempt += 1;
     }
-    Err(last)
 }
 
-fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), String> {
+fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), DeliveryError> {
     use std::os::unix::process::CommandExt;
     let mut child = Command::new(&x.argv[0])
         .args(&x.argv[1..])
@@ -257,7 +292,10 @@ fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), String> {
         // A group of its own: a timeout kills whatever the command started too.
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("starting {}: {e}", x.argv[0]))?;
+        .map_err(|cause| DeliveryError::NotStarted {
+            program: x.argv[0].clone(),
+            cause,
+        })?;
     let deadline = Instant::now() + x.timeout;
     let kill_group = |child: &mut std::process::Child| {
         // SAFETY: kill(2) on the process group the child leads; the child is not reaped yet,
@@ -268,20 +306,17 @@ fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), String> {
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => return Err(format!("exited with {status}")),
+            Ok(Some(status)) => return Err(DeliveryError::Failed(status)),
             Ok(None) if Instant::now() >= deadline => {
                 kill_group(&mut child);
-                return Err(format!(
-                    "killed (with its process group) after {:?}",
-                    x.timeout
-                ));
+                return Err(DeliveryError::TimedOut(x.timeout));
             }
             Ok(None) if stop.load(Ordering::SeqCst) => {
                 kill_group(&mut child);
-                return Err("killed at shutdown".into());
+                return Err(DeliveryError::Shutdown);
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(DeliveryError::Wait(e)),
         }
     }
 }

@@ -30,13 +30,26 @@ pub struct WebConfig {
     pub users: BTreeMap<String, String>,
 }
 
-fn err(path: &Path, msg: impl std::fmt::Display) -> String {
-    format!("web config {}: {msg}", path.display())
+/// A web config (TLS, basic authentication) that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("web config {}: {reason}", path.display())]
+pub struct WebConfigError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What is wrong, and where in it.
+    pub reason: String,
+}
+
+fn err(path: &Path, msg: impl std::fmt::Display) -> WebConfigError {
+    WebConfigError {
+        path: path.to_path_buf(),
+        reason: msg.to_string(),
+    }
 }
 
 impl WebConfig {
     /// Reads and checks `path`.
-    pub fn load(path: &Path) -> Result<WebConfig, String> {
+    pub fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
         let text = vramguard_fs::read_regular_to_string(path, MAX_WEB_CONFIG)
             .map_err(|e| err(path, e.reason()))?;
         let docs = yaml_rust2::YamlLoader::load_from_str(&text).map_err(|e| err(path, e))?;
@@ -80,7 +93,10 @@ impl WebConfig {
     }
 
     /// The TLS acceptor, when TLS is on.
-    pub fn acceptor(&self, path: &Path) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    pub fn acceptor(
+        &self,
+        path: &Path,
+    ) -> Result<Option<tokio_rustls::TlsAcceptor>, WebConfigError> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let Some((cert, key)) = &self.tls else {
@@ -206,12 +222,14 @@ mod tests {
         assert!(
             WebConfig::load(&path)
                 .unwrap_err()
+                .reason
                 .contains("not a bcrypt hash")
         );
         std::fs::write(&path, "tls_server_config:\n  cert_file: c.pem\n").unwrap();
         assert!(
             WebConfig::load(&path)
                 .unwrap_err()
+                .reason
                 .contains("cert_file and key_file")
         );
     }

@@ -614,9 +614,11 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
         Some(list) => list
             .iter()
             .map(|name| {
-                let class: Class = name
-                    .parse()
-                    .map_err(|e: String| c.err("reclaim.include", e))?;
+                let class: Class =
+                    name.parse()
+                        .map_err(|e: vramguard_core::report::UnknownClass| {
+                            c.err("reclaim.include", e.to_string())
+                        })?;
                 if matches!(class, Class::Active | Class::System | Class::Foreign) {
                     return Err(c.err(
                         "reclaim.include",

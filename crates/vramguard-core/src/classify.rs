@@ -23,7 +23,7 @@
 //! Hidden holders also carry their job state, so that reclaim can pick the ones whose job is
 //! gone. vramguard's own pid is never a holder: loading NVML opens the device files.
 
-use crate::job::{JobKind, cgroup_job};
+use crate::job::{CgroupJob, JobKind, cgroup_job};
 use crate::policy::Policy;
 use crate::report::{
     Action, Class, DeadJob, GpuReport, Holder, JobInfo, Report, ResetBlocker, Unaccounted,
@@ -719,91 +719,103 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// `p`'s job and whether it lives (see the module documentation).
+    /// `p`'s job and whether it lives (see the module documentation): its cgroup's job when
+    /// it is in one vramguard recognises, else its process group's.
     fn job(&self, p: &'a ProcessFacts) -> JobView {
-        if let Some(cg) = cgroup_job(p) {
-            let facts = self.snap.job_cgroup(&cg.root);
-            let in_own_pidns = p.nspid.len() > 1;
-            let (alive, evidence, dead) = match cg.kind {
-                JobKind::Pod | JobKind::Container => match facts {
-                    _ if in_own_pidns => (
-                        Some(true),
-                        format!(
-                            "in {} with its own PID namespace, which cannot outlive its init",
-                            shown(&cg.label)
-                        ),
-                        None,
-                    ),
-                    Some(f) if !f.namespace_inits.is_empty() => (
-                        Some(true),
-                        format!(
-                            "in {}, whose init {} lives",
-                            shown(&cg.label),
-                            f.namespace_inits[0]
-                        ),
-                        None,
-                    ),
-                    _ => (
-                        None,
-                        format!(
-                            "in {}, which shares the host PID namespace: its init cannot be \
-                             told apart, so the container is taken as alive",
-                            shown(&cg.label)
-                        ),
-                        None,
-                    ),
-                },
-                JobKind::Slurm => match facts {
-                    Some(f) if !f.step_daemons.is_empty() => (
-                        Some(true),
-                        format!(
-                            "in {}, whose slurmstepd {} lives",
-                            cg.label, f.step_daemons[0]
-                        ),
-                        None,
-                    ),
-                    Some(f) if f.readable => (
-                        Some(false),
-                        format!("in {}, whose slurmstepd is gone", shown(&cg.label)),
-                        Some(DeadJob {
-                            leader_pid: p.pgid.unwrap_or(0),
-                            leader_command: None,
-                            leader_is_zombie: false,
-                            label: Some(cg.label.clone()),
-                        }),
-                    ),
-                    _ => (
-                        None,
-                        format!(
-                            "in {}; its cgroup could not be read, so the job is taken as alive",
-                            shown(&cg.label)
-                        ),
-                        None,
-                    ),
-                },
-                JobKind::Unit | JobKind::ProcessGroup => (
+        match cgroup_job(p) {
+            Some(cg) => self.cgroup_job_view(p, cg),
+            None => self.group_job_view(p),
+        }
+    }
+
+    /// The job of a container, a pod, a Slurm step or a systemd unit, and whether it lives.
+    fn cgroup_job_view(&self, p: &ProcessFacts, cg: CgroupJob) -> JobView {
+        let facts = self.snap.job_cgroup(&cg.root);
+        let in_own_pidns = p.nspid.len() > 1;
+        let (alive, evidence, dead) = match cg.kind {
+            JobKind::Pod | JobKind::Container => match facts {
+                _ if in_own_pidns => (
                     Some(true),
                     format!(
-                        "in systemd {}, which owns its lifetime (`systemctl stop {}` ends it)",
-                        shown(&cg.label),
-                        shown(cg.label.trim_start_matches("unit:"))
+                        "in {} with its own PID namespace, which cannot outlive its init",
+                        shown(&cg.label)
                     ),
                     None,
                 ),
-            };
-            return JobView {
-                info: JobInfo {
-                    label: cg.label,
-                    kind: cg.kind,
-                    alive,
-                    evidence,
-                },
-                // A dead Slurm job's members are the processes of its cgroup; work of any
-                // of them is judged per process.
-                tree_top: None,
-                dead,
-            };
+                Some(f) if !f.namespace_inits.is_empty() => (
+                    Some(true),
+                    format!(
+                        "in {}, whose init {} lives",
+                        shown(&cg.label),
+                        f.namespace_inits[0]
+                    ),
+                    None,
+                ),
+                _ => (
+                    None,
+                    format!(
+                        "in {}, which shares the host PID namespace: its init cannot be \
+                         told apart, so the container is taken as alive",
+                        shown(&cg.label)
+                    ),
+                    None,
+                ),
+            },
+            JobKind::Slurm => match facts {
+                Some(f) if !f.step_daemons.is_empty() => (
+                    Some(true),
+                    format!(
+                        "in {}, whose slurmstepd {} lives",
+                        cg.label, f.step_daemons[0]
+                    ),
+                    None,
+                ),
+                Some(f) if f.readable => (
+                    Some(false),
+                    format!("in {}, whose slurmstepd is gone", shown(&cg.label)),
+                    Some(DeadJob {
+                        leader_pid: p.pgid.unwrap_or(0),
+                        leader_command: None,
+                        leader_is_zombie: false,
+                        label: Some(cg.label.clone()),
+                    }),
+                ),
+                _ => (
+                    None,
+                    format!(
+                        "in {}; its cgroup could not be read, so the job is taken as alive",
+                        shown(&cg.label)
+                    ),
+                    None,
+                ),
+            },
+            JobKind::Unit | JobKind::ProcessGroup => (
+                Some(true),
+                format!(
+                    "in systemd {}, which owns its lifetime (`systemctl stop {}` ends it)",
+                    shown(&cg.label),
+                    shown(cg.label.trim_start_matches("unit:"))
+                ),
+                None,
+            ),
+        };
+        JobView {
+            info: JobInfo {
+                label: cg.label,
+                kind: cg.kind,
+                alive,
+                evidence,
+            },
+            // A dead Slurm job's members are the processes of its cgroup; work of any
+            // of them is judged per process.
+            tree_top: None,
+            dead,
         }
+    }
+
+    /// The job of a process group (the top of `p`'s tree that leads one), and whether it
+    /// lives.
+    fn group_job_view(&self, p: &'a ProcessFacts) -> JobView {
         let (top, alive_why) = self.group_walk(p);
         let via = if top.pid == p.pid {
             String::new()

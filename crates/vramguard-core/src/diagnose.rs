@@ -110,10 +110,54 @@ fn sum_bytes(holders: &[&Holder]) -> u64 {
 
 /// Builds the check-list and verdict.
 pub fn diagnose(report: Report) -> Diagnosis {
-    let mut checks = Vec::new();
+    let mut checks = node_checks(&report);
     let mut steps: Vec<NextStep> = Vec::new();
-    let sudo = if report.euid == 0 { "" } else { "sudo " };
+    let mut reclaim_gpus = Vec::new();
+    let mut reclaim_hidden = false;
+    let mut reset_gpus = Vec::new();
+    let mut reclaimable_bytes = 0u64;
+    for gpu in &report.gpus {
+        gpu_checks(
+            gpu,
+            &mut checks,
+            &mut steps,
+            &mut GpuPlan {
+                reclaim_gpus: &mut reclaim_gpus,
+                reclaim_hidden: &mut reclaim_hidden,
+                reset_gpus: &mut reset_gpus,
+                reclaimable_bytes: &mut reclaimable_bytes,
+            },
+        );
+    }
+    let mut next_steps = leading_steps(&report, &reclaim_gpus, reclaim_hidden, &reset_gpus);
+    next_steps.append(&mut steps);
+    let clean = checks.iter().all(|c| c.status != CheckStatus::Fail);
+    let ghost_bytes = report.ghost_bytes();
+    Diagnosis {
+        schema_version: crate::SCHEMA_VERSION,
+        checks,
+        verdict: Verdict {
+            clean,
+            summary: summary(&report, clean, reclaimable_bytes),
+            ghost_bytes,
+            reclaimable_bytes: reclaimable_bytes.min(ghost_bytes),
+            next_steps,
+        },
+        report,
+    }
+}
 
+/// GPU indices as `0,3`.
+fn join(v: &[u32]) -> String {
+    v.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The checks of the node as a whole: the driver, its version, what vramguard could see.
+fn node_checks(report: &Report) -> Vec<Check> {
+    let mut checks = Vec::new();
     let version = report.driver.driver_version.as_deref().unwrap_or("unknown");
     let what = match report.driver.source {
         DriverSource::Nvml => "NVIDIA driver",
@@ -177,30 +221,18 @@ pub fn diagnose(report: Report) -> Diagnosis {
         ));
     }
 
-    let mut reclaim_gpus = Vec::new();
-    let mut reclaim_hidden = false;
-    let mut reset_gpus = Vec::new();
-    let mut reclaimable_bytes = 0u64;
-    for gpu in &report.gpus {
-        gpu_checks(
-            gpu,
-            &mut checks,
-            &mut steps,
-            &mut GpuPlan {
-                reclaim_gpus: &mut reclaim_gpus,
-                reclaim_hidden: &mut reclaim_hidden,
-                reset_gpus: &mut reset_gpus,
-                reclaimable_bytes: &mut reclaimable_bytes,
-            },
-        );
-    }
+    checks
+}
 
-    let join = |v: &[u32]| {
-        v.iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+/// The commands that free the most: reclaim the holders whose job is gone, then reset the
+/// GPUs with residue.
+fn leading_steps(
+    report: &Report,
+    reclaim_gpus: &[u32],
+    reclaim_hidden: bool,
+    reset_gpus: &[u32],
+) -> Vec<NextStep> {
+    let sudo = if report.euid == 0 { "" } else { "sudo " };
     let mut leading = Vec::new();
     if !reclaim_gpus.is_empty() {
         leading.push(NextStep {
@@ -209,7 +241,7 @@ pub fn diagnose(report: Report) -> Diagnosis {
                 .into(),
             command: Some(format!(
                 "{sudo}vramguard reclaim --gpu {}{}",
-                join(&reclaim_gpus),
+                join(reclaim_gpus),
                 if reclaim_hidden {
                     " --include orphan,zombie,hidden"
                 } else {
@@ -223,14 +255,15 @@ pub fn diagnose(report: Report) -> Diagnosis {
             why: "reset the GPUs whose memory no process holds (driver residue)".into(),
             command: Some(format!(
                 "{sudo}vramguard reclaim --gpu {} --reset=auto",
-                join(&reset_gpus)
+                join(reset_gpus)
             )),
         });
     }
-    leading.append(&mut steps);
-    let steps = leading;
+    leading
+}
 
-    let clean = checks.iter().all(|c| c.status != CheckStatus::Fail);
+/// The verdict in one sentence.
+fn summary(report: &Report, clean: bool, reclaimable_bytes: u64) -> String {
     let ghost_bytes = report.ghost_bytes();
     let failed_gpus: Vec<u32> = report
         .gpus
@@ -238,7 +271,7 @@ pub fn diagnose(report: Report) -> Diagnosis {
         .filter(|g| g.failure.is_some())
         .map(|g| g.index)
         .collect();
-    let summary = if clean {
+    if clean {
         format!(
             "clean: every byte of {} GPU(s) is accounted for by a live job",
             report.gpus.len()
@@ -265,18 +298,6 @@ pub fn diagnose(report: Report) -> Diagnosis {
         format!("GPU {} could not be read", join(&failed_gpus))
     } else {
         "needs attention: see the failed checks".into()
-    };
-    Diagnosis {
-        schema_version: crate::SCHEMA_VERSION,
-        checks,
-        verdict: Verdict {
-            clean,
-            summary,
-            ghost_bytes,
-            reclaimable_bytes: reclaimable_bytes.min(ghost_bytes),
-            next_steps: steps,
-        },
-        report,
     }
 }
 

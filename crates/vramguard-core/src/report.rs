@@ -74,17 +74,20 @@ impl std::fmt::Display for Class {
     }
 }
 
+/// A class name that is not one of [`Class::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown class {0:?} (expected one of: active, idle, orphan, detached, zombie, foreign, hidden, system)"
+)]
+pub struct UnknownClass(pub String);
+
 impl std::str::FromStr for Class {
-    type Err = String;
+    type Err = UnknownClass;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Class::ALL
             .into_iter()
             .find(|c| c.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown class {s:?} (expected one of: active, idle, orphan, detached, zombie, foreign, hidden, system)"
-                )
-            })
+            .ok_or_else(|| UnknownClass(s.to_string()))
     }
 }
 

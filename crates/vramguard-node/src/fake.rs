@@ -18,7 +18,7 @@ use rustix::process::Signal;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use vramguard_core::snapshot::Snapshot;
+use vramguard_core::snapshot::{GpuSample, Snapshot};
 use vramguard_proc::{ProcFs, ScanDepth, WorkSampler};
 
 /// What a scripted process does when signalled.
@@ -131,6 +131,17 @@ impl FakeNode {
         }
     }
 
+    /// The node of incident `name` of the corpus (`tests/incidents/NAME.json`). For tests:
+    /// panics when the incident is missing or not a snapshot.
+    pub fn incident(name: &str) -> FakeNode {
+        let path = format!(
+            "{}/../../tests/incidents/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        FakeNode::new(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}")))
+    }
+
     fn state(&self) -> MutexGuard<'_, FakeState> {
         self.state.lock().expect("fake node state")
     }
@@ -153,10 +164,15 @@ impl FakeNode {
 
     /// Makes `pid` exit now, unsignalled (it finished, or someone else killed it).
     pub fn exit(&self, pid: u32) -> &FakeNode {
-        let now = self.clock.now();
+        self.exit_after(pid, Duration::ZERO)
+    }
+
+    /// Makes `pid` exit `after` from now, unsignalled (a job that ends on its own).
+    pub fn exit_after(&self, pid: u32, after: Duration) -> &FakeNode {
+        let at = self.clock.now() + after;
         if let Some(p) = self.state().processes.get_mut(&pid) {
             p.behaviour = Behaviour::IgnoresTerm;
-            p.kill_at = Some(now);
+            p.kill_at = Some(at);
         }
         self
     }
@@ -283,6 +299,11 @@ impl Node for FakeNode {
         self.clock.sleep(window);
         let (now, wall) = (self.clock.now(), self.clock.wall_ms());
         Ok(self.state().snapshot_at(now, wall))
+    }
+
+    fn gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {
+        let (now, wall) = (self.clock.now(), self.clock.wall_ms());
+        Ok(self.state().snapshot_at(now, wall).gpus)
     }
 
     fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError> {

@@ -27,7 +27,7 @@ pub use rustix::process::Signal;
 pub use snapshot::SnapshotError;
 
 use std::time::{Duration, Instant};
-use vramguard_core::snapshot::{CallError, Snapshot};
+use vramguard_core::snapshot::{CallError, GpuSample, Snapshot};
 use vramguard_proc::{ProcFs, ScanDepth, WorkSampler};
 
 /// Why a node could not be read.
@@ -65,6 +65,9 @@ pub trait Node: Send {
         depth: ScanDepth,
         window: Duration,
     ) -> Result<Snapshot, NodeError>;
+
+    /// Every GPU as the driver sees it (memory, listed processes), without reading `/proc`.
+    fn gpus(&mut self) -> Result<Vec<GpuSample>, NodeError>;
 
     /// Used memory of one GPU, straight from the driver (the call a fast poll makes).
     fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError>;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vramguard_core::Policy;
-use vramguard_core::snapshot::Snapshot;
+use vramguard_core::snapshot::{GpuSample, Snapshot};
 use vramguard_gpu::GpuSource;
 use vramguard_proc::{ProcCollector, ProcFs, ScanDepth, WorkSampler};
 
@@ -89,6 +89,11 @@ impl Node for MachineNode {
             window,
             &self.clock,
         )?)
+    }
+
+    fn gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {
+        let window = Duration::from_secs(self.policy.idle_after_secs.max(1));
+        Ok(self.source.sample(window)?.gpus)
     }
 
     fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError> {

@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod cgroup;
+pub mod gpus;
 pub mod reclaim;
 pub mod spawn;
 pub mod supervise;

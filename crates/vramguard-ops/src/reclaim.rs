@@ -828,12 +828,7 @@ mod tests {
     /// The demo incident: orphans 16521 and 16522 (8 GiB each on GPU 0), hidden worker 16523
     /// (2 GiB on GPU 0, unlisted), 6 GiB of residue on GPU 1, active job 16518/16519.
     fn demo() -> FakeNode {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/incidents/demo.json"
-        );
-        let snap: Snapshot = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let node = FakeNode::new(snap);
+        let node = FakeNode::incident("demo");
         node.holds_hidden(16523, 0, 2 * GIB);
         node
     }
@@ -1020,17 +1015,9 @@ mod tests {
         assert!(!sent(&node).iter().any(|s| s.0 == 16522));
     }
 
-    fn incident(name: &str) -> FakeNode {
-        let path = format!(
-            "{}/../../tests/incidents/{name}.json",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        FakeNode::new(serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap())
-    }
-
     #[test]
     fn residue_is_reset_only_when_asked_and_the_memory_is_checked_after() {
-        let node = incident("residue_with_no_holder_points_at_a_reset");
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
         let out = reclaim(&node, &opts(ResetMode::Auto), None)
             .outcome
             .unwrap();
@@ -1045,7 +1032,7 @@ mod tests {
         assert_eq!(r.used_after, Some(0));
         assert_eq!(out.exit_code, 0, "{:?}", out.remaining);
 
-        let never = incident("residue_with_no_holder_points_at_a_reset");
+        let never = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
         let out = reclaim(&never, &opts(ResetMode::Never), None)
             .outcome
             .unwrap();
@@ -1055,7 +1042,7 @@ mod tests {
 
     #[test]
     fn a_failed_reset_is_reported_with_its_reason() {
-        let node = incident("residue_with_no_holder_points_at_a_reset");
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
         node.refuse_resets("GPU 1 is in use by the X server");
         let out = reclaim(&node, &opts(ResetMode::Auto), None)
             .outcome

@@ -35,6 +35,23 @@ pub enum Isolation {
     ProcessGroup,
 }
 
+/// An isolation mode that is not auto, cgroup or group.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected auto, cgroup or group")]
+pub struct UnknownIsolation(pub String);
+
+impl std::str::FromStr for Isolation {
+    type Err = UnknownIsolation;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Isolation::Auto),
+            "cgroup" => Ok(Isolation::Cgroup),
+            "group" | "process-group" => Ok(Isolation::ProcessGroup),
+            other => Err(UnknownIsolation(other.to_string())),
+        }
+    }
+}
+
 /// What to run and how.
 #[derive(Debug, Clone)]
 pub struct SuperviseOptions {

@@ -1,5 +1,6 @@
 //! The experiments: release, concurrent, soak.
 
+use crate::ProbeError;
 use crate::holders::{HolderKind, Holding};
 use crate::sampler::{Sample, Sampler};
 use serde::Serialize;
@@ -62,7 +63,7 @@ impl Probe {
         count: u32,
         children: u32,
         baseline: u64,
-    ) -> Result<Vec<Holding>, String> {
+    ) -> Result<Vec<Holding>, ProbeError> {
         let lifetime = self.timeout * 4 + Duration::from_secs(60);
         let holders: Vec<Holding> = (0..count)
             .map(|_| {
@@ -72,20 +73,20 @@ impl Probe {
             .collect::<Result<_, _>>()?;
         let want = baseline + (bytes * count as u64) * 9 / 10;
         if self.sampler.wait_for(self.timeout, |u| u >= want).is_none() {
-            return Err(format!(
-                "the holders' memory never appeared in NVML on GPU {} within {:?} (used {:?}, expected at least {want})",
-                self.gpu,
-                self.timeout,
-                self.sampler.latest().and_then(|s| s.used)
-            ));
+            return Err(ProbeError::NeverAppeared {
+                gpu: self.gpu,
+                timeout: self.timeout,
+                used: self.sampler.latest().and_then(|s| s.used),
+                expected: want,
+            });
         }
         Ok(holders)
     }
 
-    fn baseline(&self) -> Result<u64, String> {
+    fn baseline(&self) -> Result<u64, ProbeError> {
         self.sampler
             .median_over(Duration::from_millis(100))
-            .ok_or_else(|| format!("GPU {}: its memory could not be read", self.gpu))
+            .ok_or(ProbeError::Unreadable(self.gpu))
     }
 }
 
@@ -141,7 +142,7 @@ pub fn release(
     signals: &[(String, i32)],
     repeat: u32,
     children: u32,
-) -> Result<Vec<Trial>, String> {
+) -> Result<Vec<Trial>, ProbeError> {
     let tol = tolerance(bytes);
     let mut trials = Vec::new();
     for (name, sig) in signals {
@@ -253,7 +254,7 @@ pub fn concurrent(
     random: bool,
     seed: u64,
     sig: i32,
-) -> Result<Concurrent, String> {
+) -> Result<Concurrent, ProbeError> {
     let tol = tolerance(bytes);
     let baseline = probe.baseline()?;
     let mut holders = probe.start_visible(bytes, workers, 0, baseline)?;
@@ -330,7 +331,7 @@ pub fn soak(
     duration: Duration,
     cycle: Duration,
     signals: &[(String, i32)],
-) -> Result<Soak, String> {
+) -> Result<Soak, ProbeError> {
     let tol = tolerance(bytes);
     let start = Instant::now();
     let baseline_start = probe.baseline()?;

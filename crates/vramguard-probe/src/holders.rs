@@ -71,7 +71,24 @@ pub struct Holding {
 }
 
 /// Why a holder could not be started.
-pub type HolderError = String;
+/// Why a holder could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum HolderError {
+    /// The holder process could not be started.
+    #[error("starting {what}: {cause}")]
+    NotStarted {
+        /// The CUDA holder, or the command.
+        what: String,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// The CUDA holder exited before it was ready.
+    #[error("the CUDA holder failed ({0}); see its message above")]
+    CudaHolderFailed(String),
+    /// The spawner (the simulator's holders) refused.
+    #[error("{0}")]
+    Spawner(String),
+}
 
 fn identities(pids: impl IntoIterator<Item = u32>) -> Vec<Identity> {
     pids.into_iter()
@@ -106,7 +123,10 @@ impl HolderKind {
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .spawn()
-                    .map_err(|e| format!("starting the CUDA holder: {e}"))?;
+                    .map_err(|cause| HolderError::NotStarted {
+                        what: "the CUDA holder".into(),
+                        cause,
+                    })?;
                 let stdout = child.stdout.take().expect("piped");
                 let (tx, rx) = std::sync::mpsc::channel();
                 std::thread::spawn(move || {
@@ -121,9 +141,10 @@ impl HolderKind {
                 if words.next() != Some("ready") {
                     let _ = child.kill();
                     let status = child.wait().ok();
-                    return Err(format!(
-                        "the CUDA holder failed ({status:?}); see its message above"
-                    ));
+                    return Err(HolderError::CudaHolderFailed(match status {
+                        Some(s) => s.to_string(),
+                        None => "its exit status is unknown".into(),
+                    }));
                 }
                 let pid = words
                     .next()
@@ -159,7 +180,10 @@ impl HolderKind {
                     .env("CUDA_VISIBLE_DEVICES", device)
                     .stdin(Stdio::null())
                     .spawn()
-                    .map_err(|e| format!("starting `{cmd}`: {e}"))?;
+                    .map_err(|cause| HolderError::NotStarted {
+                        what: format!("`{cmd}`"),
+                        cause,
+                    })?;
                 Ok(Holding {
                     pid: child.id(),
                     child,

@@ -15,3 +15,49 @@ pub mod experiments;
 pub mod holders;
 pub mod report;
 pub mod sampler;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why a probe stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// A holder could not be started.
+    #[error(transparent)]
+    Holder(#[from] holders::HolderError),
+    /// The holders' memory never showed in NVML.
+    #[error(
+        "the holders' memory never appeared in NVML on GPU {gpu} within {timeout:?} (used {used:?}, expected at least {expected})"
+    )]
+    NeverAppeared {
+        /// The GPU.
+        gpu: u32,
+        /// How long it waited.
+        timeout: Duration,
+        /// The last used memory read.
+        used: Option<u64>,
+        /// What it waited for.
+        expected: u64,
+    },
+    /// The GPU's memory could not be read.
+    #[error("GPU {0}: its memory could not be read")]
+    Unreadable(u32),
+    /// A report file could not be written.
+    #[error("{action} {}: {cause}", path.display())]
+    Write {
+        /// `creating` or `writing`.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// A plot could not be drawn.
+    #[error("plotting {}: {cause}", path.display())]
+    Plot {
+        /// The SVG file.
+        path: PathBuf,
+        /// The plotting library's message.
+        cause: String,
+    },
+}

@@ -1,6 +1,7 @@
 //! The probe's report: `report.md` (the summary), `report.json` (everything, raw samples
 //! included) and SVG plots of memory against time around each kill.
 
+use crate::ProbeError;
 use crate::experiments::{Concurrent, Soak, Trial};
 use crate::sampler::Sample;
 use plotters::prelude::*;
@@ -227,7 +228,7 @@ fn plot(
     markers: &[f64],
     x_desc: &str,
     line: Option<(f64, f64, f64, f64)>,
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.0f64);
     for (_, pts) in series {
         for (x, y) in pts {
@@ -242,7 +243,10 @@ fn plot(
     }
     let y1 = (y1 * 1.1).max(1.0);
     let root = SVGBackend::new(path, (900, 450)).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| ProbeError::Plot {
+        path: path.to_path_buf(),
+        cause: e.to_string(),
+    };
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
@@ -299,18 +303,26 @@ fn gib(b: u64) -> f64 {
 }
 
 /// Writes `report.md`, `report.json` and the SVG plots into `dir`; returns the files.
-pub fn write(dir: &Path, r: &ProbeReport) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+pub fn write(dir: &Path, r: &ProbeReport) -> Result<Vec<PathBuf>, ProbeError> {
+    let failed = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |cause| ProbeError::Write {
+            action,
+            path,
+            cause,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(failed("creating", dir))?;
     let mut files = Vec::new();
     let md = dir.join("report.md");
-    std::fs::write(&md, markdown(r)).map_err(|e| format!("writing {}: {e}", md.display()))?;
+    std::fs::write(&md, markdown(r)).map_err(failed("writing", &md))?;
     files.push(md);
     let json = dir.join("report.json");
     std::fs::write(
         &json,
         serde_json::to_vec_pretty(r).expect("report serialises"),
     )
-    .map_err(|e| format!("writing {}: {e}", json.display()))?;
+    .map_err(failed("writing", &json))?;
     files.push(json);
     let points = |from: f64, to: f64, origin: f64| -> Vec<(f64, f64)> {
         r.samples

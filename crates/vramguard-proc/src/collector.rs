@@ -401,7 +401,46 @@ impl ProcCollector {
             self.refresh_host();
             self.devices = DeviceTable::load(&self.dev_dir);
         }
-        // Without a listing, a pid is presumed present until reading it says otherwise.
+        let listing = self.list_and_depart(depth, now_ms)?;
+        let denied = self.scan_what_changed(listed, depth, listing.as_deref(), now_ms)?;
+        let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
+        let processes = self.holders_and_relatives(listed, reuse, now_ms)?;
+        self.trim_departed(now_ms);
+        let mut limitations = Vec::new();
+        if denied > 0 && self.host.euid != 0 {
+            limitations.push(format!(
+                "open files of {denied} process(es) were unreadable (other users' processes): \
+                 run as root to see every holder"
+            ));
+        }
+        let job_cgroups = if reuse {
+            self.last_job_cgroups.clone()
+        } else {
+            let facts = self.job_cgroups(&processes);
+            self.last_job_cgroups = facts.clone();
+            facts
+        };
+        Ok(Collected {
+            job_cgroups,
+            processes,
+            departed: self.departed.iter().cloned().collect(),
+            scan: ScanFacts {
+                proc_root: self.fs.root().display().to_string(),
+                dev_dir: self.dev_dir.display().to_string(),
+                full_fd_scan: depth == ScanDepth::Full,
+                limitations,
+            },
+            host: self.host.clone(),
+        })
+    }
+
+    /// The pids in `/proc` (none at the shallow depths: a pid is then presumed present until
+    /// reading it says otherwise); every known process missing from it has departed.
+    fn list_and_depart(
+        &mut self,
+        depth: ScanDepth,
+        now_ms: u64,
+    ) -> Result<Option<Vec<u32>>, ProcError> {
         let listing = match depth {
             ScanDepth::Holders | ScanDepth::Cached => None,
             _ => Some(self.lister.list()?),
@@ -418,10 +457,19 @@ impl ProcCollector {
                 self.depart(pid, now_ms);
             }
         }
+        Ok(listing)
+    }
 
-        // Fd scans: everything (full), what is new (new processes), and in every depth the
-        // listed pids not scanned yet or whose cached scan shows no device file (they opened
-        // one since, or are pids from another namespace).
+    /// Fd scans: everything (full), what is new (new processes), and in every depth the listed
+    /// pids not scanned yet or whose cached scan shows no device file (they opened one since,
+    /// or are pids from another namespace). Returns how many processes' fds were unreadable.
+    fn scan_what_changed(
+        &mut self,
+        listed: &[u32],
+        depth: ScanDepth,
+        listing: Option<&[u32]>,
+        now_ms: u64,
+    ) -> Result<usize, ProcError> {
         let listed_set: HashSet<u32> = listed.iter().copied().collect();
         let needs_scan = |pid: &u32, known: &HashMap<u32, Known>| {
             let k = known.get(pid);
@@ -431,7 +479,7 @@ impl ProcCollector {
                 || (listed_set.contains(pid)
                     && k.is_none_or(|k| k.devices.holds_any() != Some(true)))
         };
-        let to_scan: Vec<u32> = match &listing {
+        let to_scan: Vec<u32> = match listing {
             Some(pids) => pids
                 .iter()
                 .copied()
@@ -450,13 +498,21 @@ impl ProcCollector {
                 Found::Gone => self.depart(pid, now_ms),
             }
         }
-        let denied = self
+        Ok(self
             .known
             .values()
             .filter(|k| matches!(k.devices, FdScan::Denied))
-            .count();
+            .count())
+    }
 
-        // The processes that matter: listed pids and device holders, then their relatives.
+    /// The processes that matter: listed pids and device holders, then their relatives (every
+    /// ancestor, which the job model walks up, and every process-group leader), each read once.
+    fn holders_and_relatives(
+        &mut self,
+        listed: &[u32],
+        reuse: bool,
+        now_ms: u64,
+    ) -> Result<Vec<ProcessFacts>, ProcError> {
         let mut wanted: Vec<u32> = self
             .known
             .iter()
@@ -467,10 +523,7 @@ impl ProcCollector {
         wanted.sort_unstable();
         wanted.dedup();
 
-        let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
         let mut out: HashMap<u32, ProcessFacts> = HashMap::new();
-        // Then their relatives: every ancestor (the job model walks up the tree) and every
-        // process-group leader, each read once.
         let mut relatives: VecDeque<(u32, usize)> = VecDeque::new();
         let queue_relatives =
             |facts: &ProcessFacts, depth: usize, q: &mut VecDeque<(u32, usize)>| {
@@ -506,6 +559,12 @@ impl ProcCollector {
         }
         let mut processes: Vec<ProcessFacts> = out.into_values().collect();
         processes.sort_by_key(|p| p.pid);
+        Ok(processes)
+    }
+
+    /// Forgets departures beyond the newest [`DEPARTED_KEEP`] and older than
+    /// [`DEPARTED_MAX_AGE_MS`].
+    fn trim_departed(&mut self, now_ms: u64) {
         while self.departed.len() > DEPARTED_KEEP
             || self
                 .departed
@@ -514,33 +573,6 @@ impl ProcCollector {
         {
             self.departed.pop_front();
         }
-
-        let mut limitations = Vec::new();
-        if denied > 0 && self.host.euid != 0 {
-            limitations.push(format!(
-                "open files of {denied} process(es) were unreadable (other users' processes): \
-                 run as root to see every holder"
-            ));
-        }
-        let job_cgroups = if reuse {
-            self.last_job_cgroups.clone()
-        } else {
-            let facts = self.job_cgroups(&processes);
-            self.last_job_cgroups = facts.clone();
-            facts
-        };
-        Ok(Collected {
-            job_cgroups,
-            processes,
-            departed: self.departed.iter().cloned().collect(),
-            scan: ScanFacts {
-                proc_root: self.fs.root().display().to_string(),
-                dev_dir: self.dev_dir.display().to_string(),
-                full_fd_scan: depth == ScanDepth::Full,
-                limitations,
-            },
-            host: self.host.clone(),
-        })
     }
 
     /// Fd-scans `pids`, on every core when there are many.

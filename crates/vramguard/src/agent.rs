@@ -1,14 +1,14 @@
 //! `vramguard agent`.
 
 use crate::cli::AgentArgs;
-use crate::context::Ctx;
+use crate::settings::Settings;
 use anyhow::{Result, anyhow};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use vramguard_agent::AgentSetup;
 
 /// Runs the agent until SIGTERM/SIGINT.
-pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
+pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
     let level = if args.verbose {
         tracing::Level::DEBUG
     } else {
@@ -21,7 +21,7 @@ pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
         .with_max_level(level)
         .with_target(false)
         .init();
-    let mut config = ctx.config.clone();
+    let mut config = settings.config.clone();
     if let Some(listen) = &args.listen {
         if listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(anyhow!(
@@ -37,13 +37,13 @@ pub fn run(ctx: Ctx, args: &AgentArgs) -> Result<i32> {
         config.agent.interval = i;
     }
     // Fail now, with the driver's own message, rather than in the loop.
-    drop(ctx.gpu_source()?);
+    drop(settings.gpu_source()?);
     let setup = AgentSetup {
         config,
-        config_path: ctx.global.config.clone(),
-        make_node: ctx.node_factory()?,
+        config_path: settings.config_path.clone(),
+        make_node: settings.node_factory()?,
         shutdown: Arc::new(AtomicBool::new(false)),
     };
-    vramguard_agent::run(setup, None).map_err(anyhow::Error::msg)?;
+    vramguard_agent::run(setup, None)?;
     Ok(0)
 }

@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
+use vramguard_core::units::UnitError;
 
 /// Explain, reclaim and prevent GPU memory held by processes whose job is gone.
 #[derive(Debug, Parser)]
@@ -103,47 +104,51 @@ pub enum Command {
 }
 
 /// Parses a duration argument (`500ms`, `10s`, `2h`).
-pub fn duration(s: &str) -> Result<Duration, String> {
-    vramguard_core::units::parse_duration(s).map_err(|e| e.to_string())
+pub fn duration(s: &str) -> Result<Duration, UnitError> {
+    vramguard_core::units::parse_duration(s)
 }
 
 /// Parses a size argument (`8GiB`, `512MiB`).
-pub fn bytes(s: &str) -> Result<u64, String> {
-    vramguard_core::units::parse_bytes(s).map_err(|e| e.to_string())
+pub fn bytes(s: &str) -> Result<u64, UnitError> {
+    vramguard_core::units::parse_bytes(s)
 }
 
 /// Parses a reset mode: never, auto or force.
-pub fn reset_mode(s: &str) -> Result<vramguard_ops::ResetMode, String> {
+pub fn reset_mode(s: &str) -> Result<vramguard_ops::ResetMode, vramguard_ops::UnknownResetMode> {
     s.parse()
-        .map_err(|e: vramguard_ops::UnknownResetMode| e.to_string())
 }
 
 /// Parses `run --isolation`: auto, cgroup or group.
-pub fn isolation(s: &str) -> Result<vramguard_ops::supervise::Isolation, String> {
-    use vramguard_ops::supervise::Isolation;
-    match s {
-        "auto" => Ok(Isolation::Auto),
-        "cgroup" => Ok(Isolation::Cgroup),
-        "group" | "process-group" => Ok(Isolation::ProcessGroup),
-        other => Err(format!("{other:?}: expected auto, cgroup or group")),
-    }
+pub fn isolation(
+    s: &str,
+) -> Result<vramguard_ops::supervise::Isolation, vramguard_ops::supervise::UnknownIsolation> {
+    s.parse()
 }
 
 /// Parses a class name.
-pub fn class(s: &str) -> Result<vramguard_core::Class, String> {
+pub fn class(s: &str) -> Result<vramguard_core::Class, vramguard_core::report::UnknownClass> {
     s.trim().parse()
 }
 
 /// The longest sampling window accepted: a longer one is a typo, not a wish.
 const MAX_SAMPLE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// A `--sample` that is not a duration up to ten minutes.
+#[derive(Debug, thiserror::Error)]
+pub enum SampleError {
+    /// Not a duration.
+    #[error(transparent)]
+    Unit(#[from] UnitError),
+    /// Longer than [`MAX_SAMPLE`].
+    #[error("{0:?} is longer than the 10m a sampling window may last")]
+    TooLong(String),
+}
+
 /// Parses `--sample`: a duration from 0 (no window) to ten minutes.
-pub fn parse_sample(s: &str) -> Result<std::time::Duration, String> {
+pub fn parse_sample(s: &str) -> Result<std::time::Duration, SampleError> {
     let d = duration(s)?;
     if d > MAX_SAMPLE {
-        return Err(format!(
-            "{s:?} is longer than the 10m a sampling window may last"
-        ));
+        return Err(SampleError::TooLong(s.to_string()));
     }
     Ok(d)
 }

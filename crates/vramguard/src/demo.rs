@@ -157,65 +157,12 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
         state.display()
     ));
 
-    let mut server = spec(&state, "python3", vec![hold(0, 40, 65)]);
-    server.new_session = true;
-    let server_argv = argv(&[
-        "python3",
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        "llama-3-70b",
-    ]);
-    let server_pid = demo.start(&server_argv, server)?.pid;
-
-    let mut kernel = spec(&state, "python3", vec![hold(1, 1, 0)]);
-    kernel.new_session = true;
-    let kernel_argv = argv(&[
-        "python3",
-        "-m",
-        "ipykernel_launcher",
-        "-f",
-        "/run/user/1000/jupyter/kernel-7f3a.json",
-    ]);
-    let kernel_pid = demo.start(&kernel_argv, kernel)?.pid;
-
-    let train_argv = argv(&["python3", "train.py", "--epochs", "10"]);
-    let mut trainer = spec(&state, "python3", vec![hold(0, 16, 90)]);
-    trainer.group_leader = true;
-    // The workers' contexts take 800 ms to tear down once they exit, as big contexts do.
-    let lagging = |gib| Hold {
-        after_exit: Some(AfterExit::ReleaseAfterMs(800)),
-        ..hold(0, gib, 0)
-    };
-    let worker = |comm: &str, h: Hold| Worker {
-        argv: train_argv.clone(),
-        spec: spec(&state, comm, vec![h]),
-    };
-    trainer.workers = vec![
-        worker("python3", lagging(8)),
-        worker("python3", lagging(8)),
-        worker(
-            "pt_data_worker",
-            Hold {
-                listed: false,
-                ..lagging(2)
-            },
-        ),
-    ];
-    let trainer_ready = demo.start(&train_argv, trainer)?;
-
-    let mut bench = spec(
-        &state,
-        "python3",
-        vec![Hold {
-            after_exit: Some(AfterExit::Leak),
-            ..hold(1, 6, 0)
-        }],
-    );
-    bench.new_session = true;
-    let bench_pid = demo
-        .start(&argv(&["python3", "bench_allreduce.py"]), bench)?
-        .pid;
+    let Incident {
+        server_pid,
+        kernel_pid,
+        trainer_ready,
+        bench_pid,
+    } = start_incident(&mut demo, &state)?;
 
     say(format!(
         "  started  pid {server_pid}  vLLM server, 40 GiB on GPU 0\n  started  pid {}  python3 train.py (16 GiB on GPU 0), rank workers {} and {} (8 GiB each), DataLoader worker {}\n  started  pid {kernel_pid}  Jupyter kernel, 1 GiB on GPU 1, idle\n  started  pid {bench_pid}  all-reduce benchmark, 6 GiB on GPU 1",
@@ -240,10 +187,108 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
         idle_after_secs: 1,
         ..Policy::default()
     };
-    let mut node = vramguard_sim::node::open(&state, Path::new(OWN_PROC), &policy)?;
+    let diagnosis = look(&state, &policy, args)?;
+    if args.reclaim && !args.json {
+        reclaim_incident(&state, &policy, &demo.dir)?;
+    }
+    let killed = demo.started.cleanup();
+    say(format!(
+        "\ndemo: {} of ghost memory found; stopped the {killed} demo processes still running (the demo's own policy calls a holder idle after 1s; the default is 10m)",
+        format_bytes(diagnosis.verdict.ghost_bytes)
+    ));
+    Ok(0)
+}
+
+/// The processes of the incident the demo stages.
+struct Incident {
+    server_pid: u32,
+    kernel_pid: u32,
+    trainer_ready: Ready,
+    bench_pid: u32,
+}
+
+/// Starts the incident's processes on the simulated driver of `state`: an inference server,
+/// an idle Jupyter kernel, a trainer with rank workers and a DataLoader worker, a benchmark.
+fn start_incident(demo: &mut Demo, state: &Path) -> Result<Incident> {
+    let mut server = spec(state, "python3", vec![hold(0, 40, 65)]);
+    server.new_session = true;
+    let server_argv = argv(&[
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "llama-3-70b",
+    ]);
+    let server_pid = demo.start(&server_argv, server)?.pid;
+
+    let mut kernel = spec(state, "python3", vec![hold(1, 1, 0)]);
+    kernel.new_session = true;
+    let kernel_argv = argv(&[
+        "python3",
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "/run/user/1000/jupyter/kernel-7f3a.json",
+    ]);
+    let kernel_pid = demo.start(&kernel_argv, kernel)?.pid;
+
+    let train_argv = argv(&["python3", "train.py", "--epochs", "10"]);
+    let mut trainer = spec(state, "python3", vec![hold(0, 16, 90)]);
+    trainer.group_leader = true;
+    // The workers' contexts take 800 ms to tear down once they exit, as big contexts do.
+    let lagging = |gib| Hold {
+        after_exit: Some(AfterExit::ReleaseAfterMs(800)),
+        ..hold(0, gib, 0)
+    };
+    let worker = |comm: &str, h: Hold| Worker {
+        argv: train_argv.clone(),
+        spec: spec(state, comm, vec![h]),
+    };
+    trainer.workers = vec![
+        worker("python3", lagging(8)),
+        worker("python3", lagging(8)),
+        worker(
+            "pt_data_worker",
+            Hold {
+                listed: false,
+                ..lagging(2)
+            },
+        ),
+    ];
+    let trainer_ready = demo.start(&train_argv, trainer)?;
+
+    let mut bench = spec(
+        state,
+        "python3",
+        vec![Hold {
+            after_exit: Some(AfterExit::Leak),
+            ..hold(1, 6, 0)
+        }],
+    );
+    bench.new_session = true;
+    let bench_pid = demo
+        .start(&argv(&["python3", "bench_allreduce.py"]), bench)?
+        .pid;
+
+    Ok(Incident {
+        server_pid,
+        kernel_pid,
+        trainer_ready,
+        bench_pid,
+    })
+}
+
+/// `status` and `diagnose` of the incident, as the commands print them (or the diagnosis as
+/// JSON with `--json`).
+fn look(
+    state: &Path,
+    policy: &Policy,
+    args: &DemoArgs,
+) -> Result<vramguard_core::diagnose::Diagnosis> {
+    let mut node = vramguard_sim::node::open(state, Path::new(OWN_PROC), policy)?;
     // As `vramguard status` does: watch the processes work for half a second.
     let snap = node.sampled_snapshot(ScanDepth::Full, Duration::from_millis(500))?;
-    let report = vramguard_core::classify(&snap, &policy);
+    let report = vramguard_core::classify(&snap, policy);
     if let Some(path) = &args.save_snapshot {
         let text = serde_json::to_vec_pretty(&snap)?;
         vramguard_fs::write_file(path, &text).map_err(|e| {
@@ -266,34 +311,31 @@ pub fn run(_global: &Global, args: &DemoArgs) -> Result<i32> {
             crate::render::diagnose(&diagnosis, &style)
         );
     }
-    if args.reclaim && !args.json {
-        // The default reclaim: the dead job's holders; the reset of GPU 1 is refused while
-        // the idle kernel holds it. Then what diagnose says next for that blocker: the idle
-        // kernel, asked for by name, and the reset goes through.
-        reclaim_demo(
-            &state,
-            &policy,
-            &demo.dir,
-            "vramguard reclaim --yes --reset=auto",
-            &Default::default(),
-        )?;
-        let idle = vramguard_core::plan::ReclaimOptions {
-            gpus: Some([1].into_iter().collect()),
-            include: [Class::Idle].into_iter().collect(),
-            idle_for_secs: policy.idle_after_secs,
-        };
-        let shown = format!(
-            "vramguard reclaim --yes --gpu 1 --include idle --idle-for {} --reset=auto",
-            vramguard_core::units::format_duration(Duration::from_secs(policy.idle_after_secs))
-        );
-        reclaim_demo(&state, &policy, &demo.dir, &shown, &idle)?;
-    }
-    let killed = demo.started.cleanup();
-    say(format!(
-        "\ndemo: {} of ghost memory found; stopped the {killed} demo processes still running (the demo's own policy calls a holder idle after 1s; the default is 10m)",
-        format_bytes(diagnosis.verdict.ghost_bytes)
-    ));
-    Ok(0)
+    Ok(diagnosis)
+}
+
+/// The default reclaim (the dead job's holders; the reset of GPU 1 is refused while the idle
+/// kernel holds it), then what diagnose says next for that blocker: the idle kernel, asked for
+/// by name, and the reset goes through.
+fn reclaim_incident(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
+    reclaim_demo(
+        state,
+        policy,
+        dir,
+        "vramguard reclaim --yes --reset=auto",
+        &Default::default(),
+    )?;
+    let idle = vramguard_core::plan::ReclaimOptions {
+        gpus: Some([1].into_iter().collect()),
+        include: [Class::Idle].into_iter().collect(),
+        idle_for_secs: policy.idle_after_secs,
+    };
+    let shown = format!(
+        "vramguard reclaim --yes --gpu 1 --include idle --idle-for {} --reset=auto",
+        vramguard_core::units::format_duration(Duration::from_secs(policy.idle_after_secs))
+    );
+    reclaim_demo(state, policy, dir, &shown, &idle)?;
+    Ok(())
 }
 
 /// One reclaim of the incident, through the same planner and executor as `vramguard reclaim`:

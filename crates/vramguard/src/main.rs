@@ -6,12 +6,12 @@
 
 mod agent;
 mod cli;
-mod context;
 mod demo;
 mod probe;
 mod reclaim;
 mod render;
 mod run;
+mod settings;
 mod simcmd;
 
 use anyhow::Result;
@@ -68,89 +68,6 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
 fn run(cli: cli::Cli) -> Result<i32> {
     use cli::Command;
     match cli.command {
-        Command::Status(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            let (_, report) = ctx.report(args.sample)?;
-            if args.json {
-                print_json(&report)?;
-            } else {
-                print(&render::status(
-                    &report,
-                    &render::Style::new(render::use_colour()),
-                ))?;
-            }
-            Ok(0)
-        }
-        Command::Diagnose(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            let (_, mut report) = ctx.report(args.sample)?;
-            if let Some(missing) = args
-                .gpu
-                .iter()
-                .find(|i| !report.gpus.iter().any(|g| g.index == **i))
-            {
-                anyhow::bail!(
-                    "--gpu {missing}: this node has {} GPU(s)",
-                    report.gpus.len()
-                );
-            }
-            if !args.gpu.is_empty() {
-                report.gpus.retain(|g| args.gpu.contains(&g.index));
-            }
-            let diagnosis = vramguard_core::diagnose::diagnose(report);
-            if args.json {
-                print_json(&diagnosis)?;
-            } else {
-                print(&render::diagnose(
-                    &diagnosis,
-                    &render::Style::new(render::use_colour()),
-                ))?;
-            }
-            Ok(diagnosis.exit_code())
-        }
-        Command::Snapshot(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            print_json(&ctx.snapshot(args.sample)?)?;
-            Ok(0)
-        }
-        Command::Metrics(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            let t0 = std::time::Instant::now();
-            let (snap, report) = ctx.report(args.sample)?;
-            let replayed = ctx.global.replay.is_some();
-            print(&vramguard_agent::metrics::one_collection(
-                &report,
-                ctx.config.agent.top_holders,
-                // A replay is the saved collection: nothing of this run's clock in it.
-                if replayed {
-                    0.0
-                } else {
-                    t0.elapsed().as_secs_f64()
-                },
-                snap.taken_at_ms as f64 / 1000.0,
-            ))?;
-            Ok(0)
-        }
-        Command::Reclaim(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            reclaim::run(&ctx, &args)
-        }
-        Command::Run(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            run::run(&ctx, &args)
-        }
-        Command::Pick(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            run::pick(&ctx, &args)
-        }
-        Command::Agent(args) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            agent::run(ctx, &args)
-        }
-        Command::Probe(cmd) => {
-            let ctx = context::Ctx::new(cli.global)?;
-            probe::run(&ctx, &cmd)
-        }
         Command::CudaHold {
             pci,
             bytes,
@@ -170,5 +87,92 @@ fn run(cli: cli::Cli) -> Result<i32> {
         } => vramguard_ops::supervise::watchdog(parent, pgid, cgroup.as_deref()),
         Command::Demo(args) => demo::run(&cli.global, &args),
         Command::Sim(cmd) => simcmd::run(&cli.global, cmd),
+        // Every command that looks at a node: the options and the config, read once.
+        command => run_on_node(settings::Settings::new(cli.global)?, command),
     }
+}
+
+/// The commands that look at a node, each with the one [`settings::Settings`].
+fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i32> {
+    use cli::Command;
+    match command {
+        Command::Status(args) => status(&settings, &args),
+        Command::Diagnose(args) => diagnose(&settings, &args),
+        Command::Snapshot(args) => {
+            print_json(&settings.snapshot(args.sample)?)?;
+            Ok(0)
+        }
+        Command::Metrics(args) => metrics(&settings, &args),
+        Command::Reclaim(args) => reclaim::run(&settings, &args),
+        Command::Run(args) => run::run(&settings, &args),
+        Command::Pick(args) => run::pick_command(&settings, &args),
+        Command::Agent(args) => agent::run(settings, &args),
+        Command::Probe(cmd) => probe::run(&settings, &cmd),
+        Command::CudaHold { .. }
+        | Command::Watchdog { .. }
+        | Command::Demo(_)
+        | Command::Sim(_) => {
+            unreachable!("handled without a node")
+        }
+    }
+}
+
+/// `vramguard status`.
+fn status(settings: &settings::Settings, args: &cli::StatusArgs) -> Result<i32> {
+    let (_, report) = settings.report(args.sample)?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print(&render::status(
+            &report,
+            &render::Style::new(render::use_colour()),
+        ))?;
+    }
+    Ok(0)
+}
+
+/// `vramguard diagnose`.
+fn diagnose(settings: &settings::Settings, args: &cli::DiagnoseArgs) -> Result<i32> {
+    let (_, mut report) = settings.report(args.sample)?;
+    if let Some(missing) = args
+        .gpu
+        .iter()
+        .find(|i| !report.gpus.iter().any(|g| g.index == **i))
+    {
+        anyhow::bail!(
+            "--gpu {missing}: this node has {} GPU(s)",
+            report.gpus.len()
+        );
+    }
+    if !args.gpu.is_empty() {
+        report.gpus.retain(|g| args.gpu.contains(&g.index));
+    }
+    let diagnosis = vramguard_core::diagnose::diagnose(report);
+    if args.json {
+        print_json(&diagnosis)?;
+    } else {
+        print(&render::diagnose(
+            &diagnosis,
+            &render::Style::new(render::use_colour()),
+        ))?;
+    }
+    Ok(diagnosis.exit_code())
+}
+
+/// `vramguard metrics`.
+fn metrics(settings: &settings::Settings, args: &cli::SnapshotArgs) -> Result<i32> {
+    let t0 = std::time::Instant::now();
+    let (snap, report) = settings.report(args.sample)?;
+    print(&vramguard_agent::metrics::one_collection(
+        &report,
+        settings.config.agent.top_holders,
+        // A replay is the saved collection: nothing of this run's clock in it.
+        if settings.replay.is_some() {
+            0.0
+        } else {
+            t0.elapsed().as_secs_f64()
+        },
+        snap.taken_at_ms as f64 / 1000.0,
+    ))?;
+    Ok(0)
 }

@@ -1,14 +1,15 @@
 //! `vramguard probe ...`.
 
 use crate::cli::{ProbeCommand, ProbeCommon};
-use crate::context::Ctx;
+use crate::settings::Settings;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vramguard_core::snapshot::{GpuMemory, GpuSample};
 use vramguard_core::units::format_bytes;
 use vramguard_probe::experiments::{self, Probe};
-use vramguard_probe::holders::{HoldRequest, HolderKind, Started};
+use vramguard_probe::holders::{HoldRequest, HolderError, HolderKind, Started};
 use vramguard_probe::report::{self, GpuInfo, ProbeReport, Results};
 use vramguard_probe::sampler::Sampler;
 
@@ -29,7 +30,7 @@ fn signal(name: &str) -> Result<(String, i32)> {
 
 /// Runs a probe. Exit 0: every holder's memory came back (and no rising trend); 1: something
 /// was left behind; 2: error.
-pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
+pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
     let common: &ProbeCommon = match cmd {
         ProbeCommand::Release { common, .. }
         | ProbeCommand::Concurrent { common, .. }
@@ -43,66 +44,14 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
         );
     }
     let period = Duration::from_secs_f64(1.0 / common.rate as f64);
-    let mut source = ctx.gpu_source()?;
-    let sample = source.sample(Duration::from_secs(1))?;
-    let g = sample
-        .gpus
-        .iter()
-        .find(|g| g.index == common.gpu)
-        .ok_or_else(|| {
-            anyhow!(
-                "--gpu {}: no such GPU (this machine has {})",
-                common.gpu,
-                sample.gpus.len()
-            )
-        })?;
-    if let Some(f) = &g.failure {
-        bail!("GPU {} cannot be read: {f}", g.index);
-    }
-    let mem = g
-        .memory
-        .ok_or_else(|| anyhow!("GPU {}: memory unknown", g.index))?;
     let count = match cmd {
         ProbeCommand::Concurrent { workers, .. } => *workers as u64,
         _ => 1,
     };
-    if bytes.saturating_mul(count) > mem.free {
-        bail!(
-            "GPU {} has {} free; {} × {} does not fit (choose a smaller --size)",
-            g.index,
-            format_bytes(mem.free),
-            count,
-            format_bytes(bytes)
-        );
-    }
-    let exe = std::env::current_exe().context("locating the vramguard executable")?;
-    let (holders, holder_name) = match (&ctx.global.sim, &common.holder_cmd) {
-        (Some(state), _) => (
-            HolderKind::Spawner(Arc::new(sim_holders(exe, state.clone()))),
-            "simulated".to_string(),
-        ),
-        (None, Some(cmd)) => (
-            HolderKind::Command {
-                cmd: format!("exec {cmd}"),
-                device: g.uuid.clone().unwrap_or_else(|| g.index.to_string()),
-            },
-            format!("command: {cmd}"),
-        ),
-        (None, None) => {
-            vramguard_probe::cuda::load_cuda().map_err(anyhow::Error::msg)?;
-            let bus = g
-                .pci_bus_id
-                .clone()
-                .ok_or_else(|| anyhow!("GPU {}: PCI bus id unknown", g.index))?;
-            (
-                HolderKind::Cuda {
-                    exe,
-                    pci_bus_id: bus,
-                },
-                "cuda (built-in)".to_string(),
-            )
-        }
-    };
+    let mut source = settings.gpu_source()?;
+    let sample = source.sample(Duration::from_secs(1))?;
+    let (g, mem) = probed_gpu(&sample.gpus, common.gpu, bytes, count)?;
+    let (holders, holder_name) = holder_kind(settings, common, g)?;
     let gpu_info = GpuInfo {
         index: g.index,
         name: g.name.clone(),
@@ -130,60 +79,7 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
         epoch,
         timeout,
     };
-    let results = match cmd {
-        ProbeCommand::Release {
-            signals,
-            repeat,
-            children,
-            ..
-        } => {
-            let sigs: Vec<(String, i32)> =
-                signals.iter().map(|s| signal(s)).collect::<Result<_>>()?;
-            Results::Release {
-                trials: experiments::release(&probe, bytes, &sigs, *repeat, *children)
-                    .map_err(anyhow::Error::msg)?,
-            }
-        }
-        ProbeCommand::Concurrent {
-            workers,
-            kill,
-            signal: sig,
-            seed,
-            ..
-        } => {
-            let random = match kill.as_str() {
-                "random" => true,
-                "sequential" => false,
-                other => bail!("--kill {other:?}: random or sequential"),
-            };
-            let seed = seed.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            });
-            Results::Concurrent(
-                experiments::concurrent(&probe, bytes, *workers, random, seed, signal(sig)?.1)
-                    .map_err(anyhow::Error::msg)?,
-            )
-        }
-        ProbeCommand::Soak {
-            duration,
-            cycle,
-            kill_cycles,
-            ..
-        } => {
-            let sigs = if *kill_cycles {
-                vec![signal("TERM")?, signal("KILL")?, signal("INT")?]
-            } else {
-                vec![signal("TERM")?]
-            };
-            Results::Soak(
-                experiments::soak(&probe, bytes, *duration, *cycle, &sigs)
-                    .map_err(anyhow::Error::msg)?,
-            )
-        }
-    };
+    let results = experiment(&probe, cmd, bytes)?;
     let (_, samples) = probe.sampler.stop();
     let left_behind = match &results {
         Results::Release { trials } => trials.iter().any(|t| !t.released),
@@ -205,19 +101,152 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
         results,
         samples: samples.iter().map(|s| (s.t_ms, s.used)).collect(),
     };
+    publish(common, &rep)?;
+    Ok(if left_behind { 1 } else { 0 })
+}
+
+/// The probed GPU and its memory, checked: it exists, can be read, and `count` holders of
+/// `bytes` fit in its free memory.
+fn probed_gpu(
+    gpus: &[GpuSample],
+    index: u32,
+    bytes: u64,
+    count: u64,
+) -> Result<(&GpuSample, GpuMemory)> {
+    let g = gpus.iter().find(|g| g.index == index).ok_or_else(|| {
+        anyhow!(
+            "--gpu {index}: no such GPU (this machine has {})",
+            gpus.len()
+        )
+    })?;
+    if let Some(f) = &g.failure {
+        bail!("GPU {} cannot be read: {f}", g.index);
+    }
+    let mem = g
+        .memory
+        .ok_or_else(|| anyhow!("GPU {}: memory unknown", g.index))?;
+    if bytes.saturating_mul(count) > mem.free {
+        bail!(
+            "GPU {} has {} free; {} × {} does not fit (choose a smaller --size)",
+            g.index,
+            format_bytes(mem.free),
+            count,
+            format_bytes(bytes)
+        );
+    }
+    Ok((g, mem))
+}
+
+/// The holders: the simulator's with `--sim`, the user's command with `--holder-cmd`, else
+/// the built-in CUDA holder (which needs `libcuda.so.1`); and how the report names them.
+fn holder_kind(
+    settings: &Settings,
+    common: &ProbeCommon,
+    g: &GpuSample,
+) -> Result<(HolderKind, String)> {
+    let exe = std::env::current_exe().context("locating the vramguard executable")?;
+    Ok(match (settings.driver.sim_state(), &common.holder_cmd) {
+        (Some(state), _) => (
+            HolderKind::Spawner(Arc::new(sim_holders(exe, state.to_path_buf()))),
+            "simulated".to_string(),
+        ),
+        (None, Some(cmd)) => (
+            HolderKind::Command {
+                cmd: format!("exec {cmd}"),
+                device: g.uuid.clone().unwrap_or_else(|| g.index.to_string()),
+            },
+            format!("command: {cmd}"),
+        ),
+        (None, None) => {
+            vramguard_probe::cuda::load_cuda()?;
+            let bus = g
+                .pci_bus_id
+                .clone()
+                .ok_or_else(|| anyhow!("GPU {}: PCI bus id unknown", g.index))?;
+            (
+                HolderKind::Cuda {
+                    exe,
+                    pci_bus_id: bus,
+                },
+                "cuda (built-in)".to_string(),
+            )
+        }
+    })
+}
+
+/// Runs the experiment `cmd` names.
+fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64) -> Result<Results> {
+    Ok(match cmd {
+        ProbeCommand::Release {
+            signals,
+            repeat,
+            children,
+            ..
+        } => {
+            let sigs: Vec<(String, i32)> =
+                signals.iter().map(|s| signal(s)).collect::<Result<_>>()?;
+            Results::Release {
+                trials: experiments::release(probe, bytes, &sigs, *repeat, *children)?,
+            }
+        }
+        ProbeCommand::Concurrent {
+            workers,
+            kill,
+            signal: sig,
+            seed,
+            ..
+        } => {
+            let random = match kill.as_str() {
+                "random" => true,
+                "sequential" => false,
+                other => bail!("--kill {other:?}: random or sequential"),
+            };
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+            Results::Concurrent(experiments::concurrent(
+                probe,
+                bytes,
+                *workers,
+                random,
+                seed,
+                signal(sig)?.1,
+            )?)
+        }
+        ProbeCommand::Soak {
+            duration,
+            cycle,
+            kill_cycles,
+            ..
+        } => {
+            let sigs = if *kill_cycles {
+                vec![signal("TERM")?, signal("KILL")?, signal("INT")?]
+            } else {
+                vec![signal("TERM")?]
+            };
+            Results::Soak(experiments::soak(probe, bytes, *duration, *cycle, &sigs)?)
+        }
+    })
+}
+
+/// Prints the report (Markdown, or JSON with `--json`) and writes its files with `--report`.
+fn publish(common: &ProbeCommon, rep: &ProbeReport) -> Result<()> {
     if common.json {
-        crate::print_json(&rep)?;
+        crate::print_json(rep)?;
     } else {
-        crate::print(&report::markdown(&rep))?;
+        crate::print(&report::markdown(rep))?;
     }
     if let Some(dir) = &common.report {
-        let files = report::write(dir, &rep).map_err(anyhow::Error::msg)?;
+        let files = report::write(dir, rep)?;
         if !common.json {
             let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
             crate::print(&format!("\nreport: {}\n", names.join(", ")))?;
         }
     }
-    Ok(if left_behind { 1 } else { 0 })
+    Ok(())
 }
 
 /// Simulated holders: this executable as a holder process (the simulator's holder protocol),
@@ -225,7 +254,7 @@ pub fn run(ctx: &Ctx, cmd: &ProbeCommand) -> Result<i32> {
 fn sim_holders(
     exe: PathBuf,
     state: PathBuf,
-) -> impl Fn(&HoldRequest<'_>) -> Result<Started, String> + Send + Sync {
+) -> impl Fn(&HoldRequest<'_>) -> Result<Started, HolderError> + Send + Sync {
     use std::sync::atomic::{AtomicU64, Ordering};
     use vramguard_sim::holder::{Hold, HolderSpec, Worker, spawn_with, wait_ready};
     let next = AtomicU64::new(0);
@@ -253,8 +282,10 @@ fn sim_holders(
             share_with_workers: true,
             ..HolderSpec::new(state.clone(), lifetime_ms)
         };
-        let child = spawn_with(&exe, &["probe-holder".into()], &spec).map_err(|e| e.to_string())?;
-        let r = wait_ready(&ready, Duration::from_secs(20)).map_err(|e| e.to_string())?;
+        let child = spawn_with(&exe, &["probe-holder".into()], &spec)
+            .map_err(|e| HolderError::Spawner(e.to_string()))?;
+        let r = wait_ready(&ready, Duration::from_secs(20))
+            .map_err(|e| HolderError::Spawner(e.to_string()))?;
         let _ = std::fs::remove_file(&ready);
         Ok(Started {
             child,

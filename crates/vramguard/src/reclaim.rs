@@ -1,7 +1,7 @@
 //! `vramguard reclaim`: plan, confirm, execute, report.
 
 use crate::cli::ReclaimArgs;
-use crate::context::Ctx;
+use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -203,23 +203,23 @@ fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
 }
 
 /// Runs `vramguard reclaim`.
-pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
+pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     let opts = options(args)?;
-    if ctx.global.replay.is_some() {
+    if settings.replay.is_some() {
         if !args.dry_run {
             bail!(
                 "reclaim acts on this machine; with --replay only --dry-run works (the plan for the saved snapshot)"
             );
         }
         // The saved snapshot keeps the window of work it was taken with.
-        let (snap, report) = ctx.report(Duration::ZERO)?;
+        let (snap, report) = settings.report(Duration::ZERO)?;
         check_gpus(&opts, &report)?;
         let plan = plan_reclaim(&snap, &report, &opts);
         print_dry_run(&plan, &report, args.json)?;
         return Ok(0);
     }
     let (reset, grace, release_timeout) = (args.reset, args.grace, args.release_timeout);
-    let proc_root = ctx.global.proc_root.clone();
+    let proc_root = settings.proc_root.clone();
     let own = std::fs::read_link(proc_root.join("self"))
         .ok()
         .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));
@@ -230,10 +230,13 @@ pub fn run(ctx: &Ctx, args: &ReclaimArgs) -> Result<i32> {
         );
     }
 
-    let mut node = ctx.node(&ctx.policy, args.reset_command.as_deref())?;
-    let prepared = vramguard_ops::prepare(&mut node, &ctx.policy, args.sample, |snap, report| {
-        plan_reclaim(snap, report, &opts)
-    })?;
+    let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
+    let prepared = vramguard_ops::prepare(
+        &mut node,
+        &settings.config.policy,
+        args.sample,
+        |snap, report| plan_reclaim(snap, report, &opts),
+    )?;
     check_gpus(&opts, &prepared.report)?;
     let (plan, report) = (&prepared.plan, &prepared.report);
 

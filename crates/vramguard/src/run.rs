@@ -1,15 +1,13 @@
 //! `vramguard run -- CMD` and `vramguard pick N`.
 
 use crate::cli::{GpuChoice, PickArgs, RunArgs};
-use crate::context::Ctx;
+use crate::settings::Settings;
 use anyhow::{Result, bail};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
-use vramguard_core::Policy;
-use vramguard_core::release::ReleaseWatch;
+use std::time::Duration;
 use vramguard_core::units::{format_bytes, format_duration};
-use vramguard_gpu::GpuSource;
+use vramguard_node::Node;
+use vramguard_ops::gpus::{GpuUse, JobGpus, PickOptions, Picked, pick};
 use vramguard_ops::supervise::{
     BlockedSignals, Isolation, SuperviseError, SuperviseOptions, Supervised, supervise,
 };
@@ -19,74 +17,43 @@ pub const EXIT_NO_GPUS: i32 = 124;
 /// Exit code with `--strict` when the job's GPU memory was not released in time.
 pub const EXIT_NOT_RELEASED: i32 = 125;
 
-/// The `count` GPUs with the most free memory (at least `min_free`), in index order, waiting
-/// up to `wait`. `Ok(None)`: not enough GPUs became free in time (the reason is printed).
-fn choose_gpus(
-    source: &mut dyn GpuSource,
-    count: usize,
-    choice: &GpuChoice,
-) -> Result<Option<Vec<String>>> {
+/// The options of `pick` and `run --gpus auto:N`.
+fn pick_options(count: usize, choice: &GpuChoice) -> Result<PickOptions> {
     if count == 0 {
         bail!("asked for 0 GPUs");
     }
-    let min_free = choice.min_free.unwrap_or(0);
-    let wait = choice.wait;
-    let by_uuid = choice.by_uuid;
-    let deadline = Instant::now() + wait;
-    loop {
-        let sample = source.sample(Duration::from_secs(1))?;
-        let mut free: Vec<(u64, u32, Option<String>)> = sample
-            .gpus
-            .iter()
-            .filter(|g| g.failure.is_none())
-            .filter_map(|g| g.memory.map(|m| (m.free, g.index, g.uuid.clone())))
-            .filter(|(f, _, _)| *f >= min_free)
-            .collect();
-        if free.len() >= count {
-            free.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-            let mut chosen: Vec<(u32, Option<String>)> = free
-                .into_iter()
-                .take(count)
-                .map(|(_, i, u)| (i, u))
-                .collect();
-            chosen.sort_by_key(|c| c.0);
-            return Ok(Some(
-                chosen
-                    .into_iter()
-                    .map(|(i, u)| {
-                        if by_uuid {
-                            u.unwrap_or_else(|| i.to_string())
-                        } else {
-                            i.to_string()
-                        }
-                    })
-                    .collect(),
-            ));
-        }
-        if Instant::now() >= deadline {
+    Ok(PickOptions {
+        count,
+        min_free: choice.min_free.unwrap_or(0),
+        wait: choice.wait,
+        by_uuid: choice.by_uuid,
+    })
+}
+
+/// Picks GPUs; `None` (with the reason printed) when not enough became free in time.
+fn choose_gpus(node: &mut dyn Node, opts: &PickOptions) -> Result<Option<Vec<String>>> {
+    match pick(node, opts)? {
+        Picked::Chosen(ids) => Ok(Some(ids)),
+        Picked::NotEnough { free, gpus } => {
             eprintln!(
-                "vramguard: only {} of {} GPU(s) have {} free; waited {}",
-                free.len(),
-                sample.gpus.len(),
-                if min_free > 0 {
-                    format!("at least {}", format_bytes(min_free))
+                "vramguard: only {free} of {gpus} GPU(s) have {} free; waited {}",
+                if opts.min_free > 0 {
+                    format!("at least {}", format_bytes(opts.min_free))
                 } else {
                     "memory".into()
                 },
-                format_duration(wait)
+                format_duration(opts.wait)
             );
-            return Ok(None);
+            Ok(None)
         }
-        std::thread::sleep(
-            Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now())),
-        );
     }
 }
 
 /// `vramguard pick N`.
-pub fn pick(ctx: &Ctx, args: &PickArgs) -> Result<i32> {
-    let mut source = ctx.gpu_source()?;
-    match choose_gpus(source.as_mut(), args.count, &args.choice)? {
+pub fn pick_command(settings: &Settings, args: &PickArgs) -> Result<i32> {
+    let opts = pick_options(args.count, &args.choice)?;
+    let mut node = settings.node(&settings.config.policy, None)?;
+    match choose_gpus(&mut node, &opts)? {
         Some(ids) => {
             crate::print(&format!("{}\n", ids.join(",")))?;
             Ok(0)
@@ -95,106 +62,16 @@ pub fn pick(ctx: &Ctx, args: &PickArgs) -> Result<i32> {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
-struct GpuUse {
-    index: u32,
-    uuid: Option<String>,
-    total: u64,
-    peak_job_bytes: u64,
-    #[serde(skip)]
-    last_used: u64,
-    #[serde(skip)]
-    last_job: u64,
-    released: Option<bool>,
-    release_ms: Option<u64>,
-    still_held: Vec<String>,
-}
-
-/// Follows the job's GPU memory while it runs.
+/// The job's GPUs, followed on the node when there is one.
 struct GpuTracker {
-    source: Option<Box<dyn GpuSource>>,
-    policy: Policy,
-    gpus: BTreeMap<u32, GpuUse>,
+    node: Option<Box<dyn Node>>,
+    job: JobGpus,
 }
 
 impl GpuTracker {
     fn tick(&mut self, pids: &[u32]) {
-        let Some(source) = self.source.as_mut() else {
-            return;
-        };
-        let Ok(sample) = source.sample(Duration::from_secs(1)) else {
-            return;
-        };
-        let job: BTreeSet<u32> = pids.iter().copied().collect();
-        for g in &sample.gpus {
-            let Some(mem) = g.memory else { continue };
-            let job_bytes: u64 = g
-                .processes
-                .iter()
-                .filter(|p| job.contains(&p.pid))
-                .filter_map(|p| p.used_bytes)
-                .sum();
-            if job_bytes == 0 && !self.gpus.contains_key(&g.index) {
-                continue;
-            }
-            let u = self.gpus.entry(g.index).or_insert_with(|| GpuUse {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                total: mem.total,
-                ..GpuUse::default()
-            });
-            u.peak_job_bytes = u.peak_job_bytes.max(job_bytes);
-            u.last_used = mem.used;
-            u.last_job = job_bytes;
-        }
-    }
-
-    /// Waits until the memory the job held last is free on every GPU it used.
-    fn wait_release(&mut self, timeout: Duration, job_gone: Instant) {
-        let Some(source) = self.source.as_mut() else {
-            return;
-        };
-        let deadline = Instant::now() + timeout;
-        let mut pending: BTreeMap<u32, ReleaseWatch> = self
-            .gpus
-            .iter()
-            .filter(|(_, u)| u.last_job > 0)
-            .map(|(i, u)| {
-                let w = ReleaseWatch::new(*i, u.total, u.last_used, u.last_job, &self.policy);
-                (*i, w)
-            })
-            .collect();
-        for u in self.gpus.values_mut().filter(|u| u.last_job == 0) {
-            u.released = Some(true);
-        }
-        while !pending.is_empty() {
-            if let Ok(sample) = source.sample(Duration::from_secs(1)) {
-                let after_ms = job_gone.elapsed().as_millis() as u64;
-                for g in &sample.gpus {
-                    let (Some(mem), Some(w)) = (g.memory, pending.get_mut(&g.index)) else {
-                        continue;
-                    };
-                    if w.observe(mem.used, after_ms)
-                        && let Some(u) = self.gpus.get_mut(&g.index)
-                    {
-                        u.released = Some(true);
-                        u.release_ms = w.released_after_ms();
-                        pending.remove(&g.index);
-                    }
-                }
-            }
-            if pending.is_empty() || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if pending.is_empty() {
-            return;
-        }
-        for i in pending.keys() {
-            if let Some(u) = self.gpus.get_mut(i) {
-                u.released = Some(false);
-            }
+        if let Some(node) = self.node.as_mut() {
+            self.job.tick(node.as_mut(), pids);
         }
     }
 }
@@ -212,14 +89,14 @@ struct RunSummary<'a> {
 
 /// Says what still holds the memory of the GPUs not released, from a fresh look at the
 /// machine.
-fn name_what_still_holds(ctx: &Ctx, tracker: &mut GpuTracker, not_released: &[u32]) {
-    if let Ok((_, report)) = ctx.report(std::time::Duration::ZERO) {
+fn name_what_still_holds(settings: &Settings, tracker: &mut GpuTracker, not_released: &[u32]) {
+    if let Ok((_, report)) = settings.report(std::time::Duration::ZERO) {
         for g in report
             .gpus
             .iter()
             .filter(|g| not_released.contains(&g.index))
         {
-            let u = tracker.gpus.get_mut(&g.index).expect("tracked");
+            let u = tracker.job.gpus.get_mut(&g.index).expect("tracked");
             for h in g
                 .holders
                 .iter()
@@ -283,7 +160,7 @@ fn summary_line(
             job.stuck.join(", ")
         ));
     }
-    for u in tracker.gpus.values() {
+    for u in tracker.job.gpus.values() {
         line.push_str(&format!(
             "; GPU {}: peak {}",
             u.index,
@@ -307,7 +184,7 @@ fn summary_line(
             (None, _) => {}
         }
     }
-    if tracker.source.is_some() && tracker.gpus.is_empty() {
+    if tracker.node.is_some() && tracker.job.gpus.is_empty() {
         line.push_str("; the job used no GPU");
     }
     if let Some(note) = gpu_check {
@@ -320,7 +197,7 @@ fn summary_line(
 }
 
 /// `vramguard run -- CMD`.
-pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
+pub fn run(settings: &Settings, args: &RunArgs) -> Result<i32> {
     // Before any thread exists (an NVML library may start some): no thread may receive the
     // signals meant for the job with their default, fatal, dispositions.
     let _blocked = BlockedSignals::block();
@@ -333,8 +210,8 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
         .collect::<Vec<_>>()
         .join(" ");
 
-    let (source, gpu_check) = match ctx.gpu_source() {
-        Ok(s) => (Some(s), None),
+    let (node, gpu_check) = match settings.node(&settings.config.policy, None) {
+        Ok(n) => (Some(Box::new(n) as Box<dyn Node>), None),
         Err(e) if args.gpus.is_none() => {
             let why = match e.downcast_ref::<vramguard_gpu::SourceError>() {
                 Some(vramguard_gpu::SourceError::NoDriver { .. }) => "no NVIDIA driver".to_string(),
@@ -345,9 +222,8 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
         Err(e) => return Err(e),
     };
     let mut tracker = GpuTracker {
-        source,
-        policy: ctx.policy.clone(),
-        gpus: BTreeMap::new(),
+        node,
+        job: JobGpus::new(settings.config.policy.clone()),
     };
     let mut env = Vec::new();
     let mut visible = None;
@@ -356,8 +232,9 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
             .strip_prefix("auto:")
             .and_then(|n| n.parse().ok())
             .ok_or_else(|| anyhow::anyhow!("--gpus {spec:?}: expected auto:N, e.g. auto:2"))?;
-        let source = tracker.source.as_mut().expect("checked above");
-        match choose_gpus(source.as_mut(), count, &args.choice)? {
+        let opts = pick_options(count, &args.choice)?;
+        let node = tracker.node.as_mut().expect("checked above");
+        match choose_gpus(node.as_mut(), &opts)? {
             Some(ids) => {
                 let value = ids.join(",");
                 eprintln!("vramguard run: CUDA_VISIBLE_DEVICES={value}");
@@ -388,17 +265,17 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
         }
         Err(e) => return Err(e.into()),
     };
-    let gone = Instant::now();
-    tracker.wait_release(release_timeout, gone);
-
-    let not_released: Vec<u32> = tracker
-        .gpus
-        .values()
-        .filter(|u| u.released == Some(false))
-        .map(|u| u.index)
-        .collect();
+    let not_released = match tracker.node.as_mut() {
+        Some(node) => {
+            let gone = node.clock().now();
+            tracker
+                .job
+                .wait_release(node.as_mut(), release_timeout, gone)
+        }
+        None => Vec::new(),
+    };
     if !not_released.is_empty() {
-        name_what_still_holds(ctx, &mut tracker, &not_released);
+        name_what_still_holds(settings, &mut tracker, &not_released);
     }
 
     eprintln!(
@@ -423,7 +300,7 @@ pub fn run(ctx: &Ctx, args: &RunArgs) -> Result<i32> {
             exit_code: code,
             job: &job,
             cuda_visible_devices: visible,
-            gpus: tracker.gpus.values().cloned().collect(),
+            gpus: tracker.job.gpus.values().cloned().collect(),
             gpu_check,
         };
         vramguard_fs::write_file(path, &serde_json::to_vec_pretty(&summary)?)

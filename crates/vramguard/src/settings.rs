@@ -1,0 +1,198 @@
+//! The global options and the config file, read once into one typed value that every command
+//! receives, and the node they select.
+
+use crate::cli::Global;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vramguard_config::Config;
+use vramguard_core::snapshot::Snapshot;
+use vramguard_core::{Policy, Report, classify};
+use vramguard_gpu::{GpuSource, NvmlSource};
+use vramguard_node::{MachineNode, Node, NodeFactory, ResetBackend};
+use vramguard_proc::{ProcCollector, ScanDepth};
+use vramguard_sim::SimSource;
+
+/// Where the GPU facts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Driver {
+    /// NVML: the system's `libnvidia-ml.so.1`, or the library given.
+    Nvml {
+        /// `--nvml-lib`.
+        lib: Option<PathBuf>,
+    },
+    /// The simulated driver, in-process.
+    Sim {
+        /// Its state file.
+        state: PathBuf,
+    },
+    /// The simulated driver through its NVML library (the real NVML code path).
+    SimThroughNvml {
+        /// Its state file.
+        state: PathBuf,
+        /// The simulator's `libnvidia-ml.so.1`.
+        lib: PathBuf,
+    },
+}
+
+impl Driver {
+    /// The simulator's state file, when the driver is simulated.
+    pub fn sim_state(&self) -> Option<&Path> {
+        match self {
+            Driver::Nvml { .. } => None,
+            Driver::Sim { state } | Driver::SimThroughNvml { state, .. } => Some(state),
+        }
+    }
+}
+
+/// Everything a command needs besides its own arguments: where facts come from, and the
+/// checked config.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The GPU facts.
+    pub driver: Driver,
+    /// The `/proc` to read (`--proc-root`).
+    pub proc_root: PathBuf,
+    /// `--dev-dir`, when given.
+    pub dev_dir: Option<PathBuf>,
+    /// `--replay`: classify this saved snapshot instead of the machine.
+    pub replay: Option<PathBuf>,
+    /// The config file named (re-read by the agent on SIGHUP).
+    pub config_path: Option<PathBuf>,
+    /// The whole, checked config.
+    pub config: Config,
+}
+
+impl Settings {
+    /// Reads the config and prepares the environment for the NVML library.
+    pub fn new(global: Global) -> Result<Settings> {
+        let config = Config::load(global.config.as_deref())?;
+        let driver = match (global.sim, global.nvml_lib) {
+            (Some(state), Some(lib)) => {
+                // The simulator's NVML library reads its state from the environment.
+                // SAFETY: called from main before any thread is started.
+                unsafe { std::env::set_var("VRAMGUARD_SIM", &state) };
+                Driver::SimThroughNvml { state, lib }
+            }
+            (Some(state), None) => Driver::Sim { state },
+            (None, lib) => Driver::Nvml { lib },
+        };
+        Ok(Settings {
+            driver,
+            proc_root: global.proc_root,
+            dev_dir: global.dev_dir,
+            replay: global.replay,
+            config_path: global.config,
+            config,
+        })
+    }
+
+    /// The classification policy.
+    pub fn policy(&self) -> &Policy {
+        &self.config.policy
+    }
+
+    /// The directory of the device files.
+    pub fn dev_dir(&self) -> Result<PathBuf> {
+        if let Some(d) = &self.dev_dir {
+            return Ok(d.clone());
+        }
+        if let Some(sim) = self.driver.sim_state() {
+            return Ok(vramguard_sim::SimState::load(sim)?.dev_dir);
+        }
+        Ok(PathBuf::from("/dev"))
+    }
+
+    /// The GPU source the driver setting selects.
+    pub fn gpu_source(&self) -> Result<Box<dyn GpuSource>> {
+        Ok(open_source(&self.driver)?)
+    }
+
+    /// How GPUs are reset: `command` (a `--reset-command`, split on whitespace, with
+    /// `{index}`, `{uuid}`, `{pci_bus_id}`), else the simulator's reset with `--sim`, else
+    /// `nvidia-smi --gpu-reset -i {index}`. The one place the choice is made.
+    pub fn reset_backend(&self, command: Option<&str>) -> Result<ResetBackend> {
+        if let Some(cmd) = command {
+            let argv: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
+            anyhow::ensure!(!argv.is_empty(), "--reset-command is empty");
+            return Ok(ResetBackend::Command(argv));
+        }
+        Ok(match self.driver.sim_state() {
+            Some(state) => vramguard_sim::node::reset_backend(state.to_path_buf()),
+            None => ResetBackend::nvidia_smi(),
+        })
+    }
+
+    /// The node the settings select, reading `--proc-root` and classifying with `policy`;
+    /// resets go through [`Settings::reset_backend`]`(reset_command)`.
+    pub fn node(&self, policy: &Policy, reset_command: Option<&str>) -> Result<MachineNode> {
+        Ok(MachineNode::new(
+            self.gpu_source()?,
+            self.collector()?,
+            policy.clone(),
+            self.reset_backend(reset_command)?,
+            &self.proc_root,
+        ))
+    }
+
+    /// Opens nodes like [`Settings::node`] for as long as the caller runs (the agent).
+    pub fn node_factory(&self) -> Result<NodeFactory> {
+        let driver = self.driver.clone();
+        let proc_root = self.proc_root.clone();
+        let dev_dir = self.dev_dir()?;
+        let reset = self.reset_backend(None)?;
+        Ok(std::sync::Arc::new(move |policy: &Policy| {
+            let node: Box<dyn Node> = Box::new(MachineNode::new(
+                open_source(&driver)?,
+                ProcCollector::new(&proc_root, &dev_dir)?,
+                policy.clone(),
+                reset.clone(),
+                &proc_root,
+            ));
+            Ok(node)
+        }))
+    }
+
+    /// A `/proc` collector.
+    pub fn collector(&self) -> Result<ProcCollector> {
+        let dev = self.dev_dir()?;
+        Ok(ProcCollector::new(&self.proc_root, dev)?)
+    }
+
+    /// A snapshot of this machine, with `sample` of watching its processes work, or the one
+    /// given with `--replay` (which keeps the window it was saved with).
+    pub fn snapshot(&self, sample: Duration) -> Result<Snapshot> {
+        if let Some(path) = &self.replay {
+            return load_snapshot(path);
+        }
+        Ok(self
+            .node(self.policy(), None)?
+            .sampled_snapshot(ScanDepth::Full, sample)?)
+    }
+
+    /// Snapshot and classification.
+    pub fn report(&self, sample: Duration) -> Result<(Snapshot, Report)> {
+        let snap = self.snapshot(sample)?;
+        let report = classify(&snap, self.policy());
+        Ok((snap, report))
+    }
+}
+
+/// Opens the GPU source of `driver`.
+fn open_source(driver: &Driver) -> Result<Box<dyn GpuSource>, vramguard_gpu::SourceError> {
+    Ok(match driver {
+        Driver::Sim { state } => Box::new(SimSource::open(state)?),
+        Driver::Nvml { lib } => Box::new(NvmlSource::open(lib.as_deref())?),
+        Driver::SimThroughNvml { lib, .. } => Box::new(NvmlSource::open(Some(lib))?),
+    })
+}
+
+/// Reads a snapshot saved by `vramguard snapshot`.
+pub fn load_snapshot(path: &Path) -> Result<Snapshot> {
+    let text = vramguard_fs::read_regular_to_string(path, vramguard_fs::MAX_INPUT_BYTES)
+        .map_err(|e| anyhow::anyhow!("reading snapshot {}: {}", path.display(), e.reason()))?;
+    let mut snap: Snapshot = serde_json::from_str(&text)
+        .with_context(|| format!("snapshot {} is not a vramguard snapshot", path.display()))?;
+    snap.normalize();
+    Ok(snap)
+}
