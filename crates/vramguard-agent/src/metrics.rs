@@ -472,6 +472,41 @@ impl Metrics {
 
     /// Refills the state gauges from a report.
     pub fn update(&self, report: &Report, facts: &SampleFacts<'_>) {
+        self.clear_state();
+        self.record_collection(report, facts);
+        let mut seen = self.seen_gpus.lock().unwrap_or_else(|p| p.into_inner());
+        seen.clear();
+        for g in &report.gpus {
+            let gl = GpuLabels {
+                gpu: g.index.to_string(),
+                uuid: g.uuid.clone().unwrap_or_default(),
+                model: g.name.clone().unwrap_or_default(),
+            };
+            self.up
+                .get_or_create(&gl)
+                .set(i64::from(g.failure.is_none()));
+            seen.push(gl.clone());
+            if let Some(m) = g.memory {
+                self.total.get_or_create(&gl).set(m.total as i64);
+                self.used.get_or_create(&gl).set(m.used as i64);
+                self.free.get_or_create(&gl).set(m.free as i64);
+                self.reserved.get_or_create(&gl).set(m.reserved as i64);
+            }
+            self.gpu_series(&gl, g, facts);
+            self.holder_series(&gl, g, facts);
+        }
+        for (rule, gpu) in facts.firing {
+            self.alerts
+                .get_or_create(&RuleLabels {
+                    rule: rule.clone(),
+                    gpu: gpu.to_string(),
+                })
+                .set(1);
+        }
+    }
+
+    /// Drops every state series: GPUs, holders and incidents that are gone disappear.
+    fn clear_state(&self) {
         for f in [
             &self.up,
             &self.total,
@@ -495,6 +530,10 @@ impl Metrics {
         self.remap_failure.clear();
         self.retired_pages.clear();
         self.retired_pending.clear();
+    }
+
+    /// This collection: its duration, time, depth and the driver.
+    fn record_collection(&self, report: &Report, facts: &SampleFacts<'_>) {
         self.collection_seconds.set(facts.duration_secs);
         self.last_collection.set(facts.timestamp_secs);
         self.collections
@@ -513,101 +552,87 @@ impl Metrics {
             })
             .set(1);
         self.last_sample_age.set(0.0);
-        let mut seen = self.seen_gpus.lock().unwrap_or_else(|p| p.into_inner());
-        seen.clear();
-        for g in &report.gpus {
-            let gl = GpuLabels {
-                gpu: g.index.to_string(),
-                uuid: g.uuid.clone().unwrap_or_default(),
-                model: g.name.clone().unwrap_or_default(),
-            };
-            self.up
-                .get_or_create(&gl)
-                .set(i64::from(g.failure.is_none()));
-            seen.push(gl.clone());
-            if let Some(m) = g.memory {
-                self.total.get_or_create(&gl).set(m.total as i64);
-                self.used.get_or_create(&gl).set(m.used as i64);
-                self.free.get_or_create(&gl).set(m.free as i64);
-                self.reserved.get_or_create(&gl).set(m.reserved as i64);
+    }
+
+    /// One GPU's ghost memory, health, holders and bytes by class, and trend.
+    fn gpu_series(&self, gl: &GpuLabels, g: &vramguard_core::GpuReport, facts: &SampleFacts<'_>) {
+        self.ghost.get_or_create(gl).set(g.ghost_bytes as i64);
+        self.health(gl, g.index, &g.health);
+        let class_l = |class: &str| ClassLabels {
+            gpu: gl.gpu.clone(),
+            uuid: gl.uuid.clone(),
+            model: gl.model.clone(),
+            class: class.into(),
+        };
+        for class in Class::ALL {
+            let n = g.holders.iter().filter(|h| h.class == class).count();
+            self.holders
+                .get_or_create(&class_l(class.as_str()))
+                .set(n as i64);
+            let bytes = g.bytes_by_class.get(&class).copied().unwrap_or(0);
+            self.class_bytes
+                .get_or_create(&class_l(class.as_str()))
+                .set(bytes as i64);
+        }
+        let unaccounted = g.unaccounted.as_ref().map_or(0, |u| u.bytes);
+        self.class_bytes
+            .get_or_create(&class_l("unaccounted"))
+            .set(unaccounted as i64);
+        if let Some(t) = facts.gpu_trends.get(&g.index) {
+            self.gpu_slope.get_or_create(gl).set(t.slope);
+            self.gpu_slope_low.get_or_create(gl).set(t.ci_low);
+        }
+    }
+
+    /// The largest holders of one GPU (top N), the rest summed per class under pid "other".
+    fn holder_series(
+        &self,
+        gl: &GpuLabels,
+        g: &vramguard_core::GpuReport,
+        facts: &SampleFacts<'_>,
+    ) {
+        let mut rest: BTreeMap<Class, i64> = BTreeMap::new();
+        for (i, h) in g.holders.iter().enumerate() {
+            let bytes = h.used_bytes.unwrap_or(0) as i64;
+            if i >= facts.top_holders {
+                *rest.entry(h.class).or_default() += bytes;
+                continue;
             }
-            self.ghost.get_or_create(&gl).set(g.ghost_bytes as i64);
-            self.health(&gl, g.index, &g.health);
-            let class_l = |class: &str| ClassLabels {
+            let hl = HolderLabels {
                 gpu: gl.gpu.clone(),
                 uuid: gl.uuid.clone(),
                 model: gl.model.clone(),
-                class: class.into(),
+                pid: h.pid.to_string(),
+                // Process- and cgroup-supplied text: shown escaped, like everywhere else,
+                // so `vramguard metrics` or a `curl` on a terminal obeys no control byte.
+                comm: shown(h.comm.as_deref().unwrap_or_default()),
+                class: h.class.as_str().into(),
+                container: h
+                    .container
+                    .as_ref()
+                    .map(|c| shown(&c.id.chars().take(12).collect::<String>()))
+                    .unwrap_or_default(),
+                pod_uid: shown(h.pod_uid.as_deref().unwrap_or_default()),
+                job: h.job.as_ref().map(|j| shown(&j.label)).unwrap_or_default(),
             };
-            for class in Class::ALL {
-                let n = g.holders.iter().filter(|h| h.class == class).count();
-                self.holders
-                    .get_or_create(&class_l(class.as_str()))
-                    .set(n as i64);
-                let bytes = g.bytes_by_class.get(&class).copied().unwrap_or(0);
-                self.class_bytes
-                    .get_or_create(&class_l(class.as_str()))
-                    .set(bytes as i64);
-            }
-            let unaccounted = g.unaccounted.as_ref().map_or(0, |u| u.bytes);
-            self.class_bytes
-                .get_or_create(&class_l("unaccounted"))
-                .set(unaccounted as i64);
-            if let Some(t) = facts.gpu_trends.get(&g.index) {
-                self.gpu_slope.get_or_create(&gl).set(t.slope);
-                self.gpu_slope_low.get_or_create(&gl).set(t.ci_low);
-            }
-            let mut rest: BTreeMap<Class, i64> = BTreeMap::new();
-            for (i, h) in g.holders.iter().enumerate() {
-                let bytes = h.used_bytes.unwrap_or(0) as i64;
-                if i >= facts.top_holders {
-                    *rest.entry(h.class).or_default() += bytes;
-                    continue;
-                }
-                let hl = HolderLabels {
-                    gpu: gl.gpu.clone(),
-                    uuid: gl.uuid.clone(),
-                    model: gl.model.clone(),
-                    pid: h.pid.to_string(),
-                    // Process- and cgroup-supplied text: shown escaped, like everywhere else,
-                    // so `vramguard metrics` or a `curl` on a terminal obeys no control byte.
-                    comm: shown(h.comm.as_deref().unwrap_or_default()),
-                    class: h.class.as_str().into(),
-                    container: h
-                        .container
-                        .as_ref()
-                        .map(|c| shown(&c.id.chars().take(12).collect::<String>()))
-                        .unwrap_or_default(),
-                    pod_uid: shown(h.pod_uid.as_deref().unwrap_or_default()),
-                    job: h.job.as_ref().map(|j| shown(&j.label)).unwrap_or_default(),
-                };
-                self.holder_bytes.get_or_create(&hl).set(bytes);
-                if let Some(t) = facts.holder_trends.get(&(g.index, h.pid)) {
-                    self.holder_slope.get_or_create(&hl).set(t.slope);
-                }
-            }
-            for (class, bytes) in rest {
-                let hl = HolderLabels {
-                    gpu: gl.gpu.clone(),
-                    uuid: gl.uuid.clone(),
-                    model: gl.model.clone(),
-                    pid: "other".into(),
-                    comm: "other".into(),
-                    class: class.as_str().into(),
-                    container: String::new(),
-                    pod_uid: String::new(),
-                    job: String::new(),
-                };
-                self.holder_bytes.get_or_create(&hl).set(bytes);
+            self.holder_bytes.get_or_create(&hl).set(bytes);
+            if let Some(t) = facts.holder_trends.get(&(g.index, h.pid)) {
+                self.holder_slope.get_or_create(&hl).set(t.slope);
             }
         }
-        for (rule, gpu) in facts.firing {
-            self.alerts
-                .get_or_create(&RuleLabels {
-                    rule: rule.clone(),
-                    gpu: gpu.to_string(),
-                })
-                .set(1);
+        for (class, bytes) in rest {
+            let hl = HolderLabels {
+                gpu: gl.gpu.clone(),
+                uuid: gl.uuid.clone(),
+                model: gl.model.clone(),
+                pid: "other".into(),
+                comm: "other".into(),
+                class: class.as_str().into(),
+                container: String::new(),
+                pod_uid: String::new(),
+                job: String::new(),
+            };
+            self.holder_bytes.get_or_create(&hl).set(bytes);
         }
     }
 

@@ -494,93 +494,107 @@ fn agent(c: &Checker, a: &RawAgent) -> Result<AgentConfig, ConfigError> {
     Ok(agent)
 }
 
+/// `[[alerts.rule]]` number `i`.
+fn rule(c: &Checker, i: usize, r: &RawRule) -> Result<Rule, ConfigError> {
+    let key = format!("alerts.rule[{i}] ({})", r.name);
+    let above_str = |what: &str| -> Result<String, ConfigError> {
+        match &r.above {
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            Some(toml::Value::Integer(n)) => Ok(n.to_string()),
+            Some(toml::Value::Float(f)) => Ok(f.to_string()),
+            _ => Err(c.err(&key, format!("`above` ({what}) is required"))),
+        }
+    };
+    let condition = match r.when.as_str() {
+        "ghost_bytes" => Condition::GhostBytes(c.size(&key, &above_str("a size")?)?),
+        "used_bytes" => Condition::UsedBytes(c.size(&key, &above_str("a size")?)?),
+        "used_ratio" => {
+            let v: f64 = above_str("a ratio")?
+                .parse()
+                .map_err(|_| c.err(&key, "above: a ratio between 0 and 1".into()))?;
+            if !(0.0..=1.0).contains(&v) {
+                return Err(c.err(&key, "above: a ratio between 0 and 1".into()));
+            }
+            Condition::UsedRatio(v)
+        }
+        "leak_slope" => {
+            let s = above_str("a size per hour, e.g. \"1GiB\"")?;
+            Condition::LeakSlope(c.size(&key, s.trim_end_matches("/h"))? as f64)
+        }
+        "gpu_lost" => Condition::GpuLost,
+        "memory_health" => Condition::MemoryHealth,
+        other => match other.strip_suffix("_holders").map(str::parse::<Class>) {
+            Some(Ok(class)) => Condition::Holders(class),
+            _ => {
+                return Err(c.err(
+                    &key,
+                    format!(
+                        "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost, memory_health or <class>_holders (orphan_holders, zombie_holders...)"
+                    ),
+                ));
+            }
+        },
+    };
+    Ok(Rule {
+        name: r.name.clone(),
+        condition,
+        // Zero is meaningful here: fire at the first sample that matches.
+        for_: match &r.for_ {
+            None => Duration::ZERO,
+            Some(s) => {
+                parse_duration(s).map_err(|e| c.err(&format!("{key}.for"), e.to_string()))?
+            }
+        },
+    })
+}
+
+/// `[[alerts.webhook]]` number `i`: an http(s) URL that names a host.
+fn webhook(c: &Checker, i: usize, w: &RawWebhook) -> Result<Webhook, ConfigError> {
+    let host = w
+        .url
+        .strip_prefix("http://")
+        .or_else(|| w.url.strip_prefix("https://"))
+        .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or(""));
+    match host {
+        None => {
+            return Err(c.err(
+                &format!("alerts.webhook[{i}].url"),
+                format!("{:?} is not an http(s) URL", w.url),
+            ));
+        }
+        Some(h) if h.is_empty() || h.starts_with(':') => {
+            return Err(c.err(
+                &format!("alerts.webhook[{i}].url"),
+                format!("{:?} names no host", w.url),
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(Webhook {
+        url: w.url.clone(),
+        timeout: c.dur(
+            &format!("alerts.webhook[{i}].timeout"),
+            &w.timeout,
+            Duration::from_secs(5),
+        )?,
+        retries: w.retries.unwrap_or(3),
+    })
+}
+
 /// `[alerts]`.
 fn alerts(c: &Checker, raw: &RawAlerts) -> Result<AlertsConfig, ConfigError> {
-    let mut rules = Vec::new();
-    for (i, r) in raw.rule.iter().enumerate() {
-        let key = format!("alerts.rule[{i}] ({})", r.name);
-        let above_str = |what: &str| -> Result<String, ConfigError> {
-            match &r.above {
-                Some(toml::Value::String(s)) => Ok(s.clone()),
-                Some(toml::Value::Integer(n)) => Ok(n.to_string()),
-                Some(toml::Value::Float(f)) => Ok(f.to_string()),
-                _ => Err(c.err(&key, format!("`above` ({what}) is required"))),
-            }
-        };
-        let condition = match r.when.as_str() {
-            "ghost_bytes" => Condition::GhostBytes(c.size(&key, &above_str("a size")?)?),
-            "used_bytes" => Condition::UsedBytes(c.size(&key, &above_str("a size")?)?),
-            "used_ratio" => {
-                let v: f64 = above_str("a ratio")?
-                    .parse()
-                    .map_err(|_| c.err(&key, "above: a ratio between 0 and 1".into()))?;
-                if !(0.0..=1.0).contains(&v) {
-                    return Err(c.err(&key, "above: a ratio between 0 and 1".into()));
-                }
-                Condition::UsedRatio(v)
-            }
-            "leak_slope" => {
-                let s = above_str("a size per hour, e.g. \"1GiB\"")?;
-                Condition::LeakSlope(c.size(&key, s.trim_end_matches("/h"))? as f64)
-            }
-            "gpu_lost" => Condition::GpuLost,
-            "memory_health" => Condition::MemoryHealth,
-            other => match other.strip_suffix("_holders").map(str::parse::<Class>) {
-                Some(Ok(class)) => Condition::Holders(class),
-                _ => {
-                    return Err(c.err(
-                        &key,
-                        format!(
-                            "when = {other:?}: expected ghost_bytes, used_bytes, used_ratio, leak_slope, gpu_lost, memory_health or <class>_holders (orphan_holders, zombie_holders...)"
-                        ),
-                    ));
-                }
-            },
-        };
-        rules.push(Rule {
-            name: r.name.clone(),
-            condition,
-            // Zero is meaningful here: fire at the first sample that matches.
-            for_: match &r.for_ {
-                None => Duration::ZERO,
-                Some(s) => {
-                    parse_duration(s).map_err(|e| c.err(&format!("{key}.for"), e.to_string()))?
-                }
-            },
-        });
-    }
-    let mut webhooks = Vec::new();
-    for (i, w) in raw.webhook.iter().enumerate() {
-        let host = w
-            .url
-            .strip_prefix("http://")
-            .or_else(|| w.url.strip_prefix("https://"))
-            .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or(""));
-        match host {
-            None => {
-                return Err(c.err(
-                    &format!("alerts.webhook[{i}].url"),
-                    format!("{:?} is not an http(s) URL", w.url),
-                ));
-            }
-            Some(h) if h.is_empty() || h.starts_with(':') => {
-                return Err(c.err(
-                    &format!("alerts.webhook[{i}].url"),
-                    format!("{:?} names no host", w.url),
-                ));
-            }
-            Some(_) => {}
-        }
-        webhooks.push(Webhook {
-            url: w.url.clone(),
-            timeout: c.dur(
-                &format!("alerts.webhook[{i}].timeout"),
-                &w.timeout,
-                Duration::from_secs(5),
-            )?,
-            retries: w.retries.unwrap_or(3),
-        });
-    }
+    let rules = raw
+        .rule
+        .iter()
+        .enumerate()
+        .map(|(i, r)| rule(c, i, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let webhooks = raw
+        .webhook
+        .iter()
+        .enumerate()
+        .map(|(i, w)| webhook(c, i, w))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut execs = Vec::new();
     for (i, x) in raw.exec.iter().enumerate() {
         if x.argv.first().is_none_or(|p| p.trim().is_empty()) {

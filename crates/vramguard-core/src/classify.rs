@@ -442,6 +442,32 @@ impl<'a> Context<'a> {
         }
     }
 
+    /// A holder the driver does not list: hidden, reclaimable only once its job is gone.
+    fn hidden_verdict(
+        &self,
+        gpu: &GpuSample,
+        p: &ProcessFacts,
+        job: &JobView,
+        work: &Work,
+        evidence: &mut Vec<String>,
+    ) -> (Class, Action) {
+        let job_gone = job.dead.is_some();
+        if let Some(dead) = &job.dead {
+            evidence.push(self.dead_job_evidence(p, dead));
+        } else {
+            evidence.push(job.info.evidence.clone());
+        }
+        evidence.push(format!(
+            "holds /dev/nvidia{} but the driver lists it on no GPU (a context it inherited, \
+             or a container the driver hides)",
+            self.minor_of(gpu)
+        ));
+        if job_gone {
+            evidence.push(work_evidence(work));
+        }
+        (Class::Hidden, hidden_action(gpu.index, job_gone, work))
+    }
+
     fn local_holder(
         &self,
         gpu: &GpuSample,
@@ -471,45 +497,11 @@ impl<'a> Context<'a> {
             evidence.push(why.clone());
         }
         let (class, action) = if matches!(system, Some(Ok(()))) {
-            let unit = if job.info.kind == JobKind::Unit {
-                format!(", {}", shown(&job.info.label))
-            } else {
-                String::new()
-            };
-            evidence.push(format!(
-                "{} is a system service{}{unit}; it is never signalled, but blocks a GPU reset",
-                escape(p.comm.as_deref().unwrap_or("?")),
-                p.exe
-                    .as_ref()
-                    .map(|e| format!(" ({})", shown(&e.path)))
-                    .unwrap_or_default()
-            ));
-            (
-                Class::System,
-                Action {
-                    summary: "leave it running; stop the service only to reset the GPU".into(),
-                    command: None,
-                    reclaimable: false,
-                },
-            )
+            system_verdict(p, &job, &mut evidence)
         } else if let Some(action) = self.zombie(p, &work, &mut evidence) {
             (Class::Zombie, action)
         } else if listed.is_none() {
-            let job_gone = dead_job.is_some();
-            if let Some(dead) = &dead_job {
-                evidence.push(self.dead_job_evidence(p, dead));
-            } else {
-                evidence.push(job.info.evidence.clone());
-            }
-            evidence.push(format!(
-                "holds /dev/nvidia{} but the driver lists it on no GPU (a context it inherited, \
-                 or a container the driver hides)",
-                self.minor_of(gpu)
-            ));
-            if job_gone {
-                evidence.push(work_evidence(&work));
-            }
-            (Class::Hidden, hidden_action(gpu.index, job_gone, &work))
+            self.hidden_verdict(gpu, p, &job, &work, &mut evidence)
         } else if let Some(dead) = &dead_job {
             evidence.push(self.dead_job_evidence(p, dead));
             evidence.push(work_evidence(&work));
@@ -1199,72 +1191,9 @@ impl<'a> Context<'a> {
                         .as_ref()
                         .is_none_or(|files| files.contains(&DeviceFile::Uvm))
                 });
-            let unavailable = gpu.processes.iter().any(|p| p.used_bytes.is_none());
-            if unavailable {
-                cause = Some(UnaccountedCause::PerProcessMemoryUnavailable);
-                explanation.push(
-                    "the driver does not report per-process memory here (MIG or vGPU), so the \
-                     listed processes may account for it"
-                        .into(),
-                );
-            } else if !hidden.is_empty() {
-                cause = Some(UnaccountedCause::HiddenHolders);
-                explanation.push(format!(
-                    "held by processes the driver does not list: {}",
-                    hidden
-                        .iter()
-                        .map(|h| self.describe(h.pid))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
-                explanation.push(format!(
-                    "their share is unknown: whatever remains after they exit is driver residue \
-                     (`vramguard reclaim --gpu {} --include hidden --reset=auto`)",
-                    gpu.index
-                ));
-            } else if self.snap.host.pid_namespace_is_host == Some(false) {
-                cause = Some(UnaccountedCause::OtherNamespace);
-                explanation.push(
-                    "vramguard runs in a container: holders in other PID namespaces are \
-                     invisible here; run it on the host or with hostPID: true"
-                        .into(),
-                );
-            } else if self.snap.scan.full_fd_scan && self.snap.host.euid == 0 {
-                cause = Some(UnaccountedCause::DriverResidue);
-                let live: Vec<&ResetBlocker> = blockers.iter().collect();
-                explanation.push(format!(
-                    "{}: memory the driver did not free (residue); only a GPU reset (or \
-                     reboot) clears it",
-                    if live.is_empty() {
-                        format!(
-                            "no process has a context on it or holds /dev/nvidia{}",
-                            self.minor_of(gpu)
-                        )
-                    } else {
-                        "no unlisted process has a CUDA context here".into()
-                    }
-                ));
-                if !live.is_empty() {
-                    explanation.push(format!(
-                        "a reset would be refused while these hold the device: {}",
-                        live.iter()
-                            .map(|b| self.describe(b.pid))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                }
-            } else {
-                cause = Some(UnaccountedCause::Unknown);
-                explanation.push(if !self.snap.scan.full_fd_scan {
-                    "open files were not scanned for every process; run `vramguard diagnose` \
-                     for a full scan"
-                        .into()
-                } else {
-                    "some processes' open files were unreadable; run as root to tell hidden \
-                     holders from driver residue"
-                        .into()
-                });
-            }
+            let (why, lines) = self.unaccounted_cause(gpu, &hidden, blockers);
+            cause = Some(why);
+            explanation.extend(lines);
             if !contextless.is_empty() && hidden.is_empty() {
                 explanation.push(format!(
                     "at least {} is not explained by any holder: {} hold /dev/nvidia{} without \
@@ -1295,6 +1224,112 @@ impl<'a> Context<'a> {
             explanation,
         }
     }
+
+    /// Why memory no listed process accounts for is used on `gpu`, and the explanation's
+    /// lines after the first: per-process memory not reported (MIG, vGPU), holders the driver
+    /// does not list, another PID namespace, driver residue, or unknown (a partial scan).
+    fn unaccounted_cause(
+        &self,
+        gpu: &GpuSample,
+        hidden: &[&Holder],
+        blockers: &[ResetBlocker],
+    ) -> (UnaccountedCause, Vec<String>) {
+        let mut explanation = Vec::new();
+        let cause;
+        let unavailable = gpu.processes.iter().any(|p| p.used_bytes.is_none());
+        if unavailable {
+            cause = UnaccountedCause::PerProcessMemoryUnavailable;
+            explanation.push(
+                "the driver does not report per-process memory here (MIG or vGPU), so the \
+                 listed processes may account for it"
+                    .into(),
+            );
+        } else if !hidden.is_empty() {
+            cause = UnaccountedCause::HiddenHolders;
+            explanation.push(format!(
+                "held by processes the driver does not list: {}",
+                hidden
+                    .iter()
+                    .map(|h| self.describe(h.pid))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            explanation.push(format!(
+                "their share is unknown: whatever remains after they exit is driver residue \
+                 (`vramguard reclaim --gpu {} --include hidden --reset=auto`)",
+                gpu.index
+            ));
+        } else if self.snap.host.pid_namespace_is_host == Some(false) {
+            cause = UnaccountedCause::OtherNamespace;
+            explanation.push(
+                "vramguard runs in a container: holders in other PID namespaces are \
+                 invisible here; run it on the host or with hostPID: true"
+                    .into(),
+            );
+        } else if self.snap.scan.full_fd_scan && self.snap.host.euid == 0 {
+            cause = UnaccountedCause::DriverResidue;
+            let live: Vec<&ResetBlocker> = blockers.iter().collect();
+            explanation.push(format!(
+                "{}: memory the driver did not free (residue); only a GPU reset (or \
+                 reboot) clears it",
+                if live.is_empty() {
+                    format!(
+                        "no process has a context on it or holds /dev/nvidia{}",
+                        self.minor_of(gpu)
+                    )
+                } else {
+                    "no unlisted process has a CUDA context here".into()
+                }
+            ));
+            if !live.is_empty() {
+                explanation.push(format!(
+                    "a reset would be refused while these hold the device: {}",
+                    live.iter()
+                        .map(|b| self.describe(b.pid))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        } else {
+            cause = UnaccountedCause::Unknown;
+            explanation.push(if !self.snap.scan.full_fd_scan {
+                "open files were not scanned for every process; run `vramguard diagnose` \
+                 for a full scan"
+                    .into()
+            } else {
+                "some processes' open files were unreadable; run as root to tell hidden \
+                 holders from driver residue"
+                    .into()
+            });
+        }
+        (cause, explanation)
+    }
+}
+
+/// A system service (the persistence daemon, a monitoring agent): never signalled, but it
+/// blocks a GPU reset.
+fn system_verdict(p: &ProcessFacts, job: &JobView, evidence: &mut Vec<String>) -> (Class, Action) {
+    let unit = if job.info.kind == JobKind::Unit {
+        format!(", {}", shown(&job.info.label))
+    } else {
+        String::new()
+    };
+    evidence.push(format!(
+        "{} is a system service{}{unit}; it is never signalled, but blocks a GPU reset",
+        escape(p.comm.as_deref().unwrap_or("?")),
+        p.exe
+            .as_ref()
+            .map(|e| format!(" ({})", shown(&e.path)))
+            .unwrap_or_default()
+    ));
+    (
+        Class::System,
+        Action {
+            summary: "leave it running; stop the service only to reset the GPU".into(),
+            command: None,
+            reclaimable: false,
+        },
+    )
 }
 
 /// What to do about a holder the driver does not list (a hidden one): terminate it only when

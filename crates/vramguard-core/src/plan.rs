@@ -212,6 +212,37 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     None
 }
 
+/// What each selected GPU should get back: the targets' listed bytes, plus the unaccounted
+/// memory when every hidden holder of that GPU is a target (their share is unknown).
+fn expected_free(
+    report: &Report,
+    targets: &BTreeMap<u32, Target>,
+    selected: &dyn Fn(u32) -> bool,
+) -> BTreeMap<u32, u64> {
+    let mut expected_free: BTreeMap<u32, u64> = BTreeMap::new();
+    for t in targets.values() {
+        for tg in &t.gpus {
+            let e = expected_free.entry(tg.gpu).or_default();
+            *e = e.saturating_add(tg.bytes.unwrap_or(0));
+        }
+    }
+    for g in report.gpus.iter().filter(|g| selected(g.index)) {
+        let hidden: Vec<&Holder> = g
+            .holders
+            .iter()
+            .filter(|h| h.class == Class::Hidden)
+            .collect();
+        if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant)
+            && !hidden.is_empty()
+            && hidden.iter().all(|h| targets.contains_key(&h.pid))
+        {
+            let e = expected_free.entry(g.index).or_default();
+            *e = e.saturating_add(u.bytes);
+        }
+    }
+    expected_free
+}
+
 /// Plans a reclaim from a classified snapshot.
 pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> Plan {
     let selected = |gpu: u32| opts.gpus.as_ref().is_none_or(|g| g.contains(&gpu));
@@ -281,27 +312,7 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
     // A pid refused on one GPU is refused everywhere: its identity is one.
     targets.retain(|pid, _| !left.contains_key(pid));
 
-    let mut expected_free: BTreeMap<u32, u64> = BTreeMap::new();
-    for t in targets.values() {
-        for tg in &t.gpus {
-            let e = expected_free.entry(tg.gpu).or_default();
-            *e = e.saturating_add(tg.bytes.unwrap_or(0));
-        }
-    }
-    for g in report.gpus.iter().filter(|g| selected(g.index)) {
-        let hidden: Vec<&Holder> = g
-            .holders
-            .iter()
-            .filter(|h| h.class == Class::Hidden)
-            .collect();
-        if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant)
-            && !hidden.is_empty()
-            && hidden.iter().all(|h| targets.contains_key(&h.pid))
-        {
-            let e = expected_free.entry(g.index).or_default();
-            *e = e.saturating_add(u.bytes);
-        }
-    }
+    let expected_free = expected_free(report, &targets, &selected);
 
     let mut jobs: BTreeMap<Option<u32>, PlannedJob> = BTreeMap::new();
     for (pid, t) in targets {

@@ -179,7 +179,30 @@ pub fn read_gpu(
     sample.health.retired_pages = optional(dev.retired_pages(), &mut warnings);
 
     let total = sample.memory.map(|m| m.total);
+    let (processes, list_state) = read_processes(dev, total, driver_version, &mut warnings);
+    sample.processes = processes;
+    sample.process_list = list_state;
+    sample.utilization = read_utilization(
+        dev,
+        &sample.processes,
+        now_ms,
+        utilization_since_ms,
+        &mut warnings,
+    );
+    sample.warnings = warnings;
+    sample
+}
+
+/// Every process the driver lists on the GPU (compute, graphics and MPS lists merged, each
+/// context charged once), and whether the list is complete.
+fn read_processes(
+    dev: &mut dyn DeviceCalls,
+    total: Option<u64>,
+    driver_version: Option<&str>,
+    warnings: &mut Vec<CallError>,
+) -> (Vec<GpuProcess>, ProcessListState) {
     let mut merged: BTreeMap<u32, GpuProcess> = BTreeMap::new();
+    let mut list_state = ProcessListState::Complete;
     let mut unreliable: Vec<String> = Vec::new();
     for kind in [
         ProcessKind::Compute,
@@ -192,50 +215,22 @@ pub fn read_gpu(
             Err(e) => {
                 if kind == ProcessKind::Compute {
                     // Without the compute list nothing can be attributed.
-                    sample.process_list = ProcessListState::Unavailable { error: e };
+                    list_state = ProcessListState::Unavailable { error: e };
                     break;
                 }
                 warnings.push(e);
                 continue;
             }
         };
-        let records = if records.iter().all(|r| plausible(r, total)) {
-            records
-        } else {
-            let bad = records.iter().filter(|r| !plausible(r, total)).count();
-            let fallback = if kind == ProcessKind::Mps {
-                None
-            } else {
-                list_with_retry(dev, kind, true).ok()
-            };
-            match fallback {
-                Some(legacy) if legacy.iter().all(|r| plausible(r, total)) => {
-                    warnings.push(CallError {
-                        call: list_call(kind, false).into(),
-                        code: None,
-                        message: format!(
-                            "{bad} implausible record(s) (pid 0 or above {PID_MAX_LIMIT}, or \
-                             memory above total; driver {}); used {} instead",
-                            driver_version.unwrap_or("unknown"),
-                            list_call(kind, true)
-                        ),
-                    });
-                    legacy
-                }
-                _ => {
-                    unreliable.push(format!(
-                        "{} returned {bad} implausible record(s) and no fallback gave valid \
-                         ones (driver {}); implausible records were dropped",
-                        list_call(kind, false),
-                        driver_version.unwrap_or("unknown")
-                    ));
-                    records
-                        .into_iter()
-                        .filter(|r| plausible(r, total))
-                        .collect()
-                }
-            }
-        };
+        let records = plausible_records(
+            dev,
+            kind,
+            records,
+            total,
+            driver_version,
+            warnings,
+            &mut unreliable,
+        );
         for r in records {
             let entry = merged.entry(r.pid).or_insert(GpuProcess {
                 pid: r.pid,
@@ -252,38 +247,89 @@ pub fn read_gpu(
             };
         }
     }
-    if !unreliable.is_empty() && matches!(sample.process_list, ProcessListState::Complete) {
-        sample.process_list = ProcessListState::Unreliable {
+    if !unreliable.is_empty() && matches!(list_state, ProcessListState::Complete) {
+        list_state = ProcessListState::Unreliable {
             reason: unreliable.join("; "),
         };
     }
-    sample.processes = merged.into_values().collect();
+    (merged.into_values().collect(), list_state)
+}
 
-    // Per-process utilization. A MIG GPU does not support it; junk samples (pid 0, values
-    // in the tens of thousands, stale timestamps) appear when dead contexts linger.
-    let mig_like = sample.processes.iter().any(|p| p.used_bytes.is_none());
-    if !mig_like {
-        match dev.utilization(utilization_since_ms * 1000) {
-            Ok(raw) => {
-                sample.utilization = Some(aggregate_utilization(
-                    &raw,
-                    &sample.processes,
-                    utilization_since_ms,
-                    now_ms,
-                ))
+/// `records` when every one is plausible; else the legacy call's records when those are (the
+/// 535 drivers' misaligned `_v3` records), else the plausible ones, with the reason recorded.
+fn plausible_records(
+    dev: &mut dyn DeviceCalls,
+    kind: ProcessKind,
+    records: Vec<RawProcess>,
+    total: Option<u64>,
+    driver_version: Option<&str>,
+    warnings: &mut Vec<CallError>,
+    unreliable: &mut Vec<String>,
+) -> Vec<RawProcess> {
+    if records.iter().all(|r| plausible(r, total)) {
+        records
+    } else {
+        let bad = records.iter().filter(|r| !plausible(r, total)).count();
+        let fallback = if kind == ProcessKind::Mps {
+            None
+        } else {
+            list_with_retry(dev, kind, true).ok()
+        };
+        match fallback {
+            Some(legacy) if legacy.iter().all(|r| plausible(r, total)) => {
+                warnings.push(CallError {
+                    call: list_call(kind, false).into(),
+                    code: None,
+                    message: format!(
+                        "{bad} implausible record(s) (pid 0 or above {PID_MAX_LIMIT}, or \
+                         memory above total; driver {}); used {} instead",
+                        driver_version.unwrap_or("unknown"),
+                        list_call(kind, true)
+                    ),
+                });
+                legacy
             }
-            Err(e) if e.code == Some(NOT_FOUND) => {
-                sample.utilization = Some(UtilizationWindow {
-                    since_ms: utilization_since_ms,
-                    samples: Vec::new(),
-                })
+            _ => {
+                unreliable.push(format!(
+                    "{} returned {bad} implausible record(s) and no fallback gave valid \
+                     ones (driver {}); implausible records were dropped",
+                    list_call(kind, false),
+                    driver_version.unwrap_or("unknown")
+                ));
+                records
+                    .into_iter()
+                    .filter(|r| plausible(r, total))
+                    .collect()
             }
-            Err(e) if e.code == Some(NOT_SUPPORTED) => {}
-            Err(e) => warnings.push(e),
         }
     }
-    sample.warnings = warnings;
-    sample
+}
+
+/// Per-process utilization. A MIG GPU does not support it; junk samples (pid 0, values in the
+/// tens of thousands, stale timestamps) appear when dead contexts linger.
+fn read_utilization(
+    dev: &mut dyn DeviceCalls,
+    processes: &[GpuProcess],
+    now_ms: u64,
+    since_ms: u64,
+    warnings: &mut Vec<CallError>,
+) -> Option<UtilizationWindow> {
+    let mig_like = processes.iter().any(|p| p.used_bytes.is_none());
+    if mig_like {
+        return None;
+    }
+    match dev.utilization(since_ms * 1000) {
+        Ok(raw) => Some(aggregate_utilization(&raw, processes, since_ms, now_ms)),
+        Err(e) if e.code == Some(NOT_FOUND) => Some(UtilizationWindow {
+            since_ms,
+            samples: Vec::new(),
+        }),
+        Err(e) if e.code == Some(NOT_SUPPORTED) => None,
+        Err(e) => {
+            warnings.push(e);
+            None
+        }
+    }
 }
 
 fn aggregate_utilization(

@@ -550,17 +550,8 @@ pub fn supervise(
         proc: own_proc,
     };
 
-    enum Phase {
-        Running,
-        Terminating(Instant),
-        Killing(Instant),
-    }
     let mut phase = Phase::Running;
-    let mut end: Option<JobEnd> = None;
-    let mut forwarded = Vec::new();
-    let mut leftovers = 0;
-    let mut killed_after_grace = false;
-    let mut stuck = Vec::new();
+    let mut ending = Ending::default();
     let mut last_tick = Instant::now();
     loop {
         let timeout = match phase {
@@ -571,7 +562,7 @@ pub fn supervise(
             Some(libc::SIGCHLD) => {}
             Some(sig) => {
                 job.forward(sig, opts.signal_group);
-                forwarded.push(signal_name(sig));
+                ending.forwarded.push(signal_name(sig));
                 if matches!(sig, libc::SIGTERM | libc::SIGINT) && matches!(phase, Phase::Running) {
                     phase = Phase::Terminating(Instant::now() + opts.grace);
                 }
@@ -579,51 +570,14 @@ pub fn supervise(
             None => {}
         }
         if let Some(e) = reap(main) {
-            end = Some(e);
+            ending.end = Some(e);
         }
         if matches!(phase, Phase::Running) && last_tick.elapsed() >= opts.tick {
             on_tick(&job.pids_now());
             last_tick = Instant::now();
         }
-        match phase {
-            Phase::Running if end.is_some() => {
-                let rest = job.remaining();
-                if rest.is_empty() {
-                    break;
-                }
-                leftovers = rest.len();
-                job.signal_each(rustix::process::Signal::TERM);
-                phase = Phase::Terminating(Instant::now() + opts.grace);
-            }
-            Phase::Running => {}
-            Phase::Terminating(deadline) => {
-                let rest = job.remaining();
-                if end.is_some() && rest.is_empty() {
-                    break;
-                }
-                if leftovers == 0 {
-                    leftovers = rest.len().saturating_sub(usize::from(end.is_none()));
-                }
-                if Instant::now() >= deadline {
-                    killed_after_grace = !rest.is_empty();
-                    job.kill_all();
-                    phase = Phase::Killing(Instant::now());
-                }
-            }
-            Phase::Killing(since) => {
-                let rest = job.remaining();
-                if end.is_some() && rest.is_empty() {
-                    break;
-                }
-                if since.elapsed() > Duration::from_secs(5) {
-                    stuck = stuck_report(&job.proc, rest.into_keys());
-                    if end.is_none() {
-                        end = Some(JobEnd::Signaled(libc::SIGKILL));
-                    }
-                    break;
-                }
-                job.kill_all();
-            }
+        if advance(&mut phase, &job, &mut ending, opts.grace) {
+            break;
         }
     }
     if let Some(cg) = &job.cgroup
@@ -638,15 +592,83 @@ pub fn supervise(
     drop(signals);
     Ok(Supervised {
         main_pid: main,
-        end: end.expect("the loop ends only once the main process has ended"),
+        end: ending
+            .end
+            .expect("the loop ends only once the main process has ended"),
         isolation,
         isolation_note,
-        forwarded,
-        leftovers,
-        killed_after_grace,
-        stuck,
+        forwarded: ending.forwarded,
+        leftovers: ending.leftovers,
+        killed_after_grace: ending.killed_after_grace,
+        stuck: ending.stuck,
         runtime_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Where the job is in its end.
+enum Phase {
+    /// The main process runs (or just ended).
+    Running,
+    /// What is left got SIGTERM; SIGKILL at the deadline.
+    Terminating(Instant),
+    /// What is left got SIGKILL, at that time.
+    Killing(Instant),
+}
+
+/// What the supervision learnt about the job's end.
+#[derive(Default)]
+struct Ending {
+    end: Option<JobEnd>,
+    forwarded: Vec<String>,
+    leftovers: usize,
+    killed_after_grace: bool,
+    stuck: Vec<String>,
+}
+
+/// One step of the job's end: SIGTERM to what outlives the main process, SIGKILL after
+/// `grace`, and after 5 s of SIGKILL the report of what survived it. True when done.
+fn advance(phase: &mut Phase, job: &Job, ending: &mut Ending, grace: Duration) -> bool {
+    match *phase {
+        Phase::Running if ending.end.is_some() => {
+            let rest = job.remaining();
+            if rest.is_empty() {
+                return true;
+            }
+            ending.leftovers = rest.len();
+            job.signal_each(rustix::process::Signal::TERM);
+            *phase = Phase::Terminating(Instant::now() + grace);
+        }
+        Phase::Running => {}
+        Phase::Terminating(deadline) => {
+            let rest = job.remaining();
+            if ending.end.is_some() && rest.is_empty() {
+                return true;
+            }
+            if ending.leftovers == 0 {
+                ending.leftovers = rest.len().saturating_sub(usize::from(ending.end.is_none()));
+            }
+            if Instant::now() >= deadline {
+                ending.killed_after_grace = !rest.is_empty();
+                job.kill_all();
+                *phase = Phase::Killing(Instant::now());
+            }
+        }
+        Phase::Killing(since) => {
+            let rest = job.remaining();
+            if ending.end.is_some() && rest.is_empty() {
+                return true;
+            }
+            if since.elapsed() > Duration::from_secs(5) {
+                ending.stuck = stuck_report(&job.proc, rest.into_keys());
+                if ending.end.is_none() {
+                    ending.end = Some(JobEnd::Signaled(libc::SIGKILL));
+                }
+                return true;
+            }
+            job.kill_all();
+        }
+    }
+    false
 }
 
 /// The watchdog: waits for `parent` to die (pidfd), then kills the job's cgroup, or the job's

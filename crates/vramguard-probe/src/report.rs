@@ -127,98 +127,107 @@ pub fn markdown(r: &ProbeReport) -> String {
     );
     let _ = writeln!(out);
     match &r.results {
-        Results::Release { trials } => {
-            let _ = writeln!(
-                out,
-                "| signal | n | released | release ms (min / median / p95 / max) | driver lag ms (median) | exit ms (median) | leftover | orphans kept memory |"
-            );
-            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
-            let mut names: Vec<&str> = Vec::new();
-            for t in trials {
-                if !names.contains(&t.signal.as_str()) {
-                    names.push(&t.signal);
-                }
-            }
-            for name in names {
-                let ts: Vec<&Trial> = trials.iter().filter(|t| t.signal == name).collect();
-                let rel: Vec<f64> = ts.iter().filter_map(|t| t.release_ms).collect();
-                let lag: Vec<f64> = ts.iter().filter_map(|t| t.driver_lag_ms).collect();
-                let exit: Vec<f64> = ts.iter().filter_map(|t| t.exit_ms).collect();
-                let leftover: u64 = ts.iter().map(|t| t.leftover_bytes).max().unwrap_or(0);
-                let _ = writeln!(
-                    out,
-                    "| SIG{name} | {} | {}/{} | {} / {} / {} / {} | {} | {} | {} | {} |",
-                    ts.len(),
-                    ts.iter().filter(|t| t.released).count(),
-                    ts.len(),
-                    ms(percentile(&rel, 0.0)),
-                    ms(percentile(&rel, 50.0)),
-                    ms(percentile(&rel, 95.0)),
-                    ms(percentile(&rel, 100.0)),
-                    ms(percentile(&lag, 50.0)),
-                    ms(percentile(&exit, 50.0)),
-                    format_bytes(leftover),
-                    if ts.iter().any(|t| t.orphans_kept_memory) {
-                        "yes"
-                    } else {
-                        "no"
-                    }
-                );
-            }
-        }
-        Results::Concurrent(c) => {
-            let rel: Vec<f64> = c.kills.iter().filter_map(|k| k.release_ms).collect();
-            let _ = writeln!(
-                out,
-                "| kills | per-kill release ms (min / median / p95 / max) | total ms | leftover |"
-            );
-            let _ = writeln!(out, "|---|---|---|---|");
-            let _ = writeln!(
-                out,
-                "| {} | {} / {} / {} / {} | {} | {} |",
-                c.kills.len(),
-                ms(percentile(&rel, 0.0)),
-                ms(percentile(&rel, 50.0)),
-                ms(percentile(&rel, 95.0)),
-                ms(percentile(&rel, 100.0)),
-                ms(c.total_ms),
-                format_bytes(c.leftover_bytes)
-            );
-            if c.leftover_bytes > 0 {
-                let _ = writeln!(
-                    out,
-                    "\n**{} remained with no process after every holder was gone.**",
-                    format_bytes(c.leftover_bytes)
-                );
-            }
-            let _ = writeln!(out, "\nkill order seed: {}", c.seed);
-        }
-        Results::Soak(s) => {
-            let _ = writeln!(
-                out,
-                "| cycles | baseline start | baseline end | trend (per hour, 95% CI) |"
-            );
-            let _ = writeln!(out, "|---|---|---|---|");
-            let trend = match &s.trend_bytes_per_hour {
-                Some(t) => format!(
-                    "{:+.1} MiB/h [{:+.1}, {:+.1}]{}",
-                    t.slope / 1048576.0,
-                    t.ci_low / 1048576.0,
-                    t.ci_high / 1048576.0,
-                    if t.rising() { ": **growing**" } else { "" }
-                ),
-                None => "— (fewer than 3 cycles)".into(),
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {trend} |",
-                s.cycles.len(),
-                format_bytes(s.baseline_start),
-                format_bytes(s.baseline_end)
-            );
-        }
+        Results::Release { trials } => release_table(&mut out, trials),
+        Results::Concurrent(c) => concurrent_table(&mut out, c),
+        Results::Soak(s) => soak_table(&mut out, s),
     }
     out
+}
+
+/// The release experiment: one row per signal.
+fn release_table(out: &mut String, trials: &[Trial]) {
+    let _ = writeln!(
+        out,
+        "| signal | n | released | release ms (min / median / p95 / max) | driver lag ms (median) | exit ms (median) | leftover | orphans kept memory |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let mut names: Vec<&str> = Vec::new();
+    for t in trials {
+        if !names.contains(&t.signal.as_str()) {
+            names.push(&t.signal);
+        }
+    }
+    for name in names {
+        let ts: Vec<&Trial> = trials.iter().filter(|t| t.signal == name).collect();
+        let rel: Vec<f64> = ts.iter().filter_map(|t| t.release_ms).collect();
+        let lag: Vec<f64> = ts.iter().filter_map(|t| t.driver_lag_ms).collect();
+        let exit: Vec<f64> = ts.iter().filter_map(|t| t.exit_ms).collect();
+        let leftover: u64 = ts.iter().map(|t| t.leftover_bytes).max().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "| SIG{name} | {} | {}/{} | {} / {} / {} / {} | {} | {} | {} | {} |",
+            ts.len(),
+            ts.iter().filter(|t| t.released).count(),
+            ts.len(),
+            ms(percentile(&rel, 0.0)),
+            ms(percentile(&rel, 50.0)),
+            ms(percentile(&rel, 95.0)),
+            ms(percentile(&rel, 100.0)),
+            ms(percentile(&lag, 50.0)),
+            ms(percentile(&exit, 50.0)),
+            format_bytes(leftover),
+            if ts.iter().any(|t| t.orphans_kept_memory) {
+                "yes"
+            } else {
+                "no"
+            }
+        );
+    }
+}
+
+/// The concurrent experiment: per-kill release times and what remained.
+fn concurrent_table(out: &mut String, c: &Concurrent) {
+    let rel: Vec<f64> = c.kills.iter().filter_map(|k| k.release_ms).collect();
+    let _ = writeln!(
+        out,
+        "| kills | per-kill release ms (min / median / p95 / max) | total ms | leftover |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "| {} | {} / {} / {} / {} | {} | {} |",
+        c.kills.len(),
+        ms(percentile(&rel, 0.0)),
+        ms(percentile(&rel, 50.0)),
+        ms(percentile(&rel, 95.0)),
+        ms(percentile(&rel, 100.0)),
+        ms(c.total_ms),
+        format_bytes(c.leftover_bytes)
+    );
+    if c.leftover_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "\n**{} remained with no process after every holder was gone.**",
+            format_bytes(c.leftover_bytes)
+        );
+    }
+    let _ = writeln!(out, "\nkill order seed: {}", c.seed);
+}
+
+/// The soak: the baseline's trend over the cycles.
+fn soak_table(out: &mut String, s: &Soak) {
+    let _ = writeln!(
+        out,
+        "| cycles | baseline start | baseline end | trend (per hour, 95% CI) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
+    let trend = match &s.trend_bytes_per_hour {
+        Some(t) => format!(
+            "{:+.1} MiB/h [{:+.1}, {:+.1}]{}",
+            t.slope / 1048576.0,
+            t.ci_low / 1048576.0,
+            t.ci_high / 1048576.0,
+            if t.rising() { ": **growing**" } else { "" }
+        ),
+        None => "— (fewer than 3 cycles)".into(),
+    };
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {trend} |",
+        s.cycles.len(),
+        format_bytes(s.baseline_start),
+        format_bytes(s.baseline_end)
+    );
 }
 
 fn plot(
@@ -302,6 +311,66 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
+/// The samples from `from` to `to` (ms), as (ms since `origin`, GiB used).
+fn samples_between(r: &ProbeReport, from: f64, to: f64, origin: f64) -> Vec<(f64, f64)> {
+    r.samples
+        .iter()
+        .filter(|(t, u)| *t >= from && *t <= to && u.is_some())
+        .map(|(t, u)| (t - origin, gib(u.unwrap_or(0))))
+        .collect()
+}
+
+/// One plot per signal of the release experiment, each trial a series around its signal.
+fn release_plots(
+    dir: &Path,
+    r: &ProbeReport,
+    trials: &[Trial],
+) -> Result<Vec<PathBuf>, ProbeError> {
+    let mut files = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for t in trials {
+        if !names.contains(&t.signal) {
+            names.push(t.signal.clone());
+        }
+    }
+    for name in names {
+        let series: Vec<(String, Vec<(f64, f64)>)> = trials
+            .iter()
+            .filter(|t| t.signal == name)
+            .map(|t| {
+                // This trial only: from just before its holder started to a little
+                // after its memory came back.
+                let next_start = trials
+                    .iter()
+                    .map(|o| o.t_start_ms)
+                    .filter(|s| *s > t.t_start_ms)
+                    .fold(f64::INFINITY, f64::min);
+                let from = (t.t_signal_ms - 300.0).max(t.t_start_ms - 20.0);
+                let to =
+                    (t.t_signal_ms + t.release_ms.unwrap_or(5_000.0) + 200.0).min(next_start - 1.0);
+                (
+                    format!("SIG{} #{}", t.signal, t.repeat),
+                    samples_between(r, from, to, t.t_signal_ms),
+                )
+            })
+            .collect();
+        let path = dir.join(format!("release-{}.svg", name.to_lowercase()));
+        plot(
+            &path,
+            &format!(
+                "GPU {}: used memory around SIG{name} (line: the signal)",
+                r.gpu.index
+            ),
+            &series,
+            &[0.0],
+            "ms since the signal",
+            None,
+        )?;
+        files.push(path);
+    }
+    Ok(files)
+}
+
 /// Writes `report.md`, `report.json` and the SVG plots into `dir`; returns the files.
 pub fn write(dir: &Path, r: &ProbeReport) -> Result<Vec<PathBuf>, ProbeError> {
     let failed = |action: &'static str, path: &Path| {
@@ -324,57 +393,9 @@ pub fn write(dir: &Path, r: &ProbeReport) -> Result<Vec<PathBuf>, ProbeError> {
     )
     .map_err(failed("writing", &json))?;
     files.push(json);
-    let points = |from: f64, to: f64, origin: f64| -> Vec<(f64, f64)> {
-        r.samples
-            .iter()
-            .filter(|(t, u)| *t >= from && *t <= to && u.is_some())
-            .map(|(t, u)| (t - origin, gib(u.unwrap_or(0))))
-            .collect()
-    };
+    let points = |from: f64, to: f64, origin: f64| samples_between(r, from, to, origin);
     match &r.results {
-        Results::Release { trials } => {
-            let mut names: Vec<String> = Vec::new();
-            for t in trials {
-                if !names.contains(&t.signal) {
-                    names.push(t.signal.clone());
-                }
-            }
-            for name in names {
-                let series: Vec<(String, Vec<(f64, f64)>)> = trials
-                    .iter()
-                    .filter(|t| t.signal == name)
-                    .map(|t| {
-                        // This trial only: from just before its holder started to a little
-                        // after its memory came back.
-                        let next_start = trials
-                            .iter()
-                            .map(|o| o.t_start_ms)
-                            .filter(|s| *s > t.t_start_ms)
-                            .fold(f64::INFINITY, f64::min);
-                        let from = (t.t_signal_ms - 300.0).max(t.t_start_ms - 20.0);
-                        let to = (t.t_signal_ms + t.release_ms.unwrap_or(5_000.0) + 200.0)
-                            .min(next_start - 1.0);
-                        (
-                            format!("SIG{} #{}", t.signal, t.repeat),
-                            points(from, to, t.t_signal_ms),
-                        )
-                    })
-                    .collect();
-                let path = dir.join(format!("release-{}.svg", name.to_lowercase()));
-                plot(
-                    &path,
-                    &format!(
-                        "GPU {}: used memory around SIG{name} (line: the signal)",
-                        r.gpu.index
-                    ),
-                    &series,
-                    &[0.0],
-                    "ms since the signal",
-                    None,
-                )?;
-                files.push(path);
-            }
-        }
+        Results::Release { trials } => files.extend(release_plots(dir, r, trials)?),
         Results::Concurrent(c) => {
             let from = c.kills.first().map_or(0.0, |k| k.t_signal_ms) - 500.0;
             let to = r.samples.last().map_or(0.0, |s| s.0);

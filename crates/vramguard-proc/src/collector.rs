@@ -608,6 +608,32 @@ impl ProcCollector {
         })
     }
 
+    /// What does not change while a process lives (after its exec): executable, owner,
+    /// command line, PID namespaces, cgroup and container. Read once per process.
+    fn identity(&mut self, pid: u32) -> Result<ProcessFacts, ProcError> {
+        let status = self.fs.status(pid)?.ok().unwrap_or_default();
+        let cmdline = self.fs.cmdline(pid)?.ok();
+        let cgroup = self.fs.cgroup(pid)?.ok().flatten();
+        let (container, pod_uid) = cgroup
+            .as_deref()
+            .map(crate::parse::container_from_cgroup)
+            .unwrap_or((None, None));
+        let user = status.uid.and_then(|u| self.user_name(u));
+        let exe = self.fs.exe(pid)?.ok();
+        Ok(ProcessFacts {
+            pid,
+            exe,
+            uid: status.uid,
+            user,
+            cmdline,
+            nspid: status.nspid,
+            cgroup,
+            container,
+            pod_uid,
+            ..ProcessFacts::default()
+        })
+    }
+
     /// Fresh `stat` plus cached identity facts for one pid; `None` if it is gone.
     fn refresh(&mut self, pid: u32) -> Result<Option<ProcessFacts>, ProcError> {
         let held = self.known.get(&pid).and_then(|k| k.stat_fd.as_ref());
@@ -653,27 +679,7 @@ impl ProcCollector {
         };
         let needs_identity = self.known.get(&pid).is_none_or(|k| k.facts.is_none());
         let identity = if needs_identity {
-            let status = self.fs.status(pid)?.ok().unwrap_or_default();
-            let cmdline = self.fs.cmdline(pid)?.ok();
-            let cgroup = self.fs.cgroup(pid)?.ok().flatten();
-            let (container, pod_uid) = cgroup
-                .as_deref()
-                .map(crate::parse::container_from_cgroup)
-                .unwrap_or((None, None));
-            let user = status.uid.and_then(|u| self.user_name(u));
-            let exe = self.fs.exe(pid)?.ok();
-            Some(ProcessFacts {
-                pid,
-                exe,
-                uid: status.uid,
-                user,
-                cmdline,
-                nspid: status.nspid,
-                cgroup,
-                container,
-                pod_uid,
-                ..ProcessFacts::default()
-            })
+            Some(self.identity(pid)?)
         } else {
             None
         };

@@ -242,56 +242,9 @@ fn set_comm(name: &str) {
 pub fn run(spec: HolderSpec) -> Result<()> {
     // SAFETY: single-threaded here; the spec was read already.
     unsafe { std::env::remove_var(HOLDER_ENV) };
-    // A real `python3 train.py` has the command name python3: take it from argv[0] unless
-    // the spec names one (the kernel would show `vramguard`, the executable's name).
-    let argv0 = std::env::args_os()
-        .next()
-        .map(|a| {
-            a.to_string_lossy()
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-        .filter(|a| !a.is_empty());
-    if let Some(comm) = spec.comm.as_ref().or(argv0.as_ref()) {
-        set_comm(comm);
-    }
-    if spec.new_session {
-        rustix::process::setsid().context("setsid")?;
-    } else if spec.group_leader {
-        rustix::process::setpgid(None, None).context("setpgid")?;
-    }
-    if spec.ignore_term {
-        // SAFETY: installing SIG_IGN has no handler code to run.
-        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
-    }
+    take_identity(&spec)?;
     let state = SimState::load(&spec.state).context("loading the state")?;
-    let mut files: Vec<File> = Vec::new();
-    let mut open = |name: String| -> Result<()> {
-        let path = state.dev_dir.join(&name);
-        files.push(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
-        Ok(())
-    };
-    // Every client opens the control device; only a CUDA context opens unified memory. A
-    // holder that only opens GPUs is an NVML client (a monitor, the persistence daemon).
-    if !spec.holds.is_empty() || !spec.open_gpus.is_empty() {
-        open("nvidiactl".into())?;
-    }
-    if !spec.holds.is_empty() {
-        open("nvidia-uvm".into())?;
-    }
-    let mut gpus: Vec<u32> = spec
-        .holds
-        .iter()
-        .map(|h| h.gpu)
-        .chain(spec.open_gpus.iter().copied())
-        .collect();
-    gpus.sort_unstable();
-    gpus.dedup();
-    for g in gpus {
-        open(format!("nvidia{g}"))?;
-    }
+    let files = open_device_files(&spec, &state)?;
     // The driver sees processes through the state's proc root (the host's /proc); inside a
     // PID namespace, getpid() is not that pid, but `self` in the host's procfs is.
     let own_pid = std::process::id();
@@ -300,49 +253,9 @@ pub fn run(spec: HolderSpec) -> Result<()> {
         .and_then(|p| p.to_str().and_then(|s| s.parse().ok()))
         .unwrap_or(own_pid);
     if !spec.holds.is_empty() {
-        store::update_state(&spec.state, |s| {
-            for h in &spec.holds {
-                let gpu_default = s
-                    .gpus
-                    .get(h.gpu as usize)
-                    .map(|g| g.after_exit)
-                    .unwrap_or_default();
-                s.allocations.push(SimAllocation {
-                    gpu: h.gpu,
-                    pid,
-                    bytes: h.bytes,
-                    kind: h.kind,
-                    after_exit: h.after_exit.unwrap_or(gpu_default),
-                    listed: h.listed,
-                    reported_pid: if h.report_namespace_pid {
-                        Some(own_pid)
-                    } else {
-                        h.reported_pid
-                    },
-                    sm_util: h.sm_util,
-                    mem_util: 0,
-                    held_by: vec![],
-                });
-            }
-        })
-        .context("registering allocations")?;
+        register_allocations(&spec, pid, own_pid)?;
     }
-    let mut worker_pids = Vec::new();
-    let mut children = Vec::new();
-    for (i, w) in spec.workers.iter().enumerate() {
-        let mut ws = w.spec.clone();
-        let ready = spec
-            .ready_file
-            .as_ref()
-            .map(|r| PathBuf::from(format!("{}.w{i}", r.display())))
-            .unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("vramguard-holder-{own_pid}.w{i}"))
-            });
-        ws.ready_file = Some(ready.clone());
-        let child = spawn(&w.argv, &ws)?;
-        worker_pids.push(wait_ready(&ready, Duration::from_secs(20))?.pid);
-        children.push(child);
-    }
+    let (worker_pids, children) = start_workers(&spec, own_pid)?;
     if spec.share_with_workers && !worker_pids.is_empty() {
         store::update_state(&spec.state, |s| {
             for a in s.allocations.iter_mut().filter(|a| a.pid == pid) {
@@ -376,6 +289,119 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     sleep_until(deadline);
     drop(files);
     Ok(())
+}
+
+/// Takes the command name, session or process group and signal dispositions the spec asks
+/// for.
+fn take_identity(spec: &HolderSpec) -> Result<()> {
+    // A real `python3 train.py` has the command name python3: take it from argv[0] unless
+    // the spec names one (the kernel would show `vramguard`, the executable's name).
+    let argv0 = std::env::args_os()
+        .next()
+        .map(|a| {
+            a.to_string_lossy()
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .filter(|a| !a.is_empty());
+    if let Some(comm) = spec.comm.as_ref().or(argv0.as_ref()) {
+        set_comm(comm);
+    }
+    if spec.new_session {
+        rustix::process::setsid().context("setsid")?;
+    } else if spec.group_leader {
+        rustix::process::setpgid(None, None).context("setpgid")?;
+    }
+    if spec.ignore_term {
+        // SAFETY: installing SIG_IGN has no handler code to run.
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
+    Ok(())
+}
+
+/// Opens the device files a process with these holdings has open: the control device for
+/// every client, unified memory for a CUDA context, and each GPU's file.
+fn open_device_files(spec: &HolderSpec, state: &SimState) -> Result<Vec<File>> {
+    let mut files: Vec<File> = Vec::new();
+    let mut open = |name: String| -> Result<()> {
+        let path = state.dev_dir.join(&name);
+        files.push(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
+        Ok(())
+    };
+    // Every client opens the control device; only a CUDA context opens unified memory. A
+    // holder that only opens GPUs is an NVML client (a monitor, the persistence daemon).
+    if !spec.holds.is_empty() || !spec.open_gpus.is_empty() {
+        open("nvidiactl".into())?;
+    }
+    if !spec.holds.is_empty() {
+        open("nvidia-uvm".into())?;
+    }
+    let mut gpus: Vec<u32> = spec
+        .holds
+        .iter()
+        .map(|h| h.gpu)
+        .chain(spec.open_gpus.iter().copied())
+        .collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    for g in gpus {
+        open(format!("nvidia{g}"))?;
+    }
+    Ok(files)
+}
+
+/// Registers the spec's allocations with the model, as `pid`.
+fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32) -> Result<()> {
+    store::update_state(&spec.state, |s| {
+        for h in &spec.holds {
+            let gpu_default = s
+                .gpus
+                .get(h.gpu as usize)
+                .map(|g| g.after_exit)
+                .unwrap_or_default();
+            s.allocations.push(SimAllocation {
+                gpu: h.gpu,
+                pid,
+                bytes: h.bytes,
+                kind: h.kind,
+                after_exit: h.after_exit.unwrap_or(gpu_default),
+                listed: h.listed,
+                reported_pid: if h.report_namespace_pid {
+                    Some(own_pid)
+                } else {
+                    h.reported_pid
+                },
+                sm_util: h.sm_util,
+                mem_util: 0,
+                held_by: vec![],
+            });
+        }
+    })
+    .context("registering allocations")?;
+    Ok(())
+}
+
+/// Starts the spec's workers, each ready before the next; returns their pids and handles.
+fn start_workers(spec: &HolderSpec, own_pid: u32) -> Result<(Vec<u32>, Vec<std::process::Child>)> {
+    let mut worker_pids = Vec::new();
+    let mut children = Vec::new();
+    for (i, w) in spec.workers.iter().enumerate() {
+        let mut ws = w.spec.clone();
+        let ready = spec
+            .ready_file
+            .as_ref()
+            .map(|r| PathBuf::from(format!("{}.w{i}", r.display())))
+            .unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("vramguard-holder-{own_pid}.w{i}"))
+            });
+        ws.ready_file = Some(ready.clone());
+        let child = spawn(&w.argv, &ws)?;
+        worker_pids.push(wait_ready(&ready, Duration::from_secs(20))?.pid);
+        children.push(child);
+    }
+    Ok((worker_pids, children))
 }
 
 /// Spins for `busy` out of every 100 ms until the deadline.

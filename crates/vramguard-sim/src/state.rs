@@ -174,6 +174,41 @@ impl SimGpu {
     }
 }
 
+/// Checks the faults of the state (or of one GPU, `prefix` naming it): known calls, real
+/// error codes, bounded stalls.
+fn check_faults(path: &Path, prefix: &str, faults: &[Fault]) -> Result<(), StateError> {
+    let invalid = |field: String, problem: String| StateError::Invalid {
+        path: path.to_path_buf(),
+        field,
+        problem,
+    };
+    for (i, f) in faults.iter().enumerate() {
+        if !FAULTABLE_CALLS.contains(&f.call.as_str()) {
+            return Err(invalid(
+                format!("{prefix}faults[{i}].call"),
+                format!(
+                    "unknown NVML call {:?} (known: {})",
+                    f.call,
+                    FAULTABLE_CALLS.join(", ")
+                ),
+            ));
+        }
+        if f.code == 0 && f.delay_ms.is_none() {
+            return Err(invalid(
+                format!("{prefix}faults[{i}].code"),
+                "0 is NVML_SUCCESS, not an error (add delay_ms for a call that only stalls)".into(),
+            ));
+        }
+        if f.delay_ms.is_some_and(|d| d > 600_000) {
+            return Err(invalid(
+                format!("{prefix}faults[{i}].delay_ms"),
+                "at most 600000 (10 minutes)".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl SimState {
     /// A state with `gpus` H200s, no allocations, device files in `dev_dir`.
     pub fn with_h200s(dev_dir: PathBuf, gpus: u32) -> SimState {
@@ -378,35 +413,7 @@ impl SimState {
         if self.gpus.is_empty() {
             return Err(invalid("gpus".into(), "at least one GPU is needed".into()));
         }
-        let check_faults = |prefix: &str, faults: &[Fault]| -> Result<(), StateError> {
-            for (i, f) in faults.iter().enumerate() {
-                if !FAULTABLE_CALLS.contains(&f.call.as_str()) {
-                    return Err(invalid(
-                        format!("{prefix}faults[{i}].call"),
-                        format!(
-                            "unknown NVML call {:?} (known: {})",
-                            f.call,
-                            FAULTABLE_CALLS.join(", ")
-                        ),
-                    ));
-                }
-                if f.code == 0 && f.delay_ms.is_none() {
-                    return Err(invalid(
-                        format!("{prefix}faults[{i}].code"),
-                        "0 is NVML_SUCCESS, not an error (add delay_ms for a call that only stalls)"
-                            .into(),
-                    ));
-                }
-                if f.delay_ms.is_some_and(|d| d > 600_000) {
-                    return Err(invalid(
-                        format!("{prefix}faults[{i}].delay_ms"),
-                        "at most 600000 (10 minutes)".into(),
-                    ));
-                }
-            }
-            Ok(())
-        };
-        check_faults("", &self.faults)?;
+        check_faults(path, "", &self.faults)?;
         for (i, g) in self.gpus.iter().enumerate() {
             if !g.uuid.starts_with("GPU-") {
                 return Err(invalid(
@@ -440,7 +447,7 @@ impl SimState {
                     "must be positive and at least reserved_bytes + baseline_used_bytes".into(),
                 ));
             }
-            check_faults(&format!("gpus[{i}]."), &g.faults)?;
+            check_faults(path, &format!("gpus[{i}]."), &g.faults)?;
         }
         for (i, a) in self.allocations.iter().enumerate() {
             let Some(gpu) = self.gpus.get(a.gpu as usize) else {

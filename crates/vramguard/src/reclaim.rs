@@ -202,6 +202,21 @@ fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
     }
 }
 
+/// Refuses a `--proc-root` other than vramguard's own PID namespace's: pids read there are
+/// the pids signalled.
+fn check_own_proc(proc_root: &std::path::Path) -> Result<()> {
+    let own = std::fs::read_link(proc_root.join("self"))
+        .ok()
+        .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));
+    if own != Some(std::process::id()) {
+        bail!(
+            "reclaim signals processes, so it needs the /proc of its own PID namespace; {} is not (use the default /proc)",
+            proc_root.display()
+        );
+    }
+    Ok(())
+}
+
 /// Runs `vramguard reclaim`.
 pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     let opts = options(args)?;
@@ -219,16 +234,7 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
         return Ok(0);
     }
     let (reset, grace, release_timeout) = (args.reset, args.grace, args.release_timeout);
-    let proc_root = settings.proc_root.clone();
-    let own = std::fs::read_link(proc_root.join("self"))
-        .ok()
-        .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));
-    if own != Some(std::process::id()) {
-        bail!(
-            "reclaim signals processes, so it needs the /proc of its own PID namespace; {} is not (use the default /proc)",
-            proc_root.display()
-        );
-    }
+    check_own_proc(&settings.proc_root)?;
 
     let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
     let prepared = vramguard_ops::prepare(

@@ -293,6 +293,72 @@ fn holder_line(st: &Style, h: &Holder) -> String {
     )
 }
 
+/// One GPU of `status`: its title, health, process-list state, holders and ghost line.
+fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
+    let _ = writeln!(out, "{}", gpu_title(st, g));
+    if let Some(f) = &g.failure {
+        let _ = writeln!(out, "  {} {f}", st.red("error:"));
+        return;
+    }
+    for f in vramguard_core::health::findings(g.index, &g.health) {
+        let label = match f.severity {
+            Severity::Warn => st.yellow("health:"),
+            Severity::Fail => st.red("health:"),
+        };
+        let _ = writeln!(out, "  {label} {} (`{}`)", f.message, f.command);
+    }
+    if let ProcessListState::Unreliable { reason } = &g.process_list {
+        let _ = writeln!(
+            out,
+            "  {} process list unreliable: {reason}",
+            st.yellow("warning:")
+        );
+    }
+    if let ProcessListState::Unavailable { error } = &g.process_list {
+        let _ = writeln!(
+            out,
+            "  {} process list unavailable: {error}",
+            st.red("error:")
+        );
+    }
+    if g.holders.is_empty() {
+        let _ = writeln!(out, "  {}", st.dim("no processes hold this GPU"));
+    } else {
+        let _ = writeln!(
+            out,
+            "  {}",
+            st.dim(&format!(
+                "{:<9} {:<9} {:<8} {:<16} {:>10}  {}",
+                "PID", "USER", "CLASS", "JOB", "MEMORY", "COMMAND"
+            ))
+        );
+        for h in &g.holders {
+            let _ = writeln!(out, "{}", holder_line(st, h));
+        }
+    }
+    if let Some(u) = &g.unaccounted
+        && u.significant
+    {
+        let _ = writeln!(
+            out,
+            "  {:<9} {:<9} {} {:<16} {:>10}  {}",
+            "-",
+            "-",
+            st.red(&format!("{:<8}", "ghost")),
+            "-",
+            format_bytes(u.bytes),
+            u.explanation
+                .get(1)
+                .map(|e| if st.width >= 100 {
+                    truncate(e, st.width - 62)
+                } else {
+                    format!("\n{:12}{}", "", truncate(e, st.width.saturating_sub(12)))
+                })
+                .unwrap_or_default()
+        );
+    }
+}
+
 /// `vramguard status`.
 pub fn status(r: &Report, st: &Style) -> String {
     let mut out = String::new();
@@ -306,68 +372,7 @@ pub fn status(r: &Report, st: &Style) -> String {
     );
     for g in &r.gpus {
         let _ = writeln!(out);
-        let _ = writeln!(out, "{}", gpu_title(st, g));
-        if let Some(f) = &g.failure {
-            let _ = writeln!(out, "  {} {f}", st.red("error:"));
-            continue;
-        }
-        for f in vramguard_core::health::findings(g.index, &g.health) {
-            let label = match f.severity {
-                Severity::Warn => st.yellow("health:"),
-                Severity::Fail => st.red("health:"),
-            };
-            let _ = writeln!(out, "  {label} {} (`{}`)", f.message, f.command);
-        }
-        if let ProcessListState::Unreliable { reason } = &g.process_list {
-            let _ = writeln!(
-                out,
-                "  {} process list unreliable: {reason}",
-                st.yellow("warning:")
-            );
-        }
-        if let ProcessListState::Unavailable { error } = &g.process_list {
-            let _ = writeln!(
-                out,
-                "  {} process list unavailable: {error}",
-                st.red("error:")
-            );
-        }
-        if g.holders.is_empty() {
-            let _ = writeln!(out, "  {}", st.dim("no processes hold this GPU"));
-        } else {
-            let _ = writeln!(
-                out,
-                "  {}",
-                st.dim(&format!(
-                    "{:<9} {:<9} {:<8} {:<16} {:>10}  {}",
-                    "PID", "USER", "CLASS", "JOB", "MEMORY", "COMMAND"
-                ))
-            );
-            for h in &g.holders {
-                let _ = writeln!(out, "{}", holder_line(st, h));
-            }
-        }
-        if let Some(u) = &g.unaccounted
-            && u.significant
-        {
-            let _ = writeln!(
-                out,
-                "  {:<9} {:<9} {} {:<16} {:>10}  {}",
-                "-",
-                "-",
-                st.red(&format!("{:<8}", "ghost")),
-                "-",
-                format_bytes(u.bytes),
-                u.explanation
-                    .get(1)
-                    .map(|e| if st.width >= 100 {
-                        truncate(e, st.width - 62)
-                    } else {
-                        format!("\n{:12}{}", "", truncate(e, st.width.saturating_sub(12)))
-                    })
-                    .unwrap_or_default()
-            );
-        }
+        gpu_block(&mut out, st, g);
     }
     let ghost = r.ghost_bytes();
     let _ = writeln!(out);

@@ -196,6 +196,40 @@ fn summary_line(
     line
 }
 
+/// The tracker of the job's GPU memory, on the node when there is one; without a driver
+/// (when no GPU choice needs one), why not, for the summary.
+fn job_tracker(settings: &Settings, args: &RunArgs) -> Result<(GpuTracker, Option<String>)> {
+    let (node, gpu_check): (Option<Box<dyn Node>>, _) = match settings
+        .node(&settings.config.policy, None)
+    {
+        Ok(n) => (Some(Box::new(n)), None),
+        Err(e) if args.gpus.is_none() => {
+            let why = match e.downcast_ref::<vramguard_gpu::SourceError>() {
+                Some(vramguard_gpu::SourceError::NoDriver { .. }) => "no NVIDIA driver".to_string(),
+                _ => format!("{e:#}"),
+            };
+            (None, Some(format!("GPU memory not checked ({why})")))
+        }
+        Err(e) => return Err(e),
+    };
+    let tracker = GpuTracker {
+        node,
+        job: JobGpus::new(settings.config.policy.clone()),
+    };
+    Ok((tracker, gpu_check))
+}
+
+/// `--gpus auto:N`: the GPUs picked, as `CUDA_VISIBLE_DEVICES`; `None` when not enough
+/// became free in time.
+fn pick_for_job(node: &mut dyn Node, spec: &str, choice: &GpuChoice) -> Result<Option<String>> {
+    let count: usize = spec
+        .strip_prefix("auto:")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("--gpus {spec:?}: expected auto:N, e.g. auto:2"))?;
+    let opts = pick_options(count, choice)?;
+    Ok(choose_gpus(node, &opts)?.map(|ids| ids.join(",")))
+}
+
 /// `vramguard run -- CMD`.
 pub fn run(settings: &Settings, args: &RunArgs) -> Result<i32> {
     // Before any thread exists (an NVML library may start some): no thread may receive the
@@ -210,33 +244,16 @@ pub fn run(settings: &Settings, args: &RunArgs) -> Result<i32> {
         .collect::<Vec<_>>()
         .join(" ");
 
-    let (node, gpu_check) = match settings.node(&settings.config.policy, None) {
-        Ok(n) => (Some(Box::new(n) as Box<dyn Node>), None),
-        Err(e) if args.gpus.is_none() => {
-            let why = match e.downcast_ref::<vramguard_gpu::SourceError>() {
-                Some(vramguard_gpu::SourceError::NoDriver { .. }) => "no NVIDIA driver".to_string(),
-                _ => format!("{e:#}"),
-            };
-            (None, Some(format!("GPU memory not checked ({why})")))
-        }
-        Err(e) => return Err(e),
-    };
-    let mut tracker = GpuTracker {
-        node,
-        job: JobGpus::new(settings.config.policy.clone()),
-    };
+    let (mut tracker, gpu_check) = job_tracker(settings, args)?;
     let mut env = Vec::new();
     let mut visible = None;
     if let Some(spec) = &args.gpus {
-        let count: usize = spec
-            .strip_prefix("auto:")
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("--gpus {spec:?}: expected auto:N, e.g. auto:2"))?;
-        let opts = pick_options(count, &args.choice)?;
-        let node = tracker.node.as_mut().expect("checked above");
-        match choose_gpus(node.as_mut(), &opts)? {
-            Some(ids) => {
-                let value = ids.join(",");
+        let node = tracker
+            .node
+            .as_mut()
+            .expect("job_tracker fails without one");
+        match pick_for_job(node.as_mut(), spec, &args.choice)? {
+            Some(value) => {
                 eprintln!("vramguard run: CUDA_VISIBLE_DEVICES={value}");
                 env.push(("CUDA_VISIBLE_DEVICES".into(), value.clone().into()));
                 visible = Some(value);
