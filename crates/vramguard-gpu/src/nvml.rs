@@ -82,6 +82,8 @@ pub struct NvmlSource {
     library: Library,
     lib: String,
     xids: XidTally,
+    /// The driver writes 32-byte `_v3` process records (see [`v3_writes_32_byte_records`]).
+    v3_32: bool,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -140,10 +142,13 @@ impl NvmlSource {
                 }
             }
         })?;
+        let version = nvml.sys_driver_version().unwrap_or_default();
+        let v3_32 = v3_writes_32_byte_records(os, &version);
         Ok(NvmlSource {
             library: Library::new(nvml, register_xid_sets),
             lib: lib_name,
             xids: XidTally::default(),
+            v3_32,
         })
     }
 
@@ -187,8 +192,28 @@ impl NvmlSource {
     }
 }
 
+/// Whether the library at `lib` (already loaded), of driver `version`, writes 32-byte `_v3`
+/// process records: the version is one of the 535.43-535.98 drivers, or the library exports
+/// `nvmlDeviceGetConfComputeMemSizeInfo` (added with that struct) but not
+/// `nvmlDeviceGetRunningProcessDetailList` (added with the fix), the test nvitop uses.
+fn v3_writes_32_byte_records(lib: &OsStr, version: &str) -> bool {
+    if crate::read::driver_has_32_byte_v3_records(version) {
+        return true;
+    }
+    // SAFETY: the library is loaded already (NVML initialised from it); opening it again
+    // only takes a reference, and only the presence of two symbols is checked.
+    let Ok(loaded) = (unsafe { libloading::Library::new(lib) }) else {
+        return false;
+    };
+    // SAFETY: looking a symbol up does not call it.
+    let has = |name: &[u8]| unsafe { loaded.get::<*const ()>(name).is_ok() };
+    has(b"nvmlDeviceGetConfComputeMemSizeInfo\0")
+        && !has(b"nvmlDeviceGetRunningProcessDetailList\0")
+}
+
 struct NvmlDevice<'a> {
     device: Device<'a>,
+    v3_32: bool,
 }
 
 fn to_raw(list: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>) -> Vec<RawProcess> {
@@ -204,6 +229,9 @@ fn to_raw(list: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>) -> Vec<
 }
 
 impl DeviceCalls for NvmlDevice<'_> {
+    fn v3_writes_32_byte_records(&self) -> bool {
+        self.v3_32
+    }
     fn uuid(&mut self) -> Result<String, CallError> {
         self.device
             .uuid()
@@ -380,7 +408,12 @@ impl GpuSource for NvmlSource {
             .nvml()
             .device_by_index(gpu)
             .map_err(|e| call_error("nvmlDeviceGetHandleByIndex_v2", &e))?;
-        NvmlDevice { device }.memory().map(|m| m.used)
+        NvmlDevice {
+            device,
+            v3_32: self.v3_32,
+        }
+        .memory()
+        .map(|m| m.used)
     }
 
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
@@ -397,7 +430,10 @@ impl GpuSource for NvmlSource {
             let mut sample = match self.nvml().device_by_index(index) {
                 Ok(device) => read_gpu(
                     index,
-                    &mut NvmlDevice { device },
+                    &mut NvmlDevice {
+                        device,
+                        v3_32: self.v3_32,
+                    },
                     driver_version.as_deref(),
                     now,
                     since,

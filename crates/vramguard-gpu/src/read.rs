@@ -61,6 +61,22 @@ pub trait DeviceCalls {
     fn remapped_rows(&mut self) -> Result<RemappedRows, CallError>;
     /// `nvmlDeviceGetRetiredPages` for both causes and `nvmlDeviceGetRetiredPagesPendingStatus`.
     fn retired_pages(&mut self) -> Result<RetiredPages, CallError>;
+    /// Whether this driver's `_v3` process calls write 32-byte records (the 535.43–535.98
+    /// bug): then they are never called with a buffer of 24-byte records, which they would
+    /// overrun with more than 15 processes.
+    fn v3_writes_32_byte_records(&self) -> bool {
+        false
+    }
+}
+
+/// Whether driver `version` is one of those whose `_v3` process calls write 32-byte records
+/// into buffers their callers size for 24 (535.43 to 535.98; nvitop #75, gpustat #157).
+pub fn driver_has_32_byte_v3_records(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(Some(535)), Some(Some(minor))) if (43..=98).contains(&minor)
+    )
 }
 
 /// Critical Xid events counted per GPU since a source started listening.
@@ -203,13 +219,27 @@ fn read_processes(
 ) -> (Vec<GpuProcess>, ProcessListState) {
     let mut merged: BTreeMap<u32, GpuProcess> = BTreeMap::new();
     let mut list_state = ProcessListState::Complete;
+    // On a driver whose `_v3` records do not fit the buffer, read the `_v2` lists instead.
+    let skip_v3 = dev.v3_writes_32_byte_records();
+    if skip_v3 {
+        warnings.push(CallError {
+            call: list_call(ProcessKind::Compute, false).into(),
+            code: None,
+            message: format!(
+                "driver {} writes 32-byte `_v3` process records into buffers sized for 24 (the \
+                 535.43-535.98 bug): the `_v2` calls were used instead, and the MPS list was not \
+                 read; upgrade the driver to 535.104 or later",
+                driver_version.unwrap_or("unknown")
+            ),
+        });
+    }
     let mut unreliable: Vec<String> = Vec::new();
     for kind in [
         ProcessKind::Compute,
         ProcessKind::Graphics,
         ProcessKind::Mps,
     ] {
-        let records = match list_with_retry(dev, kind, false) {
+        let records = match list_with_retry(dev, kind, skip_v3) {
             Ok(r) => r,
             Err(e) if e.code == Some(NOT_SUPPORTED) => continue,
             Err(e) => {
@@ -459,6 +489,16 @@ mod tests {
         RawProcess {
             pid,
             used_bytes: Some(gib << 30),
+        }
+    }
+
+    #[test]
+    fn the_535_drivers_with_32_byte_v3_records_are_known_by_version() {
+        for v in ["535.43.02", "535.54.03", "535.86.10", "535.98"] {
+            assert!(driver_has_32_byte_v3_records(v), "{v}");
+        }
+        for v in ["535.42.01", "535.104.05", "535.154.05", "530.30.02", "550.54.15", "", "x"] {
+            assert!(!driver_has_32_byte_v3_records(v), "{v}");
         }
     }
 

@@ -523,12 +523,13 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
 }
 
 /// The count-then-fill protocol shared by every process-list call: `write(i, pid, bytes)`
-/// fills the caller's `i`-th record in the layout its version uses.
+/// fills the caller's `i`-th record in the layout its version uses. `v3_buffer` is the
+/// caller's buffer of a `_v3` call, where the GPU's quirks apply.
 unsafe fn process_list(
     call: &str,
     device: nvmlDevice_t,
     kind: AllocationKind,
-    apply_quirks: bool,
+    v3_buffer: Option<*mut u8>,
     count: *mut c_uint,
     filling: bool,
     mut write: impl FnMut(usize, c_uint, c_ulonglong),
@@ -547,14 +548,24 @@ unsafe fn process_list(
         if !filling || capacity < procs.len() {
             return INSUFFICIENT_SIZE;
         }
-        let swapped = apply_quirks && gpu.quirks.contains(&Quirk::SwappedV3ProcessRecords);
-        for (i, p) in procs.iter().enumerate() {
-            let bytes = p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64);
-            if swapped {
-                write(i, bytes as u32, p.pid as u64);
-            } else {
-                write(i, p.pid, bytes);
-            }
+        let records: Vec<(u32, u64)> = procs
+            .iter()
+            .map(|p| (p.pid, p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64)))
+            .collect();
+        if let Some(raw) = v3_buffer
+            && gpu.quirks.contains(&Quirk::V3Records32Bytes)
+        {
+            // The caller's buffer holds `capacity` 24-byte records; the driver writes 32-byte
+            // ones. The real driver writes them all; the simulator stops at what fits.
+            use vramguard_sim::quirks::{V3_RECORD_24, V3_RECORD_32};
+            let bytes = vramguard_sim::quirks::v3_records_32_bytes(&records);
+            let fits = capacity * V3_RECORD_24 / V3_RECORD_32 * V3_RECORD_32;
+            let n = bytes.len().min(fits);
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), raw, n) };
+            return SUCCESS;
+        }
+        for (i, &(pid, bytes)) in records.iter().enumerate() {
+            write(i, pid, bytes);
         }
         SUCCESS
     })
@@ -574,7 +585,7 @@ unsafe fn process_list_v2(
             call,
             device,
             kind,
-            apply_quirks,
+            apply_quirks.then_some(infos.cast::<u8>()),
             count,
             !infos.is_null(),
             |i, pid, bytes| {
@@ -653,7 +664,7 @@ macro_rules! process_list_v1_fn {
                     stringify!($name),
                     device,
                     $kind,
-                    false,
+                    None,
                     count,
                     !infos.is_null(),
                     |i, pid, bytes| {
@@ -992,5 +1003,75 @@ pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> c_uint {
     with_event_sets(|_, sets| match sets.remove(&(set as usize)) {
         Some(_) => SUCCESS,
         None => INVALID_ARGUMENT,
+    })
+}
+
+/// `NVML_STRUCT_VERSION(ProcessDetailList, 1)`.
+const PROCESS_DETAIL_LIST_V1: u32 =
+    (std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlProcessDetailList_v1_t>() as u32)
+        | (1 << 24);
+
+/// The process list of drivers from 535.104 on (its presence tells clients such as nvitop
+/// that `_v3` writes 24-byte records): 32-byte `nvmlProcessDetail_v1_t` records of the kind
+/// `mode` names (0 compute, 1 graphics, 2 MPS).
+///
+/// # Safety
+/// `plist` must be writable; its `procArray` must hold `numProcArrayEntries` records or be
+/// null.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device: nvmlDevice_t,
+    plist: *mut nvml_wrapper_sys::bindings::nvmlProcessDetailList_v1_t,
+) -> c_uint {
+    if plist.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let list = unsafe { &mut *plist };
+    if list.version != PROCESS_DETAIL_LIST_V1 {
+        return ARGUMENT_VERSION_MISMATCH;
+    }
+    let kind = match list.mode {
+        0 => AllocationKind::Compute,
+        1 => AllocationKind::Graphics,
+        2 => AllocationKind::Mps,
+        _ => return INVALID_ARGUMENT,
+    };
+    let array = list.procArray;
+    unsafe {
+        process_list(
+            "nvmlDeviceGetRunningProcessDetailList",
+            device,
+            kind,
+            None,
+            &mut list.numProcArrayEntries,
+            !array.is_null(),
+            |i, pid, bytes| {
+                *array.add(i) = nvml_wrapper_sys::bindings::nvmlProcessDetail_v1_t {
+                    pid,
+                    usedGpuMemory: bytes,
+                    gpuInstanceId: NO_INSTANCE,
+                    computeInstanceId: NO_INSTANCE,
+                    usedGpuCcProtectedMemory: 0,
+                }
+            },
+        )
+    }
+}
+
+/// Confidential computing is off on the simulated GPUs: `NOT_SUPPORTED`. Exported because the
+/// 535 drivers export it (clients look for the symbol to recognise them).
+///
+/// # Safety
+/// `info` is not written.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetConfComputeMemSizeInfo(
+    device: nvmlDevice_t,
+    info: *mut nvml_wrapper_sys::bindings::nvmlConfComputeMemSizeInfo_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetConfComputeMemSizeInfo", device, |_, _| {
+        if info.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        NOT_SUPPORTED
     })
 }

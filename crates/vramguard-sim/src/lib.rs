@@ -41,6 +41,7 @@ pub use vramguard_gpu::codes;
 pub mod holder;
 pub mod model;
 pub mod node;
+pub mod quirks;
 pub mod source;
 pub mod state;
 pub mod store;

@@ -113,6 +113,10 @@ impl SimDevice<'_> {
 }
 
 impl DeviceCalls for SimDevice<'_> {
+    fn v3_writes_32_byte_records(&self) -> bool {
+        // The in-process source knows the driver only by its version, as NVML's callers do.
+        vramguard_gpu::read::driver_has_32_byte_v3_records(&self.sim.state().driver_version)
+    }
     fn uuid(&mut self) -> Result<String, CallError> {
         self.call("nvmlDeviceGetUUID", |g| Ok(g.uuid.clone()))
     }
@@ -166,21 +170,26 @@ impl DeviceCalls for SimDevice<'_> {
             ),
         };
         self.call(call, |g| {
-            let swapped = !legacy && g.quirks.contains(&Quirk::SwappedV3ProcessRecords);
-            Ok(g.processes
+            let records: Vec<(u32, u64)> = g
+                .processes
                 .iter()
                 .filter(|p| p.kind == sim_kind)
-                .map(|p| {
-                    let bytes = p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64);
-                    let (pid, raw) = if swapped {
-                        (bytes as u32, p.pid as u64)
-                    } else {
-                        (p.pid, bytes)
-                    };
-                    RawProcess {
-                        pid,
-                        used_bytes: (raw != VALUE_NOT_AVAILABLE_U64).then_some(raw),
-                    }
+                .map(|p| (p.pid, p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64)))
+                .collect();
+            // What vramguard's 24-byte records read from that driver's 32-byte ones.
+            let records = if !legacy && g.quirks.contains(&Quirk::V3Records32Bytes) {
+                crate::quirks::read_as_24_byte_records(
+                    &crate::quirks::v3_records_32_bytes(&records),
+                    records.len(),
+                )
+            } else {
+                records
+            };
+            Ok(records
+                .into_iter()
+                .map(|(pid, raw)| RawProcess {
+                    pid,
+                    used_bytes: (raw != VALUE_NOT_AVAILABLE_U64).then_some(raw),
                 })
                 .collect())
         })

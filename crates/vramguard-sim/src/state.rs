@@ -228,9 +228,13 @@ impl SimState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Quirk {
-    /// The 535.43–535.98 struct mismatch: the `_v3` process calls return records whose pid
-    /// and memory fields are swapped; the `_v2` calls stay correct.
-    SwappedV3ProcessRecords,
+    /// The 535.43–535.98 struct mismatch: the `_v3` process calls write 32-byte records (with
+    /// `usedGpuCcProtectedMemory`) into a buffer callers built for the 24-byte struct: the
+    /// first record reads right, later ones are misaligned. The `_v2` calls stay correct.
+    /// Where the real driver would write past a buffer sized for 24-byte records, the
+    /// simulator writes only the whole 32-byte records that fit.
+    #[serde(alias = "swapped_v3_process_records")]
+    V3Records32Bytes,
 }
 
 /// What an allocation does once its process has finished exiting.

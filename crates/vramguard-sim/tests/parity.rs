@@ -7,7 +7,7 @@ use vramguard_core::snapshot::{GpuSample, ProcessKind, ProcessListState};
 use vramguard_gpu::{GpuSource, NvmlSource, SourceError};
 use vramguard_sim::SimSource;
 use vramguard_sim::state::{AfterExit, AllocationKind, Fault, Quirk};
-use vramguard_testkit::{GIB, World, allocation, sim_nvml_lib};
+use vramguard_testkit::{GIB, World, allocation, sim_nvml_lib, sim_nvml_lib_535};
 
 /// The NVML library is a process-wide singleton configured through the environment: tests
 /// that load it take turns.
@@ -42,6 +42,7 @@ fn in_process_and_nvml_paths_agree() {
     let viewer = world.holder(&["nvidiactl", "nvidia0"], 60);
     let mig_user = world.holder(&["nvidiactl", "nvidia1"], 60);
     let old_driver_user = world.holder(&["nvidiactl", "nvidia2"], 60);
+    let old_driver_user_2 = world.holder(&["nvidiactl", "nvidia2"], 60);
     let mut busy = allocation(0, trainer.pid(), 16 * GIB);
     busy.sm_util = 87;
     busy.mem_util = 40;
@@ -54,12 +55,13 @@ fn in_process_and_nvml_paths_agree() {
     world.allocate(both);
     world.allocate(allocation(1, mig_user.pid(), 10 * GIB));
     world.allocate(allocation(2, old_driver_user.pid(), 7 * GIB));
+    world.allocate(allocation(2, old_driver_user_2.pid(), GIB));
     let mut leak = allocation(2, 999_999, 3 * GIB);
     leak.after_exit = AfterExit::Leak;
     world.allocate(leak);
     world.update(|s| {
         s.gpus[1].mig = true;
-        s.gpus[2].quirks.push(Quirk::SwappedV3ProcessRecords);
+        s.gpus[2].quirks.push(Quirk::V3Records32Bytes);
         s.gpus[3].faults.push(Fault {
             call: "nvmlDeviceGetMemoryInfo_v2".into(),
             code: 15,
@@ -99,17 +101,22 @@ fn in_process_and_nvml_paths_agree() {
         a[1].processes[0].used_bytes, None,
         "MIG: not available, never a number"
     );
+    // The second 24-byte record read out of the 32-byte ones is misaligned (pid 0): the
+    // implausible list is replaced by the `_v2` one.
     assert_eq!(
         a[2].processes.len(),
-        1,
-        "swapped _v3 records replaced by _v2"
+        2,
+        "misaligned _v3 records replaced by _v2"
     );
-    assert_eq!(a[2].processes[0].pid, old_driver_user.pid());
+    assert_eq!(
+        a[2].processes[0].pid,
+        old_driver_user.pid().min(old_driver_user_2.pid())
+    );
     assert_eq!(a[2].process_list, ProcessListState::Complete);
     assert!(a[2].warnings.iter().any(|w| w.message.contains("_v2")));
     assert_eq!(
         a[2].memory.unwrap().used,
-        10 * GIB,
+        11 * GIB,
         "residue counts as used"
     );
     let lost = a[3].failure.as_ref().unwrap();
@@ -565,6 +572,149 @@ fn the_driver_names_a_process_by_its_argv0() {
             lib.nvmlSystemGetProcessName(4_194_304, none.as_mut_ptr(), 64),
             6,
             "NOT_FOUND for a pid that does not exist"
+        );
+        lib.nvmlShutdown();
+    }
+}
+
+/// A 535.43-535.98 driver: GPU 0's `_v3` lists write 32-byte records. 20 processes: more than
+/// the 15 a caller's 24-byte buffer (count + 5 records) holds of them.
+fn driver_535_world(driver_version: &str) -> (World, Vec<vramguard_testkit::Reaped>) {
+    let world = World::new(1);
+    let holders: Vec<_> = (0..20)
+        .map(|_| world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60))
+        .collect();
+    for (i, h) in holders.iter().enumerate() {
+        world.allocate(allocation(0, h.pid(), (i as u64 + 1) * GIB));
+    }
+    let version = driver_version.to_string();
+    world.update(move |s| {
+        s.gpus[0].quirks.push(Quirk::V3Records32Bytes);
+        s.driver_version = version;
+    });
+    (world, holders)
+}
+
+#[test]
+fn a_535_driver_is_known_by_its_symbols_and_its_v3_lists_are_never_read() {
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    // A version outside the range: only the exported symbols tell.
+    let (world, holders) = driver_535_world("535.154.05");
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    let mut source = NvmlSource::open(Some(&sim_nvml_lib_535())).unwrap();
+    let g = &source.sample(Duration::from_secs(600)).unwrap().gpus[0];
+    let mut pids: Vec<u32> = g.processes.iter().map(|p| p.pid).collect();
+    pids.sort_unstable();
+    let mut want: Vec<u32> = holders.iter().map(|h| h.pid()).collect();
+    want.sort_unstable();
+    assert_eq!(pids, want);
+    assert_eq!(g.process_list, ProcessListState::Complete);
+    let total: u64 = g.processes.iter().filter_map(|p| p.used_bytes).sum();
+    assert_eq!(total, 210 * GIB);
+    assert!(
+        g.warnings
+            .iter()
+            .any(|w| w.message.contains("32-byte `_v3` process records")),
+        "{:?}",
+        g.warnings
+    );
+    // The normal library (a fixed driver's symbols) reads `_v3`, finds the misaligned records
+    // implausible and falls back: the same list, another warning.
+    let mut fixed = NvmlSource::open(Some(&sim_nvml_lib())).unwrap();
+    let g = &fixed.sample(Duration::from_secs(600)).unwrap().gpus[0];
+    assert_eq!(g.processes.len(), 20);
+    assert!(
+        g.warnings
+            .iter()
+            .any(|w| w.message.contains("implausible record")),
+        "{:?}",
+        g.warnings
+    );
+}
+
+#[test]
+fn a_535_driver_version_is_enough_and_both_paths_agree() {
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let (world, _holders) = driver_535_world("535.54.03");
+    let via_nvml = nvml_sample(&world).unwrap();
+    let in_process = SimSource::open(&world.state_path())
+        .unwrap()
+        .sample(Duration::from_secs(600))
+        .unwrap();
+    let (a, b) = (normalized(via_nvml.gpus), normalized(in_process.gpus));
+    assert_eq!(a, b);
+    assert_eq!(a[0].processes.len(), 20);
+    assert!(
+        a[0].warnings
+            .iter()
+            .any(|w| w.message.contains("535.54.03"))
+    );
+}
+
+#[test]
+fn the_535_v3_records_are_32_bytes_and_the_detail_list_gives_them_whole() {
+    use nvml_wrapper_sys::bindings::{
+        nvmlProcessDetail_v1_t, nvmlProcessDetailList_v1_t, nvmlProcessInfo_t,
+    };
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let (world, holders) = driver_535_world("535.54.03");
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    unsafe {
+        let lib = sim_library(&world);
+        let dev = device(&lib, 0);
+        // A caller of the 24-byte struct with room for 21 records: 15 whole 32-byte records
+        // fit; the first reads right, the second is misaligned.
+        let v3 = lib
+            .nvmlDeviceGetComputeRunningProcesses_v3
+            .as_ref()
+            .unwrap();
+        let empty = nvmlProcessInfo_t {
+            pid: 0,
+            usedGpuMemory: 0,
+            gpuInstanceId: 0,
+            computeInstanceId: 0,
+        };
+        let mut infos = [empty; 21];
+        let mut count = 21;
+        assert_eq!(v3(dev, &mut count, infos.as_mut_ptr()), 0);
+        assert_eq!(count, 20);
+        assert_eq!(
+            (infos[0].pid, infos[0].usedGpuMemory),
+            (holders[0].pid(), GIB)
+        );
+        assert_eq!(infos[1].pid, 0, "record 1 starts inside record 0");
+        assert_eq!(infos[1].usedGpuMemory, u64::from(holders[1].pid()));
+        assert_eq!(infos[20].pid, 0, "nothing past what fits 21 x 24 bytes");
+        // The detail list of a fixed driver: 32-byte records, every one right.
+        let detail = lib.nvmlDeviceGetRunningProcessDetailList.as_ref().unwrap();
+        let mut list = nvmlProcessDetailList_v1_t {
+            version: (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as u32) | (1 << 24),
+            mode: 0,
+            numProcArrayEntries: 0,
+            procArray: std::ptr::null_mut(),
+        };
+        assert_eq!(detail(dev, &mut list), 7, "INSUFFICIENT_SIZE");
+        assert_eq!(list.numProcArrayEntries, 20);
+        let mut records = [nvmlProcessDetail_v1_t {
+            pid: 0,
+            usedGpuMemory: 0,
+            gpuInstanceId: 0,
+            computeInstanceId: 0,
+            usedGpuCcProtectedMemory: 0,
+        }; 20];
+        list.procArray = records.as_mut_ptr();
+        assert_eq!(detail(dev, &mut list), 0);
+        for (r, h) in records.iter().zip(&holders) {
+            assert_eq!(r.pid, h.pid());
+        }
+        assert_eq!(records[19].usedGpuMemory, 20 * GIB);
+        list.version = 1;
+        assert_eq!(detail(dev, &mut list), 25, "ARGUMENT_VERSION_MISMATCH");
+        let mut info = std::mem::zeroed();
+        assert_eq!(
+            lib.nvmlDeviceGetConfComputeMemSizeInfo.as_ref().unwrap()(dev, &mut info),
+            3,
+            "NOT_SUPPORTED: confidential computing is off"
         );
         lib.nvmlShutdown();
     }

@@ -269,3 +269,40 @@ pub fn sim_nvml_lib() -> PathBuf {
     })
     .clone()
 }
+
+/// The simulator's NVML library as a 535.43–535.98 driver exports it:
+/// `nvmlDeviceGetConfComputeMemSizeInfo` but no `nvmlDeviceGetRunningProcessDetailList`, the
+/// pair nvitop (and vramguard) recognise those drivers by. A copy of [`sim_nvml_lib`] whose
+/// dynamic symbol name is overwritten (same length, so nothing moves), so that `dlsym` of it
+/// fails; named `libnvidia-ml.so.1` in a directory of its own, for `LD_LIBRARY_PATH` too.
+pub fn sim_nvml_lib_535() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let original = std::fs::read(sim_nvml_lib()).expect("read the sim NVML library");
+        let (from, to) = (
+            b"nvmlDeviceGetRunningProcessDetailList".as_slice(),
+            b"xvmlDeviceGetRunningProcessDetailList".as_slice(),
+        );
+        let mut patched = original.clone();
+        let mut found = 0;
+        let mut i = 0;
+        while let Some(at) = patched[i..].windows(from.len()).position(|w| w == from) {
+            patched[i + at..i + at + to.len()].copy_from_slice(to);
+            i += at + to.len();
+            found += 1;
+        }
+        assert!(
+            found > 0,
+            "the sim NVML library exports no DetailList symbol"
+        );
+        let dir = sim_nvml_lib().parent().expect("lib dir").join("driver-535");
+        std::fs::create_dir_all(&dir).expect("lib dir");
+        let lib = dir.join("libnvidia-ml.so.1");
+        // Written aside and renamed: test binaries running at once never see half a file.
+        let tmp = dir.join(format!(".lib{}", std::process::id()));
+        std::fs::write(&tmp, patched).expect("write the 535 library");
+        std::fs::rename(&tmp, &lib).expect("rename the 535 library");
+        lib
+    })
+    .clone()
+}

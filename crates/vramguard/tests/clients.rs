@@ -21,10 +21,15 @@ fn client(tool: &str) -> PathBuf {
 }
 
 fn run_client(world: &World, tool: &str, args: &[&str]) -> Output {
+    run_client_on(world, &sim_nvml_lib(), tool, args)
+}
+
+/// A client loading `lib` (the simulator's library, or its 535 variant).
+fn run_client_on(world: &World, lib: &std::path::Path, tool: &str, args: &[&str]) -> Output {
     Command::new(client(tool))
         .args(args)
         .env("VRAMGUARD_SIM", world.state_path())
-        .env("LD_LIBRARY_PATH", sim_nvml_lib().parent().unwrap())
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
         .env("COLUMNS", "160")
         .env("NO_COLOR", "1")
         .output()
@@ -121,4 +126,81 @@ n.nvmlShutdown()
     assert_eq!(v["util"], 40);
     assert_eq!(v["cc"], serde_json::json!([9, 0]));
     assert_eq!(v["mig"], serde_json::json!([0, 0]));
+}
+
+/// GPU 0 of a 535.43-535.98 driver, with three holders of 1, 2 and 3 GiB.
+fn driver_535_world() -> (World, Vec<Reaped>) {
+    let world = World::new(1);
+    let holders: Vec<Reaped> = (0..3)
+        .map(|_| world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60))
+        .collect();
+    for (i, h) in holders.iter().enumerate() {
+        world.allocate(allocation(0, h.pid(), (i as u64 + 1) * GIB));
+    }
+    world.update(|s| {
+        s.gpus[0]
+            .quirks
+            .push(vramguard_sim::state::Quirk::V3Records32Bytes);
+        s.driver_version = "535.54.03".into();
+    });
+    (world, holders)
+}
+
+#[test]
+fn on_a_535_driver_nvitop_reads_the_32_byte_records_and_the_24_byte_reader_is_misled() {
+    let (world, holders) = driver_535_world();
+    // nvitop recognises the driver by its symbols and reads 32-byte records: every holder.
+    let script = r#"
+import json
+from nvitop import libnvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps(sorted([p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h))))
+"#;
+    let out = run_client_on(&world, &sim_nvml_lib_535(), "python", &["-c", script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut want: Vec<(u32, u64)> = holders
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.pid(), (i as u64 + 1) * GIB))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(v, serde_json::json!(want), "nvitop on the 535 library");
+    // NVIDIA's bindings read 24-byte records out of the same call: the first is right, the
+    // second misaligned, as on those drivers (pynvml #50).
+    let script = r#"
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps([[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)]))
+"#;
+    let out = run_client_on(&world, &sim_nvml_lib_535(), "python", &["-c", script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0], serde_json::json!([holders[0].pid(), GIB]), "{v}");
+    assert_eq!(v[1][0], 0, "misaligned second record: {v}");
+    // vramguard, on the same library, reads the `_v2` lists and says why.
+    let status = Vg::new(&world, Path_::InProcess)
+        .arg_path("--nvml-lib", &sim_nvml_lib_535())
+        .args(["status", "--json"])
+        .json(0);
+    let gpu = &status["gpus"][0];
+    let pids: Vec<u64> = gpu["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["pid"].as_u64().unwrap())
+        .collect();
+    let mut want: Vec<u64> = holders.iter().map(|h| u64::from(h.pid())).collect();
+    want.sort_unstable();
+    let mut pids = pids;
+    pids.sort_unstable();
+    assert_eq!(pids, want, "{gpu:#}");
+    assert!(
+        gpu["warnings"]
+            .to_string()
+            .contains("32-byte `_v3` process records"),
+        "{gpu:#}"
+    );
 }

@@ -174,7 +174,7 @@ fn stage_incidents_for_the_corpus() {
             s.driver_version = "535.54.03".into();
             s.gpus[0]
                 .quirks
-                .push(vramguard_sim::state::Quirk::SwappedV3ProcessRecords);
+                .push(vramguard_sim::state::Quirk::V3Records32Bytes);
         });
         let h = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 120);
         world.allocate(allocation(0, h.pid(), 3 * GIB));

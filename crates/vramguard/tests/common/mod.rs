@@ -74,6 +74,11 @@ impl Vg {
         self
     }
 
+    /// An option whose value is a path.
+    pub fn arg_path(self, option: &str, path: &std::path::Path) -> Vg {
+        self.args([std::ffi::OsStr::new(option), path.as_os_str()])
+    }
+
     pub fn without_env(mut self, key: &str) -> Vg {
         self.cmd.env_remove(key);
         self
