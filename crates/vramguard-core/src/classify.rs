@@ -270,10 +270,22 @@ impl<'a> Context<'a> {
                 "pid {reported} does not exist in this PID namespace: vramguard runs in a \
                  container and the driver reports host pids"
             ),
-            None => format!(
-                "pid {reported} does not exist: the process has exited while the driver still \
-                 tears its context down, or the driver reports a pid from another namespace"
-            ),
+            None => match self.snap.departed.iter().rev().find(|d| d.pid == reported) {
+                Some(d) => format!(
+                    "pid {reported} ({}) exited {} ago and the driver still lists it: it is \
+                     tearing the context down, and the memory comes back on its own (`vramguard \
+                     probe release` measures how long this driver takes)",
+                    escape(d.comm.as_deref().unwrap_or("?")),
+                    format_duration(Duration::from_millis(
+                        self.snap.taken_at_ms.saturating_sub(d.gone_at_ms)
+                    ))
+                ),
+                None => format!(
+                    "pid {reported} does not exist: the process has exited while the driver \
+                     still tears its context down, or the driver reports a pid from another \
+                     namespace"
+                ),
+            },
         };
         let why = if candidates.len() > 1 {
             format!(
@@ -427,7 +439,10 @@ impl<'a> Context<'a> {
             idle_secs: None,
             evidence: vec![why],
             action: Action {
-                summary: if in_container {
+                summary: if self.snap.departed.iter().any(|d| d.pid == listed.pid) {
+                    "none: the driver frees it once the teardown ends; re-run in a few seconds"
+                        .into()
+                } else if in_container {
                     "inspect it from the host: run vramguard on the host, or in a pod with \
                      hostPID: true"
                         .into()

@@ -331,6 +331,40 @@ fn missing_pid_in_a_container_is_foreign() {
 }
 
 #[test]
+fn a_listed_pid_seen_exiting_is_a_context_being_torn_down() {
+    // The agent saw pid 4121 exit 1.5 s ago; the driver still lists it with its memory.
+    let mut s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init()],
+    );
+    s.departed.push(DepartedProcess {
+        pid: 4121,
+        comm: Some("python3".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - 1500,
+    });
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Foreign);
+    assert!(
+        h.evidence[0].contains("pid 4121 (python3) exited 1.5s ago")
+            && h.evidence[0].contains("tearing the context down"),
+        "{:?}",
+        h.evidence
+    );
+    assert!(h.action.summary.starts_with("none: the driver frees it"));
+    assert!(!h.action.reclaimable);
+    assert_eq!(
+        r.gpus[0].ghost_bytes, 0,
+        "memory on its way back is no ghost"
+    );
+    // Without the sighting, both readings are given.
+    s.departed.clear();
+    let h = classify(&s, &Policy::default()).gpus[0].holders[0].clone();
+    assert!(h.evidence[0].contains("or the driver reports a pid from another namespace"));
+}
+
+#[test]
 fn a_kernel_thread_at_the_reported_pid_is_foreign() {
     let kthread = ProcessFacts {
         pid: 2,

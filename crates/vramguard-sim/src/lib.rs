@@ -16,9 +16,11 @@
 //!   drivers (files are closed in `do_exit`).
 //! - Once the process is gone, `after_exit` decides: `"release"` frees it at once;
 //!   `{"release_after_ms": N}` frees it N ms after the simulator **first saw** the process
-//!   gone (the driver's teardown lag); `"leak"` never frees it until a reset of its GPU, and it
-//!   is never listed (driver residue).
-//! - Listed processes are those alive with `listed: true`; `reported_pid` replaces the pid in
+//!   gone (the driver's teardown lag, during which a listed process stays listed although
+//!   `/proc` has lost it); `"leak"` never frees it until a reset of its GPU, and it is never
+//!   listed (driver residue).
+//! - Listed processes are those alive (or in their teardown lag) with `listed: true`;
+//!   `reported_pid` replaces the pid in
 //!   every list (a driver reporting a pid from another namespace). A context inherited by a
 //!   forked child is modelled as the child's own allocation with `listed: false`: memory held,
 //!   no process listed, exactly how it looks on a real driver.

@@ -606,22 +606,28 @@ impl Sim {
                 .held_by
                 .iter()
                 .any(|p| matches!(lives.get(p), Some(Life::Alive { .. })));
-            let held = alive || kept || {
+            // Once its keepers are gone: held through the teardown lag (and listed, as a real
+            // driver lists a pid whose context it is still tearing down), or for good (residue,
+            // never listed), or not at all.
+            let (held, tearing_down) = if alive || kept {
+                (true, false)
+            } else {
                 let gone_since = self.all_gone_since(a, now);
                 let reset_since = self.last_reset(a.gpu).is_some_and(|r| r >= gone_since);
                 match a.after_exit {
-                    AfterExit::Release => false,
+                    AfterExit::Release => (false, false),
                     AfterExit::ReleaseAfterMs(lag) => {
-                        now < gone_since.saturating_add(lag) && !reset_since
+                        let lagging = now < gone_since.saturating_add(lag) && !reset_since;
+                        (lagging, lagging)
                     }
-                    AfterExit::Leak => !reset_since,
+                    AfterExit::Leak => (!reset_since, false),
                 }
             };
             if !held {
                 continue;
             }
             gpu.used = gpu.used.saturating_add(a.bytes);
-            if !(alive && a.listed) {
+            if !(a.listed && (alive || tearing_down)) {
                 continue;
             }
             let pid = a.reported_pid.unwrap_or(a.pid);
@@ -640,7 +646,7 @@ impl Sim {
                     used_bytes: (!mig).then_some(a.bytes),
                 }),
             }
-            if (a.sm_util > 0 || a.mem_util > 0) && !mig {
+            if (a.sm_util > 0 || a.mem_util > 0) && !mig && alive {
                 gpu.utilization.push(ObservedUtilization {
                     pid,
                     timestamp_us: last_utilization_sample_us(now),

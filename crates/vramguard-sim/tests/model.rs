@@ -145,16 +145,23 @@ fn teardown_lag_is_measured_from_the_first_sighting_of_the_exit() {
     let t0 = Instant::now();
     let obs = sim.observe().unwrap();
     assert_eq!(obs.gpus[0].used, 4 * GIB, "held during the lag");
-    assert!(
-        obs.gpus[0].processes.is_empty(),
-        "no longer listed during teardown"
-    );
+    // As a real driver does, it still lists the pid whose context it tears down, although
+    // /proc has lost it, and reports no utilization for it.
+    assert_eq!(obs.gpus[0].processes.len(), 1, "listed during teardown");
+    assert_eq!(obs.gpus[0].processes[0].pid, p.0.id());
+    assert_eq!(obs.gpus[0].processes[0].used_bytes, Some(4 * GIB));
+    assert!(obs.gpus[0].utilization.is_empty());
+    assert!(!std::path::Path::new(&format!("/proc/{}", p.0.id())).exists());
     // A second simulator instance (another process) sees the same lag, not a new one.
     let mut other = w.sim();
     while used(&mut other, 0) != 0 {
         assert!(t0.elapsed() < Duration::from_secs(3));
         std::thread::sleep(Duration::from_millis(5));
     }
+    assert!(
+        other.observe().unwrap().gpus[0].processes.is_empty(),
+        "no longer listed once released"
+    );
     let lag = t0.elapsed();
     assert!(
         lag >= Duration::from_millis(350) && lag < Duration::from_millis(700),

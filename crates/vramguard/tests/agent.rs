@@ -114,6 +114,46 @@ fn a_ghost_left_by_a_kill_shows_within_a_second_and_the_release_lag_is_measured(
 }
 
 #[test]
+fn a_pid_the_driver_lists_after_its_exit_is_named_as_a_context_being_torn_down() {
+    let world = World::new(1);
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    // The leader's 1 GiB takes 30 s to tear down: the driver lists its pid all that time.
+    let mut j = job(&world, 30_000);
+    let leader = j.pid;
+    wait_until(20, "the job to be seen", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_holders",
+            &["gpu=\"0\"", "class=\"active\""],
+        ) == Some(3.0)
+    });
+    j.crash();
+    let mut last = Value::Null;
+    wait_until(10, "the leader shown as a context being torn down", || {
+        let status: Value = serde_json::from_str(&agent.get("/api/status").1).unwrap();
+        let found = status["gpus"][0]["holders"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|h| h["pid"] == leader)
+            .cloned();
+        last = status;
+        found.is_some_and(|h| {
+            h["class"] == "foreign"
+                && h["evidence"][0].as_str().is_some_and(|e| {
+                    e.contains(&format!("pid {leader} (python3) exited"))
+                        && e.contains("the driver still lists it")
+                })
+        })
+    });
+    // Not ghost memory: it comes back on its own.
+    let m = agent.metrics();
+    let ghost = sample(&m, "vramguard_gpu_ghost_bytes", &["gpu=\"0\""]).unwrap();
+    assert_eq!(ghost, (4 * GIB) as f64, "the orphans' only: {last:#}");
+    drop(j);
+}
+
+#[test]
 fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
     let world = World::new(2);
     let h = world.holder(&["nvidia0"], 60);
