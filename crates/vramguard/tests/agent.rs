@@ -24,6 +24,17 @@ fn job(world: &World, lag_ms: u64) -> Holding {
     start(world, &["python3", "train.py"], s)
 }
 
+/// Waits until the agent sees the job's three processes on GPU 0, active.
+fn wait_for_the_job(agent: &Agent) {
+    wait_until(20, "the job to be seen", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_holders",
+            &["gpu=\"0\"", "class=\"active\""],
+        ) == Some(3.0)
+    });
+}
+
 #[test]
 fn a_ghost_left_by_a_kill_shows_within_a_second_and_the_release_lag_is_measured() {
     let world = World::new(2);
@@ -34,13 +45,7 @@ fn a_ghost_left_by_a_kill_shows_within_a_second_and_the_release_lag_is_measured(
         "[agent]\ninterval = \"5s\"\nshow_cmdline = true\n",
     );
     let mut j = job(&world, 600);
-    wait_until(20, "the job to be seen", || {
-        sample(
-            &agent.metrics(),
-            "vramguard_gpu_holders",
-            &["gpu=\"0\"", "class=\"active\""],
-        ) == Some(3.0)
-    });
+    wait_for_the_job(&agent);
     j.crash();
     let t = Instant::now();
     wait_until(5, "ghost memory in the metrics", || {
@@ -120,13 +125,7 @@ fn a_pid_the_driver_lists_after_its_exit_is_named_as_a_context_being_torn_down()
     // The leader's 1 GiB takes 30 s to tear down: the driver lists its pid all that time.
     let mut j = job(&world, 30_000);
     let leader = j.pid;
-    wait_until(20, "the job to be seen", || {
-        sample(
-            &agent.metrics(),
-            "vramguard_gpu_holders",
-            &["gpu=\"0\"", "class=\"active\""],
-        ) == Some(3.0)
-    });
+    wait_for_the_job(&agent);
     j.crash();
     let mut last = Value::Null;
     wait_until(10, "the leader shown as a context being torn down", || {
