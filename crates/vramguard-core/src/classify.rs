@@ -371,7 +371,7 @@ impl<'a> Context<'a> {
             .saturating_add(
                 unaccounted
                     .as_ref()
-                    .filter(|u| u.significant)
+                    .filter(|u| u.counts_as_ghost())
                     .map_or(0, |u| u.bytes),
             );
 

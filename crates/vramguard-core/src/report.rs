@@ -259,6 +259,14 @@ pub struct Unaccounted {
     pub explanation: Vec<String>,
 }
 
+impl Unaccounted {
+    /// Whether these bytes are ghost memory (held by no live job). Memory a MIG or vGPU
+    /// driver does not split per process is not: the listed processes may hold all of it.
+    pub fn counts_as_ghost(&self) -> bool {
+        self.significant && self.cause != Some(UnaccountedCause::PerProcessMemoryUnavailable)
+    }
+}
+
 /// A process that would make `nvidia-smi --gpu-reset` fail ("In use by another client").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResetBlocker {

@@ -562,6 +562,9 @@ fn unavailable_per_process_memory_is_never_a_number() {
         g.unaccounted.as_ref().unwrap().cause,
         Some(UnaccountedCause::PerProcessMemoryUnavailable)
     );
+    // Not ghost memory: the live listed process may hold all of it (status and diagnose agree).
+    assert_eq!(g.ghost_bytes, 0);
+    assert_eq!(r.ghost_bytes(), 0);
     let d = diagnose(r);
     let c = d
         .checks

@@ -344,7 +344,12 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
             "  {:<9} {:<9} {} {:<16} {:>10}  {}",
             "-",
             "-",
-            st.red(&format!("{:<8}", "ghost")),
+            if u.counts_as_ghost() {
+                st.red(&format!("{:<8}", "ghost"))
+            } else {
+                // Not split per process by the driver: the listed processes may hold it.
+                st.yellow(&format!("{:<8}", "unsplit"))
+            },
             "-",
             format_bytes(u.bytes),
             u.explanation
@@ -391,10 +396,28 @@ pub fn status(r: &Report, st: &Style) -> String {
             gpus.join(",")
         );
     } else {
+        let unsplit: Vec<String> = r
+            .gpus
+            .iter()
+            .filter(|g| {
+                g.unaccounted
+                    .as_ref()
+                    .is_some_and(|u| u.significant && !u.counts_as_ghost())
+            })
+            .map(|g| g.index.to_string())
+            .collect();
         let _ = writeln!(
             out,
             "{}",
-            st.green("every byte is accounted for by a live job")
+            if unsplit.is_empty() {
+                st.green("every byte is accounted for by a live job")
+            } else {
+                st.green(&format!(
+                    "no ghost memory counted: the driver does not split GPU {}'s memory per \
+                     process (MIG or vGPU); its holders' classes say whose it is",
+                    unsplit.join(",")
+                ))
+            }
         );
     }
     for l in &r.limitations {
