@@ -344,3 +344,57 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
         unsafe { write_c_string(&shown, name, length) }
     })
 }
+
+one_value!(
+    /// `NVML_BRAND_NVIDIA` (14): how current drivers brand data-centre GPUs.
+    nvmlDeviceGetBrand, c_uint, |_gpu| 14
+);
+
+/// The BAR1 aperture: the next power of two at or above the GPU's memory (256 GiB for an
+/// H200, 128 GiB for an A100 80 GB, 32 GiB for a V100), 2 MiB used by the driver and 2 MiB
+/// more per listed process.
+///
+/// # Safety
+/// `bar1` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
+    device: nvmlDevice_t,
+    bar1: *mut nvml_wrapper_sys::bindings::nvmlBAR1Memory_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetBAR1MemoryInfo", device, |_, gpu| {
+        let total = gpu.total.next_power_of_two();
+        let used = (2 + 2 * gpu.processes.len() as u64) << 20;
+        unsafe {
+            put(
+                bar1,
+                nvml_wrapper_sys::bindings::nvmlBAR1Memory_t {
+                    bar1Total: total,
+                    bar1Free: total - used,
+                    bar1Used: used,
+                },
+            )
+        }
+    })
+}
+
+/// PCIe throughput in KB/s over the last 20 ms (`counter` 0: TX, 1: RX): a trickle when
+/// idle, rising with the busy processes' share of the GPU.
+///
+/// # Safety
+/// `value` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    device: nvmlDevice_t,
+    counter: c_uint,
+    value: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetPcieThroughput", device, |_, gpu| {
+        if counter > 1 {
+            return INVALID_ARGUMENT;
+        }
+        let busy = gpu_utilization(gpu).0;
+        // TX carries less than RX (results back, inputs in).
+        let per_percent = if counter == 0 { 2_000 } else { 5_000 };
+        unsafe { put(value, 100 + busy * per_percent) }
+    })
+}

@@ -545,6 +545,21 @@ fn the_properties_monitoring_tools_read_first_are_answered() {
             e1 >= e0 + 75_000 * 150 / 1000,
             "75 W idle over 0.2 s: {e0} → {e1}"
         );
+        let mut brand = 0;
+        assert_eq!(lib.nvmlDeviceGetBrand(h200, &mut brand), 0);
+        assert_eq!(brand, 14, "NVML_BRAND_NVIDIA");
+        let mut bar1 = std::mem::zeroed::<nvml_wrapper_sys::bindings::nvmlBAR1Memory_t>();
+        assert_eq!(lib.nvmlDeviceGetBAR1MemoryInfo(h200, &mut bar1), 0);
+        assert_eq!(bar1.bar1Total, 256 * GIB, "the H200's aperture");
+        assert_eq!(bar1.bar1Used + bar1.bar1Free, bar1.bar1Total);
+        let mut tx = 0;
+        assert_eq!(lib.nvmlDeviceGetPcieThroughput(h200, 0, &mut tx), 0);
+        assert!(tx > 0);
+        assert_eq!(
+            lib.nvmlDeviceGetPcieThroughput(h200, 7, &mut tx),
+            2,
+            "INVALID_ARGUMENT"
+        );
         lib.nvmlShutdown();
     }
 }
