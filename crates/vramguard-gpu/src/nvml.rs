@@ -232,6 +232,31 @@ impl DeviceCalls for NvmlDevice<'_> {
     fn v3_writes_32_byte_records(&self) -> bool {
         self.v3_32
     }
+    fn mig_processes(&mut self) -> Result<Vec<RawProcess>, CallError> {
+        let count = self
+            .device
+            .mig_device_count()
+            .map_err(|e| call_error("nvmlDeviceGetMaxMigDeviceCount", &e))?;
+        let mut all = Vec::new();
+        for index in 0..count {
+            let mig = match self.device.mig_device_by_index(index) {
+                Ok(d) => d,
+                // Slots without a MIG device.
+                Err(NvmlError::NotFound) => continue,
+                Err(e) => return Err(call_error("nvmlDeviceGetMigDeviceHandleByIndex", &e)),
+            };
+            // MIG devices run no graphics; their compute list, the way the driver allows.
+            let list = if self.v3_32 {
+                mig.running_compute_processes_v2()
+                    .map_err(|e| call_error("nvmlDeviceGetComputeRunningProcesses_v2", &e))?
+            } else {
+                mig.running_compute_processes()
+                    .map_err(|e| call_error("nvmlDeviceGetComputeRunningProcesses_v3", &e))?
+            };
+            all.extend(to_raw(list));
+        }
+        Ok(all)
+    }
     fn uuid(&mut self) -> Result<String, CallError> {
         self.device
             .uuid()

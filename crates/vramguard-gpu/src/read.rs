@@ -67,6 +67,16 @@ pub trait DeviceCalls {
     fn v3_writes_32_byte_records(&self) -> bool {
         false
     }
+    /// In MIG mode, the compute and graphics processes of every MIG device of this GPU, with
+    /// the memory each holds there (the whole GPU's lists report it as not available).
+    /// `NOT_SUPPORTED` where the GPU has no MIG devices to ask.
+    fn mig_processes(&mut self) -> Result<Vec<RawProcess>, CallError> {
+        Err(CallError {
+            call: "nvmlDeviceGetMigDeviceHandleByIndex".into(),
+            code: Some(NOT_SUPPORTED),
+            message: "Not Supported".into(),
+        })
+    }
 }
 
 /// Whether driver `version` is one of those whose `_v3` process calls write 32-byte records
@@ -277,12 +287,41 @@ fn read_processes(
             };
         }
     }
+    if merged.values().any(|p| p.used_bytes.is_none()) {
+        fill_from_mig_devices(dev, &mut merged, warnings);
+    }
     if !unreliable.is_empty() && matches!(list_state, ProcessListState::Complete) {
         list_state = ProcessListState::Unreliable {
             reason: unreliable.join("; "),
         };
     }
     (merged.into_values().collect(), list_state)
+}
+
+/// A GPU in MIG mode lists its processes without their memory; its MIG devices list them with
+/// it. Fills in what they say (a process on two MIG devices holds the sum).
+fn fill_from_mig_devices(
+    dev: &mut dyn DeviceCalls,
+    merged: &mut BTreeMap<u32, GpuProcess>,
+    warnings: &mut Vec<CallError>,
+) {
+    let on_devices = match dev.mig_processes() {
+        Ok(list) => list,
+        Err(e) if e.code == Some(NOT_SUPPORTED) => return,
+        Err(e) => {
+            warnings.push(e);
+            return;
+        }
+    };
+    let mut held: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in on_devices {
+        if let Some(b) = p.used_bytes {
+            *held.entry(p.pid).or_default() += b;
+        }
+    }
+    for p in merged.values_mut().filter(|p| p.used_bytes.is_none()) {
+        p.used_bytes = held.get(&p.pid).copied();
+    }
 }
 
 /// `records` when every one is plausible; else the legacy call's records when those are (the

@@ -8,8 +8,10 @@
 //! - process-list calls with a null buffer (or too small a count) return `INSUFFICIENT_SIZE`
 //!   with the needed count, `SUCCESS` with count 0 when there are no processes;
 //! - `nvmlDeviceGetMemoryInfo_v2` checks the struct version (`ARGUMENT_VERSION_MISMATCH`);
-//! - MIG ids are `0xFFFFFFFF` (MIG off); per-process memory is `NVML_VALUE_NOT_AVAILABLE` in
-//!   MIG mode; strings too long for the caller's buffer give `INSUFFICIENT_SIZE`;
+//! - MIG ids are `0xFFFFFFFF` off MIG devices; in MIG mode the whole GPU's lists give
+//!   per-process memory as `NVML_VALUE_NOT_AVAILABLE` with the instance ids, and each MIG
+//!   device's handle answers with its own memory and processes; strings too long for the
+//!   caller's buffer give `INSUFFICIENT_SIZE`;
 //! - `nvmlDeviceGetProcessUtilization` returns `NOT_FOUND` when there are no samples;
 //! - `nvmlErrorString` gives NVML's messages; injected faults return their codes;
 //! - row remapping and page retirement answer `NOT_SUPPORTED` where the state has none; an
@@ -72,7 +74,7 @@ fn with_gpu_counted(
     f: impl FnOnce(&mut Sim, &ObservedGpu) -> u32,
 ) -> u32 {
     with_sim(|sim| {
-        let index = (device as usize).wrapping_sub(1);
+        let (index, mig) = decode_handle(device);
         let count = sim.state().gpus.len();
         if device.is_null() || index >= count {
             return INVALID_ARGUMENT;
@@ -83,9 +85,13 @@ fn with_gpu_counted(
             return code;
         }
         match sim.observe() {
-            Ok(obs) => match obs.gpus.get(index) {
-                Some(gpu) => f(sim, gpu),
-                None => GPU_IS_LOST,
+            Ok(obs) => match (obs.gpus.get(index), mig) {
+                (Some(gpu), None) => f(sim, gpu),
+                (Some(gpu), Some(m)) => match mig_view(gpu, m) {
+                    Some(view) => f(sim, &view),
+                    None => INVALID_ARGUMENT,
+                },
+                (None, _) => GPU_IS_LOST,
             },
             Err(_) => UNKNOWN,
         }
@@ -94,6 +100,39 @@ fn with_gpu_counted(
 
 fn handle_of(index: usize) -> nvmlDevice_t {
     (index + 1) as nvmlDevice_t
+}
+
+/// The handle of MIG device `mig` of GPU `index`: the GPU's handle with the MIG device's
+/// number above it.
+fn mig_handle_of(index: usize, mig: usize) -> nvmlDevice_t {
+    (((mig + 1) << 16) | (index + 1)) as nvmlDevice_t
+}
+
+/// (GPU index, MIG device index) of a handle.
+fn decode_handle(device: nvmlDevice_t) -> (usize, Option<usize>) {
+    let raw = device as usize;
+    let index = (raw & 0xffff).wrapping_sub(1);
+    ((index), (raw >> 16).checked_sub(1))
+}
+
+/// A MIG device as its own handle shows it: its memory, its processes with their memory, its
+/// UUID and name; the rest is its GPU's.
+fn mig_view(gpu: &ObservedGpu, mig: usize) -> Option<ObservedGpu> {
+    let d = gpu.mig_devices.get(mig)?;
+    Some(ObservedGpu {
+        uuid: d.uuid.clone(),
+        name: format!("{} MIG {}", gpu.name, d.profile),
+        total: d.total,
+        reserved: 0,
+        used: d.used,
+        free: d.total.saturating_sub(d.used),
+        processes: d.processes.clone(),
+        utilization: Vec::new(),
+        mig: false,
+        mig_devices: Vec::new(),
+        quirks: gpu.quirks.clone(),
+        ..gpu.clone()
+    })
 }
 
 /// Copies `s` and a NUL into a caller buffer of `length` bytes.
@@ -532,7 +571,7 @@ unsafe fn process_list(
     v3_buffer: Option<*mut u8>,
     count: *mut c_uint,
     filling: bool,
-    mut write: impl FnMut(usize, c_uint, c_ulonglong),
+    mut write: impl FnMut(usize, c_uint, c_ulonglong, (c_uint, c_uint)),
 ) -> c_uint {
     let counted = (!filling).then_some(call);
     with_gpu_counted(counted, device, |_, gpu| {
@@ -564,8 +603,13 @@ unsafe fn process_list(
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), raw, n) };
             return SUCCESS;
         }
-        for (i, &(pid, bytes)) in records.iter().enumerate() {
-            write(i, pid, bytes);
+        for (i, (&(pid, bytes), p)) in records.iter().zip(&procs).enumerate() {
+            write(
+                i,
+                pid,
+                bytes,
+                p.mig_ids.unwrap_or((NO_INSTANCE, NO_INSTANCE)),
+            );
         }
         SUCCESS
     })
@@ -588,12 +632,12 @@ unsafe fn process_list_v2(
             apply_quirks.then_some(infos.cast::<u8>()),
             count,
             !infos.is_null(),
-            |i, pid, bytes| {
+            |i, pid, bytes, (gi, ci)| {
                 *infos.add(i) = nvmlProcessInfo_t {
                     pid,
                     usedGpuMemory: bytes,
-                    gpuInstanceId: NO_INSTANCE,
-                    computeInstanceId: NO_INSTANCE,
+                    gpuInstanceId: gi,
+                    computeInstanceId: ci,
                 }
             },
         )
@@ -667,7 +711,7 @@ macro_rules! process_list_v1_fn {
                     None,
                     count,
                     !infos.is_null(),
-                    |i, pid, bytes| {
+                    |i, pid, bytes, _| {
                         *infos.add(i) = nvmlProcessInfo_v1_t {
                             pid,
                             usedGpuMemory: bytes,
@@ -1045,12 +1089,12 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
             None,
             &mut list.numProcArrayEntries,
             !array.is_null(),
-            |i, pid, bytes| {
+            |i, pid, bytes, (gi, ci)| {
                 *array.add(i) = nvml_wrapper_sys::bindings::nvmlProcessDetail_v1_t {
                     pid,
                     usedGpuMemory: bytes,
-                    gpuInstanceId: NO_INSTANCE,
-                    computeInstanceId: NO_INSTANCE,
+                    gpuInstanceId: gi,
+                    computeInstanceId: ci,
                     usedGpuCcProtectedMemory: 0,
                 }
             },
@@ -1075,3 +1119,117 @@ pub unsafe extern "C" fn nvmlDeviceGetConfComputeMemSizeInfo(
         NOT_SUPPORTED
     })
 }
+
+/// The most MIG devices the GPU can have: 7 in MIG mode (the H100/H200 and A100 limit), 0
+/// otherwise.
+///
+/// # Safety
+/// `count` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetMaxMigDeviceCount", device, |_, gpu| {
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *count = if gpu.mig { 7 } else { 0 } };
+        SUCCESS
+    })
+}
+
+/// The handle of MIG device `index`; `NOT_FOUND` for a slot without one, `INVALID_ARGUMENT`
+/// on a GPU not in MIG mode (or on a MIG device's own handle).
+///
+/// # Safety
+/// `mig` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> c_uint {
+    let (gpu_index, own) = decode_handle(device);
+    with_gpu("nvmlDeviceGetMigDeviceHandleByIndex", device, |_, gpu| {
+        if mig.is_null() || own.is_some() || !gpu.mig || index >= 7 {
+            return INVALID_ARGUMENT;
+        }
+        if index as usize >= gpu.mig_devices.len() {
+            return NOT_FOUND;
+        }
+        unsafe { *mig = mig_handle_of(gpu_index, index as usize) };
+        SUCCESS
+    })
+}
+
+/// The GPU a MIG device belongs to.
+///
+/// # Safety
+/// `parent` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig: nvmlDevice_t,
+    parent: *mut nvmlDevice_t,
+) -> c_uint {
+    let (gpu_index, own) = decode_handle(mig);
+    with_gpu(
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig,
+        |_, _| {
+            if parent.is_null() || own.is_none() {
+                return INVALID_ARGUMENT;
+            }
+            unsafe { *parent = handle_of(gpu_index) };
+            SUCCESS
+        },
+    )
+}
+
+/// Whether a handle is a MIG device's.
+///
+/// # Safety
+/// `is_mig` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> c_uint {
+    let own = decode_handle(device).1;
+    with_gpu("nvmlDeviceIsMigDeviceHandle", device, |_, _| {
+        if is_mig.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { *is_mig = c_uint::from(own.is_some()) };
+        SUCCESS
+    })
+}
+
+macro_rules! mig_id_fn {
+    ($name:ident, $field:ident) => {
+        /// An id of a MIG device; `NOT_SUPPORTED` on a whole GPU's handle.
+        ///
+        /// # Safety
+        /// `id` must be writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: nvmlDevice_t, id: *mut c_uint) -> c_uint {
+            let (_, own) = decode_handle(device);
+            let parent = handle_of(decode_handle(device).0);
+            with_gpu(stringify!($name), parent, |_, gpu| {
+                if id.is_null() {
+                    return INVALID_ARGUMENT;
+                }
+                match own.and_then(|m| gpu.mig_devices.get(m)) {
+                    Some(d) => {
+                        unsafe { *id = d.$field };
+                        SUCCESS
+                    }
+                    None => NOT_SUPPORTED,
+                }
+            })
+        }
+    };
+}
+
+mig_id_fn!(nvmlDeviceGetGpuInstanceId, gpu_instance);
+mig_id_fn!(nvmlDeviceGetComputeInstanceId, compute_instance);

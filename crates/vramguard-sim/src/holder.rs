@@ -64,6 +64,9 @@ pub struct Hold {
     /// translating pids inconsistently, as HAMi-core #112 saw).
     #[serde(default)]
     pub report_namespace_pid: bool,
+    /// On a GPU in MIG mode, the MIG device it is on.
+    #[serde(default)]
+    pub mig_device: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -151,6 +154,7 @@ impl Hold {
             sm_util: 0,
             kind: AllocationKind::Compute,
             report_namespace_pid: false,
+            mig_device: None,
         }
     }
 }
@@ -376,6 +380,7 @@ fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32) -> Result<()>
                 sm_util: h.sm_util,
                 mem_util: 0,
                 held_by: vec![],
+                mig_device: h.mig_device,
             });
         }
     })

@@ -51,8 +51,29 @@ pub struct ObservedProcess {
     pub pid: u32,
     /// Which list.
     pub kind: AllocationKind,
-    /// Memory; `None` in MIG mode (NVML_VALUE_NOT_AVAILABLE).
+    /// Memory; `None` in the whole GPU's lists in MIG mode (NVML_VALUE_NOT_AVAILABLE).
     pub used_bytes: Option<u64>,
+    /// GPU and compute instance ids, on a MIG device (`0xFFFFFFFF` otherwise).
+    pub mig_ids: Option<(u32, u32)>,
+}
+
+/// One MIG device of a GPU in MIG mode, as its own handle reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedMigDevice {
+    /// GPU instance id.
+    pub gpu_instance: u32,
+    /// Compute instance id.
+    pub compute_instance: u32,
+    /// `MIG-…`, derived from the GPU's UUID.
+    pub uuid: String,
+    /// Profile, e.g. `3g.71gb`.
+    pub profile: String,
+    /// Its memory.
+    pub total: u64,
+    /// Used by the allocations on it.
+    pub used: u64,
+    /// Its processes, with their memory.
+    pub processes: Vec<ObservedProcess>,
 }
 
 /// One utilization sample.
@@ -102,6 +123,8 @@ pub struct ObservedGpu {
     pub persistence_mode: bool,
     /// MIG mode.
     pub mig: bool,
+    /// The MIG devices, in MIG mode.
+    pub mig_devices: Vec<ObservedMigDevice>,
     /// Listed processes, aggregated per (pid, kind).
     pub processes: Vec<ObservedProcess>,
     /// Utilization of busy listed processes.
@@ -593,6 +616,20 @@ impl Sim {
                 free: 0,
                 persistence_mode: g.persistence_mode,
                 mig: g.mig,
+                mig_devices: g
+                    .mig_devices
+                    .iter()
+                    .enumerate()
+                    .map(|(m, d)| ObservedMigDevice {
+                        gpu_instance: d.gpu_instance,
+                        compute_instance: d.compute_instance,
+                        uuid: format!("MIG-{}-{m:04x}", &g.uuid[4.min(g.uuid.len())..]),
+                        profile: d.profile.clone(),
+                        total: d.memory_bytes,
+                        used: 0,
+                        processes: Vec::new(),
+                    })
+                    .collect(),
                 processes: Vec::new(),
                 utilization: Vec::new(),
                 quirks: g.quirks.clone(),
@@ -627,25 +664,30 @@ impl Sim {
                 continue;
             }
             gpu.used = gpu.used.saturating_add(a.bytes);
+            let mut instance = a
+                .mig_device
+                .and_then(|m| gpu.mig_devices.get_mut(m as usize));
+            if let Some(d) = instance.as_mut() {
+                d.used = d.used.saturating_add(a.bytes);
+            }
             if !(a.listed && (alive || tearing_down)) {
                 continue;
             }
             let pid = a.reported_pid.unwrap_or(a.pid);
             let mig = gpu.mig;
-            match gpu
-                .processes
-                .iter_mut()
-                .find(|p| p.pid == pid && p.kind == a.kind)
-            {
-                Some(p) => {
-                    p.used_bytes = p.used_bytes.map(|b| b.saturating_add(a.bytes));
-                }
-                None => gpu.processes.push(ObservedProcess {
-                    pid,
-                    kind: a.kind,
-                    used_bytes: (!mig).then_some(a.bytes),
-                }),
+            let mig_ids = instance
+                .as_ref()
+                .map(|d| (d.gpu_instance, d.compute_instance));
+            if let Some(d) = instance {
+                list_process(&mut d.processes, pid, a.kind, Some(a.bytes), mig_ids);
             }
+            list_process(
+                &mut gpu.processes,
+                pid,
+                a.kind,
+                (!mig).then_some(a.bytes),
+                mig_ids,
+            );
             if (a.sm_util > 0 || a.mem_util > 0) && !mig && alive {
                 gpu.utilization.push(ObservedUtilization {
                     pid,
@@ -797,4 +839,23 @@ pub fn device_file_holders(proc_root: &Path, dev_dir: &Path, gpu: u32) -> Vec<u3
         }
     }
     pids
+}
+
+/// Lists `pid` in `list`, adding `bytes` to its entry of that kind when it has one.
+fn list_process(
+    list: &mut Vec<ObservedProcess>,
+    pid: u32,
+    kind: AllocationKind,
+    bytes: Option<u64>,
+    mig_ids: Option<(u32, u32)>,
+) {
+    match list.iter_mut().find(|p| p.pid == pid && p.kind == kind) {
+        Some(p) => p.used_bytes = p.used_bytes.zip(bytes).map(|(a, b)| a.saturating_add(b)),
+        None => list.push(ObservedProcess {
+            pid,
+            kind,
+            used_bytes: bytes,
+            mig_ids,
+        }),
+    }
 }

@@ -113,6 +113,22 @@ impl SimDevice<'_> {
 }
 
 impl DeviceCalls for SimDevice<'_> {
+    fn mig_processes(&mut self) -> Result<Vec<RawProcess>, CallError> {
+        self.call("nvmlDeviceGetMigDeviceHandleByIndex", |g| {
+            if !g.mig || g.mig_devices.is_empty() {
+                return Err(NOT_SUPPORTED);
+            }
+            Ok(g.mig_devices
+                .iter()
+                .flat_map(|d| &d.processes)
+                .filter(|p| p.kind == AllocationKind::Compute)
+                .map(|p| RawProcess {
+                    pid: p.pid,
+                    used_bytes: p.used_bytes,
+                })
+                .collect())
+        })
+    }
     fn v3_writes_32_byte_records(&self) -> bool {
         // The in-process source knows the driver only by its version, as NVML's callers do.
         vramguard_gpu::read::driver_has_32_byte_v3_records(&self.sim.state().driver_version)

@@ -68,6 +68,10 @@ pub struct SimGpu {
     /// are not supported, as on real drivers.
     #[serde(default)]
     pub mig: bool,
+    /// Its MIG devices (MIG mode only): each lists its own processes with their memory, as
+    /// NVML's MIG device handles do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<SimMigDevice>,
     /// Errors injected into calls on this GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<Fault>,
@@ -81,6 +85,21 @@ pub struct SimGpu {
     /// Memory health the driver reports; absent parts answer `NOT_SUPPORTED`.
     #[serde(default)]
     pub health: SimHealth,
+}
+
+/// A MIG device: a GPU instance with one compute instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimMigDevice {
+    /// The GPU instance id.
+    pub gpu_instance: u32,
+    /// The compute instance id within it.
+    #[serde(default)]
+    pub compute_instance: u32,
+    /// Its memory.
+    pub memory_bytes: u64,
+    /// Its profile, e.g. `3g.71gb` (part of its name).
+    pub profile: String,
 }
 
 /// A GPU's memory health, as NVML reports it.
@@ -162,6 +181,7 @@ impl SimGpu {
             pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + index * 0x10),
             persistence_mode: true,
             mig: false,
+            mig_devices: vec![],
             faults: vec![],
             quirks: vec![],
             after_exit: AfterExit::Release,
@@ -298,6 +318,10 @@ pub struct SimAllocation {
     /// only `pid` is ever listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<u32>,
+    /// On a GPU in MIG mode: the index of the MIG device (in the GPU's `mig_devices`) it is
+    /// on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_device: Option<u32>,
 }
 
 /// An error or a stall injected into one NVML call.
@@ -452,6 +476,13 @@ impl SimState {
                 ));
             }
             check_faults(path, &format!("gpus[{i}]."), &g.faults)?;
+            let mig_memory: u64 = g.mig_devices.iter().map(|m| m.memory_bytes).sum();
+            if mig_memory > g.total_bytes || (!g.mig && !g.mig_devices.is_empty()) {
+                return Err(invalid(
+                    format!("gpus[{i}].mig_devices"),
+                    "MIG devices need `mig: true` and fit in total_bytes".into(),
+                ));
+            }
         }
         for (i, a) in self.allocations.iter().enumerate() {
             let Some(gpu) = self.gpus.get(a.gpu as usize) else {
@@ -483,6 +514,19 @@ impl SimState {
                 return Err(invalid(
                     format!("allocations[{i}].sm_util"),
                     "utilization is a percentage (0-100)".into(),
+                ));
+            }
+            if let Some(m) = a.mig_device
+                && !(gpu.mig && (m as usize) < gpu.mig_devices.len())
+            {
+                return Err(invalid(
+                    format!("allocations[{i}].mig_device"),
+                    format!(
+                        "GPU {} has no MIG device {m} (MIG {}, {} device(s))",
+                        a.gpu,
+                        if gpu.mig { "on" } else { "off" },
+                        gpu.mig_devices.len()
+                    ),
                 ));
             }
         }

@@ -28,6 +28,7 @@ fn gpu(i: u32) -> SimGpu {
         pci_bus_id: format!("00000000:{:02X}:00.0", 0x19 + i),
         persistence_mode: true,
         mig: false,
+        mig_devices: vec![],
         faults: vec![],
         quirks: vec![],
         after_exit: AfterExit::Release,
@@ -47,6 +48,7 @@ fn alloc(gpu: u32, pid: u32, bytes: u64, after_exit: AfterExit) -> SimAllocation
         sm_util: 0,
         mem_util: 0,
         held_by: vec![],
+        mig_device: None,
     }
 }
 

@@ -7,7 +7,7 @@ use vramguard_core::snapshot::{GpuSample, ProcessKind, ProcessListState};
 use vramguard_gpu::{GpuSource, NvmlSource, SourceError};
 use vramguard_sim::SimSource;
 use vramguard_sim::state::{AfterExit, AllocationKind, Fault, Quirk};
-use vramguard_testkit::{GIB, World, allocation, sim_nvml_lib, sim_nvml_lib_535};
+use vramguard_testkit::{GIB, Reaped, World, allocation, sim_nvml_lib, sim_nvml_lib_535};
 
 /// The NVML library is a process-wide singleton configured through the environment: tests
 /// that load it take turns.
@@ -731,6 +731,127 @@ fn the_535_v3_records_are_32_bytes_and_the_detail_list_gives_them_whole() {
             3,
             "NOT_SUPPORTED: confidential computing is off"
         );
+        lib.nvmlShutdown();
+    }
+}
+
+/// GPU 0 in MIG mode with two 3g.71gb devices: 10 GiB of one holder on the first, 4 GiB of
+/// another on the second, and 3 GiB of residue left there by a process that is gone.
+fn mig_world() -> (World, Reaped, Reaped) {
+    use vramguard_sim::state::SimMigDevice;
+    let world = World::new(1);
+    let a = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let b = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let on = |gpu_mig: u32, mut alloc: vramguard_sim::SimAllocation| {
+        alloc.mig_device = Some(gpu_mig);
+        alloc
+    };
+    let mut residue = allocation(0, 999_999, 3 * GIB);
+    residue.after_exit = AfterExit::Leak;
+    world.update(|s| {
+        s.gpus[0].mig = true;
+        for gi in [1, 2] {
+            s.gpus[0].mig_devices.push(SimMigDevice {
+                gpu_instance: gi,
+                compute_instance: 0,
+                memory_bytes: 66 * GIB,
+                profile: "3g.71gb".into(),
+            });
+        }
+    });
+    world.allocate(on(0, allocation(0, a.pid(), 10 * GIB)));
+    world.allocate(on(1, allocation(0, b.pid(), 4 * GIB)));
+    world.allocate(on(1, residue));
+    (world, a, b)
+}
+
+#[test]
+fn mig_devices_give_each_process_its_memory_on_both_paths() {
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let (world, a, b) = mig_world();
+    let via_nvml = nvml_sample(&world).unwrap();
+    let in_process = SimSource::open(&world.state_path())
+        .unwrap()
+        .sample(Duration::from_secs(600))
+        .unwrap();
+    let (x, y) = (normalized(via_nvml.gpus), normalized(in_process.gpus));
+    assert_eq!(x, y);
+    let g = &x[0];
+    assert_eq!(g.memory.unwrap().used, 17 * GIB);
+    let bytes = |pid| {
+        g.processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .unwrap()
+            .used_bytes
+    };
+    assert_eq!(bytes(a.pid()), Some(10 * GIB));
+    assert_eq!(bytes(b.pid()), Some(4 * GIB));
+    assert!(g.warnings.is_empty(), "{:?}", g.warnings);
+}
+
+#[test]
+fn mig_device_handles_answer_as_nvml_does() {
+    use nvml_wrapper_sys::bindings::{nvmlMemory_t, nvmlProcessInfo_t};
+    let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let (world, a, _b) = mig_world();
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    unsafe {
+        let lib = sim_library(&world);
+        let gpu = device(&lib, 0);
+        let mut max = 0;
+        assert_eq!(lib.nvmlDeviceGetMaxMigDeviceCount(gpu, &mut max), 0);
+        assert_eq!(max, 7);
+        let mut mig = std::ptr::null_mut();
+        assert_eq!(
+            lib.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2, &mut mig),
+            6,
+            "NOT_FOUND"
+        );
+        assert_eq!(lib.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0, &mut mig), 0);
+        let mut is_mig = 0;
+        assert_eq!(lib.nvmlDeviceIsMigDeviceHandle(mig, &mut is_mig), 0);
+        assert_eq!(is_mig, 1);
+        let mut parent = std::ptr::null_mut();
+        assert_eq!(
+            lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig, &mut parent),
+            0
+        );
+        assert_eq!(parent, gpu);
+        let (mut gi, mut ci) = (0, 0);
+        assert_eq!(lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi), 0);
+        assert_eq!(lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci), 0);
+        assert_eq!((gi, ci), (1, 0));
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceId(gpu, &mut gi),
+            3,
+            "NOT_SUPPORTED"
+        );
+        let mut mem = std::mem::zeroed::<nvmlMemory_t>();
+        assert_eq!(lib.nvmlDeviceGetMemoryInfo(mig, &mut mem), 0);
+        assert_eq!((mem.total, mem.used), (66 * GIB, 10 * GIB));
+        let list = lib
+            .nvmlDeviceGetComputeRunningProcesses_v3
+            .as_ref()
+            .unwrap();
+        let empty = nvmlProcessInfo_t {
+            pid: 0,
+            usedGpuMemory: 0,
+            gpuInstanceId: 0,
+            computeInstanceId: 0,
+        };
+        let mut infos = [empty; 4];
+        let mut count = 4;
+        assert_eq!(list(mig, &mut count, infos.as_mut_ptr()), 0);
+        assert_eq!(count, 1);
+        assert_eq!((infos[0].pid, infos[0].usedGpuMemory), (a.pid(), 10 * GIB));
+        assert_eq!((infos[0].gpuInstanceId, infos[0].computeInstanceId), (1, 0));
+        // The whole GPU lists both, without their memory, with their instances.
+        count = 4;
+        assert_eq!(list(gpu, &mut count, infos.as_mut_ptr()), 0);
+        assert_eq!(count, 2);
+        assert_eq!(infos[0].usedGpuMemory, u64::MAX, "NVML_VALUE_NOT_AVAILABLE");
+        assert_ne!(infos[0].gpuInstanceId, u32::MAX);
         lib.nvmlShutdown();
     }
 }

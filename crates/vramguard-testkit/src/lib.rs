@@ -140,6 +140,7 @@ pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
         sm_util: 0,
         mem_util: 0,
         held_by: vec![],
+        mig_device: None,
     }
 }
 

@@ -77,6 +77,64 @@ fn killed_trainer_leaves_orphaned_workers_and_a_hidden_dataloader_worker() {
 }
 
 #[test]
+fn on_a_mig_gpu_each_holder_has_its_memory_and_only_the_residue_is_unaccounted() {
+    use vramguard_sim::state::{AfterExit, SimMigDevice};
+    let world = World::new(1);
+    world.update(|s| {
+        s.gpus[0].mig = true;
+        for gi in [1, 2] {
+            s.gpus[0].mig_devices.push(SimMigDevice {
+                gpu_instance: gi,
+                compute_instance: 0,
+                memory_bytes: 66 * GIB,
+                profile: "3g.71gb".into(),
+            });
+        }
+    });
+    // A live server on the first MIG device; a crashed trainer's worker and 3 GiB of residue
+    // on the second.
+    let mut server_spec = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 10 * GIB, "mig_device": 0 }]),
+    );
+    server_spec["new_session"] = json!(true);
+    let server = start(&world, &["python3", "serve.py"], server_spec);
+    let mut trainer_spec = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 2 * GIB, "mig_device": 1 }]),
+    );
+    trainer_spec["group_leader"] = json!(true);
+    trainer_spec["workers"] = json!([{ "argv": ["python3", "train.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000,
+        "holds": [{ "gpu": 0, "bytes": 4 * GIB, "mig_device": 1 }] } }]);
+    let mut trainer = start(&world, &["python3", "train.py"], trainer_spec);
+    trainer.crash();
+    let mut residue = allocation(0, 999_999, 3 * GIB);
+    residue.after_exit = AfterExit::Leak;
+    residue.mig_device = Some(1);
+    world.allocate(residue);
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let report = Vg::new(&world, path).args(["status", "--json"]).json(0);
+        let server_h = holder(&report, 0, server.pid);
+        assert_eq!(server_h["class"], "active");
+        assert_eq!(server_h["used_bytes"], json!(10 * GIB), "{server_h:#}");
+        let worker = holder(&report, 0, trainer.workers[0]);
+        assert_eq!(worker["class"], "orphan", "{worker:#}");
+        assert_eq!(worker["used_bytes"], json!(4 * GIB));
+        let g0 = &report["gpus"][0];
+        assert_eq!(g0["unaccounted"]["bytes"], json!(3 * GIB), "{g0:#}");
+        assert_eq!(g0["unaccounted"]["cause"], "driver_residue");
+        assert_eq!(
+            g0["ghost_bytes"],
+            json!(7 * GIB),
+            "the orphan's and the residue"
+        );
+    }
+    drop(trainer);
+    drop(server);
+}
+
+#[test]
 fn zombie_leader_with_a_running_thread_is_a_killable_zombie() {
     let world = World::new(1);
     let mut s = spec(&world, json!([hold(0, 3)]));

@@ -204,3 +204,70 @@ print(json.dumps([[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunnin
         "{gpu:#}"
     );
 }
+
+/// GPU 0 in MIG mode with one 3g.71gb device holding a 5 GiB process.
+fn mig_world() -> (World, Reaped) {
+    let world = World::new(1);
+    world.update(|s| {
+        s.gpus[0].mig = true;
+        s.gpus[0]
+            .mig_devices
+            .push(vramguard_sim::state::SimMigDevice {
+                gpu_instance: 2,
+                compute_instance: 0,
+                memory_bytes: 66 * GIB,
+                profile: "3g.71gb".into(),
+            });
+    });
+    let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let mut a = allocation(0, holder.pid(), 5 * GIB);
+    a.mig_device = Some(0);
+    world.allocate(a);
+    (world, holder)
+}
+
+#[test]
+fn nvidias_bindings_and_nvitop_see_the_mig_device_and_its_process() {
+    let (world, holder) = mig_world();
+    let script = r#"
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+mem = n.nvmlDeviceGetMemoryInfo(m)
+print(json.dumps({
+    "mode": list(n.nvmlDeviceGetMigMode(h)),
+    "max": n.nvmlDeviceGetMaxMigDeviceCount(h),
+    "gi": n.nvmlDeviceGetGpuInstanceId(m),
+    "total": mem.total, "used": mem.used,
+    "procs": [[p.pid, p.usedGpuMemory, p.gpuInstanceId] for p in n.nvmlDeviceGetComputeRunningProcesses(m)],
+    "whole": [[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+}))
+"#;
+    let out = run_client(&world, "python", &["-c", script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], serde_json::json!([1, 1]), "{v}");
+    assert_eq!(v["max"], 7);
+    assert_eq!(v["gi"], 2);
+    assert_eq!(
+        (v["total"].as_u64(), v["used"].as_u64()),
+        (Some(66 * GIB), Some(5 * GIB))
+    );
+    assert_eq!(
+        v["procs"],
+        serde_json::json!([[holder.pid(), 5 * GIB, 2]]),
+        "{v}"
+    );
+    // The whole GPU's list has the process without its memory (None in the bindings).
+    assert_eq!(v["whole"], serde_json::json!([[holder.pid(), null]]), "{v}");
+    let out = run_client(&world, "nvitop", &["--once"]);
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("Traceback") && !text.contains("ERROR"),
+        "{text}"
+    );
+    assert!(text.contains(&holder.pid().to_string()), "{text}");
+    assert!(text.contains("MIG"), "nvitop shows the MIG device: {text}");
+}
