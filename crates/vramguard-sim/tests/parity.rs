@@ -363,6 +363,15 @@ unsafe fn sim_library(world: &World) -> nvml_wrapper_sys::bindings::NvmlLib {
     lib
 }
 
+/// A zeroed 24-byte process record.
+const EMPTY_RECORD: nvml_wrapper_sys::bindings::nvmlProcessInfo_t =
+    nvml_wrapper_sys::bindings::nvmlProcessInfo_t {
+        pid: 0,
+        usedGpuMemory: 0,
+        gpuInstanceId: 0,
+        computeInstanceId: 0,
+    };
+
 /// The handle of GPU `index`.
 fn device(
     lib: &nvml_wrapper_sys::bindings::NvmlLib,
@@ -668,9 +677,7 @@ fn a_535_driver_version_is_enough_and_both_paths_agree() {
 
 #[test]
 fn the_535_v3_records_are_32_bytes_and_the_detail_list_gives_them_whole() {
-    use nvml_wrapper_sys::bindings::{
-        nvmlProcessDetail_v1_t, nvmlProcessDetailList_v1_t, nvmlProcessInfo_t,
-    };
+    use nvml_wrapper_sys::bindings::{nvmlProcessDetail_v1_t, nvmlProcessDetailList_v1_t};
     let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
     let (world, holders) = driver_535_world("535.54.03");
     // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
@@ -683,13 +690,7 @@ fn the_535_v3_records_are_32_bytes_and_the_detail_list_gives_them_whole() {
             .nvmlDeviceGetComputeRunningProcesses_v3
             .as_ref()
             .unwrap();
-        let empty = nvmlProcessInfo_t {
-            pid: 0,
-            usedGpuMemory: 0,
-            gpuInstanceId: 0,
-            computeInstanceId: 0,
-        };
-        let mut infos = [empty; 21];
+        let mut infos = [EMPTY_RECORD; 21];
         let mut count = 21;
         assert_eq!(v3(dev, &mut count, infos.as_mut_ptr()), 0);
         assert_eq!(count, 20);
@@ -738,7 +739,6 @@ fn the_535_v3_records_are_32_bytes_and_the_detail_list_gives_them_whole() {
 /// GPU 0 in MIG mode with two 3g.71gb devices: 10 GiB of one holder on the first, 4 GiB of
 /// another on the second, and 3 GiB of residue left there by a process that is gone.
 fn mig_world() -> (World, Reaped, Reaped) {
-    use vramguard_sim::state::SimMigDevice;
     let world = World::new(1);
     let a = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
     let b = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
@@ -748,17 +748,7 @@ fn mig_world() -> (World, Reaped, Reaped) {
     };
     let mut residue = allocation(0, 999_999, 3 * GIB);
     residue.after_exit = AfterExit::Leak;
-    world.update(|s| {
-        s.gpus[0].mig = true;
-        for gi in [1, 2] {
-            s.gpus[0].mig_devices.push(SimMigDevice {
-                gpu_instance: gi,
-                compute_instance: 0,
-                memory_bytes: 66 * GIB,
-                profile: "3g.71gb".into(),
-            });
-        }
-    });
+    world.enable_mig(0, &[1, 2]);
     world.allocate(on(0, allocation(0, a.pid(), 10 * GIB)));
     world.allocate(on(1, allocation(0, b.pid(), 4 * GIB)));
     world.allocate(on(1, residue));
@@ -792,7 +782,7 @@ fn mig_devices_give_each_process_its_memory_on_both_paths() {
 
 #[test]
 fn mig_device_handles_answer_as_nvml_does() {
-    use nvml_wrapper_sys::bindings::{nvmlMemory_t, nvmlProcessInfo_t};
+    use nvml_wrapper_sys::bindings::nvmlMemory_t;
     let _guard = NVML.lock().unwrap_or_else(|e| e.into_inner());
     let (world, a, _b) = mig_world();
     // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
@@ -834,13 +824,7 @@ fn mig_device_handles_answer_as_nvml_does() {
             .nvmlDeviceGetComputeRunningProcesses_v3
             .as_ref()
             .unwrap();
-        let empty = nvmlProcessInfo_t {
-            pid: 0,
-            usedGpuMemory: 0,
-            gpuInstanceId: 0,
-            computeInstanceId: 0,
-        };
-        let mut infos = [empty; 4];
+        let mut infos = [EMPTY_RECORD; 4];
         let mut count = 4;
         assert_eq!(list(mig, &mut count, infos.as_mut_ptr()), 0);
         assert_eq!(count, 1);

@@ -145,6 +145,25 @@ pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
 }
 
 impl World {
+    /// Puts GPU `gpu` in MIG mode with one 3g.71gb MIG device (66 GiB) per GPU instance id in
+    /// `instances`.
+    pub fn enable_mig(&self, gpu: usize, instances: &[u32]) {
+        let instances = instances.to_vec();
+        self.update(move |s| {
+            s.gpus[gpu].mig = true;
+            for gpu_instance in instances {
+                s.gpus[gpu]
+                    .mig_devices
+                    .push(vramguard_sim::state::SimMigDevice {
+                        gpu_instance,
+                        compute_instance: 0,
+                        memory_bytes: 66 * GIB,
+                        profile: "3g.71gb".into(),
+                    });
+            }
+        });
+    }
+
     /// A world with `gpus` H200s and no allocations.
     pub fn new(gpus: u32) -> World {
         let dir = tempfile::tempdir().expect("temp dir");

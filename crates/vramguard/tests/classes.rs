@@ -78,19 +78,9 @@ fn killed_trainer_leaves_orphaned_workers_and_a_hidden_dataloader_worker() {
 
 #[test]
 fn on_a_mig_gpu_each_holder_has_its_memory_and_only_the_residue_is_unaccounted() {
-    use vramguard_sim::state::{AfterExit, SimMigDevice};
+    use vramguard_sim::state::AfterExit;
     let world = World::new(1);
-    world.update(|s| {
-        s.gpus[0].mig = true;
-        for gi in [1, 2] {
-            s.gpus[0].mig_devices.push(SimMigDevice {
-                gpu_instance: gi,
-                compute_instance: 0,
-                memory_bytes: 66 * GIB,
-                profile: "3g.71gb".into(),
-            });
-        }
-    });
+    world.enable_mig(0, &[1, 2]);
     // A live server on the first MIG device; a crashed trainer's worker and 3 GiB of residue
     // on the second.
     let mut server_spec = spec(

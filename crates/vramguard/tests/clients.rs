@@ -208,17 +208,7 @@ print(json.dumps([[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunnin
 /// GPU 0 in MIG mode with one 3g.71gb device holding a 5 GiB process.
 fn mig_world() -> (World, Reaped) {
     let world = World::new(1);
-    world.update(|s| {
-        s.gpus[0].mig = true;
-        s.gpus[0]
-            .mig_devices
-            .push(vramguard_sim::state::SimMigDevice {
-                gpu_instance: 2,
-                compute_instance: 0,
-                memory_bytes: 66 * GIB,
-                profile: "3g.71gb".into(),
-            });
-    });
+    world.enable_mig(0, &[2]);
     let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
     let mut a = allocation(0, holder.pid(), 5 * GIB);
     a.mig_device = Some(0);
