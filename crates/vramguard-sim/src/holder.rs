@@ -316,7 +316,12 @@ fn take_identity(spec: &HolderSpec) -> Result<()> {
     if spec.new_session {
         rustix::process::setsid().context("setsid")?;
     } else if spec.group_leader {
-        rustix::process::setpgid(None, None).context("setpgid")?;
+        // A session leader (`setsid vramguard sim hold`) leads its process group already and
+        // may not move it: setpgid would fail with EPERM.
+        let me = rustix::process::getpid();
+        if rustix::process::getsid(None).ok() != Some(me) {
+            rustix::process::setpgid(None, None).context("setpgid")?;
+        }
     }
     if spec.ignore_term {
         // SAFETY: installing SIG_IGN has no handler code to run.

@@ -721,3 +721,41 @@ fn a_double_forked_worker_is_an_orphan_only_once_its_group_leader_dies() {
     assert_eq!(h["class"], "orphan", "{h:#}");
     assert_eq!(h["dead_job"]["leader_pid"], json!(leader.pid()));
 }
+
+#[test]
+fn sim_hold_started_as_a_session_leader_holds_its_memory() {
+    // `setsid vramguard sim hold …` made it a session leader, which may not change its
+    // process group: holding must not depend on that.
+    let world = World::new(1);
+    let child = Reaped(
+        std::process::Command::new("setsid")
+            .arg(BIN)
+            .arg("--sim")
+            .arg(world.state_path())
+            .args([
+                "sim",
+                "hold",
+                "--gpu",
+                "0",
+                "--bytes",
+                "2GiB",
+                "--lifetime",
+                "30s",
+            ])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // setsid runs it in its own process (not a group leader, it need not fork).
+    let pid = child.pid();
+    wait_until(10, "the session leader's 2 GiB to be listed", || {
+        let report = Vg::new(&world, Path_::InProcess)
+            .args(["status", "--json", "--sample", "0"])
+            .json(0);
+        report["gpus"][0]["holders"].as_array().is_some_and(|h| {
+            h.iter()
+                .any(|h| h["pid"] == pid && h["used_bytes"] == json!(2 * GIB))
+        })
+    });
+}
