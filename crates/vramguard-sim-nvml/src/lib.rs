@@ -33,6 +33,7 @@ use vramguard_sim::state::Quirk;
 use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
 
 mod device_info;
+pub use device_info::*;
 
 struct Loaded {
     sim: Sim,
