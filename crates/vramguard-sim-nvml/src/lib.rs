@@ -510,6 +510,36 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     })
 }
 
+/// `NVML_STRUCT_VERSION(Temperature, 1)`.
+const TEMPERATURE_V1: u32 =
+    (std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlTemperature_v1_t>() as u32) | (1 << 24);
+
+/// The versioned temperature query newer clients (nvitop) try first: the same reading as
+/// [`nvmlDeviceGetTemperature`], the struct version checked.
+///
+/// # Safety
+/// `temperature` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(
+    device: nvmlDevice_t,
+    temperature: *mut nvml_wrapper_sys::bindings::nvmlTemperature_t,
+) -> c_uint {
+    with_gpu("nvmlDeviceGetTemperatureV", device, |_, gpu| {
+        if temperature.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let t = unsafe { &mut *temperature };
+        if t.version != TEMPERATURE_V1 {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        if t.sensorType != 0 {
+            return INVALID_ARGUMENT;
+        }
+        t.temperature = (30 + gpu_utilization(gpu).0 * 45 / 100) as c_int;
+        SUCCESS
+    })
+}
+
 /// # Safety
 /// `power` must be writable.
 #[unsafe(no_mangle)]

@@ -80,6 +80,7 @@ checked!(
     nvmlDeviceGetSerial,
     nvmlDeviceGetSupportedEventTypes,
     nvmlDeviceGetTemperature,
+    nvmlDeviceGetTemperatureV,
     nvmlDeviceGetTotalEccErrors,
     nvmlDeviceGetTotalEnergyConsumption,
     nvmlDeviceGetUUID,
@@ -128,5 +129,5 @@ fn every_exported_function_has_its_signature_checked() {
         unchecked.is_empty(),
         "exported without a signature check (add them to checked!): {unchecked:?}"
     );
-    assert!(exported.len() >= 79, "{exported:?}");
+    assert!(exported.len() >= 80, "{exported:?}");
 }
