@@ -501,6 +501,7 @@ impl Agent {
             gpus: None,
             include: rc.include.iter().copied().collect(),
             idle_for_secs: 0,
+            mig_devices: None,
         };
         let plan = plan_reclaim(snap, report, &opts);
         let now = self.now();
@@ -677,6 +678,7 @@ fn auto_reclaim(
         gpus: None,
         include: rc.include.iter().copied().collect(),
         idle_for_secs: 0,
+        mig_devices: None,
     };
     let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {
         let mut plan = plan_reclaim(snap, report, &opts);

@@ -26,8 +26,8 @@
 use crate::job::{CgroupJob, JobKind, cgroup_job};
 use crate::policy::Policy;
 use crate::report::{
-    Action, Class, DeadJob, GpuReport, Holder, JobInfo, Report, ResetBlocker, Unaccounted,
-    UnaccountedCause, Work,
+    Action, Class, DeadJob, GpuReport, Holder, JobInfo, MigDeviceReport, Report, ResetBlocker,
+    Unaccounted, UnaccountedCause, Work,
 };
 use crate::sanitize::{escape, shown};
 use crate::snapshot::{
@@ -375,6 +375,7 @@ impl<'a> Context<'a> {
                     .map_or(0, |u| u.bytes),
             );
 
+        let mig_devices = self.mig_reports(gpu, &holders);
         GpuReport {
             index: gpu.index,
             uuid: gpu.uuid.clone(),
@@ -393,7 +394,52 @@ impl<'a> Context<'a> {
             reset_blockers,
             bytes_by_class,
             ghost_bytes,
+            mig_devices,
         }
+    }
+
+    /// Each MIG device of `gpu`: its holders (by the pid the driver reports, mapped to the
+    /// local one), their ghost memory there, and the memory none of them accounts for.
+    fn mig_reports(&self, gpu: &GpuSample, holders: &[Holder]) -> Vec<MigDeviceReport> {
+        gpu.mig_devices
+            .iter()
+            .map(|d| {
+                let on_it: Vec<(&Holder, u64)> = d
+                    .processes
+                    .iter()
+                    .filter_map(|p| {
+                        let h = holders
+                            .iter()
+                            .find(|h| h.reported_pid.unwrap_or(h.pid) == p.pid)?;
+                        Some((h, p.used_bytes.unwrap_or(0)))
+                    })
+                    .collect();
+                let accounted: u64 = on_it.iter().map(|(_, b)| b).sum();
+                let unaccounted = d.memory.map_or(0, |m| {
+                    let bytes = m.used.saturating_sub(accounted);
+                    if bytes > self.policy.tolerance_for(m.total) {
+                        bytes
+                    } else {
+                        0
+                    }
+                });
+                let ghost: u64 = on_it
+                    .iter()
+                    .filter(|(h, _)| h.class.is_ghost())
+                    .map(|(_, b)| b)
+                    .sum();
+                MigDeviceReport {
+                    gpu_instance: d.gpu_instance,
+                    compute_instance: d.compute_instance,
+                    uuid: d.uuid.clone(),
+                    name: d.name.clone(),
+                    memory: d.memory,
+                    holders: on_it.iter().map(|(h, _)| h.pid).collect(),
+                    unaccounted_bytes: unaccounted,
+                    ghost_bytes: ghost.saturating_add(unaccounted),
+                }
+            })
+            .collect()
     }
 
     fn is_system(&self, p: &ProcessFacts) -> bool {

@@ -9,7 +9,7 @@
 //! a process whose job showed work in the sampling window or whose work is unknown — except a
 //! `detached` holder named explicitly with `--include detached`, which the plan warns about.
 
-use crate::report::{Class, Holder, Report, Work};
+use crate::report::{Class, GpuReport, Holder, Report, Work};
 use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +25,9 @@ pub struct ReclaimOptions {
     pub include: BTreeSet<Class>,
     /// With `idle` included: only holders idle at least this long.
     pub idle_for_secs: u64,
+    /// MIG device UUIDs to act on (their GPUs must be selected too); `None` = every MIG
+    /// device. A holder on another MIG device is left alone.
+    pub mig_devices: Option<BTreeSet<String>>,
 }
 
 impl Default for ReclaimOptions {
@@ -33,6 +36,7 @@ impl Default for ReclaimOptions {
             gpus: None,
             include: [Class::Orphan, Class::Hidden].into_iter().collect(),
             idle_for_secs: 2 * 3600,
+            mig_devices: None,
         }
     }
 }
@@ -94,7 +98,7 @@ pub struct LeftAlone {
 }
 
 /// The reclaim plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// The GPUs acted on.
     pub gpus: Vec<u32>,
@@ -212,6 +216,20 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     None
 }
 
+/// Why a holder on a MIG GPU is left alone when `--gpu` named other MIG devices of it.
+fn outside_mig_devices(g: &GpuReport, h: &Holder, opts: &ReclaimOptions) -> Option<String> {
+    let wanted = opts.mig_devices.as_ref()?;
+    if g.mig_devices.is_empty() {
+        return None;
+    }
+    let on_wanted = g
+        .mig_devices
+        .iter()
+        .filter(|d| d.uuid.as_ref().is_some_and(|u| wanted.contains(u)))
+        .any(|d| d.holders.contains(&h.pid));
+    (!on_wanted).then(|| "on another MIG device than the ones asked for".to_string())
+}
+
 /// What each selected GPU should get back: the targets' listed bytes, plus the unaccounted
 /// memory when every hidden holder of that GPU is a target (their share is unknown).
 fn expected_free(
@@ -260,7 +278,7 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
     let mut warnings = Vec::new();
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
         for h in &g.holders {
-            match refusal(snap, h, opts) {
+            match outside_mig_devices(g, h, opts).or_else(|| refusal(snap, h, opts)) {
                 None => {
                     if h.class == Class::Detached && !targets.contains_key(&h.pid) {
                         warnings.push(format!(

@@ -328,6 +328,32 @@ pub struct GpuReport {
     pub bytes_by_class: BTreeMap<Class, u64>,
     /// Ghost bytes: orphan and zombie holders plus significant unaccounted memory.
     pub ghost_bytes: u64,
+    /// In MIG mode, each MIG device with its holders and its own ghost memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDeviceReport>,
+}
+
+/// One MIG device of a GPU: whose memory is on it, and how much of it is ghost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDeviceReport {
+    /// GPU instance id.
+    pub gpu_instance: Option<u32>,
+    /// Compute instance id.
+    pub compute_instance: Option<u32>,
+    /// `MIG-…` UUID (what `reclaim --gpu` and `CUDA_VISIBLE_DEVICES` take).
+    pub uuid: Option<String>,
+    /// Name, e.g. `NVIDIA H200 MIG 3g.71gb`.
+    pub name: Option<String>,
+    /// Its memory.
+    pub memory: Option<GpuMemory>,
+    /// The pids of its holders (their details are in the GPU's holders).
+    pub holders: Vec<u32>,
+    /// Used memory none of its listed processes accounts for, beyond the tolerance: residue
+    /// on this MIG device (0 when within the tolerance).
+    pub unaccounted_bytes: u64,
+    /// Ghost memory on it: its orphan and zombie holders' memory here, and its unaccounted
+    /// memory.
+    pub ghost_bytes: u64,
 }
 
 /// The whole report.

@@ -308,6 +308,26 @@ pub struct GpuSample {
     /// Memory health: row remapping, page retirement, Xid events.
     #[serde(default)]
     pub health: GpuHealth,
+    /// In MIG mode, its MIG devices as their own handles report them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDeviceSample>,
+}
+
+/// One MIG device (a GPU instance with a compute instance) of a GPU in MIG mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDeviceSample {
+    /// GPU instance id.
+    pub gpu_instance: Option<u32>,
+    /// Compute instance id.
+    pub compute_instance: Option<u32>,
+    /// `MIG-…` UUID.
+    pub uuid: Option<String>,
+    /// Name, e.g. `NVIDIA H200 MIG 3g.71gb`.
+    pub name: Option<String>,
+    /// Its memory.
+    pub memory: Option<GpuMemory>,
+    /// Its processes, with the memory each holds on it.
+    pub processes: Vec<GpuProcess>,
 }
 
 /// What the driver says about the health of a GPU's memory. Each part is `None` where the

@@ -40,6 +40,7 @@ fn gpu(index: u32, used: u64, procs: &[(u32, Option<u64>)]) -> GpuSample {
         failure: None,
         warnings: vec![],
         health: Default::default(),
+        mig_devices: Vec::new(),
     }
 }
 

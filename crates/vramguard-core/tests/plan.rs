@@ -41,6 +41,7 @@ fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> GpuSample {
         failure: None,
         warnings: vec![],
         health: Default::default(),
+        mig_devices: Vec::new(),
     }
 }
 
@@ -484,6 +485,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         gpus,
                         include,
                         idle_for_secs: idle_for,
+                        mig_devices: None,
                     },
                 )
             },

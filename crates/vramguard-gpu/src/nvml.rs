@@ -12,8 +12,8 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::time::Duration;
 use vramguard_core::snapshot::{
-    CallError, DriverFacts, DriverSource, GpuHealth, GpuMemory, GpuSample, ProcessKind,
-    ProcessListState, RemappedRows, RetiredPages,
+    CallError, DriverFacts, DriverSource, GpuHealth, GpuMemory, GpuProcess, GpuSample,
+    MigDeviceSample, ProcessKind, ProcessListState, RemappedRows, RetiredPages,
 };
 
 /// The NVML return code of an error, when it came from the library.
@@ -232,7 +232,7 @@ impl DeviceCalls for NvmlDevice<'_> {
     fn v3_writes_32_byte_records(&self) -> bool {
         self.v3_32
     }
-    fn mig_processes(&mut self) -> Result<Vec<RawProcess>, CallError> {
+    fn mig_devices(&mut self) -> Result<Vec<MigDeviceSample>, CallError> {
         let count = self
             .device
             .mig_device_count()
@@ -253,7 +253,33 @@ impl DeviceCalls for NvmlDevice<'_> {
                 mig.running_compute_processes()
                     .map_err(|e| call_error("nvmlDeviceGetComputeRunningProcesses_v3", &e))?
             };
-            all.extend(to_raw(list));
+            let lib = mig.nvml().lib();
+            let instance_id = |f: Option<&unsafe extern "C" fn(_, *mut u32) -> u32>| {
+                let mut id = 0;
+                // SAFETY: the MIG device's own handle, and a valid out pointer.
+                f.filter(|f| unsafe { f(mig.handle(), &mut id) } == 0)
+                    .map(|_| id)
+            };
+            all.push(MigDeviceSample {
+                gpu_instance: instance_id(lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()),
+                compute_instance: instance_id(lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()),
+                uuid: mig.uuid().ok(),
+                name: mig.name().ok(),
+                memory: NvmlDevice {
+                    device: mig,
+                    v3_32: self.v3_32,
+                }
+                .memory()
+                .ok(),
+                processes: to_raw(list)
+                    .into_iter()
+                    .map(|p| GpuProcess {
+                        pid: p.pid,
+                        kinds: vec![ProcessKind::Compute],
+                        used_bytes: p.used_bytes,
+                    })
+                    .collect(),
+            });
         }
         Ok(all)
     }
@@ -416,6 +442,7 @@ pub fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
         failure: Some(error),
         warnings: Vec::new(),
         health: Default::default(),
+        mig_devices: Vec::new(),
     }
 }
 

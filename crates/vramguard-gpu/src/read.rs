@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 use vramguard_core::snapshot::{
-    CallError, GpuMemory, GpuProcess, GpuSample, ProcessKind, ProcessListState, RemappedRows,
-    RetiredPages, UtilizationSample, UtilizationWindow, XidCount,
+    CallError, GpuMemory, GpuProcess, GpuSample, MigDeviceSample, ProcessKind, ProcessListState,
+    RemappedRows, RetiredPages, UtilizationSample, UtilizationWindow, XidCount,
 };
 
 /// Linux's `PID_MAX_LIMIT` on 64-bit: no real pid is larger.
@@ -67,10 +67,10 @@ pub trait DeviceCalls {
     fn v3_writes_32_byte_records(&self) -> bool {
         false
     }
-    /// In MIG mode, the compute and graphics processes of every MIG device of this GPU, with
-    /// the memory each holds there (the whole GPU's lists report it as not available).
-    /// `NOT_SUPPORTED` where the GPU has no MIG devices to ask.
-    fn mig_processes(&mut self) -> Result<Vec<RawProcess>, CallError> {
+    /// In MIG mode, every MIG device of this GPU with its memory and its compute processes,
+    /// each with the memory it holds there (the whole GPU's lists report it as not
+    /// available). `NOT_SUPPORTED` where the GPU has no MIG devices to ask.
+    fn mig_devices(&mut self) -> Result<Vec<MigDeviceSample>, CallError> {
         Err(CallError {
             call: "nvmlDeviceGetMigDeviceHandleByIndex".into(),
             code: Some(NOT_SUPPORTED),
@@ -187,6 +187,7 @@ pub fn read_gpu(
         failure: None,
         warnings: Vec::new(),
         health: Default::default(),
+        mig_devices: Vec::new(),
     };
     match dev.memory() {
         Ok(m) => sample.memory = Some(m),
@@ -205,9 +206,11 @@ pub fn read_gpu(
     sample.health.retired_pages = optional(dev.retired_pages(), &mut warnings);
 
     let total = sample.memory.map(|m| m.total);
-    let (processes, list_state) = read_processes(dev, total, driver_version, &mut warnings);
+    let (processes, list_state, mig_devices) =
+        read_processes(dev, total, driver_version, &mut warnings);
     sample.processes = processes;
     sample.process_list = list_state;
+    sample.mig_devices = mig_devices;
     sample.utilization = read_utilization(
         dev,
         &sample.processes,
@@ -226,7 +229,7 @@ fn read_processes(
     total: Option<u64>,
     driver_version: Option<&str>,
     warnings: &mut Vec<CallError>,
-) -> (Vec<GpuProcess>, ProcessListState) {
+) -> (Vec<GpuProcess>, ProcessListState, Vec<MigDeviceSample>) {
     let mut merged: BTreeMap<u32, GpuProcess> = BTreeMap::new();
     let mut list_state = ProcessListState::Complete;
     // On a driver whose `_v3` records do not fit the buffer, read the `_v2` lists instead.
@@ -287,15 +290,16 @@ fn read_processes(
             };
         }
     }
+    let mut mig_devices = Vec::new();
     if merged.values().any(|p| p.used_bytes.is_none()) {
-        fill_from_mig_devices(dev, &mut merged, warnings);
+        mig_devices = fill_from_mig_devices(dev, &mut merged, warnings);
     }
     if !unreliable.is_empty() && matches!(list_state, ProcessListState::Complete) {
         list_state = ProcessListState::Unreliable {
             reason: unreliable.join("; "),
         };
     }
-    (merged.into_values().collect(), list_state)
+    (merged.into_values().collect(), list_state, mig_devices)
 }
 
 /// A GPU in MIG mode lists its processes without their memory; its MIG devices list them with
@@ -304,17 +308,17 @@ fn fill_from_mig_devices(
     dev: &mut dyn DeviceCalls,
     merged: &mut BTreeMap<u32, GpuProcess>,
     warnings: &mut Vec<CallError>,
-) {
-    let on_devices = match dev.mig_processes() {
+) -> Vec<MigDeviceSample> {
+    let devices = match dev.mig_devices() {
         Ok(list) => list,
-        Err(e) if e.code == Some(NOT_SUPPORTED) => return,
+        Err(e) if e.code == Some(NOT_SUPPORTED) => return Vec::new(),
         Err(e) => {
             warnings.push(e);
-            return;
+            return Vec::new();
         }
     };
     let mut held: BTreeMap<u32, u64> = BTreeMap::new();
-    for p in on_devices {
+    for p in devices.iter().flat_map(|d| &d.processes) {
         if let Some(b) = p.used_bytes {
             *held.entry(p.pid).or_default() += b;
         }
@@ -322,6 +326,7 @@ fn fill_from_mig_devices(
     for p in merged.values_mut().filter(|p| p.used_bytes.is_none()) {
         p.used_bytes = held.get(&p.pid).copied();
     }
+    devices
 }
 
 /// `records` when every one is plausible; else the legacy call's records when those are (the

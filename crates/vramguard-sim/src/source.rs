@@ -6,7 +6,8 @@ use crate::{AllocationKind, ObservedGpu, Sim, SimError};
 use std::path::Path;
 use std::time::Duration;
 use vramguard_core::snapshot::{
-    CallError, DriverFacts, DriverSource, GpuMemory, ProcessKind, RemappedRows, RetiredPages,
+    CallError, DriverFacts, DriverSource, GpuMemory, GpuProcess, MigDeviceSample, ProcessKind,
+    RemappedRows, RetiredPages,
 };
 use vramguard_gpu::read::{
     DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, XidTally, read_gpu,
@@ -113,18 +114,34 @@ impl SimDevice<'_> {
 }
 
 impl DeviceCalls for SimDevice<'_> {
-    fn mig_processes(&mut self) -> Result<Vec<RawProcess>, CallError> {
+    fn mig_devices(&mut self) -> Result<Vec<MigDeviceSample>, CallError> {
         self.call("nvmlDeviceGetMigDeviceHandleByIndex", |g| {
             if !g.mig || g.mig_devices.is_empty() {
                 return Err(NOT_SUPPORTED);
             }
             Ok(g.mig_devices
                 .iter()
-                .flat_map(|d| &d.processes)
-                .filter(|p| p.kind == AllocationKind::Compute)
-                .map(|p| RawProcess {
-                    pid: p.pid,
-                    used_bytes: p.used_bytes,
+                .map(|d| MigDeviceSample {
+                    gpu_instance: Some(d.gpu_instance),
+                    compute_instance: Some(d.compute_instance),
+                    uuid: Some(d.uuid.clone()),
+                    name: Some(format!("{} MIG {}", g.name, d.profile)),
+                    memory: Some(GpuMemory {
+                        total: d.total,
+                        reserved: 0,
+                        used: d.used,
+                        free: d.total.saturating_sub(d.used),
+                    }),
+                    processes: d
+                        .processes
+                        .iter()
+                        .filter(|p| p.kind == AllocationKind::Compute)
+                        .map(|p| GpuProcess {
+                            pid: p.pid,
+                            kinds: vec![ProcessKind::Compute],
+                            used_bytes: p.used_bytes,
+                        })
+                        .collect(),
                 })
                 .collect())
         })

@@ -103,6 +103,45 @@ pub enum Command {
     Sim(SimCommand),
 }
 
+/// A `--gpu` of `reclaim`: an index, or a `GPU-…` or `MIG-…` UUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelector {
+    /// An NVML index.
+    Index(u32),
+    /// A GPU's or a MIG device's UUID.
+    Uuid(String),
+}
+
+impl std::fmt::Display for GpuSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuSelector::Index(i) => write!(f, "{i}"),
+            GpuSelector::Uuid(u) => f.write_str(u),
+        }
+    }
+}
+
+/// A `--gpu` that is neither an index nor a UUID.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: expected a GPU index (0), a GPU-… or a MIG-… UUID")]
+pub struct BadGpu(String);
+
+/// Parses a `--gpu` of `reclaim`.
+pub fn gpu_selector(s: &str) -> Result<GpuSelector, BadGpu> {
+    let s = s.trim();
+    if let Ok(i) = s.parse() {
+        return Ok(GpuSelector::Index(i));
+    }
+    if (s.starts_with("GPU-") || s.starts_with("MIG-"))
+        && s.len() <= 96
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
+    {
+        return Ok(GpuSelector::Uuid(s.to_string()));
+    }
+    Err(BadGpu(s.to_string()))
+}
+
 /// Parses a duration argument (`500ms`, `10s`, `2h`).
 pub fn duration(s: &str) -> Result<Duration, UnitError> {
     vramguard_core::units::parse_duration(s)
@@ -188,9 +227,10 @@ pub struct DiagnoseArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct ReclaimArgs {
-    /// GPUs to act on, e.g. 0,3 [default: all]
-    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
-    pub gpu: Vec<u32>,
+    /// GPUs to act on: indices, GPU-… or MIG-… UUIDs (a MIG device: only its holders), e.g.
+    /// 0,3 [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "GPU", value_parser = gpu_selector)]
+    pub gpu: Vec<GpuSelector>,
     /// Classes to target: orphan, hidden (only when its job is gone), zombie, idle, detached
     /// (working processes whose launcher is gone: only when named, with a warning)
     #[arg(

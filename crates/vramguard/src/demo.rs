@@ -329,6 +329,7 @@ fn reclaim_incident(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
         gpus: Some([1].into_iter().collect()),
         include: [Class::Idle].into_iter().collect(),
         idle_for_secs: policy.idle_after_secs,
+        mig_devices: None,
     };
     let shown = format!(
         "vramguard reclaim --yes --gpu 1 --include idle --idle-for {} --reset=auto",

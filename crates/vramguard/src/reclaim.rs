@@ -1,6 +1,6 @@
 //! `vramguard reclaim`: plan, confirm, execute, report.
 
-use crate::cli::ReclaimArgs;
+use crate::cli::{GpuSelector, ReclaimArgs};
 use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeSet;
@@ -25,10 +25,57 @@ fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
         include.insert(class);
     }
     Ok(ReclaimOptions {
-        gpus: (!args.gpu.is_empty()).then(|| args.gpu.iter().copied().collect()),
+        gpus: None,
         include,
         idle_for_secs: args.idle_for.as_secs(),
+        mig_devices: None,
     })
+}
+
+/// `--gpu` resolved against what the node has: indices and GPU UUIDs select GPUs, a MIG UUID
+/// selects its MIG device (and its GPU).
+fn resolve_gpus(
+    selectors: &[GpuSelector],
+    report: &Report,
+    mut opts: ReclaimOptions,
+) -> Result<ReclaimOptions> {
+    if selectors.is_empty() {
+        return Ok(opts);
+    }
+    let (mut gpus, mut migs) = (BTreeSet::new(), BTreeSet::new());
+    for sel in selectors {
+        match sel {
+            GpuSelector::Index(i) => {
+                if !report.gpus.iter().any(|g| g.index == *i) {
+                    bail!(
+                        "--gpu {i}: no such GPU (this machine has {})",
+                        report.gpus.len()
+                    );
+                }
+                gpus.insert(*i);
+            }
+            GpuSelector::Uuid(u) => {
+                if let Some(g) = report.gpus.iter().find(|g| g.uuid.as_deref() == Some(u)) {
+                    gpus.insert(g.index);
+                } else if let Some(g) = report
+                    .gpus
+                    .iter()
+                    .find(|g| g.mig_devices.iter().any(|d| d.uuid.as_deref() == Some(u)))
+                {
+                    gpus.insert(g.index);
+                    migs.insert(u.clone());
+                } else {
+                    bail!(
+                        "--gpu {u}: no GPU or MIG device with this UUID holds memory here \
+                         (`vramguard status` lists them)"
+                    );
+                }
+            }
+        }
+    }
+    opts.gpus = Some(gpus);
+    opts.mig_devices = (!migs.is_empty()).then_some(migs);
+    Ok(opts)
 }
 
 pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
@@ -176,21 +223,6 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
     crate::render::wrap_lines(&out, crate::render::output_width())
 }
 
-/// Refuses a `--gpu` the machine does not have.
-fn check_gpus(opts: &ReclaimOptions, report: &Report) -> Result<()> {
-    if let Some(gpus) = &opts.gpus
-        && let Some(missing) = gpus
-            .iter()
-            .find(|g| !report.gpus.iter().any(|r| r.index == **g))
-    {
-        bail!(
-            "--gpu {missing}: no such GPU (this machine has {})",
-            report.gpus.len()
-        );
-    }
-    Ok(())
-}
-
 /// Prints the plan of a dry run.
 fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
     if json {
@@ -228,7 +260,7 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
         }
         // The saved snapshot keeps the window of work it was taken with.
         let (snap, report) = settings.report(Duration::ZERO)?;
-        check_gpus(&opts, &report)?;
+        let opts = resolve_gpus(&args.gpu, &report, opts)?;
         let plan = plan_reclaim(&snap, &report, &opts);
         print_dry_run(&plan, &report, args.json)?;
         return Ok(0);
@@ -237,13 +269,24 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     check_own_proc(&settings.proc_root)?;
 
     let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
+    // `--gpu` is resolved against the snapshot the plan is made from.
+    let mut resolved = None;
     let prepared = vramguard_ops::prepare(
         &mut node,
         &settings.config.policy,
         args.sample,
-        |snap, report| plan_reclaim(snap, report, &opts),
+        |snap, report| match resolve_gpus(&args.gpu, report, opts) {
+            Ok(opts) => {
+                resolved = Some(Ok(()));
+                plan_reclaim(snap, report, &opts)
+            }
+            Err(e) => {
+                resolved = Some(Err(e));
+                Plan::default()
+            }
+        },
     )?;
-    check_gpus(&opts, &prepared.report)?;
+    resolved.unwrap_or(Ok(()))?;
     let (plan, report) = (&prepared.plan, &prepared.report);
 
     let interactive = std::io::stdin().is_terminal();

@@ -293,6 +293,37 @@ fn holder_line(st: &Style, h: &Holder) -> String {
     )
 }
 
+/// One MIG device under its GPU: instance, UUID, memory, holders, and its ghost memory.
+fn mig_line(st: &Style, d: &vramguard_core::report::MigDeviceReport) -> String {
+    let profile = d
+        .name
+        .as_deref()
+        .and_then(|n| n.rsplit_once(" MIG "))
+        .map_or("?", |(_, p)| p);
+    let memory = d.memory.map_or("memory unknown".into(), |m| {
+        format!("{} / {}", format_bytes(m.used), format_bytes(m.total))
+    });
+    let holders = if d.holders.is_empty() {
+        "no holders".to_string()
+    } else {
+        let pids: Vec<String> = d.holders.iter().map(u32::to_string).collect();
+        format!("pid {}", pids.join(","))
+    };
+    let ghost = if d.ghost_bytes > 0 {
+        format!(
+            "  {}",
+            st.red(&format!("ghost {}", format_bytes(d.ghost_bytes)))
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "  MIG {profile} GI {}  {}  {memory}  {holders}{ghost}",
+        d.gpu_instance.map_or("?".into(), |i| i.to_string()),
+        vramguard_core::sanitize::escape(d.uuid.as_deref().unwrap_or("?")),
+    )
+}
+
 /// One GPU of `status`: its title, health, process-list state, holders and ghost line.
 fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
     let _ = writeln!(out, "{}", gpu_title(st, g));
@@ -335,6 +366,9 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
         for h in &g.holders {
             let _ = writeln!(out, "{}", holder_line(st, h));
         }
+    }
+    for d in &g.mig_devices {
+        let _ = writeln!(out, "{}", mig_line(st, d));
     }
     if let Some(u) = &g.unaccounted
         && u.significant

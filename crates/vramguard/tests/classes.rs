@@ -119,7 +119,57 @@ fn on_a_mig_gpu_each_holder_has_its_memory_and_only_the_residue_is_unaccounted()
             json!(7 * GIB),
             "the orphan's and the residue"
         );
+        // Per MIG device: the server's is clean, the other has the orphan and the residue.
+        let migs = g0["mig_devices"].as_array().unwrap();
+        assert_eq!(migs.len(), 2, "{g0:#}");
+        assert_eq!(migs[0]["gpu_instance"], 1);
+        assert_eq!(migs[0]["holders"], json!([server.pid]));
+        assert_eq!(migs[0]["ghost_bytes"], 0);
+        assert_eq!(migs[1]["holders"], json!([trainer.workers[0]]));
+        assert_eq!(migs[1]["unaccounted_bytes"], json!(3 * GIB));
+        assert_eq!(migs[1]["ghost_bytes"], json!(7 * GIB));
     }
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let mig_uuid = |i: usize| {
+        report["gpus"][0]["mig_devices"][i]["uuid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let text = Vg::new(&world, Path_::Nvml).args(["status"]).code(0);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("MIG 3g.71gb GI 2  {}", mig_uuid(1)))
+            && text.contains("ghost 7.0 GiB"),
+        "{text}"
+    );
+    // `reclaim --gpu MIG-…` plans for that MIG device only. Its orphan is still left alone:
+    // a MIG device reports no per-process utilization, so whether it computes on the GPU is
+    // unknown, and an unknown is never signalled.
+    let left_alone = |uuid: String| {
+        let plan = Vg::new(&world, Path_::Nvml)
+            .args(["reclaim", "--dry-run", "--json", "--gpu", &uuid])
+            .json(0);
+        assert_eq!(plan["plan"]["jobs"], json!([]), "{plan:#}");
+        plan["plan"]["left_alone"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["pid"] == trainer.workers[0])
+            .unwrap()["reason"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let own = left_alone(mig_uuid(1));
+    assert!(own.contains("reports no per-process utilization"), "{own}");
+    let other = left_alone(mig_uuid(0));
+    assert!(other.contains("on another MIG device"), "{other}");
+    Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--gpu", "MIG-nonexistent"])
+        .code(2);
     drop(trainer);
     drop(server);
 }
