@@ -33,6 +33,11 @@ use crate::sanitize::{escape, shown};
 use crate::snapshot::{
     DeviceFile, FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts, ProcessListState, Snapshot,
 };
+
+/// How long after its exit a listed pid may still be a context the driver tears down. Drivers
+/// take milliseconds to a few seconds (`vramguard probe release` measures it); two minutes
+/// after the exit, its memory is residue.
+pub const STALE_TEARDOWN_MS: u64 = 120_000;
 use crate::units::{format_bytes, format_duration};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -271,6 +276,16 @@ impl<'a> Context<'a> {
                  container and the driver reports host pids"
             ),
             None => match self.snap.departed.iter().rev().find(|d| d.pid == reported) {
+                Some(d) if self.stale_teardown(reported) => format!(
+                    "pid {reported} ({}) exited {} ago and the driver still lists it: longer \
+                     than the {} a teardown takes, so its context was never torn down and its \
+                     memory counts as residue (a GPU reset frees it)",
+                    escape(d.comm.as_deref().unwrap_or("?")),
+                    format_duration(Duration::from_millis(
+                        self.snap.taken_at_ms.saturating_sub(d.gone_at_ms)
+                    )),
+                    format_duration(Duration::from_millis(STALE_TEARDOWN_MS))
+                ),
                 Some(d) => format!(
                     "pid {reported} ({}) exited {} ago and the driver still lists it: it is \
                      tearing the context down, and the memory comes back on its own (`vramguard \
@@ -341,10 +356,12 @@ impl<'a> Context<'a> {
                 .then(a.pid.cmp(&b.pid))
         });
 
-        // Saturating throughout: a replayed snapshot may carry any number.
+        // Saturating throughout: a replayed snapshot may carry any number. A pid the driver
+        // still lists long after it exited holds nothing a process will give back: residue.
         let accounted_bytes: u64 = gpu
             .processes
             .iter()
+            .filter(|p| !self.stale_teardown(p.pid))
             .filter_map(|p| p.used_bytes)
             .fold(0, u64::saturating_add);
         let mut bytes_by_class: BTreeMap<Class, u64> = BTreeMap::new();
@@ -442,6 +459,21 @@ impl<'a> Context<'a> {
             .collect()
     }
 
+    /// Whether `pid` is gone from `/proc`, was seen exiting more than [`STALE_TEARDOWN_MS`]
+    /// ago, and the driver still lists it: not a teardown in progress any more.
+    fn stale_teardown(&self, pid: u32) -> bool {
+        self.snap.process(pid).is_none()
+            && self
+                .snap
+                .departed
+                .iter()
+                .rev()
+                .find(|d| d.pid == pid)
+                .is_some_and(|d| {
+                    self.snap.taken_at_ms.saturating_sub(d.gone_at_ms) > STALE_TEARDOWN_MS
+                })
+    }
+
     fn is_system(&self, p: &ProcessFacts) -> bool {
         matches!(
             self.policy.system_identity(p, self.snap.host.euid == 0),
@@ -485,7 +517,9 @@ impl<'a> Context<'a> {
             idle_secs: None,
             evidence: vec![why],
             action: Action {
-                summary: if self.snap.departed.iter().any(|d| d.pid == listed.pid) {
+                summary: if self.stale_teardown(listed.pid) {
+                    "its memory counts as residue: reset the GPU when nothing else holds it".into()
+                } else if self.snap.departed.iter().any(|d| d.pid == listed.pid) {
                     "none: the driver frees it once the teardown ends; re-run in a few seconds"
                         .into()
                 } else if in_container {
@@ -1255,6 +1289,14 @@ impl<'a> Context<'a> {
             let (why, lines) = self.unaccounted_cause(gpu, &hidden, blockers);
             cause = Some(why);
             explanation.extend(lines);
+            for p in gpu.processes.iter().filter(|p| self.stale_teardown(p.pid)) {
+                explanation.push(format!(
+                    "{} of it is listed for pid {}, which exited long ago: a context the driver \
+                     never tore down",
+                    format_bytes(p.used_bytes.unwrap_or(0)),
+                    p.pid
+                ));
+            }
             if !contextless.is_empty() && hidden.is_empty() {
                 explanation.push(format!(
                     "at least {} is not explained by any holder: {} hold /dev/nvidia{} without \

@@ -359,6 +359,29 @@ fn a_listed_pid_seen_exiting_is_a_context_being_torn_down() {
         r.gpus[0].ghost_bytes, 0,
         "memory on its way back is no ghost"
     );
+    // Past the two minutes a teardown may take, it is residue: ghost, and a reset frees it.
+    s.departed[0].gone_at_ms = NOW_MS - 300_000;
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Foreign);
+    assert!(
+        h.evidence[0].contains("exited 5m00s ago") && h.evidence[0].contains("never torn down"),
+        "{:?}",
+        h.evidence
+    );
+    let u = r.gpus[0].unaccounted.as_ref().unwrap();
+    assert_eq!(u.bytes, 8 * GIB);
+    assert_eq!(u.cause, Some(UnaccountedCause::DriverResidue));
+    assert!(
+        u.explanation
+            .iter()
+            .any(|l| l.contains("pid 4121, which exited long ago"))
+    );
+    assert_eq!(r.gpus[0].ghost_bytes, 8 * GIB);
+    assert!(
+        r.gpus[0].reset_blockers.is_empty(),
+        "a gone pid blocks no reset"
+    );
     // Without the sighting, both readings are given.
     s.departed.clear();
     let h = classify(&s, &Policy::default()).gpus[0].holders[0].clone();
