@@ -194,6 +194,24 @@ impl SimGpu {
     }
 }
 
+/// The pids of live process `pid` in each of its PID namespaces (`NSpid` of its status),
+/// `None` when it cannot be read (gone): then nothing is checked against it.
+fn namespace_pids(proc_root: &Path, pid: u32) -> Option<Vec<u32>> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(proc_root.join(format!("{pid}/status")))
+        .ok()?
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    Some(
+        line.split_whitespace()
+            .filter_map(|n| n.parse().ok())
+            .collect(),
+    )
+}
+
 /// Checks the faults of the state (or of one GPU, `prefix` naming it): known calls, real
 /// error codes, bounded stalls.
 fn check_faults(path: &Path, prefix: &str, faults: &[Fault]) -> Result<(), StateError> {
@@ -514,6 +532,20 @@ impl SimState {
                 return Err(invalid(
                     format!("allocations[{i}].sm_util"),
                     "utilization is a percentage (0-100)".into(),
+                ));
+            }
+            if let Some(reported) = a.reported_pid
+                && let Some(nspid) = namespace_pids(&self.proc_root, a.pid)
+                && !nspid.contains(&reported)
+            {
+                return Err(invalid(
+                    format!("allocations[{i}].reported_pid"),
+                    format!(
+                        "{reported} is not a pid of process {} in any of its PID namespaces \
+                         (NSpid {nspid:?}): a driver reports a pid the process has somewhere; run \
+                         the holder in a PID namespace and set report_namespace_pid",
+                        a.pid
+                    ),
                 ));
             }
             if let Some(m) = a.mig_device

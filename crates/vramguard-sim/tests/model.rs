@@ -421,3 +421,24 @@ fn utilization_samples_carry_the_time_of_their_sampling_period() {
         t + UTILIZATION_SAMPLE_PERIOD_US
     );
 }
+
+#[test]
+fn a_reported_pid_must_be_one_the_process_has_in_some_namespace() {
+    let world = vramguard_testkit::World::new(1);
+    let p = sleeper();
+    let mut a = vramguard_testkit::allocation(0, p.0.id(), GIB);
+    a.reported_pid = Some(3_999_999);
+    let err = vramguard_sim::store::update_state(&world.state_path(), |s| s.allocations.push(a))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("allocations[0].reported_pid")
+            && err.contains("is not a pid of process")
+            && err.contains("report_namespace_pid"),
+        "{err}"
+    );
+    // Its own pid (NSpid of a process in the host namespace) is coherent.
+    let mut ok = vramguard_testkit::allocation(0, p.0.id(), GIB);
+    ok.reported_pid = Some(p.0.id());
+    vramguard_sim::store::update_state(&world.state_path(), |s| s.allocations.push(ok)).unwrap();
+}

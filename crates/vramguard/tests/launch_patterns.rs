@@ -620,13 +620,27 @@ fn mixed_incident() -> Incident {
     daemon["new_session"] = json!(true);
     let daemon = start_exe(&world, &exe, &[], &["nvidia-persistenced"], daemon);
     survivors.push(("system daemon", daemon.pid));
-    // A pid the driver lists that is no process here (as from another PID namespace): the
-    // allocation belongs to a live process the driver reports under another number.
-    let other_ns = Reaped(Command::new("sleep").arg("120").spawn().unwrap());
-    let mut a = allocation(0, other_ns.pid(), GIB);
+    // A pid the driver lists as seen from another PID namespace: a process of a PID
+    // namespace of its own, reported as its pid there (3999999), which is no process here.
+    let other_ns = Reaped(
+        Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                "sh",
+                "-c",
+            ])
+            .arg("echo 3999998 > /proc/sys/kernel/ns_last_pid; sleep 120 & wait")
+            .spawn()
+            .unwrap(),
+    );
+    let in_ns = child_of(child_of(other_ns.pid()));
+    let mut a = allocation(0, in_ns, GIB);
     a.reported_pid = Some(3_999_999);
     world.allocate(a);
-    survivors.push(("foreign pid's process", other_ns.pid()));
+    survivors.push(("foreign pid's process", in_ns));
     Incident {
         world,
         _other_ns: other_ns,
@@ -713,4 +727,16 @@ fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
     let m = agent.metrics();
     assert!(m.contains("class=\"detached\""), "{m}");
     let _ = Path::new(&audit);
+}
+
+/// The first child of `pid`, once it has one.
+fn child_of(pid: u32) -> u32 {
+    let mut found = None;
+    wait_until(10, "the namespace's first process", || {
+        found = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()
+            .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+        found.is_some()
+    });
+    found.unwrap()
 }
