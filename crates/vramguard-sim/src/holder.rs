@@ -126,6 +126,11 @@ pub struct HolderSpec {
     /// workers): its memory stays while any of them lives.
     #[serde(default)]
     pub share_with_workers: bool,
+    /// Workers forked without exec, as a DataLoader forks its workers: each inherits this
+    /// holder's open device files and contexts (its memory stays while any of them lives) and
+    /// shows its command line; the driver does not list them.
+    #[serde(default)]
+    pub forked_workers: u32,
     /// Keep one thread busy this share of the time (percent of one core, 0–100): a job that
     /// feeds its GPU or loads data burns CPU; an orphaned worker blocked on a dead parent
     /// does not.
@@ -175,6 +180,7 @@ impl HolderSpec {
             ready_file: None,
             shape: None,
             share_with_workers: false,
+            forked_workers: 0,
             cpu_percent: 0,
         }
     }
@@ -259,11 +265,19 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     if !spec.holds.is_empty() {
         register_allocations(&spec, pid, own_pid)?;
     }
-    let (worker_pids, children) = start_workers(&spec, own_pid)?;
-    if spec.share_with_workers && !worker_pids.is_empty() {
+    let (mut worker_pids, children) = start_workers(&spec, own_pid)?;
+    let shared = if spec.share_with_workers {
+        worker_pids.clone()
+    } else {
+        Vec::new()
+    };
+    let forked = fork_workers(spec.forked_workers, spec.lifetime_ms)?;
+    worker_pids.extend(&forked);
+    let holding: Vec<u32> = shared.into_iter().chain(forked).collect();
+    if !holding.is_empty() {
         store::update_state(&spec.state, |s| {
             for a in s.allocations.iter_mut().filter(|a| a.pid == pid) {
-                a.held_by.extend(worker_pids.iter().copied());
+                a.held_by.extend(holding.iter().copied());
             }
         })
         .context("sharing the context with the workers")?;
@@ -412,6 +426,26 @@ fn start_workers(spec: &HolderSpec, own_pid: u32) -> Result<(Vec<u32>, Vec<std::
         children.push(child);
     }
     Ok((worker_pids, children))
+}
+
+/// Forks `count` children that never exec: they keep every file and context this process has
+/// and sleep until the lifetime is over (or they are killed). Returns their pids.
+fn fork_workers(count: u32, lifetime_ms: u64) -> Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    for _ in 0..count {
+        // SAFETY: the child makes only async-signal-safe calls (alarm, pause) until it dies.
+        match unsafe { libc::fork() } {
+            0 => unsafe {
+                libc::alarm(lifetime_ms.div_ceil(1000).max(1) as u32);
+                loop {
+                    libc::pause();
+                }
+            },
+            -1 => return Err(std::io::Error::last_os_error()).context("fork"),
+            child => pids.push(child as u32),
+        }
+    }
+    Ok(pids)
 }
 
 /// Spins for `busy` out of every 100 ms until the deadline.

@@ -809,3 +809,49 @@ fn sim_hold_started_as_a_session_leader_holds_its_memory() {
         })
     });
 }
+
+#[test]
+fn dataloader_workers_forked_without_exec_keep_the_dead_trainers_memory_as_hidden_holders() {
+    let world = World::new(1);
+    let mut trainer_spec = spec(&world, json!([hold(0, 4)]));
+    trainer_spec["group_leader"] = json!(true);
+    trainer_spec["forked_workers"] = json!(2);
+    let mut trainer = start(
+        &world,
+        &["python3", "train.py", "--workers", "2"],
+        trainer_spec,
+    );
+    assert_eq!(trainer.workers.len(), 2);
+    let leader = trainer.pid;
+    trainer.crash();
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    for &w in &trainer.workers {
+        let h = holder(&report, 0, w);
+        assert_eq!(h["class"], "hidden", "{h:#}");
+        assert_eq!(h["listed"], json!(false));
+        // Forked, never exec'd: the trainer's command line, and its job.
+        assert_eq!(h["command"], "python3 train.py --workers 2", "{h:#}");
+        assert_eq!(h["dead_job"]["leader_pid"], json!(leader), "{h:#}");
+    }
+    let g0 = &report["gpus"][0];
+    assert_eq!(
+        g0["memory"]["used"],
+        json!(4 * GIB),
+        "the context outlives the trainer"
+    );
+    assert_eq!(g0["unaccounted"]["cause"], "hidden_holders", "{g0:#}");
+    // Once the workers are gone too, the memory is back.
+    for &w in &trainer.workers {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &w.to_string()])
+            .status();
+    }
+    wait_until(10, "the memory to come back", || {
+        Vg::new(&world, Path_::InProcess)
+            .args(["status", "--json", "--sample", "0"])
+            .json(0)["gpus"][0]["memory"]["used"]
+            == json!(0)
+    });
+}
