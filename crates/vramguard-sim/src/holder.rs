@@ -131,6 +131,14 @@ pub struct HolderSpec {
     /// shows its command line; the driver does not list them.
     #[serde(default)]
     pub forked_workers: u32,
+    /// Hand its device files (and with them its memory) to the first process that connects
+    /// to a Unix socket at this path (`SCM_RIGHTS`, as CUDA IPC does).
+    #[serde(default)]
+    pub share_fds_on: Option<PathBuf>,
+    /// Receive device files over the Unix socket at this path, and with them the sender's
+    /// memory: it stays while this process lives.
+    #[serde(default)]
+    pub receive_fds_from: Option<PathBuf>,
     /// Keep one thread busy this share of the time (percent of one core, 0–100): a job that
     /// feeds its GPU or loads data burns CPU; an orphaned worker blocked on a dead parent
     /// does not.
@@ -181,6 +189,8 @@ impl HolderSpec {
             shape: None,
             share_with_workers: false,
             forked_workers: 0,
+            share_fds_on: None,
+            receive_fds_from: None,
             cpu_percent: 0,
         }
     }
@@ -254,7 +264,7 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     unsafe { std::env::remove_var(HOLDER_ENV) };
     take_identity(&spec)?;
     let state = SimState::load(&spec.state).context("loading the state")?;
-    let files = open_device_files(&spec, &state)?;
+    let mut files = open_device_files(&spec, &state)?;
     // The driver sees processes through the state's proc root (the host's /proc); inside a
     // PID namespace, getpid() is not that pid, but `self` in the host's procfs is.
     let own_pid = std::process::id();
@@ -264,6 +274,18 @@ pub fn run(spec: HolderSpec) -> Result<()> {
         .unwrap_or(own_pid);
     if !spec.holds.is_empty() {
         register_allocations(&spec, pid, own_pid)?;
+    }
+    if let Some(path) = &spec.share_fds_on {
+        let dups = files
+            .iter()
+            .map(File::try_clone)
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("duplicating the device files")?;
+        crate::fdpass::serve_once(path, dups, pid)
+            .with_context(|| format!("serving the device files on {}", path.display()))?;
+    }
+    if let Some(path) = &spec.receive_fds_from {
+        files.extend(receive_device_files(&spec.state, path, pid)?);
     }
     let (mut worker_pids, children) = start_workers(&spec, own_pid)?;
     let shared = if spec.share_with_workers {
@@ -426,6 +448,29 @@ fn start_workers(spec: &HolderSpec, own_pid: u32) -> Result<(Vec<u32>, Vec<std::
         children.push(child);
     }
     Ok((worker_pids, children))
+}
+
+/// Receives a sender's device files over the socket at `path` (waiting up to 20 s for it to
+/// appear) and registers this process as a keeper of the sender's memory.
+fn receive_device_files(state: &Path, path: &Path, pid: u32) -> Result<Vec<File>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (sender, files) = loop {
+        match crate::fdpass::receive(path) {
+            Ok(got) => break got,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("receiving device files from {}", path.display()));
+            }
+        }
+    };
+    store::update_state(state, |s| {
+        for a in s.allocations.iter_mut().filter(|a| a.pid == sender) {
+            a.held_by.push(pid);
+        }
+    })
+    .context("keeping the sender's memory")?;
+    Ok(files)
 }
 
 /// Forks `count` children that never exec: they keep every file and context this process has

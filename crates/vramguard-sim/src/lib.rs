@@ -40,6 +40,7 @@
 
 /// NVML's return codes (they belong to the GPU crate, which speaks NVML).
 pub use vramguard_gpu::codes;
+mod fdpass;
 pub mod holder;
 pub mod model;
 pub mod node;

@@ -855,3 +855,44 @@ fn dataloader_workers_forked_without_exec_keep_the_dead_trainers_memory_as_hidde
             == json!(0)
     });
 }
+
+#[test]
+fn device_files_received_over_a_unix_socket_keep_the_senders_memory() {
+    let world = World::new(1);
+    let socket = world.dir.path().join("ipc.sock");
+    let mut sender_spec = spec(&world, json!([hold(0, 3)]));
+    sender_spec["new_session"] = json!(true);
+    sender_spec["share_fds_on"] = json!(socket);
+    let mut sender = start(&world, &["python3", "serve.py"], sender_spec);
+    // An unrelated process (its own session) that received the files and never opened them.
+    let mut receiver_spec = spec(&world, json!([]));
+    receiver_spec["new_session"] = json!(true);
+    receiver_spec["receive_fds_from"] = json!(socket);
+    let receiver = start(&world, &["python3", "consumer.py"], receiver_spec);
+    sender.crash();
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let g0 = &report["gpus"][0];
+    assert_eq!(
+        g0["memory"]["used"],
+        json!(3 * GIB),
+        "kept by the receiver: {g0:#}"
+    );
+    let h = holder(&report, 0, receiver.pid);
+    assert_eq!(h["class"], "hidden", "{h:#}");
+    assert_eq!(h["listed"], json!(false));
+    assert!(
+        h["device_files"].to_string().contains("uvm"),
+        "it holds the CUDA files it received: {h:#}"
+    );
+    assert_eq!(h["action"]["reclaimable"], json!(false), "its job is alive");
+    assert_eq!(g0["unaccounted"]["cause"], "hidden_holders", "{g0:#}");
+    drop(receiver);
+    wait_until(10, "the memory to come back", || {
+        Vg::new(&world, Path_::InProcess)
+            .args(["status", "--json", "--sample", "0"])
+            .json(0)["gpus"][0]["memory"]["used"]
+            == json!(0)
+    });
+}
