@@ -51,5 +51,15 @@ if [ ! -f "$pyenv/.clients" ] || [ "$(cat "$pyenv/.clients")" != "$clients" ]; t
     echo "$clients" > "$pyenv/.clients"
 fi
 
+# nvidia-ml-py3, the old bindings that still call the unversioned symbols, in a venv of its own
+# (it installs a `pynvml` module of the same name).
+legacy=target/pyenv-legacy
+legacy_clients="nvidia-ml-py3==7.352.0"
+if [ ! -f "$legacy/.clients" ] || [ "$(cat "$legacy/.clients")" != "$legacy_clients" ]; then
+    python3 -m venv "$legacy"
+    "$legacy/bin/pip" install -q $legacy_clients
+    echo "$legacy_clients" > "$legacy/.clients"
+fi
+
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked

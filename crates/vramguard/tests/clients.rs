@@ -9,8 +9,15 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn client(tool: &str) -> PathBuf {
+    client_in("pyenv", tool)
+}
+
+/// `tool` of the venv `scripts/test.sh` builds at `target/VENV`.
+fn client_in(venv: &str, tool: &str) -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target/pyenv/bin")
+        .join("../../target")
+        .join(venv)
+        .join("bin")
         .join(tool);
     assert!(
         bin.exists(),
@@ -260,4 +267,36 @@ print(json.dumps({
     );
     assert!(text.contains(&holder.pid().to_string()), "{text}");
     assert!(text.contains("MIG"), "nvitop shows the MIG device: {text}");
+}
+
+#[test]
+fn the_old_nvidia_ml_py3_lists_processes_through_the_unversioned_symbols() {
+    // nvidia-ml-py3 (2017) calls nvmlDeviceGetComputeRunningProcesses, the unversioned
+    // symbol, with 16-byte {pid, usedGpuMemory} records; a 580 driver still exports it.
+    let (world, holder) = busy_world();
+    let script = r#"
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps({
+    "procs": [[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+    "name": n.nvmlDeviceGetName(h).decode(),
+    "driver": n.nvmlSystemGetDriverVersion().decode(),
+}))
+"#;
+    let out = Command::new(client_in("pyenv-legacy", "python"))
+        .args(["-c", script])
+        .env("VRAMGUARD_SIM", world.state_path())
+        .env("LD_LIBRARY_PATH", sim_nvml_lib().parent().unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["procs"],
+        serde_json::json!([[holder.pid(), 3 * GIB]]),
+        "{v}"
+    );
+    assert_eq!(v["name"], "NVIDIA H200");
+    assert_eq!(v["driver"], "580.159.03");
 }
