@@ -398,3 +398,145 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
         unsafe { put(value, 100 + busy * per_percent) }
     })
 }
+
+/// Memory bus width (bits) and CUDA cores of the model.
+fn bus_width_and_cores(gpu: &ObservedGpu) -> (c_uint, c_uint) {
+    if gpu.name.contains("V100") {
+        (4096, 5120)
+    } else if gpu.name.contains("A100") {
+        (5120, 6912)
+    } else if gpu.name.contains("H100") {
+        (5120, 16896)
+    } else {
+        (6144, 16896)
+    }
+}
+
+/// The clock event reasons NVML can report: idle, applications clocks, power cap, HW
+/// slowdown, sync boost, SW thermal, HW thermal, HW power brake, display clocks.
+const SUPPORTED_CLOCK_EVENT_REASONS: c_ulonglong = 0x1ff;
+
+one_value!(
+    /// The model's memory bus width in bits.
+    nvmlDeviceGetMemoryBusWidth, c_uint, |gpu| bus_width_and_cores(gpu).0
+);
+one_value!(
+    /// The model's CUDA cores.
+    nvmlDeviceGetNumGpuCores, c_uint, |gpu| bus_width_and_cores(gpu).1
+);
+one_value!(
+    /// PCIe speed per lane in MB/s, from the link generation.
+    nvmlDeviceGetPcieSpeed, c_uint, |gpu| match model(gpu).pcie.0 {
+        3 => 8000,
+        4 => 16000,
+        _ => 32000,
+    }
+);
+one_value!(
+    /// The default power limit is the enforced one (nobody changed it).
+    nvmlDeviceGetPowerManagementDefaultLimit, c_uint, |gpu| crate::power_limit_mw(gpu)
+);
+one_value!(
+    /// P0, as `nvmlDeviceGetPerformanceState`.
+    nvmlDeviceGetPowerState, c_uint, |_gpu| 0
+);
+one_value!(
+    /// A board id derived from the index.
+    nvmlDeviceGetBoardId, c_uint, |gpu| 0x100 * (gpu.index + 1)
+);
+one_value!(
+    /// One GPU per board.
+    nvmlDeviceGetMultiGpuBoard, c_uint, |_gpu| 0
+);
+one_value!(
+    /// `NVML_GPU_VIRTUALIZATION_MODE_NONE`: bare metal.
+    nvmlDeviceGetVirtualizationMode, c_uint, |_gpu| 0
+);
+one_value!(
+    /// Accounting is off.
+    nvmlDeviceGetAccountingMode, c_uint, |_gpu| 0
+);
+one_value!(
+    /// The driver's accounting buffer holds 4000 processes.
+    nvmlDeviceGetAccountingBufferSize, c_uint, |_gpu| 4000
+);
+one_value!(
+    /// No PCIe replays.
+    nvmlDeviceGetPcieReplayCounter, c_uint, |_gpu| 0
+);
+one_value!(
+    /// An interrupt line derived from the index.
+    nvmlDeviceGetIrqNum, c_uint, |gpu| 100 + gpu.index
+);
+one_value!(
+    /// Half of the GPUs on each of two NUMA nodes.
+    nvmlDeviceGetNumaNodeId, c_uint, |gpu| u32::from(gpu.index >= 4)
+);
+one_value!(
+    /// `NVML_BUS_TYPE_PCIE`.
+    nvmlDeviceGetBusType, c_uint, |_gpu| 2
+);
+one_value!(
+    /// ECC is on by default.
+    nvmlDeviceGetDefaultEccMode, c_uint, |_gpu| 1
+);
+one_value!(
+    /// Chassis-cooled SXM boards have no fans of their own.
+    nvmlDeviceGetNumFans, c_uint, |_gpu| 0
+);
+one_value!(
+    /// Every reason this driver reports.
+    nvmlDeviceGetSupportedClocksEventReasons, c_ulonglong, |_gpu| SUPPORTED_CLOCK_EVENT_REASONS
+);
+one_value!(
+    /// The old name of [`nvmlDeviceGetSupportedClocksEventReasons`].
+    nvmlDeviceGetSupportedClocksThrottleReasons, c_ulonglong, |_gpu| {
+        SUPPORTED_CLOCK_EVENT_REASONS
+    }
+);
+one_value!(
+    /// The old name of `nvmlDeviceGetCurrentClocksEventReasons`.
+    nvmlDeviceGetCurrentClocksThrottleReasons, c_ulonglong, |gpu| {
+        u64::from(gpu_utilization(gpu).0 == 0)
+    }
+);
+two_values!(
+    /// Power limits the admin may set: 200 W to the board's limit.
+    nvmlDeviceGetPowerManagementLimitConstraints, c_uint, |gpu| (200_000, crate::power_limit_mw(gpu))
+);
+two_values!(
+    /// NVJPG is idle (sampling period 167 ms).
+    nvmlDeviceGetJpgUtilization, c_uint, |_gpu| (0, 167_000)
+);
+two_values!(
+    /// The optical-flow engine is idle (sampling period 167 ms).
+    nvmlDeviceGetOfaUtilization, c_uint, |_gpu| (0, 167_000)
+);
+
+macro_rules! string_fn {
+    ($(#[$doc:meta])* $name:ident, |$gpu:ident| $value:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `out` must hold `length` bytes.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            out: *mut c_char,
+            length: c_uint,
+        ) -> c_uint {
+            with_gpu(stringify!($name), device, |_, $gpu| unsafe {
+                write_c_string(&$value, out, length)
+            })
+        }
+    };
+}
+
+string_fn!(
+    /// A board part number of the model's form.
+    nvmlDeviceGetBoardPartNumber, |gpu| format!("692-2G520-0280-{:03}", gpu.index)
+);
+string_fn!(
+    /// The InfoROM image version.
+    nvmlDeviceGetInforomImageVersion, |_gpu| "G520.0280.00.01"
+);

@@ -457,7 +457,7 @@ fn gpu_utilization(gpu: &ObservedGpu) -> (u32, u32) {
 }
 
 /// The board power limit in milliwatts, by model (what `nvidia-smi -q -d POWER` shows).
-fn power_limit_mw(gpu: &ObservedGpu) -> u32 {
+pub(crate) fn power_limit_mw(gpu: &ObservedGpu) -> u32 {
     if gpu.name.contains("V100") {
         300_000
     } else if gpu.name.contains("A100") {

@@ -554,6 +554,20 @@ fn the_properties_monitoring_tools_read_first_are_answered() {
             e1 >= e0 + 75_000 * 150 / 1000,
             "75 W idle over 0.2 s: {e0} → {e1}"
         );
+        let (mut width, mut cores, mut min, mut max) = (0, 0, 0, 0);
+        assert_eq!(lib.nvmlDeviceGetMemoryBusWidth(h200, &mut width), 0);
+        assert_eq!(lib.nvmlDeviceGetNumGpuCores(h200, &mut cores), 0);
+        assert_eq!((width, cores), (6144, 16896), "an H200's");
+        assert_eq!(
+            lib.nvmlDeviceGetPowerManagementLimitConstraints(h200, &mut min, &mut max),
+            0
+        );
+        assert_eq!((min, max), (200_000, 700_000));
+        let mut part = [0 as std::ffi::c_char; 32];
+        assert_eq!(
+            lib.nvmlDeviceGetBoardPartNumber(h200, part.as_mut_ptr(), 32),
+            0
+        );
         let mut brand = 0;
         assert_eq!(lib.nvmlDeviceGetBrand(h200, &mut brand), 0);
         assert_eq!(brand, 14, "NVML_BRAND_NVIDIA");
