@@ -187,19 +187,35 @@ fn host_facts_describe_this_process() {
 fn a_process_that_opens_the_device_after_it_was_first_seen_is_found_once_listed() {
     let dev = dev_dir();
     let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
-    // Seen first while it holds nothing.
+    // Seen first while it holds nothing: it opens the device only when told to (a line on its
+    // stdin), then execs, which the collector notices.
     let script = format!(
-        "sleep 0.3; exec 3<{} ; exec sleep 60",
+        "read go; exec 3<{} ; exec sleep 60",
         dev.path().join("nvidia0").display()
     );
-    let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+    let mut h = Reaped(
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let pid = h.0.id();
     let first = c.collect(&[], ScanDepth::NewProcesses, 0).unwrap();
     assert!(
         first.processes.iter().all(|p| p.pid != pid),
         "holds nothing yet"
     );
-    std::thread::sleep(Duration::from_millis(600));
+    {
+        use std::io::Write;
+        let mut stdin = h.0.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+    }
+    // Once it has exec'd `sleep`, the device is open.
+    wait_until("the exec after opening the device", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    });
     // Not listed: a new-process scan does not look again (a full scan would).
     let unlisted = c.collect(&[], ScanDepth::NewProcesses, 0).unwrap();
     assert!(unlisted.processes.iter().all(|p| p.pid != pid));
