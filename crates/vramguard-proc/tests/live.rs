@@ -30,7 +30,13 @@ fn holder(dev: &Path, files: &[&str]) -> Reaped {
         script.push_str(&format!("exec {}<{} ; ", i + 3, dev.join(f).display()));
     }
     script.push_str("exec sleep 60");
-    Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap())
+    let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+    // Every file is open once it has exec'd `sleep`: no scan catches it half-way.
+    let pid = h.0.id();
+    wait_until("the holder to open its files", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    });
+    h
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
