@@ -318,7 +318,8 @@ fn mig_line(st: &Style, d: &vramguard_core::report::MigDeviceReport) -> String {
         String::new()
     };
     format!(
-        "  MIG {profile} GI {}  {}  {memory}  {holders}{ghost}",
+        "  MIG {} GI {}  {}  {memory}  {holders}{ghost}",
+        vramguard_core::sanitize::escape(profile),
         d.gpu_instance.map_or("?".into(), |i| i.to_string()),
         vramguard_core::sanitize::escape(d.uuid.as_deref().unwrap_or("?")),
     )

@@ -167,6 +167,13 @@ fn on_a_mig_gpu_each_holder_has_its_memory_and_only_the_residue_is_unaccounted()
     assert!(own.contains("reports no per-process utilization"), "{own}");
     let other = left_alone(mig_uuid(0));
     assert!(other.contains("on another MIG device"), "{other}");
+    // The GPU's own UUID selects the whole GPU: every MIG device of it.
+    let gpu_uuid = report["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    let whole = left_alone(gpu_uuid);
+    assert!(
+        whole.contains("reports no per-process utilization"),
+        "{whole}"
+    );
     Vg::new(&world, Path_::Nvml)
         .args(["reclaim", "--dry-run", "--gpu", "MIG-nonexistent"])
         .code(2);
