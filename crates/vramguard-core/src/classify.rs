@@ -31,7 +31,8 @@ use crate::report::{
 };
 use crate::sanitize::{escape, shown};
 use crate::snapshot::{
-    DeviceFile, FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts, ProcessListState, Snapshot,
+    DepartedProcess, DeviceFile, FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts,
+    ProcessListState, Snapshot,
 };
 
 /// How long after its exit a listed pid may still be a context the driver tears down. Drivers
@@ -271,11 +272,15 @@ impl<'a> Context<'a> {
                     "another process"
                 }
             ),
-            None if self.snap.host.pid_namespace_is_host == Some(false) => format!(
-                "pid {reported} does not exist in this PID namespace: vramguard runs in a \
-                 container and the driver reports host pids"
-            ),
-            None => match self.snap.departed.iter().rev().find(|d| d.pid == reported) {
+            None if self.snap.host.pid_namespace_is_host == Some(false)
+                && self.departed_listed(reported).is_none() =>
+            {
+                format!(
+                    "pid {reported} does not exist in this PID namespace: vramguard runs in a \
+                     container and the driver reports host pids"
+                )
+            }
+            None => match self.departed_listed(reported) {
                 Some(d) if self.stale_teardown(reported) => format!(
                     "pid {reported} ({}) exited {} ago and the driver still lists it: longer \
                      than the {} a teardown takes, so its context was never torn down and its \
@@ -459,19 +464,37 @@ impl<'a> Context<'a> {
             .collect()
     }
 
-    /// Whether `pid` is gone from `/proc`, was seen exiting more than [`STALE_TEARDOWN_MS`]
-    /// ago, and the driver still lists it: not a teardown in progress any more.
-    fn stale_teardown(&self, pid: u32) -> bool {
-        self.snap.process(pid).is_none()
-            && self
+    /// The exit vramguard saw of the process the driver lists as `pid`, when that is what
+    /// the listing means: the pid is gone from `/proc`, and either this is the host's PID
+    /// namespace or the driver is seen reporting this namespace's pids (another pid it lists
+    /// is a process here holding an NVIDIA device file). In a container whose driver reports
+    /// host pids, a local process that exited with the same number says nothing about the
+    /// listed one.
+    fn departed_listed(&self, pid: u32) -> Option<&'a DepartedProcess> {
+        if self.snap.process(pid).is_some() {
+            return None;
+        }
+        let departed = self.snap.departed.iter().rev().find(|d| d.pid == pid)?;
+        let pids_are_ours = self.snap.host.pid_namespace_is_host != Some(false)
+            || self
                 .snap
-                .departed
+                .gpus
                 .iter()
-                .rev()
-                .find(|d| d.pid == pid)
-                .is_some_and(|d| {
-                    self.snap.taken_at_ms.saturating_sub(d.gone_at_ms) > STALE_TEARDOWN_MS
-                })
+                .flat_map(|g| &g.processes)
+                .any(|listed| {
+                    listed.pid != pid
+                        && self.snap.process(listed.pid).is_some_and(|p| {
+                            !p.is_kernel_thread() && p.device_files.holds_any() == Some(true)
+                        })
+                });
+        pids_are_ours.then_some(departed)
+    }
+
+    /// Whether the driver lists `pid` more than [`STALE_TEARDOWN_MS`] after vramguard saw it
+    /// exit (see [`Self::departed_listed`]): not a teardown in progress any more.
+    fn stale_teardown(&self, pid: u32) -> bool {
+        self.departed_listed(pid)
+            .is_some_and(|d| self.snap.taken_at_ms.saturating_sub(d.gone_at_ms) > STALE_TEARDOWN_MS)
     }
 
     fn is_system(&self, p: &ProcessFacts) -> bool {
@@ -519,7 +542,7 @@ impl<'a> Context<'a> {
             action: Action {
                 summary: if self.stale_teardown(listed.pid) {
                     "its memory counts as residue: reset the GPU when nothing else holds it".into()
-                } else if self.snap.departed.iter().any(|d| d.pid == listed.pid) {
+                } else if self.departed_listed(listed.pid).is_some() {
                     "none: the driver frees it once the teardown ends; re-run in a few seconds"
                         .into()
                 } else if in_container {

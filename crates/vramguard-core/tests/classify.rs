@@ -389,6 +389,47 @@ fn a_listed_pid_seen_exiting_is_a_context_being_torn_down() {
 }
 
 #[test]
+fn in_a_container_a_local_exit_explains_a_listed_pid_only_when_the_driver_reports_local_pids() {
+    // vramguard in a container saw its pid 4121 exit five minutes ago. The driver lists 4121.
+    let mut s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init()],
+    );
+    s.host.pid_namespace_is_host = Some(false);
+    s.departed.push(DepartedProcess {
+        pid: 4121,
+        comm: Some("python3".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - 300_000,
+    });
+    // Nothing shows the driver reporting this namespace's pids: 4121 may be a live host
+    // process, so it is neither a teardown nor residue.
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert!(
+        h.evidence[0].contains("runs in a container"),
+        "{:?}",
+        h.evidence
+    );
+    assert_eq!(
+        r.gpus[0].ghost_bytes, 0,
+        "a possibly live host process is no ghost"
+    );
+    // Another listed pid is a process here holding the GPU: the driver reports our pids, and
+    // the exit seen here is what the listing means.
+    s.gpus[0] = gpu(0, 10 * GIB, &[(4121, Some(8 * GIB)), (500, Some(2 * GIB))]);
+    s.processes.push(proc_(500, 1, 500, "python3", &[0]));
+    let r = classify(&s, &Policy::default());
+    let h = r.gpus[0].holders.iter().find(|h| h.pid == 4121).unwrap();
+    assert!(
+        h.evidence[0].contains("pid 4121 (python3) exited 5m00s ago"),
+        "{:?}",
+        h.evidence
+    );
+    assert_eq!(r.gpus[0].ghost_bytes, 8 * GIB);
+}
+
+#[test]
 fn a_kernel_thread_at_the_reported_pid_is_foreign() {
     let kthread = ProcessFacts {
         pid: 2,

@@ -354,8 +354,12 @@ fn take_identity(spec: &HolderSpec) -> Result<()> {
     } else if spec.group_leader {
         // A session leader (`setsid vramguard sim hold`) leads its process group already and
         // may not move it: setpgid would fail with EPERM.
-        let me = rustix::process::getpid();
-        if rustix::process::getsid(None).ok() != Some(me) {
+        // getsid through libc: when the session leader lives outside this PID namespace
+        // (a CI runner's container), the kernel answers 0, which rustix's `Pid` refuses with
+        // a panic.
+        // SAFETY: getsid(0) and getpid() read this process's own ids.
+        let (session, me) = unsafe { (libc::getsid(0), libc::getpid()) };
+        if session != me {
             rustix::process::setpgid(None, None).context("setpgid")?;
         }
     }
