@@ -818,6 +818,36 @@ fn sim_hold_started_as_a_session_leader_holds_its_memory() {
 }
 
 #[test]
+fn sim_hold_whose_session_leader_is_outside_its_pid_namespace_holds_and_exits_cleanly() {
+    // In a new PID namespace the session's leader is invisible and getsid answers 0 (CI
+    // runners and containers start processes so): taking the process group must not trip on
+    // it.
+    let world = World::new(1);
+    let out = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(BIN)
+        .arg("--sim")
+        .arg(world.state_path())
+        .args([
+            "sim",
+            "hold",
+            "--gpu",
+            "0",
+            "--bytes",
+            "1GiB",
+            "--lifetime",
+            "1s",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("holds 1.0 GiB"), "{stderr}");
+}
+
+#[test]
 fn dataloader_workers_forked_without_exec_keep_the_dead_trainers_memory_as_hidden_holders() {
     let world = World::new(1);
     let mut trainer_spec = spec(&world, json!([hold(0, 4)]));
