@@ -10,16 +10,17 @@ use nvml_wrapper_sys::bindings::nvmlDevice_t;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 
 /// Static facts of a GPU model.
-struct Model {
+pub(crate) struct Model {
     /// `nvmlDeviceArchitecture_t`: 5 Volta, 7 Ampere, 9 Hopper.
     arch: c_uint,
     compute_capability: (c_int, c_int),
     /// Maximum graphics/SM, memory and video clocks, MHz.
-    max_clocks: [c_uint; 3],
-    pcie: (c_uint, c_uint),
+    pub(crate) max_clocks: [c_uint; 3],
+    /// PCIe generation and width.
+    pub(crate) pcie: (c_uint, c_uint),
 }
 
-fn model(gpu: &ObservedGpu) -> Model {
+pub(crate) fn model(gpu: &ObservedGpu) -> Model {
     if gpu.name.contains("V100") {
         Model {
             arch: 5,
@@ -53,7 +54,7 @@ fn model(gpu: &ObservedGpu) -> Model {
 
 /// The clock of `kind` (`nvmlClockType_t`: 0 graphics, 1 SM, 2 memory, 3 video): the maximum
 /// for `max`, else the maximum under load and the idle clock otherwise (memory stays fixed).
-fn clock(gpu: &ObservedGpu, kind: c_uint, max: bool) -> Option<c_uint> {
+pub(crate) fn clock(gpu: &ObservedGpu, kind: c_uint, max: bool) -> Option<c_uint> {
     let m = model(gpu).max_clocks;
     let top = match kind {
         0 | 1 => m[0],
@@ -68,8 +69,18 @@ fn clock(gpu: &ObservedGpu, kind: c_uint, max: bool) -> Option<c_uint> {
     })
 }
 
+/// The GPU's temperature, °C: 30 idle, rising with the SM utilization to 75.
+pub(crate) fn temperature(gpu: &ObservedGpu) -> c_uint {
+    30 + gpu_utilization(gpu).0 * 45 / 100
+}
+
+/// The slowdown threshold of an H100/H200, °C.
+pub(crate) fn slowdown_temperature() -> c_uint {
+    89
+}
+
 /// Writes one value through `out`, or `INVALID_ARGUMENT` for a null pointer.
-unsafe fn put<T>(out: *mut T, value: T) -> c_uint {
+pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> c_uint {
     if out.is_null() {
         return INVALID_ARGUMENT;
     }
@@ -230,8 +241,13 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
     length: c_uint,
 ) -> c_uint {
     with_gpu("nvmlDeviceGetSerial", device, |_, gpu| unsafe {
-        write_c_string(&format!("1654923{:06}", gpu.index), serial, length)
+        write_c_string(&serial_of(gpu.index), serial, length)
     })
+}
+
+/// The board serial of GPU `index`.
+pub(crate) fn serial_of(index: u32) -> String {
+    format!("1654923{index:06}")
 }
 
 /// # Safety
@@ -257,19 +273,27 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: nvmlDevice_t,
     energy: *mut c_ulonglong,
 ) -> c_uint {
+    with_gpu(
+        "nvmlDeviceGetTotalEnergyConsumption",
+        device,
+        |_, gpu| unsafe { put(energy, energy_mj(gpu)) },
+    )
+}
+
+/// Energy used since the library was loaded, in mJ: the modelled draw integrated over the
+/// time between queries (any query of it, the call or field 83).
+pub(crate) fn energy_mj(gpu: &ObservedGpu) -> u64 {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
     use std::time::Instant;
     static ENERGY: Mutex<BTreeMap<u32, (Instant, u64)>> = Mutex::new(BTreeMap::new());
-    with_gpu("nvmlDeviceGetTotalEnergyConsumption", device, |_, gpu| {
-        let now = Instant::now();
-        let mut all = ENERGY.lock().unwrap_or_else(|e| e.into_inner());
-        let (last, mj) = all.entry(gpu.index).or_insert((now, 0));
-        let ms = now.duration_since(*last).as_millis() as u64;
-        *mj += u64::from(power_draw_mw(gpu)) * ms / 1000;
-        *last = now;
-        unsafe { put(energy, *mj) }
-    })
+    let now = Instant::now();
+    let mut all = ENERGY.lock().unwrap_or_else(|e| e.into_inner());
+    let (last, mj) = all.entry(gpu.index).or_insert((now, 0));
+    let ms = now.duration_since(*last).as_millis() as u64;
+    *mj += u64::from(power_draw_mw(gpu)) * ms / 1000;
+    *last = now;
+    *mj
 }
 
 macro_rules! driver_model_fn {

@@ -19,6 +19,11 @@
 //!
 //! Without `VRAMGUARD_SIM`, `nvmlInit_v2` returns `DRIVER_NOT_LOADED`, as NVML does on a
 //! machine without the kernel module.
+//!
+//! Beyond what vramguard calls, it answers every device and system query of nvidia-ml-py
+//! that the checked `nvml.h` declares, as an H100/H200 on a 580 driver does (values, or
+//! `NOT_SUPPORTED` where such a GPU has no such feature): `docs/simulator.md` lists each
+//! answer, and a test holds the list to the library.
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
@@ -34,6 +39,14 @@ use vramguard_sim::{AllocationKind, ObservedGpu, Sim};
 
 mod device_info;
 pub use device_info::*;
+mod device_queries;
+pub use device_queries::*;
+mod mig_instances;
+pub use mig_instances::*;
+mod system_info;
+pub use system_info::*;
+mod unsupported;
+pub use unsupported::*;
 
 struct Loaded {
     sim: Sim,
@@ -315,6 +328,133 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     })
 }
 
+/// Looks a GPU up by the text `key` gives, as the `nvmlDeviceGetHandleBy*` functions do.
+unsafe fn handle_by(
+    key: *const c_char,
+    device: *mut nvmlDevice_t,
+    matches: impl Fn(usize, &vramguard_sim::state::SimGpu, &str) -> bool,
+) -> c_uint {
+    with_sim(|sim| {
+        if key.is_null() || device.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let wanted = unsafe { std::ffi::CStr::from_ptr(key) }.to_string_lossy();
+        match sim
+            .state()
+            .gpus
+            .iter()
+            .enumerate()
+            .position(|(i, g)| matches(i, g, &wanted))
+        {
+            Some(i) => {
+                unsafe { *device = handle_of(i) };
+                SUCCESS
+            }
+            None => NOT_FOUND,
+        }
+    })
+}
+
+/// By PCI bus id, in either the full (`00000000:19:00.0`) or the legacy short form
+/// (`0000:19:00.0`), in any case, as NVML accepts them.
+///
+/// # Safety
+/// `bus_id` must be a NUL-terminated string, `device` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> c_uint {
+    let normal = |id: &str| {
+        let id = id.to_ascii_lowercase();
+        match id.split_once(':') {
+            Some((domain, rest)) => format!(
+                "{:08x}:{rest}",
+                u32::from_str_radix(domain, 16).unwrap_or(u32::MAX)
+            ),
+            None => id,
+        }
+    };
+    unsafe {
+        handle_by(bus_id, device, |_, g, wanted| {
+            normal(&g.pci_bus_id) == normal(wanted)
+        })
+    }
+}
+
+/// By UUID in its versioned form: the text (`NVML_UUID_TYPE_ASCII`) or the 16 bytes
+/// (`NVML_UUID_TYPE_BINARY`) of `GPU-…`.
+///
+/// # Safety
+/// `uuid` must be readable, `device` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUIDV(
+    uuid: *const nvml_wrapper_sys::bindings::nvmlUUID_t,
+    device: *mut nvmlDevice_t,
+) -> c_uint {
+    /// `GPU-3b1c0000-7d3e-…` as its 16 bytes.
+    fn binary(uuid: &str) -> Option<[u8; 16]> {
+        let hex: String = uuid
+            .strip_prefix("GPU-")?
+            .chars()
+            .filter(|c| *c != '-')
+            .collect();
+        let mut out = [0u8; 16];
+        if hex.len() != 32 {
+            return None;
+        }
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(out)
+    }
+    with_sim(|sim| {
+        if uuid.is_null() || device.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let u = unsafe { &*uuid };
+        if u.version
+            != (std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlUUID_t>() as u32 | (1 << 24))
+        {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        let found = sim.state().gpus.iter().position(|g| match u.type_ {
+            1 => {
+                let text = unsafe { u.value.str_ };
+                let end = text.iter().position(|c| *c == 0).unwrap_or(text.len());
+                let bytes: Vec<u8> = text[..end].iter().map(|c| *c as u8).collect();
+                bytes == g.uuid.as_bytes()
+            }
+            2 => binary(&g.uuid) == Some(unsafe { u.value.bytes }),
+            _ => false,
+        });
+        match (u.type_, found) {
+            (1 | 2, Some(i)) => {
+                unsafe { *device = handle_of(i) };
+                SUCCESS
+            }
+            (1 | 2, None) => NOT_FOUND,
+            _ => INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// By board serial.
+///
+/// # Safety
+/// `serial` must be a NUL-terminated string, `device` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
+    serial: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> c_uint {
+    unsafe {
+        handle_by(serial, device, |i, _, wanted| {
+            device_info::serial_of(i as u32) == wanted
+        })
+    }
+}
+
 /// # Safety
 /// `index` must be writable.
 #[unsafe(no_mangle)]
@@ -505,7 +645,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if temp.is_null() || sensor != 0 {
             return INVALID_ARGUMENT;
         }
-        unsafe { *temp = 30 + gpu_utilization(gpu).0 * 45 / 100 };
+        unsafe { *temp = device_info::temperature(gpu) };
         SUCCESS
     })
 }
@@ -853,12 +993,17 @@ unsafe fn retired_pages(
     timestamps: *mut c_ulonglong,
 ) -> c_uint {
     with_gpu_counted(call, device, |_, gpu| {
-        if count.is_null() || addresses.is_null() {
+        if count.is_null() {
             return INVALID_ARGUMENT;
         }
+        // A GPU that remaps rows (Ampere and later) retires no pages: NOT_SUPPORTED before
+        // anything else. A null buffer is the count query (count 0), as clients send it.
         let Some(pages) = gpu.health.retired_pages.as_ref() else {
             return NOT_SUPPORTED;
         };
+        if addresses.is_null() && unsafe { *count } != 0 {
+            return INVALID_ARGUMENT;
+        }
         let list = match cause {
             0 => &pages.single_bit_ecc,
             1 => &pages.double_bit_ecc,
