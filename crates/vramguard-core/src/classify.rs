@@ -417,6 +417,7 @@ impl<'a> Context<'a> {
             bytes_by_class,
             ghost_bytes,
             mig_devices,
+            telemetry: gpu.telemetry.clone(),
         }
     }
 
@@ -497,6 +498,23 @@ impl<'a> Context<'a> {
             .is_some_and(|d| self.snap.taken_at_ms.saturating_sub(d.gone_at_ms) > STALE_TEARDOWN_MS)
     }
 
+    /// CPU `p` used over the sampling window, thousandths of one core; absent when it was
+    /// not observed twice.
+    fn cpu_millicores(&self, p: &ProcessFacts) -> Option<u64> {
+        let hz = self.snap.host.clock_ticks_per_sec.max(1);
+        self.snap
+            .work_of(p.pid, p.start_ticks)
+            .map(|s| s.cpu_ticks.saturating_mul(1_000_000) / hz / s.observed_ms.max(1))
+    }
+
+    /// How long ago `p` started: the snapshot's time minus boot time plus its start.
+    fn age_secs(&self, p: &ProcessFacts) -> Option<u64> {
+        let boot = self.snap.host.boot_time_ms?;
+        let hz = self.snap.host.clock_ticks_per_sec.max(1);
+        let started_ms = boot.saturating_add(p.start_ticks?.saturating_mul(1000) / hz);
+        Some(self.snap.taken_at_ms.saturating_sub(started_ms) / 1000)
+    }
+
     fn is_system(&self, p: &ProcessFacts) -> bool {
         matches!(
             self.policy.system_identity(p, self.snap.host.euid == 0),
@@ -526,6 +544,9 @@ impl<'a> Context<'a> {
             user: None,
             state: None,
             start_ticks: None,
+            age_secs: None,
+            rss_bytes: None,
+            cpu_millicores: None,
             ppid: None,
             pgid: None,
             nspid: Vec::new(),
@@ -666,6 +687,9 @@ impl<'a> Context<'a> {
             user: p.user.clone(),
             state: p.state,
             start_ticks: p.start_ticks,
+            age_secs: self.age_secs(p),
+            rss_bytes: p.rss_bytes,
+            cpu_millicores: self.cpu_millicores(p),
             ppid: p.ppid,
             pgid: p.pgid,
             nspid: p.nspid.clone(),
@@ -1004,9 +1028,7 @@ impl<'a> Context<'a> {
             ));
         }
         let sample = self.snap.work_of(p.pid, p.start_ticks);
-        let hz = self.snap.host.clock_ticks_per_sec.max(1);
-        let millicores =
-            sample.map(|s| s.cpu_ticks.saturating_mul(1_000_000) / hz / s.observed_ms.max(1));
+        let millicores = self.cpu_millicores(p);
         if let (Some(s), Some(mc)) = (sample, millicores) {
             if mc as f64 >= self.policy.work_cpu_percent * 10.0 && s.cpu_ticks > 0 {
                 evidence.push(format!(

@@ -4,8 +4,8 @@
 
 use crate::job::JobKind;
 use crate::snapshot::{
-    CallError, ContainerRef, DeviceFile, DriverFacts, GpuHealth, GpuMemory, ProcessKind,
-    ProcessListState,
+    CallError, ContainerRef, DeviceFile, DriverFacts, GpuHealth, GpuMemory, GpuTelemetry,
+    ProcessKind, ProcessListState,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -191,6 +191,15 @@ pub struct Holder {
     pub state: Option<char>,
     /// Start time in clock ticks after boot: with the pid, the identity a reclaim re-checks.
     pub start_ticks: Option<u64>,
+    /// Seconds since the process started (from its start time and the boot time).
+    #[serde(default)]
+    pub age_secs: Option<u64>,
+    /// Resident host memory, bytes.
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
+    /// CPU used over the sampling window, thousandths of one core (1000: one full core).
+    #[serde(default)]
+    pub cpu_millicores: Option<u64>,
     /// Parent pid.
     pub ppid: Option<u32>,
     /// Process group.
@@ -331,6 +340,10 @@ pub struct GpuReport {
     /// In MIG mode, each MIG device with its holders and its own ghost memory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDeviceReport>,
+    /// Utilization, temperature, power, P-state and ECC as the driver gave them; `null` when
+    /// not read (replayed snapshots from before vramguard read them).
+    #[serde(default)]
+    pub telemetry: Option<GpuTelemetry>,
 }
 
 /// One MIG device of a GPU: whose memory is on it, and how much of it is ghost.

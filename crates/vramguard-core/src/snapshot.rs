@@ -276,6 +276,40 @@ pub struct UtilizationSample {
     pub last_busy_ms: Option<u64>,
 }
 
+/// What `nvidia-smi` shows for a GPU beyond memory: utilization, temperature, power,
+/// performance state, ECC. Each value is absent where the GPU does not support it (fans,
+/// ECC on consumer boards) or the call failed (kept among the GPU's warnings).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuTelemetry {
+    /// Percent of the last sample period in which a kernel ran.
+    #[serde(default)]
+    pub gpu_util_percent: Option<u32>,
+    /// Percent of the period in which device memory was read or written.
+    #[serde(default)]
+    pub memory_util_percent: Option<u32>,
+    /// GPU core temperature, °C.
+    #[serde(default)]
+    pub temperature_c: Option<u32>,
+    /// Power draw, milliwatts.
+    #[serde(default)]
+    pub power_mw: Option<u32>,
+    /// The enforced power limit, milliwatts.
+    #[serde(default)]
+    pub power_limit_mw: Option<u32>,
+    /// Performance state: 0 (P0, maximum) to 15 (P15, minimum).
+    #[serde(default)]
+    pub performance_state: Option<u32>,
+    /// Whether ECC is on (current mode).
+    #[serde(default)]
+    pub ecc_enabled: Option<bool>,
+    /// Volatile (since the driver loaded) corrected ECC errors.
+    #[serde(default)]
+    pub ecc_corrected_volatile: Option<u64>,
+    /// Volatile uncorrected ECC errors.
+    #[serde(default)]
+    pub ecc_uncorrected_volatile: Option<u64>,
+}
+
 /// Everything the driver said about one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuSample {
@@ -311,6 +345,10 @@ pub struct GpuSample {
     /// In MIG mode, its MIG devices as their own handles report them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDeviceSample>,
+    /// Utilization, temperature, power, P-state and ECC, when read (absent in snapshots
+    /// taken before vramguard read them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<GpuTelemetry>,
 }
 
 /// One MIG device (a GPU instance with a compute instance) of a GPU in MIG mode.
@@ -471,6 +509,9 @@ pub struct ProcessFacts {
     /// Start time after boot, in clock ticks (`stat` field 22): with the pid, the identity of a
     /// process that a reused pid cannot fake.
     pub start_ticks: Option<u64>,
+    /// Resident host memory, bytes (`stat` field 24 × the page size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
     /// Real uid (`status` `Uid:` first field).
     pub uid: Option<u32>,
     /// User name of [`ProcessFacts::uid`], when the passwd database names it.

@@ -41,6 +41,7 @@ fn gpu(index: u32, used: u64, procs: &[(u32, Option<u64>)]) -> GpuSample {
         warnings: vec![],
         health: Default::default(),
         mig_devices: Vec::new(),
+        telemetry: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> GpuSample {
         warnings: vec![],
         health: Default::default(),
         mig_devices: Vec::new(),
+        telemetry: None,
     }
 }
 

@@ -320,6 +320,52 @@ impl DeviceCalls for NvmlDevice<'_> {
             .is_in_persistent_mode()
             .map_err(|e| call_error("nvmlDeviceGetPersistenceMode", &e))
     }
+    fn utilization_rates(&mut self) -> Result<(u32, u32), CallError> {
+        self.device
+            .utilization_rates()
+            .map(|u| (u.gpu, u.memory))
+            .map_err(|e| call_error("nvmlDeviceGetUtilizationRates", &e))
+    }
+    fn temperature(&mut self) -> Result<u32, CallError> {
+        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+        self.device
+            .temperature(TemperatureSensor::Gpu)
+            .map_err(|e| call_error("nvmlDeviceGetTemperature", &e))
+    }
+    fn power_usage(&mut self) -> Result<u32, CallError> {
+        self.device
+            .power_usage()
+            .map_err(|e| call_error("nvmlDeviceGetPowerUsage", &e))
+    }
+    fn power_limit(&mut self) -> Result<u32, CallError> {
+        self.device
+            .enforced_power_limit()
+            .map_err(|e| call_error("nvmlDeviceGetEnforcedPowerLimit", &e))
+    }
+    fn performance_state(&mut self) -> Result<u32, CallError> {
+        self.device
+            .performance_state()
+            .map(|p| p.as_c())
+            .map_err(|e| call_error("nvmlDeviceGetPerformanceState", &e))
+    }
+    fn ecc_enabled(&mut self) -> Result<bool, CallError> {
+        self.device
+            .is_ecc_enabled()
+            .map(|m| m.currently_enabled)
+            .map_err(|e| call_error("nvmlDeviceGetEccMode", &e))
+    }
+    fn ecc_volatile(&mut self) -> Result<(u64, u64), CallError> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+        let count = |kind| {
+            self.device
+                .total_ecc_errors(kind, EccCounter::Volatile)
+                .map_err(|e| call_error("nvmlDeviceGetTotalEccErrors", &e))
+        };
+        Ok((
+            count(MemoryError::Corrected)?,
+            count(MemoryError::Uncorrected)?,
+        ))
+    }
     fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError> {
         let (call, result) = match (kind, legacy) {
             (ProcessKind::Compute, false) => (
@@ -443,6 +489,7 @@ pub fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
         warnings: Vec::new(),
         health: Default::default(),
         mig_devices: Vec::new(),
+        telemetry: None,
     }
 }
 

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 use vramguard_core::snapshot::{
-    CallError, GpuMemory, GpuProcess, GpuSample, MigDeviceSample, ProcessKind, ProcessListState,
-    RemappedRows, RetiredPages, UtilizationSample, UtilizationWindow, XidCount,
+    CallError, GpuMemory, GpuProcess, GpuSample, GpuTelemetry, MigDeviceSample, ProcessKind,
+    ProcessListState, RemappedRows, RetiredPages, UtilizationSample, UtilizationWindow, XidCount,
 };
 
 /// Linux's `PID_MAX_LIMIT` on 64-bit: no real pid is larger.
@@ -71,11 +71,62 @@ pub trait DeviceCalls {
     /// each with the memory it holds there (the whole GPU's lists report it as not
     /// available). `NOT_SUPPORTED` where the GPU has no MIG devices to ask.
     fn mig_devices(&mut self) -> Result<Vec<MigDeviceSample>, CallError> {
-        Err(CallError {
-            call: "nvmlDeviceGetMigDeviceHandleByIndex".into(),
-            code: Some(NOT_SUPPORTED),
-            message: "Not Supported".into(),
-        })
+        Err(not_supported("nvmlDeviceGetMigDeviceHandleByIndex"))
+    }
+    /// `nvmlDeviceGetUtilizationRates`: (GPU %, memory %).
+    fn utilization_rates(&mut self) -> Result<(u32, u32), CallError> {
+        Err(not_supported("nvmlDeviceGetUtilizationRates"))
+    }
+    /// `nvmlDeviceGetTemperature` of the GPU sensor, °C.
+    fn temperature(&mut self) -> Result<u32, CallError> {
+        Err(not_supported("nvmlDeviceGetTemperature"))
+    }
+    /// `nvmlDeviceGetPowerUsage`, milliwatts.
+    fn power_usage(&mut self) -> Result<u32, CallError> {
+        Err(not_supported("nvmlDeviceGetPowerUsage"))
+    }
+    /// `nvmlDeviceGetEnforcedPowerLimit`, milliwatts.
+    fn power_limit(&mut self) -> Result<u32, CallError> {
+        Err(not_supported("nvmlDeviceGetEnforcedPowerLimit"))
+    }
+    /// `nvmlDeviceGetPerformanceState`: 0 for P0.
+    fn performance_state(&mut self) -> Result<u32, CallError> {
+        Err(not_supported("nvmlDeviceGetPerformanceState"))
+    }
+    /// `nvmlDeviceGetEccMode`, the current mode.
+    fn ecc_enabled(&mut self) -> Result<bool, CallError> {
+        Err(not_supported("nvmlDeviceGetEccMode"))
+    }
+    /// `nvmlDeviceGetTotalEccErrors`, volatile: (corrected, uncorrected).
+    fn ecc_volatile(&mut self) -> Result<(u64, u64), CallError> {
+        Err(not_supported("nvmlDeviceGetTotalEccErrors"))
+    }
+}
+
+/// The error a source gives for a call its GPU does not support.
+pub fn not_supported(call: &str) -> CallError {
+    CallError {
+        call: call.into(),
+        code: Some(NOT_SUPPORTED),
+        message: "Not Supported".into(),
+    }
+}
+
+/// Utilization, temperature, power, P-state and ECC: each absent where unsupported, other
+/// failures kept as warnings (never a failed GPU).
+fn read_telemetry(dev: &mut dyn DeviceCalls, warnings: &mut Vec<CallError>) -> GpuTelemetry {
+    let rates = optional(dev.utilization_rates(), warnings);
+    let ecc = optional(dev.ecc_volatile(), warnings);
+    GpuTelemetry {
+        gpu_util_percent: rates.map(|r| r.0),
+        memory_util_percent: rates.map(|r| r.1),
+        temperature_c: optional(dev.temperature(), warnings),
+        power_mw: optional(dev.power_usage(), warnings),
+        power_limit_mw: optional(dev.power_limit(), warnings),
+        performance_state: optional(dev.performance_state(), warnings),
+        ecc_enabled: optional(dev.ecc_enabled(), warnings),
+        ecc_corrected_volatile: ecc.map(|e| e.0),
+        ecc_uncorrected_volatile: ecc.map(|e| e.1),
     }
 }
 
@@ -188,6 +239,7 @@ pub fn read_gpu(
         warnings: Vec::new(),
         health: Default::default(),
         mig_devices: Vec::new(),
+        telemetry: None,
     };
     match dev.memory() {
         Ok(m) => sample.memory = Some(m),
@@ -202,6 +254,7 @@ pub fn read_gpu(
         }
     }
     sample.persistence_mode = optional(dev.persistence_mode(), &mut warnings);
+    sample.telemetry = Some(read_telemetry(dev, &mut warnings));
     sample.health.remapped_rows = optional(dev.remapped_rows(), &mut warnings);
     sample.health.retired_pages = optional(dev.retired_pages(), &mut warnings);
 

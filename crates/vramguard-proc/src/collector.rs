@@ -703,6 +703,9 @@ impl ProcCollector {
         facts.flags = stat.flags;
         facts.start_ticks = stat.start_ticks;
         facts.cpu_ticks = stat.utime.zip(stat.stime).map(|(u, s)| u + s);
+        facts.rss_bytes = stat
+            .rss_pages
+            .map(|pages| pages.saturating_mul(rustix::param::page_size() as u64));
         facts.earlier_ppid = earlier_ppid;
         facts.device_files = known.devices.clone();
         if let Some(f) = known.facts.as_mut() {

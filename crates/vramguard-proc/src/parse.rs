@@ -38,6 +38,8 @@ pub struct Stat {
     pub num_threads: Option<u32>,
     /// (22) start time after boot, clock ticks.
     pub start_ticks: Option<u64>,
+    /// Field 24: resident set size, in pages.
+    pub rss_pages: Option<u64>,
 }
 
 /// Parses one `stat` line. The comm (field 2) is delimited by the first `(` and the *last*
@@ -78,6 +80,7 @@ pub fn parse_stat(bytes: &[u8]) -> Result<Stat, ParseError> {
         stime: num(15),
         num_threads: num32(20),
         start_ticks: num(22),
+        rss_pages: num(24),
     })
 }
 

@@ -71,7 +71,7 @@ pub(crate) fn clock(gpu: &ObservedGpu, kind: c_uint, max: bool) -> Option<c_uint
 
 /// The GPU's temperature, °C: 30 idle, rising with the SM utilization to 75.
 pub(crate) fn temperature(gpu: &ObservedGpu) -> c_uint {
-    30 + gpu_utilization(gpu).0 * 45 / 100
+    gpu.temperature_c()
 }
 
 /// The slowdown threshold of an H100/H200, °C.

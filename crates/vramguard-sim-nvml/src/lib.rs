@@ -588,29 +588,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-/// Utilization of the whole GPU, from its busy processes: (SM %, memory %), each capped at 100.
+/// Utilization of the whole GPU: (SM %, memory %), the model's.
 fn gpu_utilization(gpu: &ObservedGpu) -> (u32, u32) {
-    let sum = |f: fn(&vramguard_sim::model::ObservedUtilization) -> u32| {
-        gpu.utilization.iter().map(f).sum::<u32>().min(100)
-    };
-    (sum(|u| u.sm_util), sum(|u| u.mem_util))
+    gpu.gpu_utilization()
 }
 
-/// The board power limit in milliwatts, by model (what `nvidia-smi -q -d POWER` shows).
+/// The board power limit in milliwatts, the model's.
 pub(crate) fn power_limit_mw(gpu: &ObservedGpu) -> u32 {
-    if gpu.name.contains("V100") {
-        300_000
-    } else if gpu.name.contains("A100") {
-        400_000
-    } else {
-        700_000
-    }
+    gpu.power_limit_mw()
 }
 
-/// Power draw in milliwatts: 75 W idle, rising with the SM utilization to the board limit.
+/// Power draw in milliwatts, the model's.
 fn power_draw_mw(gpu: &ObservedGpu) -> u32 {
-    let idle = 75_000;
-    idle + (power_limit_mw(gpu) - idle) / 100 * gpu_utilization(gpu).0
+    gpu.power_draw_mw()
 }
 
 /// # Safety

@@ -76,6 +76,39 @@ pub struct ObservedMigDevice {
     pub processes: Vec<ObservedProcess>,
 }
 
+impl ObservedGpu {
+    /// Utilization of the whole GPU from its busy processes: (SM %, memory %), each capped
+    /// at 100.
+    pub fn gpu_utilization(&self) -> (u32, u32) {
+        let sum = |f: fn(&ObservedUtilization) -> u32| {
+            self.utilization.iter().map(f).sum::<u32>().min(100)
+        };
+        (sum(|u| u.sm_util), sum(|u| u.mem_util))
+    }
+
+    /// Temperature, °C: 30 idle, rising with the SM utilization to 75.
+    pub fn temperature_c(&self) -> u32 {
+        30 + self.gpu_utilization().0 * 45 / 100
+    }
+
+    /// The board power limit in milliwatts, by model (what `nvidia-smi -q -d POWER` shows).
+    pub fn power_limit_mw(&self) -> u32 {
+        if self.name.contains("V100") {
+            300_000
+        } else if self.name.contains("A100") {
+            400_000
+        } else {
+            700_000
+        }
+    }
+
+    /// Power draw in milliwatts: 75 W idle, rising with the SM utilization to the limit.
+    pub fn power_draw_mw(&self) -> u32 {
+        let idle = 75_000;
+        idle + (self.power_limit_mw() - idle) / 100 * self.gpu_utilization().0
+    }
+}
+
 /// One utilization sample.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedUtilization {

@@ -175,6 +175,31 @@ impl DeviceCalls for SimDevice<'_> {
     fn persistence_mode(&mut self) -> Result<bool, CallError> {
         self.call("nvmlDeviceGetPersistenceMode", |g| Ok(g.persistence_mode))
     }
+    fn utilization_rates(&mut self) -> Result<(u32, u32), CallError> {
+        self.call("nvmlDeviceGetUtilizationRates", |g| Ok(g.gpu_utilization()))
+    }
+    fn temperature(&mut self) -> Result<u32, CallError> {
+        self.call("nvmlDeviceGetTemperature", |g| Ok(g.temperature_c()))
+    }
+    fn power_usage(&mut self) -> Result<u32, CallError> {
+        self.call("nvmlDeviceGetPowerUsage", |g| Ok(g.power_draw_mw()))
+    }
+    fn power_limit(&mut self) -> Result<u32, CallError> {
+        self.call(
+            "nvmlDeviceGetEnforcedPowerLimit",
+            |g| Ok(g.power_limit_mw()),
+        )
+    }
+    fn performance_state(&mut self) -> Result<u32, CallError> {
+        // A data-centre GPU with persistence mode stays in P0.
+        self.call("nvmlDeviceGetPerformanceState", |_| Ok(0))
+    }
+    fn ecc_enabled(&mut self) -> Result<bool, CallError> {
+        self.call("nvmlDeviceGetEccMode", |_| Ok(true))
+    }
+    fn ecc_volatile(&mut self) -> Result<(u64, u64), CallError> {
+        self.call("nvmlDeviceGetTotalEccErrors", |_| Ok((0, 0)))
+    }
     fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError> {
         let (call, sim_kind) = match (kind, legacy) {
             (ProcessKind::Compute, false) => (

@@ -192,11 +192,44 @@ pub fn parse_sample(s: &str) -> Result<std::time::Duration, SampleError> {
     Ok(d)
 }
 
+/// The shortest refresh interval of `--watch` and `top`: a full scan costs tens of
+/// milliseconds on a busy node.
+const MIN_REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A refresh interval out of range.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    /// Not a duration.
+    #[error(transparent)]
+    Unit(#[from] UnitError),
+    /// Shorter than [`MIN_REFRESH`] or longer than an hour.
+    #[error("{0:?}: the refresh interval must be from 100ms to 1h")]
+    OutOfRange(String),
+}
+
+/// Parses a refresh interval: 100 ms to an hour.
+pub fn parse_refresh(s: &str) -> Result<std::time::Duration, RefreshError> {
+    let d = duration(s)?;
+    if d < MIN_REFRESH || d > std::time::Duration::from_secs(3600) {
+        return Err(RefreshError::OutOfRange(s.to_string()));
+    }
+    Ok(d)
+}
+
 #[derive(Debug, Args, Clone)]
 pub struct StatusArgs {
-    /// Print JSON (stable schema, see docs/json-schema.md)
+    /// Print JSON (stable schema, see docs/json-schema.md); with --watch, one document per
+    /// line per refresh
     #[arg(long)]
     pub json: bool,
+    /// Only these GPUs, e.g. 0,3 [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
+    pub gpu: Vec<u32>,
+    /// Refresh every INTERVAL until interrupted: redrawn in place on a terminal, one block
+    /// per refresh when piped [default interval: 2s]
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
+          value_parser = parse_refresh)]
+    pub watch: Option<std::time::Duration>,
     /// Watch CPU use and running threads this long before classifying, to tell a job that
     /// still works (detached) from one that does not (orphan); 0 skips it and leaves work
     /// unknown
@@ -219,6 +252,10 @@ pub struct DiagnoseArgs {
     /// Only these GPUs, e.g. a finished job's (0,3) [default: all]
     #[arg(long, value_delimiter = ',', value_name = "INDEX")]
     pub gpu: Vec<u32>,
+    /// Refresh every INTERVAL until interrupted, like `status --watch` [default interval: 2s]
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
+          value_parser = parse_refresh)]
+    pub watch: Option<std::time::Duration>,
     /// Watch CPU use and running threads this long before classifying (0: skip; work is
     /// then unknown)
     #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]

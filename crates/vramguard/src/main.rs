@@ -13,6 +13,7 @@ mod render;
 mod run;
 mod settings;
 mod simcmd;
+mod watch;
 
 use anyhow::Result;
 use clap::Parser;
@@ -119,44 +120,41 @@ fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i3
 
 /// `vramguard status`.
 fn status(settings: &settings::Settings, args: &cli::StatusArgs) -> Result<i32> {
-    let (_, report) = settings.report(args.sample)?;
-    if args.json {
-        print_json(&report)?;
-    } else {
-        print(&render::status(
-            &report,
-            &render::Style::new(render::use_colour()),
-        ))?;
-    }
-    Ok(0)
+    watch::each_report(settings, args.sample, args.watch, &args.gpu, |report| {
+        Ok(if args.json {
+            json_text(&report, args.watch.is_some())?
+        } else {
+            render::status(&report, &render::Style::new(render::use_colour()))
+        })
+    })
+    .map(|()| 0)
 }
 
 /// `vramguard diagnose`.
 fn diagnose(settings: &settings::Settings, args: &cli::DiagnoseArgs) -> Result<i32> {
-    let (_, mut report) = settings.report(args.sample)?;
-    if let Some(missing) = args
-        .gpu
-        .iter()
-        .find(|i| !report.gpus.iter().any(|g| g.index == **i))
-    {
-        anyhow::bail!(
-            "--gpu {missing}: this node has {} GPU(s)",
-            report.gpus.len()
-        );
-    }
-    if !args.gpu.is_empty() {
-        report.gpus.retain(|g| args.gpu.contains(&g.index));
-    }
-    let diagnosis = vramguard_core::diagnose::diagnose(report);
-    if args.json {
-        print_json(&diagnosis)?;
+    let mut code = 0;
+    watch::each_report(settings, args.sample, args.watch, &args.gpu, |report| {
+        let diagnosis = vramguard_core::diagnose::diagnose(report);
+        code = diagnosis.exit_code();
+        Ok(if args.json {
+            json_text(&diagnosis, args.watch.is_some())?
+        } else {
+            render::diagnose(&diagnosis, &render::Style::new(render::use_colour()))
+        })
+    })?;
+    Ok(code)
+}
+
+/// JSON of `value`: pretty, or one line per document when watching (the refresh loop ends
+/// each block with a newline).
+fn json_text<T: serde::Serialize>(value: &T, one_line: bool) -> Result<String> {
+    Ok(if one_line {
+        serde_json::to_string(value)?
     } else {
-        print(&render::diagnose(
-            &diagnosis,
-            &render::Style::new(render::use_colour()),
-        ))?;
-    }
-    Ok(diagnosis.exit_code())
+        let mut text = serde_json::to_string_pretty(value)?;
+        text.push('\n');
+        text
+    })
 }
 
 /// `vramguard metrics`.

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use vramguard_core::diagnose::{CheckStatus, Diagnosis};
 use vramguard_core::health::Severity;
 use vramguard_core::report::{Class, GpuReport, Holder, Report};
-use vramguard_core::snapshot::{DriverSource, ProcessListState};
+use vramguard_core::snapshot::{DriverSource, GpuTelemetry, ProcessListState};
 use vramguard_core::units::format_bytes;
 
 /// Whether to colour stdout.
@@ -231,6 +231,49 @@ fn gpu_title(st: &Style, g: &GpuReport) -> String {
     st.bold(&line)
 }
 
+/// What `nvidia-smi` shows beside memory, `n/a` where the GPU did not say.
+fn telemetry_line(t: &GpuTelemetry) -> String {
+    let na = || "n/a".to_string();
+    let pct = |v: Option<u32>| v.map_or_else(na, |v| format!("{v}%"));
+    let watts = |v: Option<u32>| v.map_or_else(na, |mw| (mw / 1000).to_string());
+    let ecc = match (
+        t.ecc_enabled,
+        t.ecc_corrected_volatile,
+        t.ecc_uncorrected_volatile,
+    ) {
+        (Some(false), _, _) => "ECC off".to_string(),
+        (Some(true), Some(c), Some(u)) => format!("ECC on, {c} corr / {u} uncorr"),
+        (Some(true), _, _) => "ECC on".to_string(),
+        (None, _, _) => "ECC n/a".to_string(),
+    };
+    format!(
+        "util {}  mem {}  {}  {} / {} W  {}  {ecc}",
+        pct(t.gpu_util_percent),
+        pct(t.memory_util_percent),
+        t.temperature_c
+            .map_or_else(|| "n/a°C".into(), |c| format!("{c}°C")),
+        watts(t.power_mw),
+        watts(t.power_limit_mw),
+        t.performance_state
+            .map_or_else(|| "P?".into(), |p| format!("P{p}")),
+    )
+}
+
+/// A process's age in its largest unit: `45s`, `12m`, `5h`, `3d`.
+fn compact_age(secs: u64) -> String {
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..86400 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
+    }
+}
+
+/// Whether `status` has room for the host columns (CPU, RSS, age).
+fn wide(st: &Style) -> bool {
+    st.width >= 120
+}
+
 fn holder_line(st: &Style, h: &Holder) -> String {
     let memory = match (h.listed, h.used_bytes) {
         (_, Some(b)) => format_bytes(b),
@@ -241,9 +284,20 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         Some(r) => format!("{}←{r}", h.pid),
         None => h.pid.to_string(),
     };
-    // The fixed columns take 60; the command and the evidence share the rest, and the evidence
-    // goes to a line of its own when too little is left for it.
-    let rest = st.width.saturating_sub(60);
+    // The fixed columns take 60 (82 with the host columns); the command and the evidence
+    // share the rest, and the evidence goes to a line of its own when too little is left.
+    let host = if wide(st) {
+        format!(
+            "{:>5} {:>9} {:>5}  ",
+            h.cpu_millicores
+                .map_or("n/a".into(), |mc| format!("{}%", mc / 10)),
+            h.rss_bytes.map_or("n/a".into(), format_bytes),
+            h.age_secs.map_or("n/a".into(), compact_age)
+        )
+    } else {
+        String::new()
+    };
+    let rest = st.width.saturating_sub(60 + host.len());
     let command_width = if rest >= 100 {
         (rest * 2 / 5).clamp(40, 100)
     } else if rest >= 60 {
@@ -282,7 +336,7 @@ fn holder_line(st: &Style, h: &Holder) -> String {
     };
     let job = h.job.as_ref().map_or("-", |j| j.label.as_str());
     format!(
-        "  {:<9} {:<9} {} {:<16} {:>10}  {}{}",
+        "  {:<9} {:<9} {} {:<16} {:>10}  {host}{}{}",
         pid,
         truncate(h.user.as_deref().unwrap_or("-"), 9),
         st.class(h.class),
@@ -328,6 +382,9 @@ fn mig_line(st: &Style, d: &vramguard_core::report::MigDeviceReport) -> String {
 /// One GPU of `status`: its title, health, process-list state, holders and ghost line.
 fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
     let _ = writeln!(out, "{}", gpu_title(st, g));
+    if let Some(t) = &g.telemetry {
+        let _ = writeln!(out, "  {}", st.dim(&telemetry_line(t)));
+    }
     if let Some(f) = &g.failure {
         let _ = writeln!(out, "  {} {f}", st.red("error:"));
         return;
@@ -360,8 +417,17 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
             out,
             "  {}",
             st.dim(&format!(
-                "{:<9} {:<9} {:<8} {:<16} {:>10}  {}",
-                "PID", "USER", "CLASS", "JOB", "MEMORY", "COMMAND"
+                "{:<9} {:<9} {:<8} {:<16} {:>10}  {}COMMAND",
+                "PID",
+                "USER",
+                "CLASS",
+                "JOB",
+                "MEMORY",
+                if wide(st) {
+                    format!("{:>5} {:>9} {:>5}  ", "CPU", "RSS", "AGE")
+                } else {
+                    String::new()
+                }
             ))
         );
         for h in &g.holders {

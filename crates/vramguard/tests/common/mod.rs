@@ -89,6 +89,11 @@ impl Vg {
         self
     }
 
+    /// The command, to spawn and drive (a `--watch` that runs until stopped).
+    pub fn command(self) -> Command {
+        self.cmd
+    }
+
     pub fn output(mut self) -> (Output, String) {
         let out = self.cmd.output().expect("run vramguard");
         (out, self.shown)

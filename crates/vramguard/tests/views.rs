@@ -1,0 +1,128 @@
+//! The human and JSON views as a GPU user reads them: nvidia-smi's columns (utilization,
+//! temperature, power, P-state, ECC; per process CPU, host RSS and age), a GPU filter,
+//! refreshing with `--watch`, and lines that fit the terminal.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+/// Two H200s; GPU 1 has a 3 GiB holder at 40 % SM.
+fn busy_gpu_1() -> (World, Reaped) {
+    let world = World::new(2);
+    let holder = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia1"], 60);
+    let mut a = allocation(1, holder.pid(), 3 * GIB);
+    a.sm_util = 40;
+    world.allocate(a);
+    (world, holder)
+}
+
+#[test]
+fn status_shows_what_nvidia_smi_shows_beside_the_classes() {
+    let (world, holder) = busy_gpu_1();
+    for path in [Path_::InProcess, Path_::Nvml] {
+        let report = Vg::new(&world, path).args(["status", "--json"]).json(0);
+        let t = &report["gpus"][1]["telemetry"];
+        assert_eq!(t["gpu_util_percent"], 40, "{t}");
+        assert_eq!(t["performance_state"], 0, "{t}");
+        assert_eq!(t["ecc_enabled"], true, "{t}");
+        // 75 W idle, rising with the load to the 700 W limit; warmer than the idle GPU.
+        assert_eq!(t["power_limit_mw"], 700_000, "{t}");
+        assert!(t["power_mw"].as_u64().unwrap() > 75_000, "{t}");
+        let idle = &report["gpus"][0]["telemetry"];
+        assert!(
+            t["temperature_c"].as_u64() > idle["temperature_c"].as_u64(),
+            "{t} {idle}"
+        );
+        let h = holder_of(&report, 1, holder.pid());
+        // The holder's host facts: its RSS as /proc says, its age, its CPU over the window.
+        assert!(h["rss_bytes"].as_u64().unwrap() > 1 << 20, "{h}");
+        assert!(h["age_secs"].as_u64().unwrap() < 60, "{h}");
+        assert!(h["cpu_millicores"].as_u64().is_some(), "{h}");
+    }
+    let out = Vg::new(&world, Path_::Nvml)
+        .env("COLUMNS", "140")
+        .args(["status"])
+        .code(0);
+    let text = stdout(&out);
+    assert!(text.contains("util 40%"), "{text}");
+    assert!(
+        text.contains("/ 700 W  P0  ECC on, 0 corr / 0 uncorr"),
+        "{text}"
+    );
+    assert!(text.contains("CPU       RSS   AGE  COMMAND"), "{text}");
+}
+
+fn holder_of(report: &Value, gpu: usize, pid: u32) -> Value {
+    report["gpus"][gpu]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["pid"] == pid)
+        .cloned()
+        .unwrap_or_else(|| panic!("no holder {pid} on GPU {gpu}: {report:#}"))
+}
+
+#[test]
+fn status_gpu_keeps_only_the_named_gpus_and_refuses_one_the_node_lacks() {
+    let (world, _holder) = busy_gpu_1();
+    let report = Vg::new(&world, Path_::InProcess)
+        .args(["status", "--json", "--gpu", "1"])
+        .json(0);
+    let gpus: Vec<&Value> = report["gpus"].as_array().unwrap().iter().collect();
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus[0]["index"], 1);
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["status", "--gpu", "0,5"])
+        .code(2);
+    let err = stderr(&out);
+    assert!(
+        err.contains("--gpu 5: this node has 2 GPU(s)") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+#[test]
+fn status_watch_prints_a_block_per_refresh_and_json_a_document_per_line() {
+    let (world, holder) = busy_gpu_1();
+    for json in [false, true] {
+        let mut args = vec!["status", "--watch", "0.2s", "--sample", "0"];
+        if json {
+            args.push("--json");
+        }
+        let mut cmd = Vg::new(&world, Path_::InProcess).args(&args).command();
+        let mut child = Reaped(cmd.stdout(Stdio::piped()).spawn().unwrap());
+        let mut lines = BufReader::new(child.0.stdout.take().unwrap());
+        let mut seen = 0;
+        let mut line = String::new();
+        while seen < 3 {
+            line.clear();
+            assert!(
+                lines.read_line(&mut line).unwrap() > 0,
+                "--watch ended early"
+            );
+            if json {
+                let doc: Value = serde_json::from_str(&line).expect("one JSON document per line");
+                assert_eq!(holder_of(&doc, 1, holder.pid())["used_bytes"], 3 * GIB);
+                seen += 1;
+            } else if line.starts_with("vramguard status") {
+                seen += 1;
+            }
+        }
+        drop(child);
+    }
+    // A replay never changes: watching it is refused.
+    let snap = world.state_path().with_file_name("snap.json");
+    let out = Vg::new(&world, Path_::InProcess).args(["snapshot"]).code(0);
+    std::fs::write(&snap, &out.stdout).unwrap();
+    let out = Vg::new(&world, Path_::InProcess)
+        .arg_path("--replay", &snap)
+        .args(["status", "--watch"])
+        .code(2);
+    assert!(
+        stderr(&out).contains("a replayed snapshot never changes"),
+        "{}",
+        stderr(&out)
+    );
+}
