@@ -299,7 +299,7 @@ fn holder_line(st: &Style, h: &Holder) -> String {
     };
     let rest = st.width.saturating_sub(60 + host.len());
     let command_width = if rest >= 100 {
-        (rest * 2 / 5).clamp(40, 100)
+        (rest / 2).clamp(40, 100)
     } else if rest >= 60 {
         rest / 2
     } else {
