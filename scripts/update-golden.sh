@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VRAMGUARD_UPDATE_GOLDEN=1 cargo test -p vramguard --test incidents -- every_incident_replays_to_its_golden_outputs
-git status --short tests/incidents || true
+# The screens of `vramguard top` drawn from the demo incident (tests/screens/).
+VRAMGUARD_UPDATE_GOLDEN=1 cargo test -p vramguard --bin vramguard -- top::view::tests
+git status --short tests/incidents tests/screens || true

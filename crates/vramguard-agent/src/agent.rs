@@ -502,6 +502,7 @@ impl Agent {
             include: rc.include.iter().copied().collect(),
             idle_for_secs: 0,
             mig_devices: None,
+            job_of: None,
         };
         let plan = plan_reclaim(snap, report, &opts);
         let now = self.now();
@@ -679,6 +680,7 @@ fn auto_reclaim(
         include: rc.include.iter().copied().collect(),
         idle_for_secs: 0,
         mig_devices: None,
+        job_of: None,
     };
     let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {
         let mut plan = plan_reclaim(snap, report, &opts);

@@ -28,6 +28,10 @@ pub struct ReclaimOptions {
     /// MIG device UUIDs to act on (their GPUs must be selected too); `None` = every MIG
     /// device. A holder on another MIG device is left alone.
     pub mig_devices: Option<BTreeSet<String>>,
+    /// Only the job of this pid: the members of its dead job (same leader), or the pid alone
+    /// when it has no dead job. Other holders are neither targets nor listed as left alone.
+    #[serde(default)]
+    pub job_of: Option<u32>,
 }
 
 impl Default for ReclaimOptions {
@@ -37,6 +41,7 @@ impl Default for ReclaimOptions {
             include: [Class::Orphan, Class::Hidden].into_iter().collect(),
             idle_for_secs: 2 * 3600,
             mig_devices: None,
+            job_of: None,
         }
     }
 }
@@ -276,8 +281,24 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
     let mut left: BTreeMap<u32, LeftAlone> = BTreeMap::new();
     let mut leaders: BTreeMap<u32, (Option<u32>, Option<String>)> = BTreeMap::new();
     let mut warnings = Vec::new();
+    let chosen = opts.job_of.map(|pid| {
+        let leader = report
+            .gpus
+            .iter()
+            .flat_map(|g| &g.holders)
+            .find(|h| h.pid == pid)
+            .and_then(|h| h.dead_job.as_ref().map(|j| j.leader_pid));
+        (pid, leader)
+    });
+    let in_chosen_job = |h: &Holder| match chosen {
+        None => true,
+        Some((pid, None)) => h.pid == pid,
+        Some((pid, Some(leader))) => {
+            h.pid == pid || h.dead_job.as_ref().is_some_and(|j| j.leader_pid == leader)
+        }
+    };
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
-        for h in &g.holders {
+        for h in g.holders.iter().filter(|h| in_chosen_job(h)) {
             match outside_mig_devices(g, h, opts).or_else(|| refusal(snap, h, opts)) {
                 None => {
                     if h.class == Class::Detached && !targets.contains_key(&h.pid) {

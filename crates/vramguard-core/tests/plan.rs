@@ -159,6 +159,40 @@ fn gpu_selection_limits_the_plan() {
 }
 
 #[test]
+fn job_of_keeps_one_dead_job_and_nothing_else() {
+    let s = snap(
+        vec![gpu(
+            0,
+            12 * GIB,
+            &[(201, 4 * GIB), (202, 4 * GIB), (211, 4 * GIB)],
+        )],
+        vec![
+            init(),
+            p(201, 1, 200, "python", &[0]),
+            p(202, 1, 200, "python", &[0]),
+            p(211, 1, 210, "python", &[0]),
+        ],
+    );
+    let opts = |pid| ReclaimOptions {
+        job_of: Some(pid),
+        ..Default::default()
+    };
+    let pids =
+        |plan: &vramguard_core::plan::Plan| plan.targets().map(|t| t.pid).collect::<Vec<_>>();
+    // The selected orphan's whole dead job, and only its memory expected back.
+    let plan = plan_of(&s, &opts(202));
+    assert_eq!(pids(&plan), vec![201, 202]);
+    assert_eq!(plan.expected_free.get(&0), Some(&(8 * GIB)));
+    assert!(
+        plan.left_alone.is_empty(),
+        "other jobs are not listed: {plan:?}"
+    );
+    assert_eq!(pids(&plan_of(&s, &opts(211))), vec![211]);
+    // A pid that holds nothing: nothing.
+    assert!(plan_of(&s, &opts(999)).is_empty());
+}
+
+#[test]
 fn hidden_holders_only_when_their_job_is_gone_and_their_memory_is_expected_back() {
     let s = snap(
         vec![gpu(0, 6 * GIB, &[])],
@@ -487,6 +521,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         include,
                         idle_for_secs: idle_for,
                         mig_devices: None,
+                        job_of: None,
                     },
                 )
             },
@@ -495,6 +530,32 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(4000))]
+    #[test]
+    fn narrowing_to_one_job_only_removes_targets((s, opts) in arb_snapshot(), pick in 0usize..64) {
+        let policy = Policy { idle_after_secs: 60, ..Policy::default() };
+        let report = classify(&s, &policy);
+        let all: BTreeSet<u32> = plan_reclaim(&s, &report, &opts).targets().map(|t| t.pid).collect();
+        let holders: Vec<&vramguard_core::report::Holder> =
+            report.gpus.iter().flat_map(|g| &g.holders).collect();
+        if let Some(chosen) = holders.get(pick % holders.len().max(1)) {
+            let leader = chosen.dead_job.as_ref().map(|j| j.leader_pid);
+            let narrowed = plan_reclaim(
+                &s,
+                &report,
+                &ReclaimOptions { job_of: Some(chosen.pid), ..opts.clone() },
+            );
+            for t in narrowed.targets() {
+                prop_assert!(all.contains(&t.pid), "narrowing added {}", t.pid);
+                let same_job = holders.iter().any(|h| {
+                    h.pid == t.pid
+                        && leader.is_some()
+                        && h.dead_job.as_ref().map(|j| j.leader_pid) == leader
+                });
+                prop_assert!(t.pid == chosen.pid || same_job, "{} is not in {}'s job", t.pid, chosen.pid);
+            }
+        }
+    }
+
     #[test]
     fn the_planner_never_selects_a_forbidden_process((s, opts) in arb_snapshot()) {
         let policy = Policy { idle_after_secs: 60, ..Policy::default() };

@@ -48,6 +48,10 @@ pub struct Global {
 pub enum Command {
     /// One screen: every GPU, every holder, every unexplained byte
     Status(StatusArgs),
+    /// The live view: GPUs (memory with the ghost part, utilization, temperature, power) and
+    /// every holder with its class, sortable and filterable; `r` reclaims the selected
+    /// holder's dead job after confirmation
+    Top(TopArgs),
     /// The full check-list with a verdict and the exact next command (exit 0 clean, 1 found
     /// ghost memory or orphaned holders, 2 error)
     Diagnose(DiagnoseArgs),
@@ -235,6 +239,44 @@ pub struct StatusArgs {
     /// unknown
     #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
     pub sample: std::time::Duration,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct TopArgs {
+    /// Refresh interval, 100ms to 1h
+    #[arg(short = 'd', long, default_value = "1s", value_name = "INTERVAL", value_parser = parse_refresh)]
+    pub delay: std::time::Duration,
+    /// Only these GPUs, e.g. 0,3 [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
+    pub gpu: Vec<u32>,
+    /// Start with only this class shown (`c` cycles through the classes)
+    #[arg(long, value_name = "CLASS", value_parser = class)]
+    pub class: Option<vramguard_core::Class>,
+    /// Start with only this user's holders shown
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// No colours (also when NO_COLOR is set)
+    #[arg(long)]
+    pub monochrome: bool,
+    /// Print one screen as text and exit (no terminal needed: for logs, tickets, cron)
+    #[arg(short = '1', long)]
+    pub once: bool,
+    /// CPU and thread watching per refresh, to tell a working job from a dead one
+    #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
+    /// Reclaim: time between SIGTERM and SIGKILL
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
+    pub grace: std::time::Duration,
+    /// Reclaim: how long to wait for the driver to release the memory
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    pub release_timeout: std::time::Duration,
+    /// Reclaim: the audit log every action is written to first
+    #[arg(
+        long,
+        default_value = "/var/log/vramguard/audit.jsonl",
+        value_name = "FILE"
+    )]
+    pub audit_log: std::path::PathBuf,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -13,6 +13,7 @@ mod render;
 mod run;
 mod settings;
 mod simcmd;
+mod top;
 mod watch;
 
 use anyhow::Result;
@@ -98,6 +99,7 @@ fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i3
     use cli::Command;
     match command {
         Command::Status(args) => status(&settings, &args),
+        Command::Top(args) => top::run(&settings, &args),
         Command::Diagnose(args) => diagnose(&settings, &args),
         Command::Snapshot(args) => {
             print_json(&settings.snapshot(args.sample)?)?;

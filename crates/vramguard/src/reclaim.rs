@@ -29,6 +29,7 @@ fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
         include,
         idle_for_secs: args.idle_for.as_secs(),
         mig_devices: None,
+        job_of: None,
     })
 }
 
@@ -236,7 +237,7 @@ fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
 
 /// Refuses a `--proc-root` other than vramguard's own PID namespace's: pids read there are
 /// the pids signalled.
-fn check_own_proc(proc_root: &std::path::Path) -> Result<()> {
+pub(crate) fn check_own_proc(proc_root: &std::path::Path) -> Result<()> {
     let own = std::fs::read_link(proc_root.join("self"))
         .ok()
         .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));

@@ -440,9 +440,15 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
     if let Some(u) = &g.unaccounted
         && u.significant
     {
+        // Under the command column: past the host columns when they are shown.
+        let host_columns = if wide(st) {
+            " ".repeat(22)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  {:<9} {:<9} {} {:<16} {:>10}  {}",
+            "  {:<9} {:<9} {} {:<16} {:>10}  {host_columns}{}",
             "-",
             "-",
             if u.counts_as_ghost() {
@@ -456,7 +462,7 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
             u.explanation
                 .get(1)
                 .map(|e| if st.width >= 100 {
-                    truncate(e, st.width - 62)
+                    truncate(e, st.width - 62 - host_columns.len())
                 } else {
                     format!("\n{:12}{}", "", truncate(e, st.width.saturating_sub(12)))
                 })

@@ -126,3 +126,34 @@ fn status_watch_prints_a_block_per_refresh_and_json_a_document_per_line() {
         stderr(&out)
     );
 }
+
+#[test]
+fn top_once_prints_one_screen_and_top_without_a_terminal_says_what_to_use() {
+    let world = World::new(1);
+    let trainer = crashed_trainer(&world);
+    let out = Vg::new(&world, Path_::Nvml)
+        .env("COLUMNS", "120")
+        .args(["top", "--once"])
+        .code(0);
+    let text = stdout(&out);
+    assert!(text.starts_with("vramguard top · "), "{text}");
+    assert!(text.contains("GPU 0 NVIDIA H200"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&trainer.workers[0].to_string()))
+        .unwrap_or_else(|| panic!("no row for the orphan:\n{text}"));
+    assert!(row.contains("orphan") && row.contains("1.0 GiB"), "{row}");
+    assert!(text.lines().all(|l| l.chars().count() <= 120), "{text}");
+    assert!(
+        !text.contains("q quit"),
+        "no key hints on a printed screen:\n{text}"
+    );
+    // Interactive, piped: refused with the alternatives.
+    let out = Vg::new(&world, Path_::InProcess).args(["top"]).code(2);
+    let err = stderr(&out);
+    assert!(
+        err.contains("top needs a terminal") && err.contains("--once"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -1,0 +1,361 @@
+//! What `top` shows and where the cursor is: the last report, the sort, the filters, the
+//! selection, and the dialog open. Keys change it; nothing here draws or reads the node.
+
+use std::collections::BTreeMap;
+use vramguard_core::report::{Class, GpuReport, Holder, Report};
+use vramguard_core::snapshot::Snapshot;
+
+/// Orders of the holders table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortKey {
+    /// What needs attention first (orphan, zombie, hidden, idle, foreign), then memory.
+    Attention,
+    /// GPU memory, largest first.
+    Memory,
+    /// SM utilization, busiest first.
+    Sm,
+    /// Host CPU, busiest first.
+    Cpu,
+    /// Age, oldest first.
+    Age,
+    /// Pid.
+    Pid,
+}
+
+impl SortKey {
+    /// The next key of the `s` cycle.
+    pub fn next(self) -> SortKey {
+        match self {
+            SortKey::Attention => SortKey::Memory,
+            SortKey::Memory => SortKey::Sm,
+            SortKey::Sm => SortKey::Cpu,
+            SortKey::Cpu => SortKey::Age,
+            SortKey::Age => SortKey::Pid,
+            SortKey::Pid => SortKey::Attention,
+        }
+    }
+    /// Its name in the title line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SortKey::Attention => "attention",
+            SortKey::Memory => "memory",
+            SortKey::Sm => "%SM",
+            SortKey::Cpu => "CPU",
+            SortKey::Age => "age",
+            SortKey::Pid => "pid",
+        }
+    }
+}
+
+/// How urgent a class is, for [`SortKey::Attention`]: reclaimable ones first.
+fn attention(c: Class) -> u8 {
+    match c {
+        Class::Orphan => 0,
+        Class::Zombie => 1,
+        Class::Hidden => 2,
+        Class::Idle => 3,
+        Class::Foreign => 4,
+        Class::Detached => 5,
+        Class::Active => 6,
+        Class::System => 7,
+    }
+}
+
+/// One row of the holders table: a holder on one GPU.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The GPU it holds.
+    pub gpu: u32,
+    /// The holder.
+    pub holder: Holder,
+    /// Its peak SM utilization over the window, when the driver sampled it.
+    pub sm_percent: Option<u32>,
+}
+
+/// What is open over the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dialog {
+    /// Nothing: the table has the keys.
+    None,
+    /// The selected holder's evidence.
+    Detail,
+    /// Help for the keys.
+    Help,
+    /// A plan is being made for this pid.
+    Planning(u32),
+    /// The plan for the selected holder's job, waiting for `y`.
+    Confirm {
+        /// The plan as `vramguard reclaim` prints it.
+        text: String,
+        /// Whether it has anything to signal.
+        actionable: bool,
+    },
+    /// The plan is being carried out.
+    Running,
+    /// What reclaim did (or why it did not).
+    Outcome(String),
+}
+
+/// What a key asks the loop to do beyond changing the state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Nothing.
+    None,
+    /// Leave, restoring the terminal.
+    Quit,
+    /// Make the reclaim plan for the job of this pid.
+    Plan(u32),
+    /// Carry out the plan shown.
+    Execute,
+    /// Drop the plan shown.
+    Cancel,
+}
+
+/// A key, as far as `top` cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Char(char),
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    Home,
+    End,
+    Enter,
+    Esc,
+    CtrlC,
+}
+
+/// The state of the screen.
+#[derive(Debug)]
+pub struct App {
+    /// The last report, if one came.
+    pub report: Option<Report>,
+    /// The rows of the table, sorted and filtered.
+    pub rows: Vec<Row>,
+    /// Index into [`App::rows`].
+    pub selected: usize,
+    /// The order.
+    pub sort: SortKey,
+    /// Only holders of this class.
+    pub class_filter: Option<Class>,
+    /// Only these GPUs (empty: all).
+    pub gpu_filter: Vec<u32>,
+    /// Only this user's holders.
+    pub user_filter: Option<String>,
+    /// What is open.
+    pub dialog: Dialog,
+    /// The refresh interval, for the title.
+    pub delay: std::time::Duration,
+    /// The last error or notice, shown in the status line.
+    pub message: Option<String>,
+    /// Whether colours are off.
+    pub monochrome: bool,
+    /// Whether reclaiming is possible here (root, own PID namespace); why not otherwise.
+    pub reclaim_unavailable: Option<String>,
+    /// Whether keys are read (false for `--once`: no key hints then).
+    pub interactive: bool,
+}
+
+/// Classes `c` cycles through: all, then each class that can need attention.
+const CLASS_CYCLE: [Option<Class>; 8] = [
+    None,
+    Some(Class::Orphan),
+    Some(Class::Zombie),
+    Some(Class::Hidden),
+    Some(Class::Idle),
+    Some(Class::Foreign),
+    Some(Class::Detached),
+    Some(Class::Active),
+];
+
+impl App {
+    /// An empty screen, waiting for the first report.
+    pub fn new(delay: std::time::Duration, gpu_filter: Vec<u32>, monochrome: bool) -> App {
+        App {
+            report: None,
+            rows: Vec::new(),
+            selected: 0,
+            sort: SortKey::Attention,
+            class_filter: None,
+            gpu_filter,
+            user_filter: None,
+            dialog: Dialog::None,
+            delay,
+            message: None,
+            monochrome,
+            reclaim_unavailable: None,
+            interactive: true,
+        }
+    }
+
+    /// Takes a new report (and the snapshot it came from, for per-process utilization),
+    /// keeping the selection on the same pid when it is still there.
+    pub fn update(&mut self, snapshot: &Snapshot, report: Report) {
+        let keep = self.selected_row().map(|r| (r.gpu, r.holder.pid));
+        let mut sm: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+        for g in &snapshot.gpus {
+            for s in g.utilization.iter().flat_map(|u| &u.samples) {
+                sm.insert((g.index, s.pid), s.sm_percent);
+            }
+        }
+        self.report = Some(report);
+        self.rebuild(&sm);
+        if let Some((gpu, pid)) = keep
+            && let Some(i) = self
+                .rows
+                .iter()
+                .position(|r| r.gpu == gpu && r.holder.pid == pid)
+        {
+            self.selected = i;
+        }
+        self.clamp();
+    }
+
+    /// The GPUs shown.
+    pub fn gpus(&self) -> Vec<&GpuReport> {
+        self.report
+            .iter()
+            .flat_map(|r| &r.gpus)
+            .filter(|g| self.gpu_filter.is_empty() || self.gpu_filter.contains(&g.index))
+            .collect()
+    }
+
+    fn rebuild(&mut self, sm: &BTreeMap<(u32, u32), u32>) {
+        let mut rows: Vec<Row> = Vec::new();
+        for g in self.gpus() {
+            for h in &g.holders {
+                if self.class_filter.is_some_and(|c| c != h.class) {
+                    continue;
+                }
+                if let Some(u) = &self.user_filter
+                    && h.user.as_deref() != Some(u.as_str())
+                {
+                    continue;
+                }
+                let reported = h.reported_pid.unwrap_or(h.pid);
+                rows.push(Row {
+                    gpu: g.index,
+                    holder: h.clone(),
+                    sm_percent: sm.get(&(g.index, reported)).copied(),
+                });
+            }
+        }
+        let key = self.sort;
+        rows.sort_by(|a, b| {
+            let (x, y) = (&a.holder, &b.holder);
+            let memory = y.used_bytes.cmp(&x.used_bytes);
+            match key {
+                SortKey::Attention => attention(x.class).cmp(&attention(y.class)).then(memory),
+                SortKey::Memory => memory,
+                SortKey::Sm => b.sm_percent.cmp(&a.sm_percent).then(memory),
+                SortKey::Cpu => y.cpu_millicores.cmp(&x.cpu_millicores).then(memory),
+                SortKey::Age => y.age_secs.cmp(&x.age_secs).then(memory),
+                SortKey::Pid => x.pid.cmp(&y.pid),
+            }
+            .then(a.gpu.cmp(&b.gpu))
+            .then(x.pid.cmp(&y.pid))
+        });
+        self.rows = rows;
+    }
+
+    /// Re-sorts and re-filters the report held.
+    fn refresh_rows(&mut self) {
+        let sm: BTreeMap<(u32, u32), u32> = self
+            .rows
+            .iter()
+            .filter_map(|r| {
+                r.sm_percent
+                    .map(|s| ((r.gpu, r.holder.reported_pid.unwrap_or(r.holder.pid)), s))
+            })
+            .collect();
+        self.rebuild(&sm);
+        self.clamp();
+    }
+
+    fn clamp(&mut self) {
+        self.selected = self.selected.min(self.rows.len().saturating_sub(1));
+    }
+
+    /// The selected row.
+    pub fn selected_row(&self) -> Option<&Row> {
+        self.rows.get(self.selected)
+    }
+
+    /// Applies a key; returns what the loop must do.
+    pub fn key(&mut self, key: Key) -> Request {
+        if key == Key::CtrlC {
+            return Request::Quit;
+        }
+        match &self.dialog {
+            Dialog::Confirm { actionable, .. } => {
+                let go = *actionable && matches!(key, Key::Char('y') | Key::Char('Y'));
+                self.dialog = if go { Dialog::Running } else { Dialog::None };
+                return if go {
+                    Request::Execute
+                } else {
+                    self.message = Some("reclaim cancelled: nothing was signalled".into());
+                    Request::Cancel
+                };
+            }
+            Dialog::Planning(_) | Dialog::Running => {
+                // Busy: only Ctrl-C (above) leaves.
+                return Request::None;
+            }
+            Dialog::Detail | Dialog::Help | Dialog::Outcome(_) => {
+                if matches!(key, Key::Char('q')) {
+                    return Request::Quit;
+                }
+                if matches!(key, Key::Esc | Key::Enter | Key::Char(_)) {
+                    self.dialog = Dialog::None;
+                    return Request::None;
+                }
+            }
+            Dialog::None => {}
+        }
+        let page = 10;
+        match key {
+            Key::Char('q') => return Request::Quit,
+            Key::Up | Key::Char('k') => self.selected = self.selected.saturating_sub(1),
+            Key::Down | Key::Char('j') => self.selected += 1,
+            Key::PageUp => self.selected = self.selected.saturating_sub(page),
+            Key::PageDown => self.selected += page,
+            Key::Home | Key::Char('g') => self.selected = 0,
+            Key::End | Key::Char('G') => self.selected = usize::MAX,
+            Key::Char('s') => {
+                self.sort = self.sort.next();
+                self.refresh_rows();
+            }
+            Key::Char('c') => {
+                let i = CLASS_CYCLE
+                    .iter()
+                    .position(|c| *c == self.class_filter)
+                    .unwrap_or(0);
+                self.class_filter = CLASS_CYCLE[(i + 1) % CLASS_CYCLE.len()];
+                self.refresh_rows();
+            }
+            Key::Char('u') => {
+                // Only the selected holder's user; again: everyone.
+                self.user_filter = match (&self.user_filter, self.selected_row()) {
+                    (None, Some(r)) => r.holder.user.clone(),
+                    _ => None,
+                };
+                self.refresh_rows();
+            }
+            Key::Enter if self.selected_row().is_some() => self.dialog = Dialog::Detail,
+            Key::Char('?') | Key::Char('h') => self.dialog = Dialog::Help,
+            Key::Char('r') => {
+                if let Some(why) = &self.reclaim_unavailable {
+                    self.message = Some(format!("reclaim unavailable: {why}"));
+                } else if let Some(row) = self.selected_row() {
+                    let pid = row.holder.pid;
+                    self.dialog = Dialog::Planning(pid);
+                    return Request::Plan(pid);
+                }
+            }
+            _ => {}
+        }
+        self.clamp();
+        Request::None
+    }
+}

@@ -1,0 +1,284 @@
+//! `vramguard top`: the live view. A worker thread owns the node (snapshots, the reclaim
+//! plan, its execution: the same `prepare`/`run` path and audit log as `vramguard reclaim`);
+//! the terminal thread draws and reads keys, so sampling never freezes the screen.
+
+mod app;
+mod view;
+
+use crate::cli::TopArgs;
+use crate::settings::Settings;
+use anyhow::{Result, bail};
+use app::{App, Dialog, Key, Request};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
+use vramguard_core::report::{Class, Report};
+use vramguard_core::snapshot::Snapshot;
+use vramguard_core::{Policy, classify};
+use vramguard_node::Node;
+use vramguard_ops::{AuditLog, ExecuteOptions, Prepared, ResetMode};
+use vramguard_proc::ScanDepth;
+
+/// What the terminal thread asks of the worker.
+enum ToWorker {
+    Plan(u32),
+    Execute,
+    Cancel,
+}
+
+/// What the worker hands back.
+enum FromWorker {
+    Report(Box<(Snapshot, Report)>),
+    Error(String),
+    Plan { text: String, actionable: bool },
+    Outcome(String),
+}
+
+/// Runs `vramguard top` until `q` or Ctrl-C.
+pub fn run(settings: &Settings, args: &TopArgs) -> Result<i32> {
+    let monochrome = args.monochrome || std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let mut app = App::new(args.delay, args.gpu.clone(), monochrome);
+    app.class_filter = args.class;
+    app.user_filter = args.user.clone();
+    if args.once {
+        app.interactive = false;
+        let (snap, mut report) = settings.report(args.sample)?;
+        crate::watch::select_gpus(&mut report, &args.gpu)?;
+        app.update(&snap, report);
+        crate::print(&view::as_text(&app, crate::render::output_width() as u16))?;
+        return Ok(0);
+    }
+    if settings.replay.is_some() {
+        bail!(
+            "top watches a live node; a saved snapshot shows with `vramguard --replay FILE top --once`"
+        );
+    }
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        bail!(
+            "top needs a terminal; piped, use `vramguard top --once` (one screen) or \
+             `vramguard status --watch` (one block per refresh)"
+        );
+    }
+    app.reclaim_unavailable = crate::reclaim::check_own_proc(&settings.proc_root)
+        .err()
+        .map(|e| e.to_string());
+    let (to_worker, from_terminal) = mpsc::channel();
+    let (to_terminal, from_worker) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(|| worker(settings, args, from_terminal, to_terminal));
+        // Raw mode and the alternate screen, restored on every way out (a panic included:
+        // ratatui's init installs the hook).
+        let mut terminal = ratatui::init();
+        let result = ui_loop(&mut terminal, &mut app, &to_worker, &from_worker);
+        ratatui::restore();
+        drop(to_worker);
+        if matches!(app.dialog, Dialog::Running) {
+            eprintln!("vramguard top: waiting for the reclaim in progress to finish…");
+        }
+        let _ = worker.join();
+        result
+    })?;
+    Ok(0)
+}
+
+fn ui_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    app: &mut App,
+    to_worker: &Sender<ToWorker>,
+    from_worker: &Receiver<FromWorker>,
+) -> Result<()> {
+    loop {
+        terminal.draw(|f| view::draw(f, app))?;
+        // A resize needs nothing: the next draw fills the new size.
+        if event::poll(Duration::from_millis(50))?
+            && let Event::Key(k) = event::read()?
+            && k.kind == KeyEventKind::Press
+            && let Some(key) = key_of(k.code, k.modifiers)
+        {
+            let sent = match app.key(key) {
+                Request::None => Ok(()),
+                Request::Quit => return Ok(()),
+                Request::Plan(pid) => to_worker.send(ToWorker::Plan(pid)),
+                Request::Execute => to_worker.send(ToWorker::Execute),
+                Request::Cancel => to_worker.send(ToWorker::Cancel),
+            };
+            if sent.is_err() {
+                bail!("the node reader stopped");
+            }
+        }
+        while let Ok(m) = from_worker.try_recv() {
+            match m {
+                FromWorker::Report(b) => {
+                    let (snap, report) = *b;
+                    app.update(&snap, report);
+                    if app
+                        .message
+                        .as_deref()
+                        .is_some_and(|m| m.starts_with("error"))
+                    {
+                        app.message = None;
+                    }
+                }
+                FromWorker::Error(e) => {
+                    app.message = Some(format!("error: {e}"));
+                    if matches!(app.dialog, Dialog::Planning(_) | Dialog::Running) {
+                        app.dialog = Dialog::None;
+                    }
+                }
+                FromWorker::Plan { text, actionable } => {
+                    app.dialog = Dialog::Confirm { text, actionable }
+                }
+                FromWorker::Outcome(text) => app.dialog = Dialog::Outcome(text),
+            }
+        }
+    }
+}
+
+fn key_of(code: KeyCode, modifiers: KeyModifiers) -> Option<Key> {
+    Some(match code {
+        KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => Key::CtrlC,
+        KeyCode::Char(c) => Key::Char(c),
+        KeyCode::Up => Key::Up,
+        KeyCode::Down => Key::Down,
+        KeyCode::PageUp => Key::PageUp,
+        KeyCode::PageDown => Key::PageDown,
+        KeyCode::Home => Key::Home,
+        KeyCode::End => Key::End,
+        KeyCode::Enter => Key::Enter,
+        KeyCode::Esc => Key::Esc,
+        _ => return None,
+    })
+}
+
+/// The reader: a snapshot every `delay`, and in between the terminal's requests.
+fn worker(
+    settings: &Settings,
+    args: &TopArgs,
+    requests: Receiver<ToWorker>,
+    out: Sender<FromWorker>,
+) {
+    let policy = settings.policy();
+    let mut node = match settings.node(policy, None) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = out.send(FromWorker::Error(format!("{e:#}")));
+            return;
+        }
+    };
+    let mut depth = ScanDepth::Full;
+    let mut pending: Option<Prepared> = None;
+    loop {
+        let started = Instant::now();
+        let sent = match node.sampled_snapshot(depth, args.sample) {
+            Ok(snap) => {
+                depth = ScanDepth::NewProcesses;
+                let report = classify(&snap, policy);
+                out.send(FromWorker::Report(Box::new((snap, report))))
+            }
+            Err(e) => out.send(FromWorker::Error(e.to_string())),
+        };
+        if sent.is_err() {
+            return;
+        }
+        loop {
+            let left = args.delay.saturating_sub(started.elapsed());
+            let reply = match requests.recv_timeout(left) {
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+                Ok(ToWorker::Cancel) => {
+                    pending = None;
+                    continue;
+                }
+                Ok(ToWorker::Plan(pid)) => match plan_for(&mut node, policy, args.sample, pid) {
+                    Ok(prepared) => {
+                        let text =
+                            crate::reclaim::render_plan(&prepared.plan, &prepared.report, false);
+                        let actionable = !prepared.plan.is_empty();
+                        pending = Some(prepared);
+                        FromWorker::Plan { text, actionable }
+                    }
+                    Err(e) => FromWorker::Error(format!("planning: {e}")),
+                },
+                Ok(ToWorker::Execute) => match pending.take() {
+                    Some(prepared) => {
+                        // The node changed: the next refresh scans everything again.
+                        depth = ScanDepth::Full;
+                        execute(&mut node, args, prepared)
+                    }
+                    None => FromWorker::Error("no plan to carry out".into()),
+                },
+            };
+            if out.send(reply).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The plan `vramguard reclaim` makes, for the job of `pid` only (see [`plan_options`]).
+fn plan_for(
+    node: &mut dyn Node,
+    policy: &Policy,
+    sample: Duration,
+    pid: u32,
+) -> Result<Prepared, vramguard_node::NodeError> {
+    vramguard_ops::prepare(node, policy, sample, |snap, report| {
+        plan_reclaim(snap, report, &plan_options(report, pid))
+    })
+}
+
+/// What `r` on `pid` asks the planner for: the members of its dead job (orphans, zombies,
+/// hidden holders) on the GPUs they hold, or the holder alone when it is idle. Active,
+/// detached, system and foreign holders are never targets, whatever is selected.
+pub(crate) fn plan_options(report: &Report, pid: u32) -> ReclaimOptions {
+    let selected = report
+        .gpus
+        .iter()
+        .flat_map(|g| &g.holders)
+        .find(|h| h.pid == pid);
+    let leader = selected.and_then(|h| h.dead_job.as_ref().map(|j| j.leader_pid));
+    let in_job = |h: &vramguard_core::report::Holder| {
+        h.pid == pid
+            || leader.is_some_and(|l| h.dead_job.as_ref().is_some_and(|j| j.leader_pid == l))
+    };
+    let gpus: BTreeSet<u32> = report
+        .gpus
+        .iter()
+        .filter(|g| g.holders.iter().any(in_job))
+        .map(|g| g.index)
+        .collect();
+    let mut include: BTreeSet<Class> = [Class::Orphan, Class::Hidden, Class::Zombie].into();
+    if selected.is_some_and(|h| h.class == Class::Idle) {
+        include.insert(Class::Idle);
+    }
+    ReclaimOptions {
+        // A pid gone since the screen was drawn: plan for nothing rather than everything.
+        gpus: Some(gpus),
+        include,
+        idle_for_secs: 0,
+        mig_devices: None,
+        job_of: Some(pid),
+    }
+}
+
+/// Carries out the plan confirmed, with the audit log `reclaim` keeps.
+fn execute(node: &mut dyn Node, args: &TopArgs, prepared: Prepared) -> FromWorker {
+    let host = prepared.report.hostname.clone().unwrap_or_default();
+    let mut audit = match AuditLog::open(&args.audit_log, &host) {
+        Ok(a) => a,
+        Err(e) => {
+            return FromWorker::Error(format!(
+                "nothing was signalled: the audit log cannot be written ({e}); choose another \
+                 file with --audit-log"
+            ));
+        }
+    };
+    let opts = ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Never);
+    match prepared.run(node, &mut audit, &opts) {
+        Ok(outcome) => FromWorker::Outcome(crate::reclaim::render_outcome(&outcome, audit.path())),
+        Err(e) => FromWorker::Error(format!("reclaim: {e}")),
+    }
+}

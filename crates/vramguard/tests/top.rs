@@ -1,0 +1,205 @@
+//! `vramguard top` in a real pseudo-terminal on the simulated driver: it shows the GPU and
+//! the orphan of a crashed job, reclaims it with `r` and `y` (the memory comes back), quits
+//! with `q`, and leaves the terminal as it found it.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A pseudo-terminal pair: the master (the test's side) and the path of the slave.
+fn pty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let slave: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().unwrap())
+        .unwrap()
+        .into();
+    rustix::termios::tcsetwinsize(
+        &master,
+        rustix::termios::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )
+    .unwrap();
+    (master, slave)
+}
+
+/// Everything the program wrote to the terminal so far, escape sequences included.
+struct Screen(Arc<Mutex<Vec<u8>>>);
+
+impl Screen {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+    /// How much has been written so far.
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    /// Waits until `what` has been written after the first `from` bytes. Text is compared without escape sequences and blanks:
+    /// the terminal moves the cursor over blanks rather than writing them. A `what` that
+    /// starts with ESC is looked for as written.
+    fn wait_for(&self, from: usize, what: &str, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let raw = what.starts_with('\x1b');
+        let needle = squash(what);
+        loop {
+            let text = self.text();
+            let tail = text.get(from..).unwrap_or("");
+            let found = if raw {
+                tail.contains(what)
+            } else {
+                squash(&strip(tail)).contains(&needle)
+            };
+            if found {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what:?}; the terminal got:\n{}",
+                strip(tail)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `s` without blanks.
+fn squash(s: &str) -> String {
+    s.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// `s` without escape sequences, for failure messages.
+fn strip(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        if esc {
+            esc = !c.is_ascii_alphabetic();
+        } else if c == '\x1b' {
+            esc = true;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[test]
+fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() {
+    let world = World::new(1);
+    let trainer = crashed_trainer(&world);
+    let orphan = trainer.workers[0];
+    let audit = world.state_path().with_file_name("audit.jsonl");
+    let (master, slave) = pty(40, 160);
+    let terminal = slave.try_clone().unwrap();
+    let modes_before = rustix::termios::tcgetattr(&terminal).unwrap().local_modes;
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .env_remove("COLUMNS")
+        .env("TERM", "xterm-256color")
+        .arg("--sim")
+        .arg(world.state_path())
+        .args([
+            "top", "--delay", "0.3s", "--sample", "0.3s", "--grace", "2s",
+        ])
+        .arg("--audit-log")
+        .arg(&audit)
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave));
+    // Its own session with the pty as controlling terminal, as a shell would start it.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            rustix::process::ioctl_tiocsctty(std::io::stdin().as_fd())?;
+            Ok(())
+        });
+    }
+    let mut child = Reaped(cmd.spawn().unwrap());
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let mut reader = std::fs::File::from(master.try_clone().unwrap());
+    {
+        let written = written.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                written.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+    }
+    let screen = Screen(written);
+    let mut keys = std::fs::File::from(master);
+    screen.wait_for(0, "\x1b[?1049h", 10);
+    screen.wait_for(0, "GPU 0", 15);
+    screen.wait_for(0, "orphan", 15);
+    // The orphan sorts first (attention order): ask for the plan of its job, and decline.
+    let before = screen.len();
+    keys.write_all(b"r").unwrap();
+    screen.wait_for(before, "reclaim plan", 15);
+    let before = screen.len();
+    keys.write_all(b"n").unwrap();
+    screen.wait_for(before, "reclaim cancelled: nothing was signalled", 5);
+    assert!(
+        std::path::Path::new(&format!("/proc/{orphan}")).exists(),
+        "declined, the orphan lives"
+    );
+    // Again, and confirm.
+    let before = screen.len();
+    keys.write_all(b"r").unwrap();
+    screen.wait_for(before, "reclaim plan", 15);
+    screen.wait_for(before, &format!("pid {orphan}"), 5);
+    let before = screen.len();
+    keys.write_all(b"y").unwrap();
+    screen.wait_for(before, "reclaim done", 30);
+    screen.wait_for(before, "freed", 5);
+    // The orphan is gone and its memory is back.
+    let report = Vg::new(&world, Path_::InProcess)
+        .args(["status", "--json", "--sample", "0"])
+        .json(0);
+    let holders = report["gpus"][0]["holders"].as_array().unwrap().clone();
+    assert!(!holders.iter().any(|h| h["pid"] == orphan), "{report:#}");
+    let audit_text = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        audit_text.contains(&format!("\"pid\":{orphan}")),
+        "{audit_text}"
+    );
+    // Close the result, quit, and find the terminal restored.
+    let before = screen.len();
+    keys.write_all(b" ").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    keys.write_all(b"q").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "top did not quit on q");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+    screen.wait_for(before, "\x1b[?1049l", 5);
+    // Raw mode is undone: the line discipline echoes and edits lines again.
+    assert_eq!(
+        rustix::termios::tcgetattr(&terminal).unwrap().local_modes,
+        modes_before
+    );
+    drop(trainer);
+}
