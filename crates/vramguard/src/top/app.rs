@@ -61,7 +61,8 @@ fn attention(c: Class) -> u8 {
     }
 }
 
-/// One row of the holders table: a holder on one GPU.
+/// One row of the holders table: a holder on one GPU, or in the tree view the heading of
+/// a job (then `holder` is its first member, which `r` and Enter act on).
 #[derive(Debug, Clone)]
 pub struct Row {
     /// The GPU it holds.
@@ -70,6 +71,21 @@ pub struct Row {
     pub holder: Holder,
     /// Its peak SM utilization over the window, when the driver sampled it.
     pub sm_percent: Option<u32>,
+    /// In the tree view: this row heads its job's members.
+    pub job: Option<JobHeading>,
+}
+
+/// A job's line in the tree view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobHeading {
+    /// `pgid:4121`, `docker:…`, `slurm:…`, or `-` for holders without a job.
+    pub label: String,
+    /// Whether the job lives (`None`: cannot be told).
+    pub alive: Option<bool>,
+    /// Its holder rows.
+    pub members: usize,
+    /// The GPU memory they hold.
+    pub bytes: u64,
 }
 
 /// What is open over the table.
@@ -155,6 +171,42 @@ pub struct App {
     pub reclaim_unavailable: Option<String>,
     /// Whether keys are read (false for `--once`: no key hints then).
     pub interactive: bool,
+    /// Whether holders are grouped under their job (`t`).
+    pub tree: bool,
+}
+
+/// `rows` (already sorted) under a heading per job, jobs in the order of their first row.
+fn grouped(rows: Vec<Row>) -> Vec<Row> {
+    let label = |r: &Row| {
+        r.holder
+            .job
+            .as_ref()
+            .map_or_else(|| "-".to_string(), |j| j.label.clone())
+    };
+    let mut order: Vec<String> = Vec::new();
+    let mut members: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+    for r in rows {
+        let l = label(&r);
+        if !members.contains_key(&l) {
+            order.push(l.clone());
+        }
+        members.entry(l).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for l in order {
+        let group = members.remove(&l).unwrap_or_default();
+        let Some(first) = group.first() else { continue };
+        let mut heading = first.clone();
+        heading.job = Some(JobHeading {
+            alive: first.holder.job.as_ref().and_then(|j| j.alive),
+            label: l,
+            members: group.len(),
+            bytes: group.iter().filter_map(|r| r.holder.used_bytes).sum(),
+        });
+        out.push(heading);
+        out.extend(group);
+    }
+    out
 }
 
 /// Classes `c` cycles through: all, then each class that can need attention.
@@ -186,6 +238,7 @@ impl App {
             monochrome,
             reclaim_unavailable: None,
             interactive: true,
+            tree: false,
         }
     }
 
@@ -238,6 +291,7 @@ impl App {
                     gpu: g.index,
                     holder: h.clone(),
                     sm_percent: sm.get(&(g.index, reported)).copied(),
+                    job: None,
                 });
             }
         }
@@ -256,7 +310,7 @@ impl App {
             .then(a.gpu.cmp(&b.gpu))
             .then(x.pid.cmp(&y.pid))
         });
-        self.rows = rows;
+        self.rows = if self.tree { grouped(rows) } else { rows };
     }
 
     /// Re-sorts and re-filters the report held.
@@ -264,6 +318,7 @@ impl App {
         let sm: BTreeMap<(u32, u32), u32> = self
             .rows
             .iter()
+            .filter(|r| r.job.is_none())
             .filter_map(|r| {
                 r.sm_percent
                     .map(|s| ((r.gpu, r.holder.reported_pid.unwrap_or(r.holder.pid)), s))
@@ -344,6 +399,10 @@ impl App {
             }
             Key::Enter if self.selected_row().is_some() => self.dialog = Dialog::Detail,
             Key::Char('?') | Key::Char('h') => self.dialog = Dialog::Help,
+            Key::Char('t') => {
+                self.tree = !self.tree;
+                self.refresh_rows();
+            }
             Key::Char('r') => {
                 if let Some(why) = &self.reclaim_unavailable {
                     self.message = Some(format!("reclaim unavailable: {why}"));

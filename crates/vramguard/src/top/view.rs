@@ -212,7 +212,33 @@ fn age(secs: Option<u64>) -> String {
     }
 }
 
-fn table_row(paint: &Paint, r: &AppRow) -> Row<'static> {
+fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
+    if let Some(j) = &r.job {
+        let state = match j.alive {
+            Some(true) => "alive",
+            Some(false) => "gone",
+            None => "unknown",
+        };
+        let style = if j.alive == Some(false) {
+            paint.fg(Color::Red).add_modifier(Modifier::BOLD)
+        } else {
+            Style::default().add_modifier(Modifier::BOLD)
+        };
+        let blank = || Cell::from("");
+        return Row::new(vec![
+            Cell::from("job").style(style),
+            blank(),
+            blank(),
+            Cell::from(state).style(style),
+            Cell::from(fit(&j.label, 18)).style(style),
+            Cell::from(format_bytes(j.bytes)),
+            blank(),
+            blank(),
+            blank(),
+            blank(),
+            Cell::from(format!("{} holder row(s)", j.members)),
+        ]);
+    }
     let h = &r.holder;
     let memory = match (h.listed, h.used_bytes) {
         (_, Some(b)) => format_bytes(b),
@@ -239,9 +265,13 @@ fn table_row(paint: &Paint, r: &AppRow) -> Row<'static> {
         ),
         Cell::from(h.rss_bytes.map_or("n/a".into(), format_bytes)),
         Cell::from(age(h.age_secs)),
-        Cell::from(fit(
-            h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
-            200,
+        Cell::from(format!(
+            "{}{}",
+            if tree { "└ " } else { "" },
+            fit(
+                h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
+                200
+            )
         )),
     ])
 }
@@ -251,7 +281,11 @@ fn holders_table(frame: &mut Frame, app: &App, paint: &Paint, area: Rect) {
         "PID", "USER", "GPU", "CLASS", "JOB", "GPU MEM", "%SM", "CPU%", "RSS", "AGE", "COMMAND",
     ])
     .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
-    let rows: Vec<Row> = app.rows.iter().map(|r| table_row(paint, r)).collect();
+    let rows: Vec<Row> = app
+        .rows
+        .iter()
+        .map(|r| table_row(paint, r, app.tree))
+        .collect();
     let empty = rows.is_empty();
     let table = Table::new(
         rows,
@@ -329,10 +363,10 @@ fn status_line(app: &App) -> Line<'static> {
         (None, None) => "reading the node…".into(),
         (None, Some(r)) => format!(
             "{} holder(s) · ghost {}{}",
-            app.rows.len(),
+            app.rows.iter().filter(|r| r.job.is_none()).count(),
             format_bytes(r.ghost_bytes()),
             if app.interactive {
-                " · ↑↓ select · Enter details · r reclaim · s sort · c class · u user"
+                " · ↑↓ select · Enter details · r reclaim · s sort · t tree · c class · u user"
             } else {
                 ""
             }
@@ -379,6 +413,7 @@ fn dialog(frame: &mut Frame, app: &App, paint: &Paint) {
                  r        reclaim the selected holder's job: the plan `vramguard reclaim` makes, \
                  acted on only after y\n\
                  s        sort: attention, memory, %SM, CPU, age, pid\n\
+                 t        tree: holders under their job\n\
                  c        only one class (cycles)      u  only the selected holder's user\n\
                  q, Ctrl-C  quit",
             ),
@@ -620,5 +655,24 @@ mod tests {
         assert_eq!(app.key(Key::Char('r')), Request::None);
         assert!(app.message.as_deref().unwrap().contains("not root"));
         assert_eq!(app.key(Key::CtrlC), Request::Quit);
+    }
+    #[test]
+    fn the_tree_view_puts_holders_under_their_job() {
+        let (_, mut app) = demo();
+        app.key(Key::Char('t'));
+        assert!(app.tree);
+        let heading = app.rows[0].job.clone().expect("a job heading first");
+        assert_eq!(heading.alive, Some(false), "{heading:?}");
+        // The dead trainer's three holder rows follow its heading, with their memory summed.
+        assert_eq!(heading.members, 3);
+        assert_eq!(heading.bytes, 16 << 30);
+        assert!(app.rows[1..4].iter().all(|r| r.job.is_none()));
+        golden("top-tree", &screen(&app, 120, 30));
+        // `r` on a heading plans for its job: the first member's.
+        let pid = app.rows[1].holder.pid;
+        assert_eq!(
+            app.key(Key::Char('r')),
+            super::super::app::Request::Plan(pid)
+        );
     }
 }
