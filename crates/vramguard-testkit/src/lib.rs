@@ -4,7 +4,11 @@
 //! - [`sim_nvml_lib`]: the simulator's `libnvidia-ml.so.1`, built on first use.
 //! - [`Reaped`] / [`Spawned`]: processes a test started, killed by pid (never by name) and
 //!   reaped when the guard drops, pass or fail.
+
 #![deny(missing_docs)]
+
+pub mod load;
+pub mod pty;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

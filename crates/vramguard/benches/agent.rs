@@ -18,64 +18,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use vramguard_testkit::{Children, GIB, World, allocation, env_or};
+use vramguard_testkit::load::{busy_node, cpu_ns, rss_kib, spawn_sleeper};
+use vramguard_testkit::{GIB, World, allocation, env_or};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
-
-fn spawn_sleeper(files: &[std::fs::File]) -> Child {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
-    let mut cmd = Command::new("sleep");
-    cmd.arg("3600").stdin(Stdio::null());
-    // SAFETY: dup2 only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            for (n, fd) in fds.iter().enumerate() {
-                libc_dup2(*fd, 100 + n as i32);
-            }
-            // A bench stopped by a signal runs no destructors: its processes die with it.
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
-    }
-    cmd.spawn().expect("spawn")
-}
-
-unsafe extern "C" {
-    fn dup2(old: i32, new: i32) -> i32;
-}
-unsafe fn libc_dup2(a: i32, b: i32) {
-    unsafe { dup2(a, b) };
-}
-
-/// CPU time of every thread of `pid`, in nanoseconds (the first field of each task's
-/// `schedstat`): precise enough for a per-sample figure in hundredths of a millisecond.
-fn cpu_ns(pid: u32) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let Ok(mut s) = TcpStream::connect(addr) else {
@@ -247,45 +193,9 @@ fn main() {
     // The scan bench's population: FDS_EACH fds per process, the holders' first three on the
     // device files.
     let fds_each = env_or("FDS_EACH", 25usize);
-    let filler = world.dir.path().join("filler");
-    std::fs::write(&filler, b"").unwrap();
-    let open = |p: &std::path::Path| std::fs::File::open(p).unwrap();
-    let mut files: Vec<std::fs::File> = ["nvidiactl", "nvidia-uvm", "nvidia0"]
-        .iter()
-        .map(|f| open(&world.dev(f)))
-        .collect();
-    files.extend((3..fds_each).map(|_| open(&filler)));
-    let idle: Vec<std::fs::File> = (0..fds_each).map(|_| open(&filler)).collect();
     let t = Instant::now();
-    let mut kids = Children(Vec::new());
-    for i in 0..procs {
-        kids.0
-            .push(spawn_sleeper(if i < holders { &files } else { &idle }));
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let ready = kids
-            .0
-            .iter()
-            .filter(|c| {
-                std::fs::read_dir(format!("/proc/{}/fd", c.id()))
-                    .is_ok_and(|d| d.count() >= fds_each)
-            })
-            .count();
-        if ready == kids.0.len() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "setup: after 120 s only {ready} of {procs} processes hold their files"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    world.update(|s| {
-        for c in kids.0.iter().take(holders as usize) {
-            s.allocations.push(allocation(0, c.id(), GIB / 4));
-        }
-    });
+    let node = busy_node(&world, procs as usize, holders as usize, fds_each);
+    let files = &node.holder_files;
     println!(
         "setup: {procs} processes x {fds_each} fds, {holders} holding simulated GPU memory ({:.1}s)",
         t.elapsed().as_secs_f64()
@@ -397,7 +307,7 @@ fn main() {
                 let _ = c.wait();
             }
             world.update(|s| s.allocations.retain(|a| !gone.contains(&a.pid)));
-            let fresh: Vec<Child> = (0..10).map(|_| spawn_sleeper(&files)).collect();
+            let fresh: Vec<Child> = (0..10).map(|_| spawn_sleeper(files)).collect();
             world.update(|s| {
                 for c in &fresh {
                     s.allocations.push(allocation(0, c.id(), GIB / 8));

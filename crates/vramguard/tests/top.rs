@@ -4,48 +4,21 @@
 
 mod common;
 use common::*;
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A pseudo-terminal pair: the master (the test's side) and the path of the slave.
-fn pty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
-    grantpt(&master).unwrap();
-    unlockpt(&master).unwrap();
-    let name = ptsname(&master, Vec::new()).unwrap();
-    let slave: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(name.to_str().unwrap())
-        .unwrap()
-        .into();
-    rustix::termios::tcsetwinsize(
-        &master,
-        rustix::termios::Winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        },
-    )
-    .unwrap();
-    (master, slave)
-}
+use vramguard_testkit::pty;
 
 /// Everything the program wrote to the terminal so far, escape sequences included.
-struct Screen(Arc<Mutex<Vec<u8>>>);
+struct Screen(pty::Collected);
 
 impl Screen {
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        self.0.text()
     }
     /// How much has been written so far.
     fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
+        self.0.len()
     }
     /// Waits until `what` has been written after the first `from` bytes. Text is compared without escape sequences and blanks:
     /// the terminal moves the cursor over blanks rather than writing them. A `what` that
@@ -102,7 +75,7 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
     let trainer = crashed_trainer(&world);
     let orphan = trainer.workers[0];
     let audit = world.state_path().with_file_name("audit.jsonl");
-    let (master, slave) = pty(40, 160);
+    let (master, slave) = pty::pair(40, 160).unwrap();
     let terminal = slave.try_clone().unwrap();
     let modes_before = rustix::termios::tcgetattr(&terminal).unwrap().local_modes;
     let mut cmd = Command::new(BIN);
@@ -117,35 +90,10 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
             "top", "--delay", "0.3s", "--sample", "0.3s", "--grace", "2s",
         ])
         .arg("--audit-log")
-        .arg(&audit)
-        .stdin(Stdio::from(slave.try_clone().unwrap()))
-        .stdout(Stdio::from(slave.try_clone().unwrap()))
-        .stderr(Stdio::from(slave));
-    // Its own session with the pty as controlling terminal, as a shell would start it.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            rustix::process::setsid()?;
-            rustix::process::ioctl_tiocsctty(std::io::stdin().as_fd())?;
-            Ok(())
-        });
-    }
-    let mut child = Reaped(cmd.spawn().unwrap());
-    let written = Arc::new(Mutex::new(Vec::new()));
-    let mut reader = std::fs::File::from(master.try_clone().unwrap());
-    {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = reader.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                written.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-    }
-    let screen = Screen(written);
+        .arg(&audit);
+    let mut child = Reaped(pty::spawn_on(&mut cmd, &slave).unwrap());
+    drop(slave);
+    let screen = Screen(pty::Collected::start(&master).unwrap());
     let mut keys = std::fs::File::from(master);
     screen.wait_for(0, "\x1b[?1049h", 10);
     screen.wait_for(0, "GPU 0", 15);

@@ -90,11 +90,21 @@ fn ui_loop(
     to_worker: &Sender<ToWorker>,
     from_worker: &Receiver<FromWorker>,
 ) -> Result<()> {
+    // Drawn when something changed (a report, a key, a resize), not on every wake-up: an
+    // idle screen costs no CPU between refreshes.
+    let mut dirty = true;
     loop {
-        terminal.draw(|f| view::draw(f, app))?;
-        // A resize needs nothing: the next draw fills the new size.
-        if event::poll(Duration::from_millis(50))?
-            && let Event::Key(k) = event::read()?
+        if dirty {
+            terminal.draw(|f| view::draw(f, app))?;
+            dirty = false;
+        }
+        if !event::poll(Duration::from_millis(50))? {
+            dirty |= receive(app, from_worker);
+            continue;
+        }
+        let event = event::read()?;
+        dirty = true;
+        if let Event::Key(k) = event
             && k.kind == KeyEventKind::Press
             && let Some(key) = key_of(k.code, k.modifiers)
         {
@@ -109,7 +119,16 @@ fn ui_loop(
                 bail!("the node reader stopped");
             }
         }
-        while let Ok(m) = from_worker.try_recv() {
+        receive(app, from_worker);
+    }
+}
+
+/// Takes what the worker sent; whether anything came.
+fn receive(app: &mut App, from_worker: &Receiver<FromWorker>) -> bool {
+    let mut any = false;
+    while let Ok(m) = from_worker.try_recv() {
+        any = true;
+        {
             match m {
                 FromWorker::Report(b) => {
                     let (snap, report) = *b;
@@ -135,6 +154,7 @@ fn ui_loop(
             }
         }
     }
+    any
 }
 
 fn key_of(code: KeyCode, modifiers: KeyModifiers) -> Option<Key> {
