@@ -5,6 +5,7 @@ use crate::{Children, GIB, World, allocation};
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use vramguard_proc::OWN_PROC;
 
 /// A `sleep 3600` with `files` as its fds 100 and up; it dies with the benchmark.
 pub fn spawn_sleeper(files: &[std::fs::File]) -> Child {
@@ -67,7 +68,7 @@ pub fn busy_node(world: &World, procs: usize, holders: usize, fds_each: usize) -
             .0
             .iter()
             .filter(|c| {
-                std::fs::read_dir(format!("/proc/{}/fd", c.id()))
+                std::fs::read_dir(format!("{OWN_PROC}/{}/fd", c.id()))
                     .is_ok_and(|d| d.count() >= fds_each)
             })
             .count();
@@ -94,7 +95,7 @@ pub fn busy_node(world: &World, procs: usize, holders: usize, fds_each: usize) -
 /// CPU time of every thread of `pid`, in nanoseconds (the first field of each task's
 /// `schedstat`): precise enough for a per-sample figure in hundredths of a millisecond.
 pub fn cpu_ns(pid: u32) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
+    std::fs::read_dir(format!("{OWN_PROC}/{pid}/task"))
         .map(|d| {
             d.flatten()
                 .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
@@ -106,7 +107,7 @@ pub fn cpu_ns(pid: u32) -> u64 {
 
 /// Resident memory of `pid`, KiB.
 pub fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    std::fs::read_to_string(format!("{OWN_PROC}/{pid}/status"))
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))

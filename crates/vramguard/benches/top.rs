@@ -44,8 +44,7 @@ fn measure(name: &str, mut cmd: Command, warmup: Duration, secs: u64) -> (f64, u
 }
 
 fn child_alive(c: &Reaped) -> bool {
-    Path::new(&format!("/proc/{}", c.pid())).exists()
-        && vramguard_testkit::state_of(c.pid()) != Some('Z')
+    vramguard_testkit::alive(c.pid()) && vramguard_testkit::state_of(c.pid()) != Some('Z')
 }
 
 fn main() {
