@@ -37,6 +37,15 @@ struct RawConfig {
     alerts: RawAlerts,
     #[serde(default)]
     reclaim: RawReclaim,
+    #[serde(default)]
+    containers: RawContainers,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawContainers {
+    docker_root: Option<PathBuf>,
+    podman_root: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -302,6 +311,17 @@ pub struct Config {
     pub alerts: AlertsConfig,
     /// Auto-reclaim.
     pub reclaim: ReclaimConfig,
+    /// Where container runtimes keep their state (for container names).
+    pub containers: ContainersConfig,
+}
+
+/// `[containers]`: where Docker and Podman keep the state container names are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainersConfig {
+    /// Docker's data root.
+    pub docker_root: PathBuf,
+    /// Podman's (rootful) storage root.
+    pub podman_root: PathBuf,
 }
 
 impl Default for Config {
@@ -353,6 +373,18 @@ impl Config {
             agent: agent(&c, &raw.agent)?,
             alerts: alerts(&c, &raw.alerts)?,
             reclaim: reclaim(&c, &raw.reclaim)?,
+            containers: ContainersConfig {
+                docker_root: raw
+                    .containers
+                    .docker_root
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("/var/lib/docker")),
+                podman_root: raw
+                    .containers
+                    .podman_root
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("/var/lib/containers/storage")),
+            },
         })
     }
 }

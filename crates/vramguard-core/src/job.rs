@@ -67,7 +67,12 @@ pub fn cgroup_job(p: &ProcessFacts) -> Option<CgroupJob> {
     {
         return Some(CgroupJob {
             kind: JobKind::Container,
-            label: format!("{}:{}", c.runtime, short(&c.id)),
+            // The name its runtime gave it, when known: what its owner calls it.
+            label: format!(
+                "{}:{}",
+                c.runtime,
+                c.name.as_deref().unwrap_or_else(|| short(&c.id))
+            ),
             root: root_through(i),
         });
     }
@@ -189,10 +194,15 @@ mod tests {
         p.container = Some(ContainerRef {
             runtime: "docker".into(),
             id: id.clone(),
+            name: None,
         });
         let c = cgroup_job(&p).unwrap();
         assert_eq!(c.kind, JobKind::Container);
         assert_eq!(c.label, format!("docker:{}", &id[..12]));
+        // Named by its runtime: the name.
+        p.container.as_mut().unwrap().name = Some("llama-train-7".into());
+        assert_eq!(cgroup_job(&p).unwrap().label, "docker:llama-train-7");
+        p.container.as_mut().unwrap().name = None;
         assert_eq!(c.root, format!("/system.slice/docker-{id}.scope"));
 
         let uid = "1b2c3d4e-0000-4000-8000-123456789abc";

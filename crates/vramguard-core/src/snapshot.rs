@@ -489,6 +489,9 @@ pub struct ContainerRef {
     pub runtime: String,
     /// The container id (64 hex digits for the common runtimes).
     pub id: String,
+    /// The name its runtime gave it (Docker, Podman), when their state could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// What `/proc` says about one process. Every field the kernel may refuse is optional.

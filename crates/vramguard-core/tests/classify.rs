@@ -468,6 +468,7 @@ fn container_pid_maps_back_through_nspid() {
     inside.container = Some(ContainerRef {
         runtime: "docker".into(),
         id: "ab".repeat(32),
+        name: None,
     });
     let leader = proc_(5100, 1, 5100, "bash", &[]);
     let s = snapshot(
@@ -1054,6 +1055,7 @@ fn cgroup_jobs_outrank_the_process_group() {
     p.container = Some(ContainerRef {
         runtime: "docker".into(),
         id: id.clone(),
+        name: None,
     });
     p.nspid = vec![701, 7];
     let s = snapshot(

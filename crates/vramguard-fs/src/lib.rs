@@ -132,12 +132,31 @@ fn check_regular(path: &Path, fd: &impl rustix::fd::AsFd) -> Result<u64, FileErr
 
 /// Reads the regular file at `path` (links followed), at most `max` bytes.
 pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
+    read_bounded(path, max, OFlags::empty())
+}
+
+/// Like [`read_regular`], but a symbolic link at `path` is refused rather than followed:
+/// for state another program writes (a container runtime's), where a link is not its own.
+pub fn read_regular_no_link(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
+    read_bounded(path, max, OFlags::NOFOLLOW)
+}
+
+fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileError> {
     let fd = rustix::fs::open(
         path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | extra,
         Mode::empty(),
     )
-    .map_err(io(path))?;
+    .map_err(|e| {
+        if e == Errno::LOOP && extra.contains(OFlags::NOFOLLOW) {
+            FileError::NotRegular {
+                path: path.to_path_buf(),
+                kind: "symbolic link",
+            }
+        } else {
+            io(path)(e)
+        }
+    })?;
     let size = check_regular(path, &fd)?;
     if size > max {
         return Err(FileError::TooLarge {
@@ -278,6 +297,15 @@ mod tests {
         let link = dir.path().join("link");
         symlink(&big, &link).unwrap();
         assert_eq!(read_regular(&link, 200).unwrap().len(), 101);
+        // Where links are not the file's own (another program's state), one is refused.
+        assert!(matches!(
+            read_regular_no_link(&link, 200),
+            Err(FileError::NotRegular {
+                kind: "symbolic link",
+                ..
+            })
+        ));
+        assert_eq!(read_regular_no_link(&big, 200).unwrap().len(), 101);
         assert!(
             read_regular(&dir.path().join("missing"), 1)
                 .unwrap_err()

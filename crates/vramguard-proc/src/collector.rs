@@ -107,6 +107,8 @@ pub struct ProcCollector {
     cgroup_mounts: Vec<PathBuf>,
     /// Job cgroup facts of the last collection, reused by [`ScanDepth::Cached`].
     last_job_cgroups: Vec<JobCgroupFacts>,
+    /// Container names from the runtimes' state.
+    containers: crate::containers::ContainerNames,
 }
 
 impl ProcCollector {
@@ -139,10 +141,18 @@ impl ProcCollector {
             pidfds_usable: false,
             cgroup_mounts: Vec::new(),
             last_job_cgroups: Vec::new(),
+            containers: Default::default(),
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
         Ok(c)
+    }
+
+    /// Reads container names from the runtimes' state under `state` (by default Docker's
+    /// `/var/lib/docker` and Podman's `/var/lib/containers/storage`).
+    pub fn with_container_state(mut self, state: crate::containers::ContainerState) -> Self {
+        self.containers = crate::containers::ContainerNames::new(state);
+        self
     }
 
     /// Reads user names from another passwd file (fixture trees).
@@ -614,10 +624,13 @@ impl ProcCollector {
         let status = self.fs.status(pid)?.ok().unwrap_or_default();
         let cmdline = self.fs.cmdline(pid)?.ok();
         let cgroup = self.fs.cgroup(pid)?.ok().flatten();
-        let (container, pod_uid) = cgroup
+        let (mut container, pod_uid) = cgroup
             .as_deref()
             .map(crate::parse::container_from_cgroup)
             .unwrap_or((None, None));
+        if let Some(c) = container.as_mut() {
+            c.name = self.containers.name(c);
+        }
         let user = status.uid.and_then(|u| self.user_name(u));
         let exe = self.fs.exe(pid)?.ok();
         Ok(ProcessFacts {

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod collector;
+pub mod containers;
 pub mod devices;
 pub mod parse;
 pub mod procfs;

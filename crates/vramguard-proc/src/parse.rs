@@ -195,6 +195,7 @@ pub fn container_from_cgroup(path: &str) -> (Option<ContainerRef>, Option<String
                     container = Some(ContainerRef {
                         runtime: runtime.into(),
                         id: id.into(),
+                        name: None,
                     });
                 }
                 break;
@@ -212,6 +213,7 @@ pub fn container_from_cgroup(path: &str) -> (Option<ContainerRef>, Option<String
             container = Some(ContainerRef {
                 runtime: runtime.into(),
                 id: (*seg).into(),
+                name: None,
             });
         }
         if let Some(pos) = seg.rfind("pod") {
@@ -404,7 +406,8 @@ mod tests {
             c,
             Some(ContainerRef {
                 runtime: "docker".into(),
-                id: id.clone()
+                id: id.clone(),
+                name: None,
             })
         );
         assert_eq!(p, None);

@@ -141,10 +141,11 @@ impl Settings {
         let proc_root = self.proc_root.clone();
         let dev_dir = self.dev_dir()?;
         let reset = self.reset_backend(None)?;
+        let containers = self.container_state();
         Ok(std::sync::Arc::new(move |policy: &Policy| {
             let node: Box<dyn Node> = Box::new(MachineNode::new(
                 open_source(&driver)?,
-                ProcCollector::new(&proc_root, &dev_dir)?,
+                ProcCollector::new(&proc_root, &dev_dir)?.with_container_state(containers.clone()),
                 policy.clone(),
                 reset.clone(),
                 &proc_root,
@@ -156,7 +157,15 @@ impl Settings {
     /// A `/proc` collector.
     pub fn collector(&self) -> Result<ProcCollector> {
         let dev = self.dev_dir()?;
-        Ok(ProcCollector::new(&self.proc_root, dev)?)
+        Ok(ProcCollector::new(&self.proc_root, dev)?.with_container_state(self.container_state()))
+    }
+
+    /// Where container names are read from (`[containers]`).
+    fn container_state(&self) -> vramguard_proc::containers::ContainerState {
+        vramguard_proc::containers::ContainerState {
+            docker: self.config.containers.docker_root.clone(),
+            podman: self.config.containers.podman_root.clone(),
+        }
     }
 
     /// A snapshot of this machine, with `sample` of watching its processes work, or the one

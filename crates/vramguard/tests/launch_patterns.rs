@@ -740,3 +740,43 @@ fn child_of(pid: u32) -> u32 {
     });
     found.unwrap()
 }
+
+#[test]
+fn a_docker_container_is_shown_by_the_name_docker_gave_it() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let id = "beef".repeat(16);
+    let procs = cg.leaf(&format!("system.slice/docker-{id}.scope"));
+    // Docker's state for it, in a data root of the test's own.
+    let docker = world.dir.path().join("docker");
+    let state = docker.join("containers").join(&id);
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(
+        state.join("config.v2.json"),
+        r#"{"ID":"x","Name":"/llama-train-7","State":{"Running":true}}"#,
+    )
+    .unwrap();
+    let script = format!(
+        "echo $$ > {}\n{}exit 0\n",
+        procs.display(),
+        nohup(0, "train.py")
+    );
+    let mut l = launch(&world, &script, vec![holder_spec(&world, 2, 0, 0)]);
+    l.script_exits();
+    let cfg = config(
+        &world,
+        &format!(
+            "[containers]\ndocker_root = {:?}\n",
+            docker.display().to_string()
+        ),
+    );
+    let status = status_with_config(&world, &cfg);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["container"]["name"], "llama-train-7", "{h:#}");
+    assert_eq!(h["job"]["label"], "docker:llama-train-7", "{h:#}");
+    // Without the runtime's state, the id.
+    let (status, _) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["job"]["label"], format!("docker:{}", &id[..12]), "{h:#}");
+    assert!(h["container"].get("name").is_none(), "{h:#}");
+}

@@ -248,7 +248,15 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
     let job = h
         .container
         .as_ref()
-        .map(|c| format!("{}:{}", c.runtime, fit(&c.id, 12)))
+        .map(|c| {
+            format!(
+                "{}:{}",
+                c.runtime,
+                c.name
+                    .as_deref()
+                    .map_or_else(|| fit(&c.id, 12), |n| fit(n, 32))
+            )
+        })
         .or_else(|| h.job.as_ref().map(|j| j.label.clone()))
         .unwrap_or_else(|| "-".into());
     Row::new(vec![
