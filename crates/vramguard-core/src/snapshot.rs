@@ -308,6 +308,19 @@ pub struct GpuTelemetry {
     /// Volatile uncorrected ECC errors.
     #[serde(default)]
     pub ecc_uncorrected_volatile: Option<u64>,
+    /// Fan speed, percent of its maximum (none on boards cooled by the chassis: SXM).
+    #[serde(default)]
+    pub fan_percent: Option<u32>,
+    /// Compute mode: `Default`, `Exclusive_Process`, `Prohibited` (`Exclusive_Thread` on
+    /// old drivers).
+    #[serde(default)]
+    pub compute_mode: Option<String>,
+    /// Whether MIG mode is on (current mode).
+    #[serde(default)]
+    pub mig_enabled: Option<bool>,
+    /// Whether a display is active on the GPU.
+    #[serde(default)]
+    pub display_active: Option<bool>,
 }
 
 /// Everything the driver said about one GPU.

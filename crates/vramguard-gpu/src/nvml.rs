@@ -354,6 +354,37 @@ impl DeviceCalls for NvmlDevice<'_> {
             .map(|m| m.currently_enabled)
             .map_err(|e| call_error("nvmlDeviceGetEccMode", &e))
     }
+    fn fan_percent(&mut self) -> Result<u32, CallError> {
+        self.device
+            .fan_speed(0)
+            .map_err(|e| call_error("nvmlDeviceGetFanSpeed", &e))
+    }
+    fn compute_mode(&mut self) -> Result<String, CallError> {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        self.device
+            .compute_mode()
+            .map(|m| {
+                match m {
+                    ComputeMode::Default => "Default",
+                    ComputeMode::ExclusiveThread => "Exclusive_Thread",
+                    ComputeMode::Prohibited => "Prohibited",
+                    ComputeMode::ExclusiveProcess => "Exclusive_Process",
+                }
+                .to_string()
+            })
+            .map_err(|e| call_error("nvmlDeviceGetComputeMode", &e))
+    }
+    fn mig_enabled(&mut self) -> Result<bool, CallError> {
+        self.device
+            .mig_mode()
+            .map(|m| m.current == 1)
+            .map_err(|e| call_error("nvmlDeviceGetMigMode", &e))
+    }
+    fn display_active(&mut self) -> Result<bool, CallError> {
+        self.device
+            .is_display_active()
+            .map_err(|e| call_error("nvmlDeviceGetDisplayActive", &e))
+    }
     fn ecc_volatile(&mut self) -> Result<(u64, u64), CallError> {
         use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
         let count = |kind| {

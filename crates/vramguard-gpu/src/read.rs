@@ -101,6 +101,22 @@ pub trait DeviceCalls {
     fn ecc_volatile(&mut self) -> Result<(u64, u64), CallError> {
         Err(not_supported("nvmlDeviceGetTotalEccErrors"))
     }
+    /// `nvmlDeviceGetFanSpeed` of the first fan, percent.
+    fn fan_percent(&mut self) -> Result<u32, CallError> {
+        Err(not_supported("nvmlDeviceGetFanSpeed"))
+    }
+    /// `nvmlDeviceGetComputeMode`, named as nvidia-smi names it.
+    fn compute_mode(&mut self) -> Result<String, CallError> {
+        Err(not_supported("nvmlDeviceGetComputeMode"))
+    }
+    /// `nvmlDeviceGetMigMode`, the current mode.
+    fn mig_enabled(&mut self) -> Result<bool, CallError> {
+        Err(not_supported("nvmlDeviceGetMigMode"))
+    }
+    /// `nvmlDeviceGetDisplayActive`.
+    fn display_active(&mut self) -> Result<bool, CallError> {
+        Err(not_supported("nvmlDeviceGetDisplayActive"))
+    }
 }
 
 /// The error a source gives for a call its GPU does not support.
@@ -127,6 +143,10 @@ fn read_telemetry(dev: &mut dyn DeviceCalls, warnings: &mut Vec<CallError>) -> G
         ecc_enabled: optional(dev.ecc_enabled(), warnings),
         ecc_corrected_volatile: ecc.map(|e| e.0),
         ecc_uncorrected_volatile: ecc.map(|e| e.1),
+        fan_percent: optional(dev.fan_percent(), warnings),
+        compute_mode: optional(dev.compute_mode(), warnings),
+        mig_enabled: optional(dev.mig_enabled(), warnings),
+        display_active: optional(dev.display_active(), warnings),
     }
 }
 

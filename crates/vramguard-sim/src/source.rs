@@ -200,6 +200,19 @@ impl DeviceCalls for SimDevice<'_> {
     fn ecc_volatile(&mut self) -> Result<(u64, u64), CallError> {
         self.call("nvmlDeviceGetTotalEccErrors", |_| Ok((0, 0)))
     }
+    fn fan_percent(&mut self) -> Result<u32, CallError> {
+        // An SXM module has no fan of its own, as the library answers.
+        self.call("nvmlDeviceGetFanSpeed", |_| Err(NOT_SUPPORTED))
+    }
+    fn compute_mode(&mut self) -> Result<String, CallError> {
+        self.call("nvmlDeviceGetComputeMode", |_| Ok("Default".to_string()))
+    }
+    fn mig_enabled(&mut self) -> Result<bool, CallError> {
+        self.call("nvmlDeviceGetMigMode", |g| Ok(g.mig))
+    }
+    fn display_active(&mut self) -> Result<bool, CallError> {
+        self.call("nvmlDeviceGetDisplayActive", |_| Ok(false))
+    }
     fn processes(&mut self, kind: ProcessKind, legacy: bool) -> Result<Vec<RawProcess>, CallError> {
         let (call, sim_kind) = match (kind, legacy) {
             (ProcessKind::Compute, false) => (

@@ -246,8 +246,18 @@ fn telemetry_line(t: &GpuTelemetry) -> String {
         (Some(true), _, _) => "ECC on".to_string(),
         (None, _, _) => "ECC n/a".to_string(),
     };
+    let modes = [
+        t.fan_percent.map(|f| format!("fan {f}%")),
+        t.compute_mode.as_ref().map(|m| format!("compute {m}")),
+        t.mig_enabled
+            .map(|m| format!("MIG {}", if m { "on" } else { "off" })),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|m| format!("  {m}"))
+    .collect::<String>();
     format!(
-        "util {}  mem {}  {}  {} / {} W  {}  {ecc}",
+        "util {}  mem {}  {}  {} / {} W  {}  {ecc}{modes}",
         pct(t.gpu_util_percent),
         pct(t.memory_util_percent),
         t.temperature_c

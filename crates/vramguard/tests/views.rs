@@ -27,6 +27,15 @@ fn status_shows_what_nvidia_smi_shows_beside_the_classes() {
         assert_eq!(t["gpu_util_percent"], 40, "{t}");
         assert_eq!(t["performance_state"], 0, "{t}");
         assert_eq!(t["ecc_enabled"], true, "{t}");
+        assert_eq!(t["compute_mode"], "Default", "{t}");
+        assert_eq!(t["mig_enabled"], false, "{t}");
+        assert_eq!(t["display_active"], false, "{t}");
+        // An SXM module has no fan: not supported, so absent (n/a), not an error.
+        assert_eq!(t["fan_percent"], Value::Null, "{t}");
+        assert!(
+            report["gpus"][1]["warnings"].as_array().unwrap().is_empty(),
+            "{report:#}"
+        );
         // 75 W idle, rising with the load to the 700 W limit; warmer than the idle GPU.
         assert_eq!(t["power_limit_mw"], 700_000, "{t}");
         assert!(t["power_mw"].as_u64().unwrap() > 75_000, "{t}");

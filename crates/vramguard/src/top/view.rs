@@ -171,7 +171,7 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
     }
     let second = Line::from(vec![
         Span::raw(format!(
-            "      util {:>4}  mem {:>4}  {:>5}  {:>4} / {} W  {}  ECC {}",
+            "      util {:>4}  mem {:>4}  {:>5}  {:>4} / {} W  {}  ECC {}  fan {}  {}  MIG {}  persist {}  {}",
             t.gpu_util_percent.map_or_else(na, |v| format!("{v}%")),
             t.memory_util_percent.map_or_else(na, |v| format!("{v}%")),
             t.temperature_c.map_or_else(na, |v| format!("{v}°C")),
@@ -188,7 +188,16 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
                 (Some(true), _, _) => "on".into(),
                 (Some(false), _, _) => "off".into(),
                 (None, _, _) => na(),
-            }
+            },
+            t.fan_percent.map_or_else(na, |f| format!("{f}%")),
+            t.compute_mode
+                .as_deref()
+                .map_or_else(|| "compute n/a".into(), |m| format!("compute {m}")),
+            t.mig_enabled
+                .map_or_else(na, |m| if m { "on".into() } else { "off".into() }),
+            g.persistence_mode
+                .map_or_else(na, |p| if p { "on".into() } else { "off".into() }),
+            g.pci_bus_id.as_deref().map_or_else(na, |b| fit(b, 16)),
         )),
         Span::styled(
             if flags.is_empty() {
