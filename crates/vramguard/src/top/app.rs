@@ -252,6 +252,16 @@ impl App {
                 sm.insert((g.index, s.pid), s.sm_percent);
             }
         }
+        if let Some(missing) = self
+            .gpu_filter
+            .iter()
+            .find(|i| !report.gpus.iter().any(|g| g.index == **i))
+        {
+            self.message = Some(format!(
+                "--gpu {missing}: this node has {} GPU(s)",
+                report.gpus.len()
+            ));
+        }
         self.report = Some(report);
         self.rebuild(&sm);
         if let Some((gpu, pid)) = keep

@@ -672,6 +672,14 @@ mod tests {
         assert_eq!(app.key(Key::Char('r')), Request::None);
         assert!(app.message.as_deref().unwrap().contains("not root"));
         assert_eq!(app.key(Key::CtrlC), Request::Quit);
+        // A GPU the node does not have: said, not silently an empty screen.
+        let (snap, demo_app) = demo();
+        let mut app = App::new(std::time::Duration::from_secs(1), vec![7], true);
+        app.update(&snap, demo_app.report.unwrap());
+        assert_eq!(
+            app.message.as_deref(),
+            Some("--gpu 7: this node has 2 GPU(s)")
+        );
     }
     #[test]
     fn the_tree_view_puts_holders_under_their_job() {
