@@ -326,11 +326,12 @@ impl Agent {
     }
 
     fn publish_metrics_only(&self) {
-        let metrics = Bytes::from(self.metrics.render());
+        let (metrics, metrics_text) = self.rendered();
         let mut p = self.shared.write().unwrap_or_else(|p| p.into_inner());
         let old = &**p;
         *p = Arc::new(Published {
             metrics,
+            metrics_text,
             report: old.report.clone(),
             timelines: old.timelines.clone(),
             firing: old.firing.clone(),
@@ -342,8 +343,15 @@ impl Agent {
         });
     }
 
+    /// The metrics in both expositions (rendered once per collection, not per scrape).
+    fn rendered(&self) -> (Bytes, Bytes) {
+        let openmetrics = self.metrics.render();
+        let text = crate::metrics::as_prometheus_text(&openmetrics);
+        (Bytes::from(openmetrics), Bytes::from(text))
+    }
+
     fn publish(&self, report: Report, firing: &[(String, u32)]) {
-        let metrics = Bytes::from(self.metrics.render());
+        let (metrics, metrics_text) = self.rendered();
         let samples = self
             .shared
             .read()
@@ -352,6 +360,7 @@ impl Agent {
             + 1;
         let next = Arc::new(Published {
             metrics,
+            metrics_text,
             report: Some(Arc::new(report)),
             timelines: Arc::new(self.history.timeline.clone()),
             firing: firing.to_vec(),

@@ -28,6 +28,8 @@ use vramguard_core::report::Report;
 pub struct Published {
     /// OpenMetrics text.
     pub metrics: Bytes,
+    /// The same in Prometheus' text format 0.0.4.
+    pub metrics_text: Bytes,
     /// The last report.
     pub report: Option<Arc<Report>>,
     /// (time, used, ghost) per GPU, for the page.
@@ -50,6 +52,7 @@ impl Default for Published {
     fn default() -> Self {
         Published {
             metrics: Bytes::new(),
+            metrics_text: Bytes::new(),
             report: None,
             timelines: Arc::default(),
             firing: Vec::new(),
@@ -97,16 +100,34 @@ fn read(s: &Shared) -> Arc<Published> {
     s.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-async fn metrics(State(s): State<Shared>) -> Response {
+/// OpenMetrics to scrapers that ask for it (Prometheus does, in `Accept`), Prometheus' text
+/// format 0.0.4 to everyone else.
+async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Response {
     let p = read(&s);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        p.metrics.clone(),
-    )
-        .into_response()
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            p.metrics.clone(),
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            p.metrics_text.clone(),
+        )
+            .into_response()
+    }
 }
 
 /// The page is self-contained (inline styles and SVG, no script): nothing else may load,

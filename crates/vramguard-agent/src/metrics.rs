@@ -685,6 +685,59 @@ impl Metrics {
     }
 }
 
+/// OpenMetrics text as Prometheus' text format 0.0.4, for scrapers that do not ask for
+/// OpenMetrics (`curl`, `promtool check metrics`, node_exporter's textfile collector): a
+/// counter family is named with its `_total` in HELP and TYPE, an info family becomes a
+/// gauge named `_info`, and the `# UNIT` and `# EOF` lines go. Samples are unchanged.
+pub fn as_prometheus_text(openmetrics: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    let mut infos = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            match rest.split_once(' ') {
+                Some((name, "counter")) => {
+                    counters.insert(name.to_string());
+                }
+                Some((name, "info")) => {
+                    infos.insert(name.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+    let renamed = |name: &str| {
+        if counters.contains(name) {
+            format!("{name}_total")
+        } else if infos.contains(name) {
+            format!("{name}_info")
+        } else {
+            name.to_string()
+        }
+    };
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        for prefix in ["# HELP ", "# TYPE "] {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let tail = if prefix == "# TYPE " && infos.contains(name) {
+                    "gauge"
+                } else {
+                    tail
+                };
+                out.push_str(&format!("{prefix}{} {tail}\n", renamed(name)));
+            }
+        }
+        if !line.starts_with("# HELP ") && !line.starts_with("# TYPE ") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 trait Tap: Sized {
     fn tap(self, f: impl FnOnce(&Self)) -> Self {
         f(&self);
@@ -692,3 +745,23 @@ trait Tap: Sized {
     }
 }
 impl<T> Tap for T {}
+
+#[cfg(test)]
+mod exposition_tests {
+    use super::as_prometheus_text;
+
+    #[test]
+    fn openmetrics_becomes_prometheus_text() {
+        let om = "# HELP vg_collections Collections.\n# TYPE vg_collections counter\n\
+                  vg_collections_total{kind=\"full\"} 3\n# HELP vg_build Version.\n\
+                  # TYPE vg_build info\nvg_build_info{version=\"0.1.0\"} 1\n\
+                  # HELP vg_up Up.\n# TYPE vg_up gauge\n# UNIT vg_up ratio\nvg_up 1\n# EOF\n";
+        assert_eq!(
+            as_prometheus_text(om),
+            "# HELP vg_collections_total Collections.\n# TYPE vg_collections_total counter\n\
+             vg_collections_total{kind=\"full\"} 3\n# HELP vg_build_info Version.\n\
+             # TYPE vg_build_info gauge\nvg_build_info{version=\"0.1.0\"} 1\n\
+             # HELP vg_up Up.\n# TYPE vg_up gauge\nvg_up 1\n"
+        );
+    }
+}

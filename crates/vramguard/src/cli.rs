@@ -60,7 +60,7 @@ pub enum Command {
     Snapshot(SnapshotArgs),
     /// Print the metrics of one collection, as the agent serves them on /metrics (for a
     /// textfile collector, a cron job, or a saved snapshot with --replay)
-    Metrics(SnapshotArgs),
+    Metrics(MetricsArgs),
     /// Free ghost GPU memory safely: plan, SIGTERM, grace, SIGKILL, verify the driver released
     /// it, optionally reset; every action in the audit log (exit 0 all freed, 1 some remains,
     /// 2 error or refused)
@@ -277,6 +277,17 @@ pub struct TopArgs {
         value_name = "FILE"
     )]
     pub audit_log: std::path::PathBuf,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct MetricsArgs {
+    /// Watch the processes this long before classifying
+    #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
+    /// OpenMetrics text (what the agent sends Prometheus) instead of Prometheus' text format
+    /// 0.0.4 (what node_exporter's textfile collector reads)
+    #[arg(long)]
+    pub openmetrics: bool,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -160,10 +160,10 @@ fn json_text<T: serde::Serialize>(value: &T, one_line: bool) -> Result<String> {
 }
 
 /// `vramguard metrics`.
-fn metrics(settings: &settings::Settings, args: &cli::SnapshotArgs) -> Result<i32> {
+fn metrics(settings: &settings::Settings, args: &cli::MetricsArgs) -> Result<i32> {
     let t0 = std::time::Instant::now();
     let (snap, report) = settings.report(args.sample)?;
-    print(&vramguard_agent::metrics::one_collection(
+    let openmetrics = vramguard_agent::metrics::one_collection(
         &report,
         settings.config.agent.top_holders,
         // A replay is the saved collection: nothing of this run's clock in it.
@@ -173,6 +173,11 @@ fn metrics(settings: &settings::Settings, args: &cli::SnapshotArgs) -> Result<i3
             t0.elapsed().as_secs_f64()
         },
         snap.taken_at_ms as f64 / 1000.0,
-    ))?;
+    );
+    print(&if args.openmetrics {
+        openmetrics
+    } else {
+        vramguard_agent::metrics::as_prometheus_text(&openmetrics)
+    })?;
     Ok(0)
 }

@@ -623,6 +623,63 @@ fn promtool_checks_and_unit_tests_the_rules() {
     );
 }
 
+#[test]
+fn metrics_are_openmetrics_for_prometheus_and_plain_text_that_promtool_accepts_otherwise() {
+    let world = World::new(1);
+    let h = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    world.allocate(allocation(0, h.pid(), GIB));
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    // What Prometheus asks for.
+    let (code, head, body) = http_get_accepting(
+        agent.addr,
+        "/metrics",
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    );
+    assert_eq!(code, 200);
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(
+        body.contains("# TYPE vramguard_collections counter"),
+        "{body}"
+    );
+    // curl, promtool, a textfile collector: Prometheus' text format, which promtool passes
+    // without a word.
+    let (code, head, body) = http_get_accepting(agent.addr, "/metrics", "*/*");
+    assert_eq!(code, 200);
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    assert!(
+        body.contains("# TYPE vramguard_collections_total counter"),
+        "{body}"
+    );
+    assert!(!body.contains("# EOF"));
+    let mut check = Command::new(which("promtool"))
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && said.is_empty(), "promtool: {said}");
+}
+
 fn which(tool: &str) -> PathBuf {
     for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
         let p = Path::new(dir).join(tool);

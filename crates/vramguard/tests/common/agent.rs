@@ -161,6 +161,26 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// A GET with an `Accept` header: (status, the response's header lines, body).
+pub fn http_get_accepting(addr: SocketAddr, path: &str, accept: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
 /// The value of the first sample of `metric` whose labels contain all of `labels`.
 pub fn sample(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
     text.lines()
