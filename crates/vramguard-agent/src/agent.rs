@@ -714,7 +714,11 @@ impl Agent {
         Ok(Agent {
             make_node: setup.make_node.clone(),
             node,
-            metrics: Metrics::new(),
+            metrics: {
+                let mut m = Metrics::new();
+                m.track_own_heap();
+                m
+            },
             history: History::default(),
             alerts: AlertEngine::new(&setup.config.alerts),
             notifier: Notifier::start(alerts_config.clone()),

@@ -105,6 +105,8 @@ fn lag_histogram() -> Histogram {
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
+    /// The agent's own heap in use, when tracked ([`Metrics::track_own_heap`]).
+    heap: Option<Gauge>,
     up: Family<GpuLabels, Gauge>,
     /// The GPUs of the last good sample: what `up` goes to 0 for when collection fails.
     seen_gpus: std::sync::Mutex<Vec<GpuLabels>>,
@@ -243,6 +245,7 @@ impl Metrics {
             xid: Family::default(),
             xid_added: Default::default(),
             registry: Registry::default(),
+            heap: None,
         };
         m.register_gpu_memory(&mut r);
         m.register_trends_and_reclaim(&mut r);
@@ -250,6 +253,19 @@ impl Metrics {
         m.register_health(&mut r);
         register_build_info(&mut r);
         Metrics { registry: r, ..m }
+    }
+
+    /// Adds the process's own heap in use (glibc's `mallinfo2`, every arena): next to its RSS
+    /// it tells a leak (both rise) from allocator fragmentation (only RSS rises). For the
+    /// long-running agent only: a one-off collection's figure means nothing.
+    pub fn track_own_heap(&mut self) {
+        let g = Gauge::default();
+        self.registry.register(
+            "agent_heap_in_use_bytes",
+            "Heap memory the agent has allocated and not freed (glibc mallinfo2 uordblks + hblkhd)",
+            g.clone(),
+        );
+        self.heap = Some(g);
     }
 
     /// Registers memory per GPU and per holder class, ghost memory, the largest holders.
@@ -678,11 +694,22 @@ impl Metrics {
 
     /// The OpenMetrics text.
     pub fn render(&self) -> String {
+        if let Some(g) = &self.heap {
+            g.set(heap_in_use() as i64);
+        }
         let mut out = String::with_capacity(16 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// Bytes the allocator has handed out and not taken back: small blocks in every arena plus
+/// mmapped large ones.
+fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's own statistics.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
 }
 
 /// OpenMetrics text as Prometheus' text format 0.0.4, for scrapers that do not ask for

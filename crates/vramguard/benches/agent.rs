@@ -297,6 +297,7 @@ fn main() {
         let mut rss = Vec::new();
         // (minutes, KiB), for the slope.
         let mut points: Vec<(f64, f64)> = Vec::new();
+        let mut heap_points: Vec<(f64, f64)> = Vec::new();
         let mut next_report = Instant::now();
         while t.elapsed() < Duration::from_secs(soak) {
             // Holders come and go: ten every five seconds. The driver forgets the ones that
@@ -314,12 +315,25 @@ fn main() {
                 }
             });
             churn = fresh;
-            let _ = get(agent.addr, "/metrics");
+            let (_, metrics) = get(agent.addr, "/metrics");
             if Instant::now() >= next_report {
                 let r = rss_kib(agent.child.id());
                 rss.push(r);
                 points.push((t.elapsed().as_secs_f64() / 60.0, r as f64));
-                println!("soak {:>4}s: RSS {r} KiB", t.elapsed().as_secs());
+                // The agent's own heap in use: flat while RSS rises is fragmentation, not a leak.
+                let heap_kib = metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix("vramguard_agent_heap_in_use_bytes "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .map(|b| b / 1024.0);
+                if let Some(h) = heap_kib {
+                    heap_points.push((t.elapsed().as_secs_f64() / 60.0, h));
+                }
+                println!(
+                    "soak {:>4}s: RSS {r} KiB, heap in use {} KiB",
+                    t.elapsed().as_secs(),
+                    heap_kib.map_or("?".into(), |h| format!("{h:.0}"))
+                );
                 next_report += Duration::from_secs(15);
             }
             std::thread::sleep(Duration::from_secs(5));
@@ -339,12 +353,22 @@ fn main() {
         // filled (SOAK_SETTLE_SECS, by default half the run up to 30 min). A leak is a
         // steady-state slope whose interval stays above zero.
         let settle = env_or("SOAK_SETTLE_SECS", (soak / 2).min(1800)) as f64 / 60.0;
-        for (what, from) in [("after the first minute", 1.0), ("in steady state", settle)] {
+        for (series, what, from) in [
+            ("RSS", "after the first minute", 1.0),
+            ("RSS", "in steady state", settle),
+            ("heap in use", "after the first minute", 1.0),
+            ("heap in use", "in steady state", settle),
+        ] {
+            let source = if series == "RSS" {
+                &points
+            } else {
+                &heap_points
+            };
             let part: Vec<(f64, f64)> =
-                points.iter().copied().filter(|(m, _)| *m >= from).collect();
+                source.iter().copied().filter(|(m, _)| *m >= from).collect();
             match vramguard_core::trend::theil_sen(&part) {
                 Some(tr) => println!(
-                    "soak {soak}s: RSS slope {what} (from minute {from:.0}): {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
+                    "soak {soak}s: {series} slope {what} (from minute {from:.0}): {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
                     tr.slope,
                     tr.ci_low,
                     tr.ci_high,
@@ -355,7 +379,7 @@ fn main() {
                         ": the interval includes zero"
                     }
                 ),
-                None => println!("soak {soak}s: too short for a slope {what}"),
+                None => println!("soak {soak}s: too short for a {series} slope {what}"),
             }
         }
     }

@@ -678,6 +678,9 @@ fn metrics_are_openmetrics_for_prometheus_and_plain_text_that_promtool_accepts_o
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success() && said.is_empty(), "promtool: {said}");
+    // The agent's own heap, to tell a leak from fragmentation next to its RSS.
+    let heap = sample(&body, "vramguard_agent_heap_in_use_bytes", &[]).unwrap();
+    assert!(heap > 100_000.0, "{heap}");
 }
 
 fn which(tool: &str) -> PathBuf {
