@@ -579,9 +579,10 @@ impl Sim {
         self.tracked.retain(|pid, _| lives.contains_key(pid));
         if !changes.is_empty() {
             self.update_runtime(|rt| {
-                // A dead pid no allocation names is history: drop it, so the file stays small.
-                rt.processes
-                    .retain(|pid, r| r.gone_since_ms.is_none() || lives.contains_key(pid));
+                // A pid no allocation names is history, dead or alive (an allocation removed
+                // before its process was seen to exit): drop it, so that neither the file
+                // nor a long-running reader grows with every holder that came and went.
+                rt.processes.retain(|pid, _| lives.contains_key(pid));
                 for (pid, rec) in changes {
                     let entry = rt.processes.entry(pid).or_default();
                     // First writer wins: another process may have recorded it first.

@@ -78,6 +78,9 @@ impl World {
     fn path(&self) -> PathBuf {
         self.dir.path().join("state.json")
     }
+    fn update(&self, change: impl FnOnce(&mut SimState)) {
+        store::update_state(&self.path(), change).unwrap();
+    }
     fn sim(&self) -> Sim {
         let mut s = Sim::open(self.path()).unwrap();
         s.set_cache_ttl(Duration::ZERO);
@@ -109,6 +112,29 @@ fn memory_follows_the_process_and_is_released_at_exit() {
     let obs = sim.observe().unwrap();
     assert_eq!(obs.gpus[0].used, 0);
     assert!(obs.gpus[0].processes.is_empty());
+}
+
+#[test]
+fn holders_that_come_and_go_leave_no_runtime_records_behind() {
+    // An agent soak's churn: holders start, their allocations are removed while they still
+    // live (the driver forgot them), then they are killed. The simulator's runtime records
+    // must not pile up, in its file or in a long-running reader.
+    let w = World::new(None, vec![]);
+    let mut sim = w.sim();
+    for _ in 0..20 {
+        let p = sleeper();
+        w.update(|s| s.allocations = vec![alloc(0, p.0.id(), GIB, AfterExit::Release)]);
+        sim.observe().unwrap();
+        w.update(|s| s.allocations.clear());
+        drop(p);
+        // The next holder's arrival is what rewrites the runtime file.
+    }
+    let p = sleeper();
+    w.update(|s| s.allocations = vec![alloc(0, p.0.id(), GIB, AfterExit::Release)]);
+    sim.observe().unwrap();
+    let runtime = std::fs::read_to_string(vramguard_sim::model::runtime_path(&w.path())).unwrap();
+    let records = runtime.matches("start_ticks").count();
+    assert!(records <= 2, "{records} records left: {runtime}");
 }
 
 #[test]
