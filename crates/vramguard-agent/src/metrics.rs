@@ -255,14 +255,14 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
-    /// Adds the process's own heap in use (glibc's `mallinfo2`, every arena): next to its RSS
+    /// Adds the process's own heap in use (glibc's `mallinfo`, every arena): next to its RSS
     /// it tells a leak (both rise) from allocator fragmentation (only RSS rises). For the
     /// long-running agent only: a one-off collection's figure means nothing.
     pub fn track_own_heap(&mut self) {
         let g = Gauge::default();
         self.registry.register(
             "agent_heap_in_use_bytes",
-            "Heap memory the agent has allocated and not freed (glibc mallinfo2 uordblks + hblkhd)",
+            "Heap memory the agent has allocated and not freed (glibc mallinfo uordblks + hblkhd)",
             g.clone(),
         );
         self.heap = Some(g);
@@ -705,11 +705,13 @@ impl Metrics {
 }
 
 /// Bytes the allocator has handed out and not taken back: small blocks in every arena plus
-/// mmapped large ones.
+/// mmapped large ones. `mallinfo`, not `mallinfo2`: the latter needs glibc 2.33, and the
+/// agent runs on older nodes; its `int` fields suffice for an agent's heap (under 2 GiB).
 fn heap_in_use() -> u64 {
-    // SAFETY: mallinfo2 only reads the allocator's own statistics.
-    let info = unsafe { libc::mallinfo2() };
-    (info.uordblks + info.hblkhd) as u64
+    // SAFETY: mallinfo only reads the allocator's own statistics.
+    #[allow(deprecated)]
+    let info = unsafe { libc::mallinfo() };
+    (info.uordblks.max(0) as u64) + (info.hblkhd.max(0) as u64)
 }
 
 /// OpenMetrics text as Prometheus' text format 0.0.4, for scrapers that do not ask for

@@ -8,7 +8,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use vramguard_core::report::{Class, GpuReport};
-use vramguard_core::sanitize::fit;
+use vramguard_core::sanitize::{escape, fit};
 use vramguard_core::units::format_bytes;
 
 /// Colours, or none (`NO_COLOR`, `--monochrome`).
@@ -360,7 +360,7 @@ fn footer_lines(paint: &Paint, gpus: &[&GpuReport]) -> Vec<Line<'static>> {
                     ),
                     paint.fg(Color::Red),
                 ),
-                Span::raw(u.explanation.get(1).cloned().unwrap_or_default()),
+                Span::raw(escape(u.explanation.get(1).map_or("", String::as_str)).into_owned()),
             ]))
         })
         .collect()
@@ -414,8 +414,12 @@ fn popup(frame: &mut Frame, title: &str, lines: Vec<Line<'static>>) {
     );
 }
 
+/// Lines of a text block, each through the sanitiser: what reaches the terminal from a
+/// plan or an outcome carries process-supplied names.
 fn text_lines(text: &str) -> Vec<Line<'static>> {
-    text.lines().map(|l| Line::from(l.to_string())).collect()
+    text.lines()
+        .map(|l| Line::from(escape(l).into_owned()))
+        .collect()
 }
 
 fn dialog(frame: &mut Frame, app: &App, paint: &Paint) {
@@ -452,11 +456,15 @@ fn dialog(frame: &mut Frame, app: &App, paint: &Paint) {
                     )),
                     Line::from(""),
                 ];
-                lines.extend(h.evidence.iter().map(|e| Line::from(format!("• {e}"))));
+                lines.extend(
+                    h.evidence
+                        .iter()
+                        .map(|e| Line::from(format!("• {}", escape(e)))),
+                );
                 lines.push(Line::from(""));
                 lines.push(Line::from(vec![
                     Span::styled("what frees it: ", paint.fg(Color::Yellow)),
-                    Span::raw(h.action.summary.clone()),
+                    Span::raw(escape(&h.action.summary).into_owned()),
                 ]));
                 popup(frame, " holder ", lines);
             }
@@ -590,10 +598,7 @@ mod tests {
         // memory is in the GPU header and the footer explains the unaccounted part.
         let first_row = text.lines().find(|l| l.starts_with('▶')).unwrap();
         assert!(first_row.contains("orphan"), "{text}");
-        assert!(
-            text.contains("ghost 18.0 GiB") || text.contains("ghost"),
-            "{text}"
-        );
+        assert!(text.contains("ghost 18.0 GiB"), "{text}");
         assert!(text.contains("GPU 1: 6.0 GiB ghost"), "{text}");
     }
 
@@ -623,6 +628,23 @@ mod tests {
             actionable: !plan.is_empty(),
         };
         golden("top-plan", &screen(&app, 120, 30));
+    }
+
+    #[test]
+    fn text_from_processes_reaches_the_screen_escaped() {
+        let (_, mut app) = demo();
+        let row = &mut app.rows[0];
+        row.holder
+            .evidence
+            .push("\x1b]52;c;ZXZpbA==\x07 and \r\x1b[2K forged".into());
+        row.holder.command = Some("python3 \x1b[31mred\x1b[0m".into());
+        app.key(Key::Enter);
+        let text = screen(&app, 120, 30);
+        assert!(
+            !text.contains('\x1b') && !text.contains('\x07') && !text.contains('\r'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\e]52"), "{text}");
     }
 
     #[test]
