@@ -302,16 +302,7 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
             match outside_mig_devices(g, h, opts).or_else(|| refusal(snap, h, opts)) {
                 None => {
                     if h.class == Class::Detached && !targets.contains_key(&h.pid) {
-                        warnings.push(format!(
-                            "pid {} ({}) is detached, not dead: {}; it will be stopped because \
-                             --include detached was given",
-                            h.pid,
-                            crate::sanitize::escape(h.comm.as_deref().unwrap_or("?")),
-                            match &h.work {
-                                Work::Working { evidence } => evidence.join("; "),
-                                _ => "it may be working".into(),
-                            }
-                        ));
+                        warnings.push(detached_warning(h));
                     }
                     let t = targets.entry(h.pid).or_insert_with(|| Target {
                         pid: h.pid,
@@ -353,6 +344,34 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
 
     let expected_free = expected_free(report, &targets, &selected);
 
+    Plan {
+        gpus,
+        jobs: group_by_job(targets, leaders),
+        left_alone: left.into_values().collect(),
+        expected_free,
+        warnings,
+    }
+}
+
+/// The warning a detached target gets when `--include detached` makes it one: it may work.
+fn detached_warning(h: &Holder) -> String {
+    format!(
+        "pid {} ({}) is detached, not dead: {}; it will be stopped because --include detached \
+         was given",
+        h.pid,
+        crate::sanitize::escape(h.comm.as_deref().unwrap_or("?")),
+        match &h.work {
+            Work::Working { evidence } => evidence.join("; "),
+            _ => "it may be working".into(),
+        }
+    )
+}
+
+/// Targets grouped under the leader of their dead job (`None`: no job known).
+fn group_by_job(
+    targets: BTreeMap<u32, Target>,
+    mut leaders: BTreeMap<u32, (Option<u32>, Option<String>)>,
+) -> Vec<PlannedJob> {
     let mut jobs: BTreeMap<Option<u32>, PlannedJob> = BTreeMap::new();
     for (pid, t) in targets {
         let (leader_pid, leader_command) = leaders.remove(&pid).unwrap_or((None, None));
@@ -366,11 +385,5 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
         }
         job.targets.push(t);
     }
-    Plan {
-        gpus,
-        jobs: jobs.into_values().collect(),
-        left_alone: left.into_values().collect(),
-        expected_free,
-        warnings,
-    }
+    jobs.into_values().collect()
 }

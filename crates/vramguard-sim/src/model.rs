@@ -633,9 +633,10 @@ impl Sim {
             .max()
     }
 
-    fn evaluate(&self, now: u64, lives: &HashMap<u32, Life>) -> Observation {
-        let mut gpus: Vec<ObservedGpu> = self
-            .state
+    /// Every GPU as configured, before any allocation is counted: baseline use, MIG devices
+    /// empty, no process listed.
+    fn idle_gpus(&self) -> Vec<ObservedGpu> {
+        self.state
             .gpus
             .iter()
             .enumerate()
@@ -669,7 +670,11 @@ impl Sim {
                 quirks: g.quirks.clone(),
                 health: g.health.clone(),
             })
-            .collect();
+            .collect()
+    }
+
+    fn evaluate(&self, now: u64, lives: &HashMap<u32, Life>) -> Observation {
+        let mut gpus = self.idle_gpus();
         for a in &self.state.allocations {
             let gpu = &mut gpus[a.gpu as usize];
             let alive = matches!(lives.get(&a.pid), Some(Life::Alive { .. }));

@@ -460,6 +460,17 @@ impl SimState {
             return Err(invalid("gpus".into(), "at least one GPU is needed".into()));
         }
         check_faults(path, "", &self.faults)?;
+        self.validate_gpus(path)?;
+        self.validate_allocations(path)
+    }
+
+    /// Each GPU: UUID, bus id, sizes, faults and MIG devices.
+    fn validate_gpus(&self, path: &Path) -> Result<(), StateError> {
+        let invalid = |field: String, problem: String| StateError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            problem,
+        };
         for (i, g) in self.gpus.iter().enumerate() {
             if !g.uuid.starts_with("GPU-") {
                 return Err(invalid(
@@ -502,6 +513,16 @@ impl SimState {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Each allocation: its GPU, pid, size, utilization, reported pid and MIG device.
+    fn validate_allocations(&self, path: &Path) -> Result<(), StateError> {
+        let invalid = |field: String, problem: String| StateError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            problem,
+        };
         for (i, a) in self.allocations.iter().enumerate() {
             let Some(gpu) = self.gpus.get(a.gpu as usize) else {
                 return Err(invalid(

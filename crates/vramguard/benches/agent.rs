@@ -116,11 +116,44 @@ impl Drop for AgentProc {
     }
 }
 
+impl AgentProc {
+    /// Under AGENT_WRAP, the agent is the wrapper's child: it is killed (SIGKILL, so that what
+    /// it still holds is what the profiler reports as not freed) and the wrapper is left to
+    /// write its profile and exit before the bench's PID namespace ends, taking it along.
+    fn stop_wrapped(&mut self) {
+        let wrapper = self.child.id();
+        let children: Vec<i32> = std::fs::read_dir(vramguard_proc::OWN_PROC)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit_once(") ")?
+                            .1
+                            .split(' ')
+                            .nth(1)?
+                            .parse::<u32>()
+                            .ok()
+                    })
+                    == Some(wrapper)
+            })
+            .collect();
+        for pid in children {
+            // SAFETY: kill(2) on a child of the wrapper this bench started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
+    }
+}
+
 fn start_agent(world: &World, config: &str) -> AgentProc {
     let cfg = world.dir.path().join("bench.toml");
     std::fs::write(&cfg, config).unwrap();
     // AGENT_WRAP="heaptrack -o /tmp/agent" runs the agent under a profiler (its RSS figures
-    // are then the wrapper's).
+    // are then the wrapper's); the soak kills the agent at its end and waits for the profile.
     let wrap = std::env::var("AGENT_WRAP").unwrap_or_default();
     let mut argv: Vec<&str> = wrap.split_whitespace().collect();
     argv.push(BIN);
@@ -341,6 +374,10 @@ fn main() {
         for mut c in churn {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        let mut agent = agent;
+        if !std::env::var("AGENT_WRAP").unwrap_or_default().is_empty() {
+            agent.stop_wrapped();
         }
         let (min, max) = (rss.iter().min().unwrap(), rss.iter().max().unwrap());
         println!(

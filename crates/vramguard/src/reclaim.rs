@@ -250,21 +250,70 @@ pub(crate) fn check_own_proc(proc_root: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// `reclaim --dry-run --replay`: the plan for a saved snapshot (anything else is refused:
+/// a replay is not this machine).
+fn replayed_dry_run(settings: &Settings, args: &ReclaimArgs, opts: ReclaimOptions) -> Result<i32> {
+    if !args.dry_run {
+        bail!(
+            "reclaim acts on this machine; with --replay only --dry-run works (the plan for the saved snapshot)"
+        );
+    }
+    // The saved snapshot keeps the window of work it was taken with.
+    let (snap, report) = settings.report(Duration::ZERO)?;
+    let opts = resolve_gpus(&args.gpu, &report, opts)?;
+    let plan = plan_reclaim(&snap, &report, &opts);
+    print_dry_run(&plan, &report, args.json)?;
+    Ok(0)
+}
+
+/// Nothing to signal and no reset asked for: says whether ghost memory remains anyway (exit
+/// 1) or there is nothing to reclaim (exit 0).
+fn nothing_to_signal(plan: &Plan, report: &Report, json: bool) -> Result<i32> {
+    let ghost: u64 = report
+        .gpus
+        .iter()
+        .filter(|g| plan.gpus.contains(&g.index))
+        .map(|g| g.ghost_bytes)
+        .sum();
+    if json {
+        crate::print_json(
+            &serde_json::json!({ "schema_version": vramguard_core::SCHEMA_VERSION, "plan": plan, "ghost_bytes": ghost }),
+        )?;
+    } else if ghost > 0 {
+        crate::print(&format!(
+            "nothing to signal, but {} of ghost memory remains: see the reasons above (`vramguard diagnose` for the next step)\n",
+            format_bytes(ghost)
+        ))?;
+    } else {
+        crate::print("nothing to reclaim\n")?;
+    }
+    Ok(if ghost > 0 { 1 } else { 0 })
+}
+
+/// Asks on the terminal; only `y`/`yes` confirms.
+fn confirmed(plan: &Plan, reset: ResetMode) -> Result<bool> {
+    let bytes: u64 = plan.expected_free.values().sum();
+    eprint!(
+        "Signal {} process(es) to free {}{}? [y/N] ",
+        plan.targets().count(),
+        format_bytes(bytes),
+        if reset == ResetMode::Never {
+            ""
+        } else {
+            ", and reset GPUs holding residue"
+        }
+    );
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
 /// Runs `vramguard reclaim`.
 pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     let opts = options(args)?;
     if settings.replay.is_some() {
-        if !args.dry_run {
-            bail!(
-                "reclaim acts on this machine; with --replay only --dry-run works (the plan for the saved snapshot)"
-            );
-        }
-        // The saved snapshot keeps the window of work it was taken with.
-        let (snap, report) = settings.report(Duration::ZERO)?;
-        let opts = resolve_gpus(&args.gpu, &report, opts)?;
-        let plan = plan_reclaim(&snap, &report, &opts);
-        print_dry_run(&plan, &report, args.json)?;
-        return Ok(0);
+        return replayed_dry_run(settings, args, opts);
     }
     let (reset, grace, release_timeout) = (args.reset, args.grace, args.release_timeout);
     check_own_proc(&settings.proc_root)?;
@@ -300,50 +349,16 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
         crate::print(&render_plan(plan, report, false))?;
     }
     if plan.is_empty() && reset == ResetMode::Never {
-        let ghost: u64 = report
-            .gpus
-            .iter()
-            .filter(|g| plan.gpus.contains(&g.index))
-            .map(|g| g.ghost_bytes)
-            .sum();
-        if args.json {
-            crate::print_json(
-                &serde_json::json!({ "schema_version": vramguard_core::SCHEMA_VERSION, "plan": plan, "ghost_bytes": ghost }),
-            )?;
-        } else if ghost > 0 {
-            crate::print(&format!(
-                "nothing to signal, but {} of ghost memory remains: see the reasons above (`vramguard diagnose` for the next step)\n",
-                format_bytes(ghost)
-            ))?;
-        } else {
-            crate::print("nothing to reclaim\n")?;
-        }
-        return Ok(if ghost > 0 { 1 } else { 0 });
+        return nothing_to_signal(plan, report, args.json);
     }
     // Open the audit log before asking: no confirmation is wasted on a run that cannot log.
     let host = report.hostname.clone().unwrap_or_default();
     let mut audit = AuditLog::open(&args.audit_log, &host).with_context(
         || "no action is taken without an audit trail (choose another file with --audit-log)",
     )?;
-    if !args.yes {
-        let bytes: u64 = plan.expected_free.values().sum();
-        eprint!(
-            "Signal {} process(es) to free {}{}? [y/N] ",
-            plan.targets().count(),
-            format_bytes(bytes),
-            if reset == ResetMode::Never {
-                ""
-            } else {
-                ", and reset GPUs holding residue"
-            }
-        );
-        std::io::stderr().flush().ok();
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            eprintln!("nothing done");
-            return Ok(2);
-        }
+    if !args.yes && !confirmed(plan, reset)? {
+        eprintln!("nothing done");
+        return Ok(2);
     }
     let outcome = prepared.run(
         &mut node,

@@ -153,6 +153,11 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
             paint.fg(Color::Red),
         )),
     }
+    vec![Line::from(first), telemetry_line(paint, g)]
+}
+
+/// The second header line: what nvidia-smi shows beside the memory, and health flags.
+fn telemetry_line(paint: &Paint, g: &GpuReport) -> Line<'static> {
     let t = g.telemetry.clone().unwrap_or_default();
     let na = || "n/a".to_string();
     let mut flags = Vec::new();
@@ -169,7 +174,7 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
     {
         flags.push("row remap".to_string());
     }
-    let second = Line::from(vec![
+    Line::from(vec![
         Span::raw(format!(
             "      util {:>4}  mem {:>4}  {:>5}  {:>4} / {} W  {}  ECC {}  fan {}  {}  MIG {}  persist {}  {}",
             t.gpu_util_percent.map_or_else(na, |v| format!("{v}%")),
@@ -207,8 +212,7 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
             },
             paint.fg(Color::Red),
         ),
-    ]);
-    vec![Line::from(first), second]
+    ])
 }
 
 fn age(secs: Option<u64>) -> String {
