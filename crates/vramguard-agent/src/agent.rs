@@ -512,6 +512,8 @@ impl Agent {
             idle_for_secs: 0,
             mig_devices: None,
             job_of: None,
+            // The agent never removes files on its own: shared memory goes by `reclaim --include shm`.
+            include_shm: None,
         };
         let plan = plan_reclaim(snap, report, &opts);
         let now = self.now();
@@ -690,6 +692,7 @@ fn auto_reclaim(
         idle_for_secs: 0,
         mig_devices: None,
         job_of: None,
+        include_shm: None,
     };
     let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {
         let mut plan = plan_reclaim(snap, report, &opts);

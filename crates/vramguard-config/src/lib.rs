@@ -39,6 +39,17 @@ struct RawConfig {
     reclaim: RawReclaim,
     #[serde(default)]
     containers: RawContainers,
+    #[serde(default)]
+    shm: RawShm,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShm {
+    dirs: Option<Vec<PathBuf>>,
+    producers: Option<Vec<String>>,
+    min_age: Option<String>,
+    owner_rule: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -313,6 +324,8 @@ pub struct Config {
     pub reclaim: ReclaimConfig,
     /// Where container runtimes keep their state (for container names).
     pub containers: ContainersConfig,
+    /// Shared-memory directories.
+    pub shm: ShmConfig,
 }
 
 /// `[containers]`: where Docker and Podman keep the state container names are read from.
@@ -322,6 +335,14 @@ pub struct ContainersConfig {
     pub docker_root: PathBuf,
     /// Podman's (rootful) storage root.
     pub podman_root: PathBuf,
+}
+
+/// `[shm]`: the shared-memory directories scanned for segments dead jobs left (the rest of
+/// the table, which segments count as orphaned, is [`Policy::shm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// tmpfs directories to scan (default `/dev/shm`; empty: no scan).
+    pub dirs: Vec<PathBuf>,
 }
 
 impl Default for Config {
@@ -367,9 +388,18 @@ impl Config {
         let c = Checker {
             name: path.map_or("(defaults)".to_string(), |p| p.display().to_string()),
         };
+        let mut policy = policy(&c, &raw.policy)?;
+        policy.shm = shm_policy(&c, &raw.shm)?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
-            policy: policy(&c, &raw.policy)?,
+            policy,
+            shm: ShmConfig {
+                dirs: raw
+                    .shm
+                    .dirs
+                    .clone()
+                    .unwrap_or_else(|| vec![PathBuf::from("/dev/shm")]),
+            },
             agent: agent(&c, &raw.agent)?,
             alerts: alerts(&c, &raw.alerts)?,
             reclaim: reclaim(&c, &raw.reclaim)?,
@@ -423,6 +453,43 @@ impl Checker {
     fn size(&self, key: &str, s: &str) -> Result<u64, ConfigError> {
         parse_bytes(s).map_err(|e| self.err(key, e.to_string()))
     }
+}
+
+/// `[shm]`, the part that judges segments.
+fn shm_policy(c: &Checker, s: &RawShm) -> Result<vramguard_core::host::ShmPolicy, ConfigError> {
+    let mut policy = vramguard_core::host::ShmPolicy::default();
+    if let Some(dirs) = &s.dirs {
+        for d in dirs {
+            if !d.is_absolute() || d.as_os_str().is_empty() {
+                return Err(c.err(
+                    "shm.dirs",
+                    format!("{:?} is not an absolute path", d.display().to_string()),
+                ));
+            }
+        }
+    }
+    if let Some(p) = &s.producers {
+        if let Some(bad) = p.iter().find(|p| p.len() < 3 || p.contains('/')) {
+            return Err(c.err(
+                "shm.producers",
+                format!("{bad:?}: a producer prefix has at least 3 characters and no '/'"),
+            ));
+        }
+        policy.producers = p.clone();
+    }
+    policy.min_age_secs = c
+        .dur(
+            "shm.min_age",
+            &s.min_age,
+            Duration::from_secs(policy.min_age_secs),
+        )?
+        .as_secs();
+    if let Some(rule) = &s.owner_rule {
+        policy.owner_rule = rule
+            .parse()
+            .map_err(|e| c.err("shm.owner_rule", format!("{e}")))?;
+    }
+    Ok(policy)
 }
 
 /// `[policy]`.

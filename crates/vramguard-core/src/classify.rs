@@ -61,7 +61,7 @@ pub fn classify(snapshot: &Snapshot, policy: &Policy) -> Report {
     let snapshot = snapshot.as_ref();
     let ctx = Context::new(snapshot, policy);
     let gpus = snapshot.gpus.iter().map(|g| ctx.gpu_report(g)).collect();
-    Report {
+    let mut report = Report {
         schema_version: crate::SCHEMA_VERSION,
         taken_at_ms: snapshot.taken_at_ms,
         hostname: snapshot.host.hostname.clone(),
@@ -71,7 +71,10 @@ pub fn classify(snapshot: &Snapshot, policy: &Policy) -> Report {
         gpus,
         limitations: snapshot.scan.limitations.clone(),
         full_fd_scan: snapshot.scan.full_fd_scan,
-    }
+        host: None,
+    };
+    report.host = crate::host::assess(snapshot, &report, &policy.shm, &BTreeSet::new());
+    report
 }
 
 /// The processes whose work decides a class in `report`: for every holder whose job is gone,
@@ -546,6 +549,7 @@ impl<'a> Context<'a> {
             start_ticks: None,
             age_secs: None,
             rss_bytes: None,
+            host_memory: None,
             cpu_millicores: None,
             ppid: None,
             pgid: None,
@@ -689,6 +693,7 @@ impl<'a> Context<'a> {
             start_ticks: p.start_ticks,
             age_secs: self.age_secs(p),
             rss_bytes: p.rss_bytes,
+            host_memory: p.host_memory,
             cpu_millicores: self.cpu_millicores(p),
             ppid: p.ppid,
             pgid: p.pgid,

@@ -59,7 +59,7 @@ pub struct Verdict {
 }
 
 /// The full diagnosis, as `diagnose --json` prints it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Diagnosis {
     /// [`crate::SCHEMA_VERSION`].
     pub schema_version: u32,

@@ -12,6 +12,7 @@
 pub mod classify;
 pub mod diagnose;
 pub mod health;
+pub mod host;
 pub mod job;
 pub mod plan;
 pub mod policy;

@@ -32,6 +32,9 @@ pub struct ReclaimOptions {
     /// when it has no dead job. Other holders are neither targets nor listed as left alone.
     #[serde(default)]
     pub job_of: Option<u32>,
+    /// Also remove orphaned shared-memory segments (`--include shm`), judged by this policy.
+    #[serde(default)]
+    pub include_shm: Option<crate::host::ShmPolicy>,
 }
 
 impl Default for ReclaimOptions {
@@ -42,6 +45,7 @@ impl Default for ReclaimOptions {
             idle_for_secs: 2 * 3600,
             mig_devices: None,
             job_of: None,
+            include_shm: None,
         }
     }
 }
@@ -118,6 +122,9 @@ pub struct Plan {
     /// on request).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Orphaned shared-memory segments to remove (with `--include shm`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<crate::host::SegmentReport>,
 }
 
 impl Plan {
@@ -136,7 +143,7 @@ impl Plan {
 
     /// Whether there is nothing to signal.
     pub fn is_empty(&self) -> bool {
-        self.jobs.iter().all(|j| j.targets.is_empty())
+        self.jobs.iter().all(|j| j.targets.is_empty()) && self.segments.is_empty()
     }
 }
 
@@ -344,12 +351,26 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
 
     let expected_free = expected_free(report, &targets, &selected);
 
+    let segments = if let Some(shm) = opts.include_shm.as_ref().filter(|_| opts.job_of.is_none()) {
+        let leaving: BTreeSet<u32> = targets.keys().copied().collect();
+        crate::host::assess(snap, report, shm, &leaving)
+            .map(|h| {
+                h.segments
+                    .into_iter()
+                    .filter(|s| s.verdict == crate::host::SegmentVerdict::Reclaimable)
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     Plan {
         gpus,
         jobs: group_by_job(targets, leaders),
         left_alone: left.into_values().collect(),
         expected_free,
         warnings,
+        segments,
     }
 }
 

@@ -69,6 +69,8 @@ pub struct Policy {
     /// The highest uid a system service may run as (system accounts are below 1000 on every
     /// common distribution). Default 999.
     pub system_max_uid: u32,
+    /// Which shared-memory segments are orphaned (`[shm]` in the config file).
+    pub shm: crate::host::ShmPolicy,
 }
 
 impl Default for Policy {
@@ -87,6 +89,7 @@ impl Default for Policy {
             gpu_busy_recent_secs: 10,
             work_min_window_ms: 200,
             system_max_uid: 999,
+            shm: crate::host::ShmPolicy::default(),
         }
     }
 }

@@ -197,6 +197,9 @@ pub struct Holder {
     /// Resident host memory, bytes.
     #[serde(default)]
     pub rss_bytes: Option<u64>,
+    /// Pinned, locked and shared host memory, when read (full scans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory: Option<crate::host::ProcessHostMemory>,
     /// CPU used over the sampling window, thousandths of one core (1000: one full core).
     #[serde(default)]
     pub cpu_millicores: Option<u64>,
@@ -370,7 +373,7 @@ pub struct MigDeviceReport {
 }
 
 /// The whole report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// [`crate::SCHEMA_VERSION`].
     pub schema_version: u32,
@@ -390,6 +393,10 @@ pub struct Report {
     pub limitations: Vec<String>,
     /// Whether every process's fds were scanned.
     pub full_fd_scan: bool,
+    /// Host memory: RAM, pressure, shared-memory segments and what dead jobs hold; `None`
+    /// when the snapshot has no host facts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::host::HostReport>,
 }
 
 impl Report {

@@ -35,6 +35,9 @@ pub struct Snapshot {
     /// the holders live in: whether their init or step daemon still lives.
     #[serde(default)]
     pub job_cgroups: Vec<JobCgroupFacts>,
+    /// Host memory and shared-memory segments; `None` in snapshots taken without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory: Option<crate::host::HostMemoryFacts>,
 }
 
 /// Observations of processes over a window of time, taken by the sampler.
@@ -560,6 +563,10 @@ pub struct ProcessFacts {
     /// NVIDIA device files held open.
     #[serde(default)]
     pub device_files: FdScan,
+    /// Pinned, locked and shared host memory, read at full depth for the processes that
+    /// matter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory: Option<crate::host::ProcessHostMemory>,
 }
 
 /// `PF_EXITING` from the kernel's `include/linux/sched.h`: the process is in `do_exit`.

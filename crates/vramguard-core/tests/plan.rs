@@ -95,6 +95,7 @@ fn snap(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
         },
         work: None,
         job_cgroups: vec![],
+        host_memory: None,
     };
     s.normalize();
     s.work = Some(WorkWindow::all_idle(&s, 2000));
@@ -522,6 +523,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         idle_for_secs: idle_for,
                         mig_devices: None,
                         job_of: None,
+                        include_shm: None,
                     },
                 )
             },

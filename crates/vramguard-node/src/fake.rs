@@ -82,6 +82,7 @@ struct FakeState {
     pinned: Vec<Identity>,
     signals: Vec<SentSignal>,
     resets: Vec<u32>,
+    removed_segments: Vec<String>,
 }
 
 /// A scripted node; see the module documentation.
@@ -127,6 +128,7 @@ impl FakeNode {
                 pinned: Vec::new(),
                 signals: Vec::new(),
                 resets: Vec::new(),
+                removed_segments: Vec::new(),
             })),
         }
     }
@@ -199,7 +201,12 @@ impl FakeNode {
         self.state().signals.clone()
     }
 
-    /// The GPUs reset, in order.
+    /// The shared-memory segments removed, by name, in order.
+    pub fn removed_segments(&self) -> Vec<String> {
+        self.state().removed_segments.clone()
+    }
+
+    /// GPU resets done, in order.
     pub fn resets(&self) -> Vec<u32> {
         self.state().resets.clone()
     }
@@ -273,6 +280,12 @@ impl FakeState {
             w.since_ms += shift;
             w.until_ms += shift;
             w.processes.retain(|p| self.alive(p.pid, now));
+        }
+        // A process that exited maps nothing any more.
+        for d in snap.host_memory.iter_mut().flat_map(|h| h.shm.iter_mut()) {
+            for s in &mut d.segments {
+                s.users.retain(|p| self.alive(*p, now));
+            }
         }
         snap
     }
@@ -451,5 +464,37 @@ impl Node for FakeNode {
 
     fn why_alive(&self, pid: u32) -> String {
         format!("survived SIGKILL: fake process {pid} is scripted to be unkillable")
+    }
+
+    fn remove_segment(
+        &mut self,
+        segment: &vramguard_core::host::SegmentReport,
+    ) -> Result<(), vramguard_proc::host::SegmentRemovalError> {
+        let mut state = self.state();
+        let found = state
+            .base
+            .host_memory
+            .iter_mut()
+            .flat_map(|h| h.shm.iter_mut())
+            .filter(|d| d.path == segment.dir)
+            .find_map(|d| {
+                let i = d.segments.iter().position(|s| s.name == segment.name)?;
+                Some((d, i))
+            });
+        let Some((dir, i)) = found else {
+            return Err(vramguard_proc::host::SegmentRemovalError {
+                path: std::path::Path::new(&segment.dir).join(&segment.name),
+                why: "No such file or directory".into(),
+            });
+        };
+        if dir.segments[i].inode != segment.inode {
+            return Err(vramguard_proc::host::SegmentRemovalError {
+                path: std::path::Path::new(&segment.dir).join(&segment.name),
+                why: "the name now belongs to another file".into(),
+            });
+        }
+        dir.segments.remove(i);
+        state.removed_segments.push(segment.name.clone());
+        Ok(())
     }
 }

@@ -99,6 +99,13 @@ pub trait Node: Send {
 
     /// What keeps a process alive that survived SIGKILL (its threads and wait channels).
     fn why_alive(&self, pid: u32) -> String;
+
+    /// Removes a shared-memory segment, if its directory (opened without following links)
+    /// still holds, under that name, the regular file of the segment's device and inode.
+    fn remove_segment(
+        &mut self,
+        segment: &vramguard_core::host::SegmentReport,
+    ) -> Result<(), vramguard_proc::host::SegmentRemovalError>;
 }
 
 /// Opens nodes that classify with a policy (its idle threshold sets how far back the driver

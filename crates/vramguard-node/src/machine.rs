@@ -157,6 +157,18 @@ impl Node for MachineNode {
     fn why_alive(&self, pid: u32) -> String {
         stuck_threads(&self.signal_proc, pid)
     }
+
+    fn remove_segment(
+        &mut self,
+        segment: &vramguard_core::host::SegmentReport,
+    ) -> Result<(), vramguard_proc::host::SegmentRemovalError> {
+        vramguard_proc::host::remove_segment(
+            Path::new(&segment.dir),
+            &segment.name,
+            segment.dev,
+            segment.inode,
+        )
+    }
 }
 
 /// Threads of `pid` and where they sleep, for a process that survived SIGKILL.

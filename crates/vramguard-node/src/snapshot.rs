@@ -44,6 +44,7 @@ pub fn take_snapshot(
         scan: procs.scan,
         work: None,
         job_cgroups: procs.job_cgroups,
+        host_memory: Some(procs.host_memory),
     };
     snap.normalize();
     Ok(snap)

@@ -199,8 +199,56 @@ pub struct ReclaimOutcome {
     pub resets: Vec<ResetOutcome>,
     /// What remains.
     pub remaining: Vec<Remaining>,
+    /// Shared-memory segments, with `--include shm`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<SegmentOutcome>,
+    /// `MemAvailable` before and after the segments were removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_available: Option<MemAvailable>,
     /// 0 all ghost memory freed, 1 some remains.
     pub exit_code: i32,
+}
+
+/// `MemAvailable` around the removal of shared-memory segments, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemAvailable {
+    /// Before the first removal.
+    pub before: Option<u64>,
+    /// After the last.
+    pub after: Option<u64>,
+}
+
+/// What happened to one planned shared-memory segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentOutcome {
+    /// Its directory.
+    pub dir: String,
+    /// Its name.
+    pub name: String,
+    /// Its inode when planned.
+    pub inode: u64,
+    /// Memory it took, bytes.
+    pub bytes: u64,
+    /// What happened.
+    pub result: SegmentResult,
+    /// Why it was kept or why the removal failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The result for one segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentResult {
+    /// Removed.
+    Removed,
+    /// Gone before it was removed.
+    Gone,
+    /// Judged again just before removal and no longer orphaned (opened, mapped, replaced,
+    /// its owner started a GPU job, or a target survived): left alone.
+    Kept,
+    /// The removal failed.
+    Failed,
 }
 
 /// The run could not be carried out.
@@ -317,6 +365,12 @@ pub fn execute(
     } else {
         run.reset_gpus()?
     };
+    let (segments, host_available) = if plan.segments.is_empty() {
+        (Vec::new(), None)
+    } else {
+        let (segments, available) = run.remove_segments()?;
+        (segments, Some(available))
+    };
     let remaining = run.what_remains()?;
     let exit_code = if remaining.is_empty() { 0 } else { 1 };
     run.log(
@@ -332,6 +386,8 @@ pub fn execute(
         releases,
         resets,
         remaining,
+        segments,
+        host_available,
         exit_code,
     })
 }
@@ -368,6 +424,13 @@ fn record_plan(
         audit.record(
             "left_alone",
             json!({ "pid": l.pid, "comm": l.comm, "class": l.class, "gpus": l.gpus, "reason": l.reason }),
+        )?;
+    }
+    for s in &plan.segments {
+        audit.record(
+            "segment",
+            json!({ "dir": s.dir, "name": s.name, "inode": s.inode, "bytes": s.bytes,
+                "uid": s.uid, "producer": s.producer, "age_secs": s.age_secs }),
         )?;
     }
     Ok(())
@@ -721,7 +784,75 @@ impl<'a> Run<'a> {
         Ok(classify(&snap, self.policy))
     }
 
-    /// Phase 5: What ghost memory remains on the plan's GPUs, and why.
+    /// Phase 5 (with `--include shm`): each planned segment is judged again on a fresh full
+    /// snapshot, after the targets are gone: removed only if it is still the same file and
+    /// still orphaned (no process maps it or holds it open, its owner has no live GPU holder,
+    /// unchanged). Each removal's record is written before it. Returns the outcomes and
+    /// `MemAvailable` before and after.
+    fn remove_segments(&mut self) -> Result<(Vec<SegmentOutcome>, MemAvailable), ExecuteError> {
+        let snap = self.node.snapshot(ScanDepth::Full)?;
+        let report = classify(&snap, self.policy);
+        let before = snap
+            .host_memory
+            .as_ref()
+            .and_then(|h| h.mem_available_bytes);
+        let fresh =
+            vramguard_core::host::assess(&snap, &report, &self.policy.shm, &Default::default())
+                .map(|h| h.segments)
+                .unwrap_or_default();
+        let mut outcomes = Vec::new();
+        for planned in &self.plan.segments {
+            let now = fresh
+                .iter()
+                .find(|s| s.dir == planned.dir && s.name == planned.name);
+            let (result, detail) = match now {
+                None => (SegmentResult::Gone, None),
+                Some(s) if s.inode != planned.inode || s.dev != planned.dev => (
+                    SegmentResult::Kept,
+                    Some(format!(
+                        "the name now belongs to another file (inode {})",
+                        s.inode
+                    )),
+                ),
+                Some(s) if s.verdict != vramguard_core::host::SegmentVerdict::Reclaimable => (
+                    SegmentResult::Kept,
+                    Some(s.verdict.explain(self.policy.shm.min_age_secs)),
+                ),
+                Some(s) => {
+                    self.log(
+                        "unlink",
+                        json!({ "dir": s.dir, "name": s.name, "inode": s.inode,
+                            "bytes": s.bytes, "uid": s.uid }),
+                    )?;
+                    match self.node.remove_segment(s) {
+                        Ok(()) => (SegmentResult::Removed, None),
+                        Err(e) => (SegmentResult::Failed, Some(e.why)),
+                    }
+                }
+            };
+            self.log(
+                "segment_result",
+                json!({ "dir": planned.dir, "name": planned.name, "inode": planned.inode,
+                    "result": result, "detail": detail }),
+            )?;
+            outcomes.push(SegmentOutcome {
+                dir: planned.dir.clone(),
+                name: planned.name.clone(),
+                inode: planned.inode,
+                bytes: planned.bytes,
+                result,
+                detail,
+            });
+        }
+        let after = self
+            .node
+            .snapshot(ScanDepth::Holders)?
+            .host_memory
+            .and_then(|h| h.mem_available_bytes);
+        Ok((outcomes, MemAvailable { before, after }))
+    }
+
+    /// Phase 6: What ghost memory remains on the plan's GPUs, and why.
     fn what_remains(&mut self) -> Result<Vec<Remaining>, ExecuteError> {
         let last = self.classified_snapshot()?;
         let mut remaining = Vec::new();

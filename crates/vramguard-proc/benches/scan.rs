@@ -242,6 +242,7 @@ fn main() {
             scan: procs.scan,
             work: None,
             job_cgroups: procs.job_cgroups,
+            host_memory: Some(procs.host_memory),
         };
         snap.normalize();
         let tc = Instant::now();

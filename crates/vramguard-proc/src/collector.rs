@@ -15,8 +15,9 @@
 use crate::devices::DeviceTable;
 use crate::procfs::{Found, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use vramguard_core::host::{HostMemoryFacts, ProcessHostMemory, ShmDirFacts};
 use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
     DepartedProcess, FdScan, HostFacts, JobCgroupFacts, PF_EXITING, ProcessFacts, ScanFacts,
@@ -52,11 +53,15 @@ pub struct Collected {
     pub host: HostFacts,
     /// Liveness facts of the job cgroups (containers, pods, Slurm jobs) holders live in.
     pub job_cgroups: Vec<JobCgroupFacts>,
+    /// Host memory; the shared-memory segments are those of the last full scan.
+    pub host_memory: HostMemoryFacts,
 }
 
 #[derive(Debug, Default)]
 struct Known {
     start_ticks: Option<u64>,
+    /// Pinned, locked and shared memory, read at the last full scan.
+    host_memory: Option<ProcessHostMemory>,
     devices: FdScan,
     /// Identity facts that do not change while the process lives (cmdline, uid, namespace,
     /// cgroup), read once.
@@ -109,6 +114,10 @@ pub struct ProcCollector {
     last_job_cgroups: Vec<JobCgroupFacts>,
     /// Container names from the runtimes' state.
     containers: crate::containers::ContainerNames,
+    /// Shared-memory directories to scan at full depth (`/dev/shm` by default).
+    shm_dirs: Vec<PathBuf>,
+    /// What the last full scan found in them.
+    last_shm: Vec<ShmDirFacts>,
 }
 
 impl ProcCollector {
@@ -142,6 +151,8 @@ impl ProcCollector {
             cgroup_mounts: Vec::new(),
             last_job_cgroups: Vec::new(),
             containers: Default::default(),
+            shm_dirs: vec![PathBuf::from("/dev/shm")],
+            last_shm: Vec::new(),
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -152,6 +163,13 @@ impl ProcCollector {
     /// `/var/lib/docker` and Podman's `/var/lib/containers/storage`).
     pub fn with_container_state(mut self, state: crate::containers::ContainerState) -> Self {
         self.containers = crate::containers::ContainerNames::new(state);
+        self
+    }
+
+    /// Scans these shared-memory directories at full depth instead of `/dev/shm` (none: no
+    /// segment scan).
+    pub fn with_shm_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
+        self.shm_dirs = dirs;
         self
     }
 
@@ -414,7 +432,8 @@ impl ProcCollector {
         let listing = self.list_and_depart(depth, now_ms)?;
         let denied = self.scan_what_changed(listed, depth, listing.as_deref(), now_ms)?;
         let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
-        let processes = self.holders_and_relatives(listed, reuse, now_ms)?;
+        let mut processes = self.holders_and_relatives(listed, reuse, now_ms)?;
+        let host_memory = self.host_memory(&mut processes, listing.as_deref(), depth);
         self.trim_departed(now_ms);
         let mut limitations = Vec::new();
         if denied > 0 && self.host.euid != 0 {
@@ -441,7 +460,65 @@ impl ProcCollector {
                 limitations,
             },
             host: self.host.clone(),
+            host_memory,
         })
+    }
+
+    /// `meminfo` and memory pressure every time; at full depth also the shared-memory
+    /// segments with their users (one pass over every process's maps and open files, done only
+    /// when a segment exists) and each process's pinned, locked and shared memory, which later
+    /// collections reuse.
+    fn host_memory(
+        &mut self,
+        processes: &mut [ProcessFacts],
+        listing: Option<&[u32]>,
+        depth: ScanDepth,
+    ) -> HostMemoryFacts {
+        let (mem_total_bytes, mem_available_bytes) = crate::host::meminfo(&self.fs);
+        if depth == ScanDepth::Full {
+            let mut dirs: Vec<ShmDirFacts> = self
+                .shm_dirs
+                .iter()
+                .map(|d| crate::host::scan_dir(d))
+                .collect();
+            let devs: BTreeSet<u64> = dirs
+                .iter()
+                .filter(|d| d.error.is_none())
+                .map(|d| d.dev)
+                .collect();
+            for p in processes.iter() {
+                if let Ok(Found::Yes(m)) = crate::host::process_memory(&self.fs, p.pid, &devs)
+                    && let Some(k) = self.known.get_mut(&p.pid)
+                {
+                    k.host_memory = Some(m);
+                }
+            }
+            let any_segment = dirs.iter().any(|d| !d.segments.is_empty());
+            if let (true, Some(pids)) = (any_segment, listing) {
+                let used = crate::host::scan_users(&self.fs, pids, &devs);
+                for d in dirs.iter_mut().filter(|d| d.error.is_none()) {
+                    d.users_checked = used.unreadable.is_empty() && used.read > 0;
+                    d.unchecked_pids = used.unreadable.iter().take(10).copied().collect();
+                    for s in &mut d.segments {
+                        s.users = used
+                            .users
+                            .get(&(d.dev, s.inode))
+                            .map(|p| p.iter().copied().collect())
+                            .unwrap_or_default();
+                    }
+                }
+            }
+            self.last_shm = dirs;
+        }
+        for p in processes.iter_mut() {
+            p.host_memory = self.known.get(&p.pid).and_then(|k| k.host_memory);
+        }
+        HostMemoryFacts {
+            mem_total_bytes,
+            mem_available_bytes,
+            pressure: crate::host::pressure(&self.fs),
+            shm: self.last_shm.clone(),
+        }
     }
 
     /// The pids in `/proc` (none at the shallow depths: a pid is then presumed present until

@@ -13,6 +13,7 @@
 pub mod collector;
 pub mod containers;
 pub mod devices;
+pub mod host;
 pub mod parse;
 pub mod procfs;
 pub mod work;

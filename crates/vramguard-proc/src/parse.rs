@@ -127,6 +127,92 @@ pub fn parse_status(bytes: &[u8]) -> Status {
     status
 }
 
+/// `VmPin` and `VmLck` of `status`, bytes (the kernel writes them in kB).
+pub fn parse_status_memory(bytes: &[u8]) -> (Option<u64>, Option<u64>) {
+    let (mut pinned, mut locked) = (None, None);
+    for line in bytes.split(|b| *b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        match line.split_once(':') {
+            Some(("VmPin", v)) => pinned = kib_value(v),
+            Some(("VmLck", v)) => locked = kib_value(v),
+            _ => {}
+        }
+    }
+    (pinned, locked)
+}
+
+/// `MemTotal` and `MemAvailable` of `meminfo`, bytes.
+pub fn parse_meminfo(bytes: &[u8]) -> (Option<u64>, Option<u64>) {
+    let (mut total, mut available) = (None, None);
+    for line in bytes.split(|b| *b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        match line.split_once(':') {
+            Some(("MemTotal", v)) => total = kib_value(v),
+            Some(("MemAvailable", v)) => available = kib_value(v),
+            _ => {}
+        }
+    }
+    (total, available)
+}
+
+/// `   123 kB` → bytes.
+fn kib_value(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let number = v.strip_suffix("kB").unwrap_or(v).trim();
+    number.parse::<u64>().ok()?.checked_mul(1024)
+}
+
+/// `pressure/memory`: the `some` line's avg10 and avg60, the `full` line's avg10.
+pub fn parse_pressure(bytes: &[u8]) -> Option<vramguard_core::host::MemoryPressure> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let field = |line: &str, key: &str| -> Option<f64> {
+        line.split_ascii_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && (0.0..=100.0).contains(v))
+    };
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    let full = text.lines().find(|l| l.starts_with("full "));
+    Some(vramguard_core::host::MemoryPressure {
+        some_avg10: field(some, "avg10")?,
+        some_avg60: field(some, "avg60")?,
+        full_avg10: full.and_then(|l| field(l, "avg10")).unwrap_or(0.0),
+    })
+}
+
+/// The file-backed mappings of `maps`: (device as `st_dev` encodes it, inode, length).
+/// Anonymous mappings (inode 0) and malformed lines are skipped.
+pub fn parse_maps_files(bytes: &[u8]) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    bytes.split(|b| *b == b'\n').filter_map(|line| {
+        let line = std::str::from_utf8(line).ok()?;
+        let mut fields = line.split_ascii_whitespace();
+        let (range, _perms, _offset, dev, inode) = (
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+        );
+        let inode: u64 = inode.parse().ok()?;
+        if inode == 0 {
+            return None;
+        }
+        let (start, end) = range.split_once('-')?;
+        let len = u64::from_str_radix(end, 16)
+            .ok()?
+            .checked_sub(u64::from_str_radix(start, 16).ok()?)?;
+        let (major, minor) = dev.split_once(':')?;
+        let dev = rustix::fs::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        );
+        Some((dev, inode, len))
+    })
+}
+
 /// Splits `cmdline` at NULs. An empty file (kernel thread, zombie) gives an empty list.
 pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
     let trimmed = bytes.strip_suffix(b"\0").unwrap_or(bytes);

@@ -173,6 +173,24 @@ pub fn class(s: &str) -> Result<vramguard_core::Class, vramguard_core::report::U
     s.trim().parse()
 }
 
+/// What `reclaim --include` may name: a class of holders, or `shm` (orphaned shared-memory
+/// segments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Included {
+    /// Holders of this class.
+    Class(vramguard_core::Class),
+    /// Orphaned shared-memory segments.
+    Shm,
+}
+
+/// Parses one `--include` value.
+pub fn included(s: &str) -> Result<Included, vramguard_core::report::UnknownClass> {
+    match s.trim() {
+        "shm" => Ok(Included::Shm),
+        other => class(other).map(Included::Class),
+    }
+}
+
 /// The longest sampling window accepted: a longer one is a typo, not a wish.
 const MAX_SAMPLE: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -322,15 +340,16 @@ pub struct ReclaimArgs {
     #[arg(long, value_delimiter = ',', value_name = "GPU", value_parser = gpu_selector)]
     pub gpu: Vec<GpuSelector>,
     /// Classes to target: orphan, hidden (only when its job is gone), zombie, idle, detached
-    /// (working processes whose launcher is gone: only when named, with a warning)
+    /// (working processes whose launcher is gone: only when named, with a warning); shm adds
+    /// orphaned shared-memory segments ([shm] in the config says which)
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "orphan,hidden",
         value_name = "CLASS",
-        value_parser = class
+        value_parser = included
     )]
-    pub include: Vec<vramguard_core::Class>,
+    pub include: Vec<Included>,
     /// With --include idle: only holders idle at least this long
     #[arg(long, default_value = "2h", value_name = "DURATION", value_parser = duration)]
     pub idle_for: Duration,

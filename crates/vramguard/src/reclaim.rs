@@ -1,6 +1,6 @@
 //! `vramguard reclaim`: plan, confirm, execute, report.
 
-use crate::cli::{GpuSelector, ReclaimArgs};
+use crate::cli::{GpuSelector, Included, ReclaimArgs};
 use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeSet;
@@ -11,12 +11,20 @@ use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::units::{format_bytes, format_duration};
-use vramguard_ops::reclaim::{ReclaimOutcome, TargetResult};
+use vramguard_ops::reclaim::{ReclaimOutcome, SegmentResult, TargetResult};
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
 
-fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
+fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
     let mut include = BTreeSet::new();
-    for &class in &args.include {
+    let mut include_shm = None;
+    for &item in &args.include {
+        let class = match item {
+            Included::Class(class) => class,
+            Included::Shm => {
+                include_shm = Some(settings.policy().shm.clone());
+                continue;
+            }
+        };
         if matches!(class, Class::Active | Class::System | Class::Foreign) {
             bail!(
                 "--include {class}: {class} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace)"
@@ -30,6 +38,7 @@ fn options(args: &ReclaimArgs) -> Result<ReclaimOptions> {
         idle_for_secs: args.idle_for.as_secs(),
         mig_devices: None,
         job_of: None,
+        include_shm,
     })
 }
 
@@ -83,7 +92,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
     let mut out = String::new();
     let gpus: Vec<String> = plan.gpus.iter().map(|g| g.to_string()).collect();
     let _ = writeln!(out, "vramguard reclaim · plan for GPU {}", gpus.join(","));
-    if plan.is_empty() {
+    if plan.targets().next().is_none() {
         let _ = writeln!(out, "  no process to signal");
     }
     for w in &plan.warnings {
@@ -136,6 +145,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
             format_bytes(*bytes)
         );
     }
+    render_planned_segments(&mut out, plan);
     for g in report.gpus.iter().filter(|g| plan.gpus.contains(&g.index)) {
         if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
             let _ = writeln!(
@@ -154,6 +164,72 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
         );
     }
     crate::render::wrap_lines(&out, crate::render::output_width())
+}
+
+/// The orphaned shared-memory segments a plan removes (`--include shm`).
+fn render_planned_segments(out: &mut String, plan: &Plan) {
+    if plan.segments.is_empty() {
+        return;
+    }
+    let total: u64 = plan.segments.iter().map(|s| s.bytes).sum();
+    let _ = writeln!(
+        out,
+        "  orphaned shared memory to remove: {} in {} segment(s)",
+        format_bytes(total),
+        plan.segments.len()
+    );
+    for s in &plan.segments {
+        let _ = writeln!(
+            out,
+            "    unlink     {:<40} {:>10}  uid {:<6} {}  {}{}",
+            fit(&format!("{}/{}", s.dir, s.name), 40),
+            format_bytes(s.bytes),
+            s.uid,
+            format_duration(Duration::from_secs(s.age_secs)),
+            shown(s.producer.as_deref().unwrap_or("?")),
+            if s.after_targets.is_empty() {
+                String::new()
+            } else {
+                "  (after its owner's targets are gone)".into()
+            }
+        );
+    }
+}
+
+/// What happened to the segments, and how much host memory came back.
+fn render_segment_outcomes(out: &mut String, o: &ReclaimOutcome) {
+    for s in &o.segments {
+        let what = match s.result {
+            SegmentResult::Removed => format!("removed ({})", format_bytes(s.bytes)),
+            SegmentResult::Gone => "already gone".into(),
+            SegmentResult::Kept => format!("kept: {}", s.detail.as_deref().unwrap_or("")),
+            SegmentResult::Failed => format!("not removed: {}", s.detail.as_deref().unwrap_or("")),
+        };
+        let _ = writeln!(
+            out,
+            "  {} {what}",
+            fit(&format!("{}/{}", s.dir, s.name), 48)
+        );
+    }
+    if let Some(available) = o.host_available {
+        let removed: u64 = o
+            .segments
+            .iter()
+            .filter(|s| s.result == SegmentResult::Removed)
+            .map(|s| s.bytes)
+            .sum();
+        let available = match (available.before, available.after) {
+            (Some(b), Some(a)) => {
+                format!("; MemAvailable {} → {}", format_bytes(b), format_bytes(a))
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  shared memory: {} removed{available}",
+            format_bytes(removed)
+        );
+    }
 }
 
 pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> String {
@@ -202,6 +278,7 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
             let _ = writeln!(out, "    blocker: {b}");
         }
     }
+    render_segment_outcomes(&mut out, o);
     if o.remaining.is_empty() {
         let _ = writeln!(
             out,
@@ -293,14 +370,24 @@ fn nothing_to_signal(plan: &Plan, report: &Report, json: bool) -> Result<i32> {
 /// Asks on the terminal; only `y`/`yes` confirms.
 fn confirmed(plan: &Plan, reset: ResetMode) -> Result<bool> {
     let bytes: u64 = plan.expected_free.values().sum();
+    let shm: u64 = plan.segments.iter().map(|s| s.bytes).sum();
     eprint!(
-        "Signal {} process(es) to free {}{}? [y/N] ",
+        "Signal {} process(es) to free {}{}{}? [y/N] ",
         plan.targets().count(),
         format_bytes(bytes),
         if reset == ResetMode::Never {
             ""
         } else {
             ", and reset GPUs holding residue"
+        },
+        if plan.segments.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", and remove {} shared-memory segment(s) ({})",
+                plan.segments.len(),
+                format_bytes(shm)
+            )
         }
     );
     std::io::stderr().flush().ok();
@@ -311,7 +398,7 @@ fn confirmed(plan: &Plan, reset: ResetMode) -> Result<bool> {
 
 /// Runs `vramguard reclaim`.
 pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
-    let opts = options(args)?;
+    let opts = options(args, settings)?;
     if settings.replay.is_some() {
         return replayed_dry_run(settings, args, opts);
     }

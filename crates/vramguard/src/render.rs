@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::io::IsTerminal;
 use vramguard_core::diagnose::{CheckStatus, Diagnosis};
 use vramguard_core::health::Severity;
+use vramguard_core::host::{HostReport, SegmentReport, SegmentVerdict};
 use vramguard_core::report::{Class, GpuReport, Holder, Report};
+use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::snapshot::{DriverSource, GpuTelemetry, ProcessListState};
 use vramguard_core::units::format_bytes;
 
@@ -537,10 +539,96 @@ pub fn status(r: &Report, st: &Style) -> String {
             }
         );
     }
+    if let Some(h) = &r.host {
+        host_block(&mut out, st, h);
+    }
     for l in &r.limitations {
         let _ = writeln!(out, "{} {l}", st.yellow("note:"));
     }
     fit_lines(&out, st.width)
+}
+
+/// The host side: available RAM and pressure, the shared-memory directories, segments dead
+/// jobs left, and the host memory of each dead job.
+fn host_block(out: &mut String, st: &Style, h: &HostReport) {
+    let mut parts = Vec::new();
+    if let (Some(avail), Some(total)) = (h.mem_available_bytes, h.mem_total_bytes) {
+        parts.push(format!(
+            "{} of {} available",
+            format_bytes(avail),
+            format_bytes(total)
+        ));
+    }
+    if let Some(p) = h.pressure {
+        parts.push(format!("memory pressure {:.1}% (10 s)", p.some_avg10));
+    }
+    for d in &h.shm_dirs {
+        match (&d.error, d.used_bytes, d.size_bytes) {
+            (Some(e), _, _) => parts.push(shown(e)),
+            (None, Some(used), Some(size)) => parts.push(format!(
+                "{} {} of {} used",
+                d.path,
+                format_bytes(used),
+                format_bytes(size)
+            )),
+            _ => {}
+        }
+    }
+    if parts.is_empty() && h.segments.is_empty() && h.dead_jobs.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "{} {}", st.bold("host:"), parts.join(" · "));
+    let orphans: Vec<&SegmentReport> = h
+        .segments
+        .iter()
+        .filter(|s| s.verdict == SegmentVerdict::Reclaimable)
+        .collect();
+    if !orphans.is_empty() {
+        let _ = writeln!(
+            out,
+            "  {} {} in {} segment(s) no process uses: `vramguard reclaim --include shm` removes them",
+            st.red("orphaned shared memory:"),
+            format_bytes(h.orphan_shm_bytes),
+            orphans.len()
+        );
+        for s in orphans.iter().take(5) {
+            let _ = writeln!(
+                out,
+                "    {:<40} {:>10}  uid {:<6} unchanged {}  {}",
+                fit(&format!("{}/{}", s.dir, s.name), 40),
+                format_bytes(s.bytes),
+                s.uid,
+                compact_age(s.age_secs),
+                shown(s.producer.as_deref().unwrap_or("?"))
+            );
+        }
+        if orphans.len() > 5 {
+            let _ = writeln!(
+                out,
+                "    … and {} more (--json lists all)",
+                orphans.len() - 5
+            );
+        }
+    }
+    for j in &h.dead_jobs {
+        let mut host = format!("{} host RAM", format_bytes(j.rss_bytes));
+        if j.shm_bytes > 0 {
+            host.push_str(&format!(
+                " ({} of it in shared memory)",
+                format_bytes(j.shm_bytes)
+            ));
+        }
+        if j.pinned_bytes > 0 {
+            host.push_str(&format!(", {} pinned", format_bytes(j.pinned_bytes)));
+        }
+        let _ = writeln!(
+            out,
+            "  job of leader {} (gone): {} GPU, {host}, in {} process(es)",
+            j.leader_pid,
+            format_bytes(j.gpu_bytes),
+            j.pids.len()
+        );
+    }
 }
 
 /// `vramguard diagnose`.

@@ -142,10 +142,13 @@ impl Settings {
         let dev_dir = self.dev_dir()?;
         let reset = self.reset_backend(None)?;
         let containers = self.container_state();
+        let shm_dirs = self.config.shm.dirs.clone();
         Ok(std::sync::Arc::new(move |policy: &Policy| {
             let node: Box<dyn Node> = Box::new(MachineNode::new(
                 open_source(&driver)?,
-                ProcCollector::new(&proc_root, &dev_dir)?.with_container_state(containers.clone()),
+                ProcCollector::new(&proc_root, &dev_dir)?
+                    .with_container_state(containers.clone())
+                    .with_shm_dirs(shm_dirs.clone()),
                 policy.clone(),
                 reset.clone(),
                 &proc_root,
@@ -157,7 +160,9 @@ impl Settings {
     /// A `/proc` collector.
     pub fn collector(&self) -> Result<ProcCollector> {
         let dev = self.dev_dir()?;
-        Ok(ProcCollector::new(&self.proc_root, dev)?.with_container_state(self.container_state()))
+        Ok(ProcCollector::new(&self.proc_root, dev)?
+            .with_container_state(self.container_state())
+            .with_shm_dirs(self.config.shm.dirs.clone()))
     }
 
     /// Where container names are read from (`[containers]`).

@@ -1,0 +1,289 @@
+//! Host memory: `meminfo`, memory pressure, pinned and locked memory per process, and the
+//! shared-memory segments in `/dev/shm` (or other tmpfs directories) with the processes that
+//! map them or hold them open.
+//!
+//! Segments are matched to their users by device and inode, never by path: a process in a
+//! container sees its own `/dev/shm` under the same name.
+
+use crate::procfs::{Found, ProcError, ProcFs};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use vramguard_core::host::{MemoryPressure, ProcessHostMemory, ShmDirFacts, ShmSegmentFacts};
+
+/// Entries read from one shared-memory directory at most; the rest are counted as not seen.
+pub const MAX_SEGMENTS: usize = 20_000;
+
+/// `MemTotal` and `MemAvailable` from `meminfo`, bytes.
+pub fn meminfo(fs: &ProcFs) -> (Option<u64>, Option<u64>) {
+    let mut buf = Vec::new();
+    if !matches!(fs.read_into("meminfo", &mut buf), Ok(Found::Yes(()))) {
+        return (None, None);
+    }
+    crate::parse::parse_meminfo(&buf)
+}
+
+/// `pressure/memory`, where the kernel has PSI.
+pub fn pressure(fs: &ProcFs) -> Option<MemoryPressure> {
+    let mut buf = Vec::new();
+    if !matches!(
+        fs.read_into("pressure/memory", &mut buf),
+        Ok(Found::Yes(()))
+    ) {
+        return None;
+    }
+    crate::parse::parse_pressure(&buf)
+}
+
+/// Opens a directory without following a link at its last component.
+pub fn open_dir_no_follow(path: &Path) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// The regular files directly in `path` (a tmpfs), without their users.
+pub fn scan_dir(path: &Path) -> ShmDirFacts {
+    let mut facts = ShmDirFacts {
+        path: path.display().to_string(),
+        ..ShmDirFacts::default()
+    };
+    let fd = match open_dir_no_follow(path) {
+        Ok(fd) => fd,
+        Err(e) => {
+            facts.error = Some(format!(
+                "{}: {} (a shared-memory directory must be a directory, not a link)",
+                path.display(),
+                std::io::Error::from(e)
+            ));
+            return facts;
+        }
+    };
+    if let Ok(st) = rustix::fs::fstat(&fd) {
+        facts.dev = st.st_dev;
+    }
+    if let Ok(vfs) = rustix::fs::fstatvfs(&fd) {
+        let frsize = vfs.f_frsize.max(1);
+        facts.size_bytes = Some(vfs.f_blocks.saturating_mul(frsize));
+        facts.used_bytes = Some(
+            vfs.f_blocks
+                .saturating_sub(vfs.f_bfree)
+                .saturating_mul(frsize),
+        );
+    }
+    let Ok(mut dir) = rustix::fs::Dir::read_from(&fd) else {
+        facts.error = Some(format!("{}: cannot list it", path.display()));
+        return facts;
+    };
+    while let Some(entry) = dir.read() {
+        let Ok(entry) = entry else { break };
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if facts.segments.len() + facts.other_entries as usize >= MAX_SEGMENTS {
+            facts.truncated = true;
+            break;
+        }
+        let Ok(st) = rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            facts.other_entries += 1;
+            continue;
+        }
+        let ms =
+            |secs: i64, nsecs: i64| (secs.max(0) as u64) * 1000 + (nsecs.max(0) as u64) / 1_000_000;
+        let text = std::str::from_utf8(name);
+        facts.segments.push(ShmSegmentFacts {
+            name: String::from_utf8_lossy(name).into_owned(),
+            exact_name: text.is_ok(),
+            inode: st.st_ino,
+            bytes: (st.st_blocks as u64).saturating_mul(512),
+            size: st.st_size.max(0) as u64,
+            uid: st.st_uid,
+            modified_ms: ms(st.st_mtime, st.st_mtime_nsec as i64),
+            changed_ms: ms(st.st_ctime, st.st_ctime_nsec as i64),
+            users: Vec::new(),
+        });
+    }
+    facts.segments.sort_by(|a, b| a.name.cmp(&b.name));
+    facts
+}
+
+/// What one pass over the processes found on the shared-memory filesystems.
+#[derive(Debug, Default)]
+pub struct ShmUse {
+    /// Per (device, inode): the pids that map the file or hold it open.
+    pub users: HashMap<(u64, u64), BTreeSet<u32>>,
+    /// Processes whose maps or fds could not be read (not root, or a read failed).
+    pub unreadable: Vec<u32>,
+    /// Processes whose maps were read.
+    pub read: usize,
+}
+
+/// Finds which of `pids` map or hold open a file on one of `devs` (the shared-memory
+/// filesystems). Processes that vanish meanwhile are skipped; unreadable ones are counted.
+pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>) -> ShmUse {
+    let mut found = ShmUse::default();
+    if devs.is_empty() {
+        return found;
+    }
+    let mut buf = Vec::new();
+    for &pid in pids {
+        match fs.read_into(&format!("{pid}/maps"), &mut buf) {
+            Ok(Found::Yes(())) => {
+                found.read += 1;
+                for (dev, inode, _) in crate::parse::parse_maps_files(&buf) {
+                    if devs.contains(&dev) {
+                        found.users.entry((dev, inode)).or_default().insert(pid);
+                    }
+                }
+            }
+            Ok(Found::Gone) => continue,
+            _ => {
+                found.unreadable.push(pid);
+                continue;
+            }
+        }
+        match open_fds(fs, pid, devs) {
+            Found::Yes(files) => {
+                for key in files {
+                    found.users.entry(key).or_default().insert(pid);
+                }
+            }
+            Found::Gone => {}
+            Found::Denied => found.unreadable.push(pid),
+        }
+    }
+    found
+}
+
+/// The (device, inode) of each of `pid`'s open files that lies on one of `devs`.
+fn open_fds(fs: &ProcFs, pid: u32, devs: &BTreeSet<u64>) -> Found<Vec<(u64, u64)>> {
+    let path = fs.root().join(format!("{pid}/fd"));
+    let fd = match rustix::fs::open(
+        &path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return Found::Gone,
+        Err(_) => return Found::Denied,
+    };
+    let Ok(mut dir) = rustix::fs::Dir::read_from(&fd) else {
+        return Found::Denied;
+    };
+    let mut files = Vec::new();
+    let mut link = Vec::with_capacity(256);
+    while let Some(entry) = dir.read() {
+        let Ok(entry) = entry else {
+            return Found::Gone;
+        };
+        if entry.file_name().to_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        // Only files with a path can be on a tmpfs: sockets, pipes and anonymous inodes are
+        // skipped without a stat.
+        link.clear();
+        match rustix::fs::readlinkat(fd.as_fd(), entry.file_name(), std::mem::take(&mut link)) {
+            Ok(target) => {
+                let bytes = target.into_bytes();
+                let with_path = bytes.first() == Some(&b'/');
+                link = bytes;
+                if !with_path {
+                    continue;
+                }
+            }
+            Err(_) => continue,
+        }
+        if let Ok(st) = rustix::fs::statat(&fd, entry.file_name(), AtFlags::empty())
+            && devs.contains(&st.st_dev)
+        {
+            files.push((st.st_dev, st.st_ino));
+        }
+    }
+    Found::Yes(files)
+}
+
+/// Pinned, locked and shared memory of one process: `status` (`VmPin`, `VmLck`) and `maps`
+/// (each shared-memory file once, at its largest mapping). `Gone` when it exited.
+pub fn process_memory(
+    fs: &ProcFs,
+    pid: u32,
+    devs: &BTreeSet<u64>,
+) -> Result<Found<ProcessHostMemory>, ProcError> {
+    let mut buf = Vec::new();
+    let mut memory = ProcessHostMemory::default();
+    match fs.read_into(&format!("{pid}/status"), &mut buf)? {
+        Found::Yes(()) => {
+            let (pinned, locked) = crate::parse::parse_status_memory(&buf);
+            memory.pinned_bytes = pinned;
+            memory.locked_bytes = locked;
+        }
+        Found::Gone => return Ok(Found::Gone),
+        Found::Denied => {}
+    }
+    if let Found::Yes(()) = fs.read_into(&format!("{pid}/maps"), &mut buf)? {
+        let mut largest: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        for (dev, inode, len) in crate::parse::parse_maps_files(&buf) {
+            if devs.contains(&dev) {
+                let e = largest.entry((dev, inode)).or_default();
+                *e = (*e).max(len);
+            }
+        }
+        memory.shm_bytes = Some(largest.values().sum());
+    }
+    Ok(Found::Yes(memory))
+}
+
+/// Removes `name` from `dir` if it still is the regular file (`dev`, `inode`) that was
+/// judged: the directory is opened without following links, the name is looked at without
+/// following one, and `unlinkat` works relative to that directory, so a link planted
+/// anywhere on the path is never followed.
+pub fn remove_segment(
+    dir: &Path,
+    name: &str,
+    dev: u64,
+    inode: u64,
+) -> Result<(), SegmentRemovalError> {
+    let fail = |why: String| SegmentRemovalError {
+        path: dir.join(name),
+        why,
+    };
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(fail("not a plain file name".into()));
+    }
+    let fd = open_dir_no_follow(dir).map_err(|e| {
+        fail(format!(
+            "the directory cannot be opened without following a link: {}",
+            std::io::Error::from(e)
+        ))
+    })?;
+    let st = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| fail(format!("{}", std::io::Error::from(e))))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(fail("no longer a regular file".into()));
+    }
+    if st.st_dev != dev || st.st_ino != inode {
+        return Err(fail(format!(
+            "the name now belongs to another file (inode {} instead of {inode})",
+            st.st_ino
+        )));
+    }
+    rustix::fs::unlinkat(&fd, name, AtFlags::empty())
+        .map_err(|e| fail(format!("{}", std::io::Error::from(e))))
+}
+
+/// Why a segment was not removed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {why}", path.display())]
+pub struct SegmentRemovalError {
+    /// The segment.
+    pub path: PathBuf,
+    /// What stopped it.
+    pub why: String,
+}
