@@ -518,3 +518,105 @@ fn dead_jobs(snap: &Snapshot, report: &Report) -> Vec<JobHostMemory> {
     }
     jobs.into_values().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+
+    fn segment(name: &str, uid: u32, users: &[u32], changed_ms: u64) -> ShmSegmentFacts {
+        ShmSegmentFacts {
+            name: name.into(),
+            exact_name: true,
+            inode: 7,
+            bytes: 1 << 20,
+            size: 1 << 20,
+            uid,
+            modified_ms: changed_ms,
+            changed_ms,
+            users: users.to_vec(),
+        }
+    }
+
+    fn judged(seg: ShmSegmentFacts, checked: bool, holders_of: &[(u32, u32)]) -> SegmentVerdict {
+        let snap = Snapshot {
+            taken_at_ms: 2_000_000,
+            ..serde_json::from_str(include_str!("../../../tests/incidents/demo.json")).unwrap()
+        };
+        let dir = ShmDirFacts {
+            path: "/dev/shm".into(),
+            users_checked: checked,
+            ..Default::default()
+        };
+        let mut owners: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+        for (uid, pid) in holders_of {
+            owners.entry(*uid).or_default().insert(*pid);
+        }
+        judge(
+            &snap,
+            &dir,
+            &seg,
+            &Policy::default().shm,
+            &owners,
+            &BTreeSet::new(),
+        )
+        .verdict
+    }
+
+    #[test]
+    fn each_rule_keeps_a_segment_for_its_own_reason() {
+        let old = 2_000_000 - 601_000;
+        assert_eq!(
+            judged(segment("torch_1", 1000, &[], old), true, &[]),
+            SegmentVerdict::Reclaimable
+        );
+        assert_eq!(
+            judged(segment("torch_1", 1000, &[42], old), true, &[]),
+            SegmentVerdict::InUse { pids: vec![42] }
+        );
+        assert_eq!(
+            judged(segment("torch_1", 1000, &[], old), true, &[(1000, 77)]),
+            SegmentVerdict::OwnerActive { pids: vec![77] }
+        );
+        assert_eq!(
+            judged(segment("torch_1", 1000, &[], old), true, &[(1001, 77)]),
+            SegmentVerdict::Reclaimable,
+            "another user's job does not keep it"
+        );
+        assert_eq!(
+            judged(segment("torch_1", 1000, &[], 2_000_000 - 5_000), true, &[]),
+            SegmentVerdict::TooYoung { age_secs: 5 }
+        );
+        assert_eq!(
+            judged(segment("PostgreSQL.1", 1000, &[], old), true, &[]),
+            SegmentVerdict::UnknownProducer
+        );
+        assert_eq!(
+            judged(segment("torch_1", 1000, &[], old), false, &[]),
+            SegmentVerdict::UsersUnknown { unchecked: vec![] }
+        );
+        let mut odd = segment("torch_\u{fffd}", 1000, &[], old);
+        odd.exact_name = false;
+        assert_eq!(judged(odd, true, &[]), SegmentVerdict::OddName);
+        // A change in the future (a clock step) is not an age.
+        assert!(matches!(
+            judged(segment("torch_1", 1000, &[], 3_000_000), true, &[]),
+            SegmentVerdict::TooYoung { .. }
+        ));
+    }
+
+    #[test]
+    fn the_longest_matching_prefix_names_the_producer() {
+        let mut p = ShmPolicy::default();
+        assert_eq!(p.producer("nccl-x").as_deref(), Some("NCCL"));
+        assert_eq!(p.producer("ncclx"), None);
+        p.producers.push("torch_big_".into());
+        assert_eq!(p.producer("torch_big_1").as_deref(), Some("torch_big_*"));
+        assert_eq!(
+            p.producer("torch_1").as_deref(),
+            Some("PyTorch (file_system sharing)")
+        );
+        assert!("bogus".parse::<OwnerRule>().is_err());
+        assert_eq!("ignore".parse::<OwnerRule>(), Ok(OwnerRule::Ignore));
+    }
+}

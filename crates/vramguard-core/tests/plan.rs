@@ -635,3 +635,117 @@ proptest! {
         }
     }
 }
+
+// ---- shared-memory segments ----
+
+use vramguard_core::host::{
+    HostMemoryFacts, OwnerRule, SegmentVerdict, ShmDirFacts, ShmPolicy, ShmSegmentFacts,
+};
+
+const SEGMENT_NAMES: &[&str] = &[
+    "torch_4121_0",
+    "nccl-ab12",
+    "psm_9f",
+    "sem.mp-1",
+    "PostgreSQL.42",
+    "torch",
+    "",
+    "a/b",
+];
+
+fn arb_segments() -> impl Strategy<Value = Vec<ShmSegmentFacts>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(SEGMENT_NAMES.to_vec()),
+            any::<bool>(),
+            prop::sample::select(vec![0u32, 1000, 1001, 4242]),
+            prop::collection::vec(1u32..45, 0..3),
+            0u64..2_000_000,
+            0u64..2_000_000,
+            1u64..(64 << 20),
+        ),
+        0..8,
+    )
+    .prop_map(|segs| {
+        segs.into_iter()
+            .enumerate()
+            .map(
+                |(i, (name, exact, uid, users, modified, changed, bytes))| ShmSegmentFacts {
+                    name: format!("{name}{}", if i % 2 == 0 { "" } else { "x" }),
+                    exact_name: exact,
+                    inode: 100 + i as u64,
+                    bytes,
+                    size: bytes,
+                    uid,
+                    modified_ms: modified,
+                    changed_ms: changed,
+                    users,
+                },
+            )
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+    /// A planned segment is never in use, is a known producer's, exactly named, older than
+    /// min_age by both its times, fully checked, and its owner's live GPU holders (under the
+    /// default rule) are all targets of the same plan.
+    #[test]
+    fn a_planned_segment_is_orphaned_by_every_rule(
+        (s, opts) in arb_snapshot(),
+        segments in arb_segments(),
+        checked in any::<bool>(),
+        min_age in 1u64..3000,
+        ignore_owner in any::<bool>(),
+    ) {
+        let mut s = s;
+        s.host_memory = Some(HostMemoryFacts {
+            shm: vec![ShmDirFacts {
+                path: "/dev/shm".into(),
+                dev: 27,
+                segments,
+                users_checked: checked,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let shm = ShmPolicy {
+            min_age_secs: min_age,
+            owner_rule: if ignore_owner { OwnerRule::Ignore } else { OwnerRule::NoLiveHolder },
+            ..ShmPolicy::default()
+        };
+        let policy = Policy { idle_after_secs: 60, shm: shm.clone(), ..Policy::default() };
+        let report = classify(&s, &policy);
+        let opts = ReclaimOptions { include_shm: Some(shm.clone()), ..opts };
+        let plan = plan_reclaim(&s, &report, &opts);
+        let targets: BTreeSet<u32> = plan.targets().map(|t| t.pid).collect();
+        let facts = &s.host_memory.as_ref().unwrap().shm[0];
+        for planned in &plan.segments {
+            let f = facts.segments.iter().find(|f| f.inode == planned.inode).unwrap();
+            prop_assert_eq!(&planned.verdict, &SegmentVerdict::Reclaimable);
+            prop_assert!(checked);
+            prop_assert!(f.users.is_empty(), "{} is used by {:?}", f.name, f.users);
+            prop_assert!(f.exact_name && !f.name.is_empty() && !f.name.contains('/'));
+            prop_assert!(shm.producers.iter().any(|p| f.name.starts_with(p.as_str())));
+            let last = f.modified_ms.max(f.changed_ms);
+            prop_assert!(last <= s.taken_at_ms && s.taken_at_ms - last >= min_age * 1000);
+            if !ignore_owner {
+                for (_, h) in report.holders() {
+                    let live = s.process(h.pid).is_some() && h.class != Class::Foreign;
+                    if live && h.uid == Some(f.uid) {
+                        prop_assert!(
+                            targets.contains(&h.pid),
+                            "owner {} still has live holder {} not in the plan", f.uid, h.pid
+                        );
+                    }
+                }
+            }
+        }
+        // Without --include shm, or narrowed to one job, no segment is ever planned.
+        let without = plan_reclaim(&s, &report, &ReclaimOptions { include_shm: None, ..opts.clone() });
+        prop_assert!(without.segments.is_empty());
+        let narrowed = plan_reclaim(&s, &report, &ReclaimOptions { job_of: Some(1), ..opts });
+        prop_assert!(narrowed.segments.is_empty());
+    }
+}

@@ -201,6 +201,17 @@ impl FakeNode {
         self.state().signals.clone()
     }
 
+    /// Changes what the node shows from now on (its processes' facts, its host memory): a
+    /// process opening a segment, a user changing owner. Processes added here are not
+    /// scripted.
+    pub fn edit_snapshot(&self, change: impl FnOnce(&mut Snapshot)) -> &FakeNode {
+        let mut state = self.state();
+        change(&mut state.base);
+        state.base.normalize();
+        drop(state);
+        self
+    }
+
     /// The shared-memory segments removed, by name, in order.
     pub fn removed_segments(&self) -> Vec<String> {
         self.state().removed_segments.clone()

@@ -1253,4 +1253,166 @@ mod tests {
         );
         assert!(!node.signals().iter().any(|s| s.signal == "KILL"));
     }
+
+    // ---- shared-memory segments ----
+
+    use vramguard_core::host::{HostMemoryFacts, ShmDirFacts, ShmSegmentFacts};
+
+    /// The demo incident with its dead job's processes run by uid 1000, and three segments of
+    /// that user in /dev/shm, an hour old and unused.
+    fn demo_with_segments() -> FakeNode {
+        let node = demo();
+        node.edit_snapshot(|s| {
+            for p in s.processes.iter_mut() {
+                if [16521, 16522, 16523].contains(&p.pid) {
+                    p.uid = Some(1000);
+                }
+            }
+            let old = s.taken_at_ms - 3_600_000;
+            s.host_memory = Some(HostMemoryFacts {
+                mem_available_bytes: Some(10 * GIB),
+                shm: vec![ShmDirFacts {
+                    path: "/dev/shm".into(),
+                    dev: 27,
+                    users_checked: true,
+                    segments: ["torch_1", "torch_2", "nccl-3"]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, name)| ShmSegmentFacts {
+                            name: name.to_string(),
+                            exact_name: true,
+                            inode: 10 + i as u64,
+                            bytes: GIB,
+                            size: GIB,
+                            uid: 1000,
+                            modified_ms: old,
+                            changed_ms: old,
+                            users: vec![],
+                        })
+                        .collect(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+        });
+        node
+    }
+
+    /// Plans with `--include shm`, lets `between` change the node, then executes.
+    fn reclaim_shm(node: &FakeNode, between: impl FnOnce(&FakeNode)) -> (ReclaimOutcome, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let opts_shm = ReclaimOptions {
+            include_shm: Some(policy.shm.clone()),
+            ..ReclaimOptions::default()
+        };
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &opts_shm)
+        })
+        .unwrap();
+        assert_eq!(prepared.plan.segments.len(), 3, "{:?}", prepared.plan);
+        assert!(
+            prepared
+                .plan
+                .segments
+                .iter()
+                .all(|s| s.after_targets == [16521, 16522, 16523]),
+            "{:?}",
+            prepared.plan.segments
+        );
+        between(node);
+        let out = prepared
+            .run(&mut n, &mut audit, &opts(ResetMode::Never))
+            .unwrap();
+        (out, std::fs::read_to_string(&path).unwrap())
+    }
+
+    fn results(out: &ReclaimOutcome) -> Vec<(&str, SegmentResult)> {
+        out.segments
+            .iter()
+            .map(|s| (s.name.as_str(), s.result))
+            .collect()
+    }
+
+    #[test]
+    fn segments_of_a_dead_job_go_after_its_processes_and_each_removal_is_recorded_first() {
+        let node = demo_with_segments();
+        let (out, audit) = reclaim_shm(&node, |_| {});
+        assert_eq!(
+            results(&out),
+            [
+                ("nccl-3", SegmentResult::Removed),
+                ("torch_1", SegmentResult::Removed),
+                ("torch_2", SegmentResult::Removed)
+            ]
+        );
+        assert_eq!(node.removed_segments(), ["nccl-3", "torch_1", "torch_2"]);
+        let events: Vec<String> = audit
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event"].to_string())
+            .collect();
+        let first_unlink = events.iter().position(|e| e == "\"unlink\"").unwrap();
+        let last_term = events.iter().rposition(|e| e == "\"signal\"").unwrap();
+        assert!(
+            last_term < first_unlink,
+            "signals first, then segments: {events:?}"
+        );
+        assert_eq!(out.host_available.unwrap().before, Some(10 * GIB));
+    }
+
+    #[test]
+    fn a_segment_opened_or_replaced_since_the_plan_is_kept() {
+        let node = demo_with_segments();
+        let (out, _) = reclaim_shm(&node, |n| {
+            n.edit_snapshot(|s| {
+                let segs = &mut s.host_memory.as_mut().unwrap().shm[0].segments;
+                segs[0].users = vec![16518];
+                segs[1].inode = 99;
+            });
+        });
+        assert_eq!(
+            results(&out),
+            [
+                ("nccl-3", SegmentResult::Removed),
+                ("torch_1", SegmentResult::Kept),
+                ("torch_2", SegmentResult::Kept)
+            ]
+        );
+        assert!(
+            out.segments[1]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("in use by pid 16518")
+        );
+        assert!(
+            out.segments[2]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("another file")
+        );
+        assert_eq!(node.removed_segments(), ["nccl-3"]);
+    }
+
+    #[test]
+    fn a_target_that_survives_keeps_its_owners_segments() {
+        let node = demo_with_segments();
+        node.behave(16522, Behaviour::Unkillable);
+        let (out, _) = reclaim_shm(&node, |_| {});
+        assert!(
+            out.segments.iter().all(|s| s.result == SegmentResult::Kept),
+            "{:?}",
+            out.segments
+        );
+        assert!(
+            out.segments[0].detail.as_deref().unwrap().contains("16522"),
+            "{:?}",
+            out.segments[0]
+        );
+        assert!(node.removed_segments().is_empty());
+    }
 }

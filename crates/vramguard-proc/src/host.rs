@@ -287,3 +287,106 @@ pub struct SegmentRemovalError {
     /// What stopped it.
     pub why: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::{parse_maps_files, parse_meminfo, parse_pressure, parse_status_memory};
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn maps_lines_give_device_inode_and_length() {
+        let maps = b"7f0000000000-7f0000800000 rw-s 00000000 00:1a 4242   /dev/shm/torch_1\n\
+            7f0000800000-7f0000801000 rw-p 00000000 00:00 0 \n\
+            7f1000000000-7f1000002000 r--s 00000000 fd:01 99  /usr/lib/x (deleted)\n\
+            garbage line\n\
+            ffff-0000 rw-s 0 00:1a 5 /dev/shm/backwards\n";
+        let got: Vec<(u64, u64, u64)> = parse_maps_files(maps).collect();
+        assert_eq!(
+            got,
+            [
+                (rustix::fs::makedev(0, 0x1a), 4242, 8 << 20),
+                (rustix::fs::makedev(0xfd, 1), 99, 8192)
+            ]
+        );
+    }
+
+    #[test]
+    fn meminfo_pressure_and_locked_memory_parse_and_refuse_nonsense() {
+        assert_eq!(
+            parse_meminfo(b"MemTotal:       65536 kB\nMemFree: 1 kB\nMemAvailable:   1024 kB\n"),
+            (Some(64 << 20), Some(1 << 20))
+        );
+        assert_eq!(parse_meminfo(b"MemTotal: lots\n"), (None, None));
+        let p = parse_pressure(
+            b"some avg10=1.50 avg60=0.25 avg300=0.00 total=1\nfull avg10=0.50 avg60=0.00 avg300=0.00 total=1\n",
+        )
+        .unwrap();
+        assert_eq!((p.some_avg10, p.some_avg60, p.full_avg10), (1.5, 0.25, 0.5));
+        assert!(parse_pressure(b"some avg10=NaN avg60=1\n").is_none());
+        assert_eq!(
+            parse_status_memory(b"Name:\tpython\nVmLck:\t    4096 kB\nVmPin:\t       0 kB\n"),
+            (Some(0), Some(4 << 20))
+        );
+    }
+
+    #[test]
+    fn a_segment_is_removed_only_while_it_is_the_file_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = dir.path().join("torch_1");
+        std::fs::write(&seg, b"x").unwrap();
+        let m = std::fs::metadata(&seg).unwrap();
+        // Replaced by another file under the same name: kept.
+        std::fs::remove_file(&seg).unwrap();
+        std::fs::write(dir.path().join("other"), b"y").unwrap();
+        std::fs::write(&seg, b"z").unwrap();
+        let replaced = std::fs::metadata(&seg).unwrap();
+        if replaced.ino() != m.ino() {
+            let e = remove_segment(dir.path(), "torch_1", m.dev(), m.ino()).unwrap_err();
+            assert!(e.why.contains("another file"), "{e}");
+            assert!(seg.exists());
+        }
+        let now = std::fs::metadata(&seg).unwrap();
+        // A link, a FIFO, a name with a slash: refused.
+        std::os::unix::fs::symlink(&seg, dir.path().join("torch_link")).unwrap();
+        let e = remove_segment(dir.path(), "torch_link", now.dev(), now.ino()).unwrap_err();
+        assert!(e.why.contains("regular file"), "{e}");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.path().join("torch_fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(remove_segment(dir.path(), "torch_fifo", now.dev(), now.ino()).is_err());
+        assert!(remove_segment(dir.path(), "../torch_1", now.dev(), now.ino()).is_err());
+        // A directory reached through a link is not followed.
+        let via = dir.path().join("via");
+        std::os::unix::fs::symlink(dir.path(), &via).unwrap();
+        let e = remove_segment(&via, "torch_1", now.dev(), now.ino()).unwrap_err();
+        assert!(e.why.contains("without following a link"), "{e}");
+        assert!(seg.exists());
+        // The file judged: removed.
+        remove_segment(dir.path(), "torch_1", now.dev(), now.ino()).unwrap();
+        assert!(!seg.exists());
+        assert!(dir.path().join("torch_link").symlink_metadata().is_ok());
+    }
+
+    #[test]
+    fn a_directory_scan_lists_regular_files_and_counts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("torch_1"), vec![0u8; 10_000]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("torch_link")).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let facts = scan_dir(dir.path());
+        assert_eq!(facts.error, None);
+        let names: Vec<&str> = facts.segments.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["torch_1"]);
+        assert_eq!(facts.other_entries, 2);
+        assert!(facts.segments[0].bytes >= 8192 && facts.segments[0].size == 10_000);
+        let link = dir.path().join("dir_link");
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        assert!(scan_dir(&link).error.unwrap().contains("not a link"));
+    }
+}

@@ -615,8 +615,23 @@ mod tests {
             let _ = parse_cgroup2_mount(&bytes);
             let _ = parse_passwd(&bytes);
             let _ = device_file(&bytes, b"/dev");
+            let _ = parse_status_memory(&bytes);
+            let _ = parse_meminfo(&bytes);
+            let _ = parse_pressure(&bytes);
+            let _ = parse_maps_files(&bytes).count();
             let text = String::from_utf8_lossy(&bytes);
             let _ = container_from_cgroup(&text);
+        }
+
+        #[test]
+        fn maps_lines_with_any_numbers_never_panic(
+            start in proptest::num::u64::ANY, end in proptest::num::u64::ANY,
+            major in "[0-9a-fA-F]{0,10}", minor in "[0-9a-fA-F]{0,10}", inode in "[0-9]{0,22}",
+        ) {
+            let line = format!("{start:x}-{end:x} rw-s 00000000 {major}:{minor} {inode} /dev/shm/x\n");
+            for (_, _, len) in parse_maps_files(line.as_bytes()) {
+                proptest::prop_assert!(end >= start && len == end - start);
+            }
         }
 
         #[test]
