@@ -58,6 +58,11 @@ struct GpuOnly {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirLabels {
+    dir: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
 }
@@ -141,6 +146,140 @@ pub struct Metrics {
     /// The Xid counts already added to `xid`, per (GPU, Xid): the source reports running
     /// totals, the counter takes increments.
     xid_added: std::sync::Mutex<BTreeMap<(u32, u64), u64>>,
+    host: HostMetrics,
+}
+
+/// The host side: RAM, pressure, shared memory, and the largest holders' host memory.
+#[derive(Default)]
+struct HostMetrics {
+    available: Family<Vec<(String, String)>, Gauge>,
+    total: Family<Vec<(String, String)>, Gauge>,
+    stalled: Family<Vec<(String, String)>, F64Gauge>,
+    shm_size: Family<DirLabels, Gauge>,
+    shm_used: Family<DirLabels, Gauge>,
+    shm_orphan_bytes: Family<DirLabels, Gauge>,
+    shm_orphan_segments: Family<DirLabels, Gauge>,
+    holder_rss: Family<HolderLabels, Gauge>,
+    holder_pinned: Family<HolderLabels, Gauge>,
+    holder_shm: Family<HolderLabels, Gauge>,
+}
+
+impl HostMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "host_memory_available_bytes",
+            "MemAvailable: host RAM a new job could get without swapping",
+            self.available.clone(),
+        );
+        r.register("host_memory_total_bytes", "MemTotal", self.total.clone());
+        r.register(
+            "host_memory_stalled_ratio",
+            "Share of the last 10 s in which some task stalled waiting for memory (PSI some avg10)",
+            self.stalled.clone(),
+        );
+        r.register(
+            "host_shm_size_bytes",
+            "Size of a shared-memory filesystem ([shm] dirs)",
+            self.shm_size.clone(),
+        );
+        r.register(
+            "host_shm_used_bytes",
+            "Bytes in use on a shared-memory filesystem",
+            self.shm_used.clone(),
+        );
+        r.register(
+            "host_shm_orphan_bytes",
+            "Bytes in shared-memory segments no process maps or holds and whose owner runs no GPU job (as of the last full scan)",
+            self.shm_orphan_bytes.clone(),
+        );
+        r.register(
+            "host_shm_orphan_segments",
+            "Orphaned shared-memory segments (as of the last full scan)",
+            self.shm_orphan_segments.clone(),
+        );
+        r.register(
+            "holder_host_rss_bytes",
+            "Host RSS of the largest GPU holders (top_holders per GPU)",
+            self.holder_rss.clone(),
+        );
+        r.register(
+            "holder_host_pinned_bytes",
+            "Pinned or locked host memory (VmPin, VmLck) of the largest GPU holders, as of the last full scan",
+            self.holder_pinned.clone(),
+        );
+        r.register(
+            "holder_host_shm_bytes",
+            "Shared memory mapped by the largest GPU holders, as of the last full scan",
+            self.holder_shm.clone(),
+        );
+    }
+
+    fn clear(&self) {
+        self.available.clear();
+        self.total.clear();
+        self.stalled.clear();
+        for f in [
+            &self.shm_size,
+            &self.shm_used,
+            &self.shm_orphan_bytes,
+            &self.shm_orphan_segments,
+        ] {
+            f.clear();
+        }
+        for f in [&self.holder_rss, &self.holder_pinned, &self.holder_shm] {
+            f.clear();
+        }
+    }
+
+    fn update(&self, host: &vramguard_core::host::HostReport) {
+        let none = Vec::new();
+        if let Some(b) = host.mem_available_bytes {
+            self.available.get_or_create(&none).set(b as i64);
+        }
+        if let Some(b) = host.mem_total_bytes {
+            self.total.get_or_create(&none).set(b as i64);
+        }
+        if let Some(p) = host.pressure {
+            self.stalled.get_or_create(&none).set(p.some_avg10 / 100.0);
+        }
+        for d in host.shm_dirs.iter().filter(|d| d.error.is_none()) {
+            let l = DirLabels {
+                dir: shown(&d.path),
+            };
+            if let Some(s) = d.size_bytes {
+                self.shm_size.get_or_create(&l).set(s as i64);
+            }
+            if let Some(u) = d.used_bytes {
+                self.shm_used.get_or_create(&l).set(u as i64);
+            }
+            self.shm_orphan_bytes
+                .get_or_create(&l)
+                .set(d.orphan_bytes as i64);
+            let n = host
+                .segments
+                .iter()
+                .filter(|s| {
+                    s.dir == d.path
+                        && s.verdict == vramguard_core::host::SegmentVerdict::Reclaimable
+                })
+                .count();
+            self.shm_orphan_segments.get_or_create(&l).set(n as i64);
+        }
+    }
+
+    fn holder(&self, hl: &HolderLabels, h: &vramguard_core::Holder) {
+        if let Some(rss) = h.rss_bytes {
+            self.holder_rss.get_or_create(hl).set(rss as i64);
+        }
+        if let Some(m) = h.host_memory {
+            if let Some(p) = m.pinned_bytes.max(m.locked_bytes) {
+                self.holder_pinned.get_or_create(hl).set(p as i64);
+            }
+            if let Some(s) = m.shm_bytes {
+                self.holder_shm.get_or_create(hl).set(s as i64);
+            }
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -244,6 +383,7 @@ impl Metrics {
             retired_pending: Family::default(),
             xid: Family::default(),
             xid_added: Default::default(),
+            host: HostMetrics::default(),
             registry: Registry::default(),
             heap: None,
         };
@@ -251,6 +391,7 @@ impl Metrics {
         m.register_trends_and_reclaim(&mut r);
         m.register_collections(&mut r);
         m.register_health(&mut r);
+        m.host.register(&mut r);
         register_build_info(&mut r);
         Metrics { registry: r, ..m }
     }
@@ -511,6 +652,9 @@ impl Metrics {
             self.gpu_series(&gl, g, facts);
             self.holder_series(&gl, g, facts);
         }
+        if let Some(host) = &report.host {
+            self.host.update(host);
+        }
         for (rule, gpu) in facts.firing {
             self.alerts
                 .get_or_create(&RuleLabels {
@@ -546,6 +690,7 @@ impl Metrics {
         self.remap_failure.clear();
         self.retired_pages.clear();
         self.retired_pending.clear();
+        self.host.clear();
     }
 
     /// This collection: its duration, time, depth and the driver.
@@ -632,6 +777,7 @@ impl Metrics {
                 job: h.job.as_ref().map(|j| shown(&j.label)).unwrap_or_default(),
             };
             self.holder_bytes.get_or_create(&hl).set(bytes);
+            self.host.holder(&hl, h);
             if let Some(t) = facts.holder_trends.get(&(g.index, h.pid)) {
                 self.holder_slope.get_or_create(&hl).set(t.slope);
             }

@@ -111,6 +111,10 @@ fn sum_bytes(holders: &[&Holder]) -> u64 {
 /// Builds the check-list and verdict.
 pub fn diagnose(report: Report) -> Diagnosis {
     let mut checks = node_checks(&report);
+    // Machine-wide checks come before the GPUs'.
+    if let Some(host) = &report.host {
+        checks.extend(host_checks(host));
+    }
     let mut steps: Vec<NextStep> = Vec::new();
     let mut reclaim_gpus = Vec::new();
     let mut reclaim_hidden = false;
@@ -131,6 +135,18 @@ pub fn diagnose(report: Report) -> Diagnosis {
     }
     let mut next_steps = leading_steps(&report, &reclaim_gpus, reclaim_hidden, &reset_gpus);
     next_steps.append(&mut steps);
+    if let Some(host) = &report.host {
+        if host.orphan_shm_bytes > 0 {
+            next_steps.push(NextStep {
+                why: format!(
+                    "{} of RAM is held by shared-memory segments no process uses (dead jobs' \
+                     leftovers); removing them gives it back",
+                    format_bytes(host.orphan_shm_bytes)
+                ),
+                command: Some("vramguard reclaim --include shm".into()),
+            });
+        }
+    }
     let clean = checks.iter().all(|c| c.status != CheckStatus::Fail);
     let ghost_bytes = report.ghost_bytes();
     Diagnosis {
@@ -224,6 +240,104 @@ fn node_checks(report: &Report) -> Vec<Check> {
     checks
 }
 
+/// The host side: available RAM and pressure, shared memory, and what dead jobs hold.
+fn host_checks(host: &crate::host::HostReport) -> Vec<Check> {
+    let mut checks = Vec::new();
+    if let (Some(avail), Some(total)) = (host.mem_available_bytes, host.mem_total_bytes) {
+        let pressure = host.pressure.map(|p| p.some_avg10);
+        let low = total > 0 && avail.saturating_mul(10) < total;
+        let stalled = pressure.is_some_and(|p| p >= 10.0);
+        checks.push(check(
+            None,
+            "host memory",
+            if low || stalled {
+                CheckStatus::Warn
+            } else {
+                CheckStatus::Pass
+            },
+            format!(
+                "{} of {} available{}{}",
+                format_bytes(avail),
+                format_bytes(total),
+                pressure.map_or(String::new(), |p| format!(
+                    "; tasks stalled on memory {p:.1}% of the last 10 s"
+                )),
+                if low {
+                    " (under 10%: the next job's DataLoader may die with a bus error or the OOM \
+                     killer may pick a live job)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    for d in &host.shm_dirs {
+        let segments = host.segments.iter().filter(|s| s.dir == d.path);
+        let orphans = segments
+            .clone()
+            .filter(|s| s.verdict == crate::host::SegmentVerdict::Reclaimable)
+            .count();
+        let used = match (d.used_bytes, d.size_bytes) {
+            (Some(u), Some(s)) => format!("{} of {} used", format_bytes(u), format_bytes(s)),
+            _ => "usage unknown".into(),
+        };
+        checks.push(match &d.error {
+            Some(e) => check(
+                None,
+                "shared memory",
+                CheckStatus::Warn,
+                crate::sanitize::shown(e),
+            ),
+            None if orphans > 0 => check(
+                None,
+                "shared memory",
+                CheckStatus::Fail,
+                format!(
+                    "{}: {used}; {} in {orphans} orphaned segment(s) (no process maps or holds \
+                     them, their owners run no GPU job)",
+                    d.path,
+                    format_bytes(d.orphan_bytes)
+                ),
+            ),
+            None => check(
+                None,
+                "shared memory",
+                CheckStatus::Pass,
+                format!(
+                    "{}: {used}; {} segment(s), none orphaned",
+                    d.path,
+                    segments.count()
+                ),
+            ),
+        });
+    }
+    for j in host.dead_jobs.iter().filter(|j| j.rss_bytes > 0) {
+        checks.push(check(
+            None,
+            "dead job host RAM",
+            CheckStatus::Warn,
+            format!(
+                "job of leader {} (gone): {} of host RAM in {} process(es){}{}; freed with \
+                 its processes",
+                j.leader_pid,
+                format_bytes(j.rss_bytes),
+                j.pids.len(),
+                if j.shm_bytes > 0 {
+                    format!(", {} of it shared memory", format_bytes(j.shm_bytes))
+                } else {
+                    String::new()
+                },
+                if j.pinned_bytes > 0 {
+                    format!(", {} pinned", format_bytes(j.pinned_bytes))
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
+    checks
+}
+
 /// The commands that free the most: reclaim the holders whose job is gone, then reset the
 /// GPUs with residue.
 fn leading_steps(
@@ -296,6 +410,16 @@ fn summary(report: &Report, clean: bool, reclaimable_bytes: u64) -> String {
         )
     } else if !failed_gpus.is_empty() {
         format!("GPU {} could not be read", join(&failed_gpus))
+    } else if let Some(orphaned) = report
+        .host
+        .as_ref()
+        .map(|h| h.orphan_shm_bytes)
+        .filter(|b| *b > 0)
+    {
+        format!(
+            "GPU memory is clean, but {} of host RAM is held by orphaned shared-memory segments",
+            format_bytes(orphaned)
+        )
     } else {
         "needs attention: see the failed checks".into()
     }

@@ -467,7 +467,7 @@ impl ProcCollector {
     /// `meminfo` and memory pressure every time; at full depth also the shared-memory
     /// segments with their users (one pass over every process's maps and open files, done only
     /// when a segment exists) and each process's pinned, locked and shared memory, which later
-    /// collections reuse.
+    /// collections reuse (a process first seen in between is read once when first seen).
     fn host_memory(
         &mut self,
         processes: &mut [ProcessFacts],
@@ -509,6 +509,23 @@ impl ProcCollector {
                 }
             }
             self.last_shm = dirs;
+        } else {
+            // A process first seen since the last full scan is read once now.
+            let devs: BTreeSet<u64> = self
+                .last_shm
+                .iter()
+                .filter(|d| d.error.is_none())
+                .map(|d| d.dev)
+                .collect();
+            for p in processes.iter() {
+                if let Some(k) = self.known.get(&p.pid)
+                    && k.host_memory.is_none()
+                    && let Ok(Found::Yes(m)) = crate::host::process_memory(&self.fs, p.pid, &devs)
+                    && let Some(k) = self.known.get_mut(&p.pid)
+                {
+                    k.host_memory = Some(m);
+                }
+            }
         }
         for p in processes.iter_mut() {
             p.host_memory = self.known.get(&p.pid).and_then(|k| k.host_memory);

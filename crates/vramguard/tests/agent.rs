@@ -1165,6 +1165,57 @@ fn alert_state(prom: SocketAddr, alert: &str) -> Option<String> {
     }
 }
 
+/// Orphaned shared memory reaches a real Prometheus and the shipped rule fires; removing the
+/// segment resolves it. The agent runs as PID 1 of its own PID namespace, where every process's
+/// maps are readable (a segment is never called orphaned while one process cannot be checked).
+#[test]
+fn orphaned_shared_memory_fires_its_alert_and_resolves_when_removed() {
+    let world = World::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    let cfg = config(
+        &world,
+        &format!(
+            "[agent]\ninterval = \"250ms\"\nfull_scan_every = \"1s\"\n[shm]\ndirs = [\"{}\"]\nmin_age = \"1s\"\n",
+            shm.display()
+        ),
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child", BIN])
+        .arg("--sim")
+        .arg(world.state_path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["agent", "--listen", "127.0.0.1:0"])
+        .env_remove("VRAMGUARD_SIM")
+        .env("NO_COLOR", "1");
+    let agent = Agent::spawn(cmd, true);
+    let (_prom, prom) = scraping_prometheus(dir.path(), agent.addr);
+    let segment = shm.join("nccl-dead-rank-3");
+    std::fs::write(&segment, vec![1u8; 1 << 20]).unwrap();
+    let mut tested = Vec::new();
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardOrphanedSharedMemory",
+        || {
+            wait_until(20, "the orphaned segment in the metrics", || {
+                sample(&agent.metrics(), "vramguard_host_shm_orphan_bytes", &[])
+                    .is_some_and(|b| b >= (1 << 20) as f64)
+            })
+        },
+        || std::fs::remove_file(&segment).unwrap(),
+    );
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "vramguard_host_shm_orphan_segments", &[]),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(sample(&m, "vramguard_host_memory_available_bytes", &[]).unwrap() > 0.0);
+}
+
 /// Makes `alert` fire with `cause`, then resolve with `cure`; records that it was tested.
 fn fires_and_resolves(
     prom: SocketAddr,
@@ -1207,10 +1258,15 @@ fn rules_for_test() -> String {
             if l.trim_start().starts_with("for:") {
                 "        for: 1s".to_string()
             } else {
-                l.replace("[15m]", "[10s]").replace(
-                    "vramguard_last_collection_timestamp_seconds > 120",
-                    "vramguard_last_collection_timestamp_seconds > 3",
-                )
+                l.replace("[15m]", "[10s]")
+                    .replace(
+                        "vramguard_last_collection_timestamp_seconds > 120",
+                        "vramguard_last_collection_timestamp_seconds > 3",
+                    )
+                    .replace(
+                        "vramguard_host_shm_orphan_bytes > 1073741824",
+                        "vramguard_host_shm_orphan_bytes > 0",
+                    )
             }
         })
         .collect::<Vec<_>>()
@@ -1474,6 +1530,8 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
         },
     );
 
+    // Tested on its own, with an agent in a PID namespace of its own (below).
+    tested.push("VramguardOrphanedSharedMemory".into());
     tested.sort();
     tested.dedup();
     assert_eq!(
