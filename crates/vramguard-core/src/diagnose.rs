@@ -135,17 +135,17 @@ pub fn diagnose(report: Report) -> Diagnosis {
     }
     let mut next_steps = leading_steps(&report, &reclaim_gpus, reclaim_hidden, &reset_gpus);
     next_steps.append(&mut steps);
-    if let Some(host) = &report.host {
-        if host.orphan_shm_bytes > 0 {
-            next_steps.push(NextStep {
-                why: format!(
-                    "{} of RAM is held by shared-memory segments no process uses (dead jobs' \
+    if let Some(host) = &report.host
+        && host.orphan_shm_bytes > 0
+    {
+        next_steps.push(NextStep {
+            why: format!(
+                "{} of RAM is held by shared-memory segments no process uses (dead jobs' \
                      leftovers); removing them gives it back",
-                    format_bytes(host.orphan_shm_bytes)
-                ),
-                command: Some("vramguard reclaim --include shm".into()),
-            });
-        }
+                format_bytes(host.orphan_shm_bytes)
+            ),
+            command: Some("vramguard reclaim --include shm".into()),
+        });
     }
     let clean = checks.iter().all(|c| c.status != CheckStatus::Fail);
     let ghost_bytes = report.ghost_bytes();
