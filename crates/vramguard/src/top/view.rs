@@ -225,7 +225,23 @@ fn age(secs: Option<u64>) -> String {
     }
 }
 
-fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
+/// A holder's host memory, for its detail pane.
+fn host_memory_line(h: &vramguard_core::Holder) -> String {
+    let bytes = |b: Option<u64>| b.map_or_else(|| "n/a".to_string(), format_bytes);
+    let m = h.host_memory.unwrap_or_default();
+    format!(
+        "host memory: RSS {}, locked {}, pinned {}, shared memory mapped {}",
+        bytes(h.rss_bytes),
+        bytes(m.locked_bytes),
+        bytes(m.pinned_bytes),
+        bytes(m.shm_bytes)
+    )
+}
+
+/// The widest screens also show each holder's pinned (or locked) and shared host memory.
+const HOST_COLUMNS_FROM: u16 = 150;
+
+fn table_row(paint: &Paint, r: &AppRow, tree: bool, host_columns: bool) -> Row<'static> {
     if let Some(j) = &r.job {
         let state = match j.alive {
             Some(true) => "alive",
@@ -238,7 +254,7 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
             Style::default().add_modifier(Modifier::BOLD)
         };
         let blank = || Cell::from("");
-        return Row::new(vec![
+        let mut cells = vec![
             Cell::from("job").style(style),
             blank(),
             blank(),
@@ -248,9 +264,12 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
             blank(),
             blank(),
             blank(),
-            blank(),
-            Cell::from(format!("{} holder row(s)", j.members)),
-        ]);
+        ];
+        if host_columns {
+            cells.extend([blank(), blank()]);
+        }
+        cells.extend([blank(), Cell::from(format!("{} holder row(s)", j.members))]);
+        return Row::new(cells);
     }
     let h = &r.holder;
     let memory = match (h.listed, h.used_bytes) {
@@ -272,7 +291,7 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
         })
         .or_else(|| h.job.as_ref().map(|j| j.label.clone()))
         .unwrap_or_else(|| "-".into());
-    Row::new(vec![
+    let mut cells = vec![
         Cell::from(h.pid.to_string()),
         Cell::from(fit(h.user.as_deref().unwrap_or("-"), 10)),
         Cell::from(r.gpu.to_string()),
@@ -285,6 +304,17 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
                 .map_or("n/a".into(), |mc| format!("{:.1}", mc as f64 / 10.0)),
         ),
         Cell::from(h.rss_bytes.map_or("n/a".into(), format_bytes)),
+    ];
+    if host_columns {
+        let m = h.host_memory.unwrap_or_default();
+        let pinned = match (m.pinned_bytes, m.locked_bytes) {
+            (None, None) => None,
+            (p, l) => Some(p.unwrap_or(0).max(l.unwrap_or(0))),
+        };
+        cells.push(Cell::from(pinned.map_or("n/a".into(), format_bytes)));
+        cells.push(Cell::from(m.shm_bytes.map_or("n/a".into(), format_bytes)));
+    }
+    cells.extend([
         Cell::from(age(h.age_secs)),
         Cell::from(format!(
             "{}{}",
@@ -294,39 +324,44 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool) -> Row<'static> {
                 200
             )
         )),
-    ])
+    ]);
+    Row::new(cells)
 }
 
 fn holders_table(frame: &mut Frame, app: &App, paint: &Paint, area: Rect) {
-    let header = Row::new(vec![
-        "PID", "USER", "GPU", "CLASS", "JOB", "GPU MEM", "%SM", "CPU%", "RSS", "AGE", "COMMAND",
-    ])
-    .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
+    let host_columns = area.width >= HOST_COLUMNS_FROM;
+    let mut titles = vec![
+        "PID", "USER", "GPU", "CLASS", "JOB", "GPU MEM", "%SM", "CPU%", "RSS",
+    ];
+    let mut widths = vec![
+        Constraint::Length(8),
+        Constraint::Length(10),
+        Constraint::Length(3),
+        Constraint::Length(8),
+        Constraint::Length(18),
+        Constraint::Length(10),
+        Constraint::Length(4),
+        Constraint::Length(5),
+        Constraint::Length(10),
+    ];
+    if host_columns {
+        titles.extend(["PINNED", "SHM"]);
+        widths.extend([Constraint::Length(10), Constraint::Length(10)]);
+    }
+    titles.extend(["AGE", "COMMAND"]);
+    widths.extend([Constraint::Length(4), Constraint::Min(10)]);
+    let header =
+        Row::new(titles).style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
     let rows: Vec<Row> = app
         .rows
         .iter()
-        .map(|r| table_row(paint, r, app.tree))
+        .map(|r| table_row(paint, r, app.tree, host_columns))
         .collect();
     let empty = rows.is_empty();
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Length(8),
-            Constraint::Length(10),
-            Constraint::Length(3),
-            Constraint::Length(8),
-            Constraint::Length(18),
-            Constraint::Length(10),
-            Constraint::Length(4),
-            Constraint::Length(5),
-            Constraint::Length(10),
-            Constraint::Length(4),
-            Constraint::Min(10),
-        ],
-    )
-    .header(header)
-    .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-    .highlight_symbol("▶");
+    let table = Table::new(rows, widths)
+        .header(header)
+        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+        .highlight_symbol("▶");
     let mut state = TableState::default();
     if !empty && app.interactive {
         state.select(Some(app.selected));
@@ -458,6 +493,7 @@ fn dialog(frame: &mut Frame, app: &App, paint: &Paint) {
                         h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
                         500,
                     )),
+                    Line::from(host_memory_line(h)),
                     Line::from(""),
                 ];
                 lines.extend(
