@@ -10,7 +10,9 @@
 //! - its name starts with a known producer's prefix (an unknown producer may be a database or
 //!   a service that maps it on demand);
 //! - no process maps it or holds it open (by device and inode, so a container's own `/dev/shm`
-//!   is never confused with the host's), and that was fully checked;
+//!   is never confused with the host's), and that was fully checked; or the only ones that do
+//!   are about to be reclaimed (the dead job's own workers), and it is judged again after they
+//!   are gone;
 //! - its owner has no live GPU holder, which could still open it by name (unless the owner
 //!   rule says otherwise, or those holders are all about to be reclaimed);
 //! - it was neither written nor changed for `min_age`;
@@ -448,6 +450,12 @@ fn judge(
         .copied()
         .filter(|p| !leaving.contains(p))
         .collect();
+    let users_staying: Vec<u32> = s
+        .users
+        .iter()
+        .copied()
+        .filter(|p| !leaving.contains(p))
+        .collect();
     let mut after_targets = Vec::new();
     let verdict = if !s.exact_name || s.name.contains('/') || s.name.is_empty() {
         SegmentVerdict::OddName
@@ -457,18 +465,22 @@ fn judge(
         SegmentVerdict::UsersUnknown {
             unchecked: dir.unchecked_pids.clone(),
         }
-    } else if !s.users.is_empty() {
+    } else if !users_staying.is_empty() {
         SegmentVerdict::InUse {
-            pids: s.users.clone(),
+            pids: users_staying,
         }
     } else if policy.owner_rule == OwnerRule::NoLiveHolder && !staying.is_empty() {
         SegmentVerdict::OwnerActive { pids: staying }
     } else if age_secs < policy.min_age_secs || last_change > snap.taken_at_ms {
         SegmentVerdict::TooYoung { age_secs }
     } else {
+        // Users and owner's holders about to be reclaimed: it goes after them.
+        after_targets = s.users.clone();
         if policy.owner_rule == OwnerRule::NoLiveHolder {
-            after_targets = owners;
+            after_targets.extend(owners);
         }
+        after_targets.sort_unstable();
+        after_targets.dedup();
         SegmentVerdict::Reclaimable
     };
     SegmentReport {

@@ -725,7 +725,9 @@ proptest! {
             let f = facts.segments.iter().find(|f| f.inode == planned.inode).unwrap();
             prop_assert_eq!(&planned.verdict, &SegmentVerdict::Reclaimable);
             prop_assert!(checked);
-            prop_assert!(f.users.is_empty(), "{} is used by {:?}", f.name, f.users);
+            for u in &f.users {
+                prop_assert!(targets.contains(u), "{} is used by {} (not a target)", f.name, u);
+            }
             prop_assert!(f.exact_name && !f.name.is_empty() && !f.name.contains('/'));
             prop_assert!(shm.producers.iter().any(|p| f.name.starts_with(p.as_str())));
             let last = f.modified_ms.max(f.changed_ms);

@@ -275,3 +275,135 @@ impl Drop for RemovedOnDrop {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// The whole incident: a training job was killed, its DataLoader worker lives on holding 2 GiB
+/// of GPU memory and mapping the job's PyTorch segment. `reclaim --include shm` stops the
+/// worker first, then (the segment judged again, now unused) removes the segment.
+#[test]
+fn a_dead_jobs_worker_and_the_segment_it_maps_are_reclaimed_in_that_order() {
+    let Some(py) = python() else {
+        panic!("python3 is needed for the worker");
+    };
+    let world = World::new(1);
+    let dir = world.dir.path().to_path_buf();
+    let shm = dir.join("shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let cfg = config(
+        &world,
+        &format!("[shm]\ndirs = [\"{}\"]\nmin_age = \"1s\"\n", shm.display()),
+    );
+    let worker = r#"
+import mmap, sys, time
+devices = [open(p, "rb") for p in sys.argv[3:]]
+f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 0); m[:] = b"x" * len(m)
+open(sys.argv[2], "w").write("ready")
+time.sleep(120)
+"#;
+    std::fs::write(dir.join("worker.py"), worker).unwrap();
+    let script = format!(
+        r#"set -e
+mount -t tmpfs -o size=16m tmpfs {shm}
+head -c 4194304 /dev/zero > {shm}/torch_7_1
+# The launcher (a session leader) starts the worker and dies.
+setsid bash -c '{py} {dir}/worker.py {shm}/torch_7_1 {dir}/ready {dev0} {ctl} > /dev/null 2>&1 & echo $! > {dir}/worker.pid'
+for i in $(seq 200); do test -e {dir}/ready && break; sleep 0.05; done
+touch {dir}/need-allocation
+for i in $(seq 200); do test -e {dir}/allocated && break; sleep 0.05; done
+sleep 1.2
+{bin} --sim {state} --config {cfg} status --json > {dir}/status.json
+NO_COLOR=1 {bin} --sim {state} --config {cfg} reclaim --include orphan,hidden,shm --yes --json --grace 2s --audit-log {dir}/audit.jsonl > {dir}/outcome.json || true
+ls -A {shm}
+"#,
+        shm = shm.display(),
+        dir = dir.display(),
+        dev0 = world.dev("nvidia0").display(),
+        ctl = world.dev("nvidiactl").display(),
+        bin = BIN,
+        state = world.state_path().display(),
+        cfg = cfg.display(),
+    );
+    let child = Command::new("unshare")
+        .args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "bash",
+            "-c",
+        ])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Reaped(child);
+    // The worker's pid in the namespace is the one the simulated driver reports there.
+    wait_until(20, "the worker", || dir.join("need-allocation").exists());
+    let pid: u32 = std::fs::read_to_string(dir.join("worker.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    world.allocate(allocation(0, pid, 2 << 30));
+    std::fs::write(dir.join("allocated"), "").unwrap();
+    let mut out = String::new();
+    use std::io::Read;
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut err = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(child.0.wait().unwrap().success(), "{out}\n{err}");
+
+    let status: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("status.json")).unwrap()).unwrap();
+    let seg = &status["host"]["segments"][0];
+    assert_eq!(
+        seg["verdict"], "in_use",
+        "before: the worker maps it: {seg}"
+    );
+    assert_eq!(seg["users"], serde_json::json!([pid]));
+    let outcome: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("outcome.json")).unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let targets: Vec<u64> = outcome["targets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no targets: {outcome}\n{err}"))
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(targets, [u64::from(pid)], "{outcome}");
+    assert_eq!(
+        outcome["plan"]["segments"][0]["after_targets"],
+        serde_json::json!([pid])
+    );
+    assert_eq!(outcome["segments"][0]["result"], "removed", "{outcome}");
+    assert_eq!(out.trim(), "", "the segment is gone: {out}");
+    let audit = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap();
+    let events: Vec<String> = audit
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let term = events.iter().position(|e| e == "signal").unwrap();
+    let unlink = events.iter().position(|e| e == "unlink").unwrap();
+    assert!(
+        term < unlink,
+        "the worker is signalled before its segment goes: {events:?}"
+    );
+}
