@@ -870,6 +870,35 @@ include = ["orphan"]
     }
 
     #[test]
+    fn shm_settings_are_read_and_nonsense_is_refused_by_key() {
+        let c = Config::parse(
+            Path::new("v.toml"),
+            "[shm]\ndirs = [\"/run/shm\"]\nproducers = [\"vllm_\"]\nmin_age = \"1h\"\nowner_rule = \"ignore\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.shm.dirs, [PathBuf::from("/run/shm")]);
+        assert_eq!(c.policy.shm.producers, ["vllm_"]);
+        assert_eq!(c.policy.shm.min_age_secs, 3600);
+        assert_eq!(
+            c.policy.shm.owner_rule,
+            vramguard_core::host::OwnerRule::Ignore
+        );
+        assert_eq!(Config::default().shm.dirs, [PathBuf::from("/dev/shm")]);
+        for (bad, key) in [
+            ("dirs = [\"shm\"]", "shm.dirs"),
+            ("producers = [\"t\"]", "shm.producers"),
+            ("producers = [\"a/b_\"]", "shm.producers"),
+            ("min_age = \"0s\"", "shm.min_age"),
+            ("owner_rule = \"whoever\"", "shm.owner_rule"),
+        ] {
+            let e = Config::parse(Path::new("v.toml"), &format!("[shm]\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("v.toml"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn errors_name_the_file_the_key_and_the_line() {
         let e = Config::parse(Path::new("/etc/v.toml"), "[policy]\ntolerence = \"1GiB\"\n")
             .unwrap_err()

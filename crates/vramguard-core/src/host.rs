@@ -165,11 +165,14 @@ impl std::str::FromStr for OwnerRule {
 
 /// The prefixes of the segments GPU jobs leave behind, with the producer each names.
 pub const DEFAULT_PRODUCERS: &[(&str, &str)] = &[
-    ("torch_", "PyTorch (file_system sharing)"),
+    // shm_open("/torch_<pid>_<random>_<n>"): the file_system sharing strategy.
+    ("torch_", "PyTorch"),
+    // "/dev/shm/nccl-XXXXXX": NCCL's intra-node transport.
     ("nccl-", "NCCL"),
-    ("psm_", "Python multiprocessing.shared_memory"),
+    // multiprocessing.shared_memory.SharedMemory's default names.
+    ("psm_", "Python shared_memory"),
+    // sem_open("/NAME") creates /dev/shm/sem.NAME (multiprocessing's locks: sem.mp-…).
     ("sem.", "POSIX semaphore"),
-    ("cuda.shm.", "CUDA IPC"),
 ];
 
 /// The knobs of [`assess`] (`[shm]` in the config file).
@@ -624,10 +627,7 @@ mod tests {
         assert_eq!(p.producer("ncclx"), None);
         p.producers.push("torch_big_".into());
         assert_eq!(p.producer("torch_big_1").as_deref(), Some("torch_big_*"));
-        assert_eq!(
-            p.producer("torch_1").as_deref(),
-            Some("PyTorch (file_system sharing)")
-        );
+        assert_eq!(p.producer("torch_1").as_deref(), Some("PyTorch"));
         assert!("bogus".parse::<OwnerRule>().is_err());
         assert_eq!("ignore".parse::<OwnerRule>(), Ok(OwnerRule::Ignore));
     }

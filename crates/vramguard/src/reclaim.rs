@@ -190,7 +190,8 @@ fn render_planned_segments(out: &mut String, plan: &Plan) {
             if s.after_targets.is_empty() {
                 String::new()
             } else {
-                "  (after its owner's targets are gone)".into()
+                let pids: Vec<String> = s.after_targets.iter().map(|p| p.to_string()).collect();
+                format!("  (once pid {} are gone)", pids.join(", "))
             }
         );
     }
