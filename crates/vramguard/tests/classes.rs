@@ -553,9 +553,28 @@ fn a_snapshot_replays_to_the_same_report() {
             _ => {}
         }
     }
+    // And for what the rest of the machine does meanwhile: its free RAM, memory pressure and
+    // shared memory in use.
+    fn without_the_machines_moment(v: &mut serde_json::Value) {
+        let host = &mut v["host"];
+        host["mem_available_bytes"] = json!(0);
+        host["pressure"] = json!(null);
+        for d in host["shm_dirs"].as_array_mut().into_iter().flatten() {
+            d["used_bytes"] = json!(0);
+        }
+    }
     let (mut replayed, mut live) = (replayed, live);
     timeless(&mut replayed);
     timeless(&mut live);
+    without_the_machines_moment(&mut replayed);
+    without_the_machines_moment(&mut live);
+    assert!(
+        replayed["host"]["dead_jobs"][0]["rss_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{replayed}"
+    );
     assert_eq!(replayed, live);
 }
 
