@@ -535,11 +535,12 @@ fn a_snapshot_replays_to_the_same_report() {
         .json(0);
     assert_eq!(holder(&replayed, 0, h.workers[0])["class"], "orphan");
     // The whole report is the same, but for what the clock decides: when it was taken and
-    // how long the two runs watched the processes for signs of work (and so how long idle).
+    // how long the two runs watched the processes for signs of work (and so how long idle),
+    // and how old the processes were when each run looked.
     fn timeless(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(m) => {
-                for k in ["taken_at_ms", "window_ms", "idle_secs"] {
+                for k in ["taken_at_ms", "window_ms", "idle_secs", "age_secs"] {
                     if let Some(x) = m.get_mut(k) {
                         *x = json!(0);
                     }
