@@ -23,6 +23,8 @@ for tool in prometheus promtool; do
     command -v "$tool" >/dev/null 2>&1 || need+=(prometheus)
 done
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# The host-memory tests run small Python workers that map shared memory and lock pages.
+[ -x /usr/bin/python3 ] || need+=(python3)
 # The systemd unit in deploy/ is checked with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
