@@ -88,8 +88,10 @@ proptest! {
         snap.normalize();
         let policy = Policy::default();
         let report = classify(&snap, &policy);
-        let mut opts = ReclaimOptions::default();
-        opts.include_shm = Some(policy.shm.clone());
+        let opts = ReclaimOptions {
+            include_shm: Some(policy.shm.clone()),
+            ..ReclaimOptions::default()
+        };
         let plan = plan_reclaim(&snap, &report, &opts);
         for t in plan.targets() {
             prop_assert!(snap.process(t.pid).is_some(), "target {} is not in the snapshot", t.pid);
