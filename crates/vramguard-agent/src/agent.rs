@@ -199,6 +199,7 @@ impl Agent {
                 holder_trends: &holder_trends,
                 firing: &firing,
                 top_holders: self.config.agent.top_holders,
+                dcgm_labels: self.config.agent.dcgm_labels,
             },
         );
         self.watch_holders(&report);

@@ -28,6 +28,10 @@ struct GpuLabels {
     gpu: String,
     uuid: String,
     model: String,
+    /// DCGM's spelling of the same (`UUID`, `modelName`) and `Hostname`, with
+    /// `[agent] dcgm_labels`: what joins with dcgm-exporter's series.
+    #[prometheus(flatten)]
+    dcgm: LabelList,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,6 +39,8 @@ struct ClassLabels {
     gpu: String,
     uuid: String,
     model: String,
+    #[prometheus(flatten)]
+    dcgm: LabelList,
     class: String,
 }
 
@@ -43,6 +49,8 @@ struct HolderLabels {
     gpu: String,
     uuid: String,
     model: String,
+    #[prometheus(flatten)]
+    dcgm: LabelList,
     pid: String,
     comm: String,
     class: String,
@@ -50,6 +58,10 @@ struct HolderLabels {
     pod_uid: String,
     /// The holder's job (`slurm:42.0`, `unit:train.service`, `pgid:4121`).
     job: String,
+    /// Who to charge, in the names other exporters use: `slurm_job`, `user` (and `namespace`,
+    /// `pod` where known); only those known.
+    #[prometheus(flatten)]
+    owner: LabelList,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -96,7 +108,51 @@ struct CauseLabels {
     gpu: String,
     uuid: String,
     model: String,
+    #[prometheus(flatten)]
+    dcgm: LabelList,
     cause: String,
+}
+
+/// Whom a holder's memory is charged to, in the label names dcgm-exporter and Slurm exporters
+/// use: its Slurm job id (from a `job_N` cgroup) and its user.
+fn owner_labels(h: &vramguard_core::Holder) -> LabelList {
+    let slurm_job = h
+        .job
+        .as_ref()
+        .filter(|j| j.kind == vramguard_core::job::JobKind::Slurm)
+        .and_then(|j| j.label.strip_prefix("slurm:"))
+        .map(|l| l.split('.').next().unwrap_or(l).to_string())
+        .unwrap_or_default();
+    let user = h
+        .user
+        .clone()
+        .or_else(|| h.uid.map(|u| u.to_string()))
+        .unwrap_or_default();
+    LabelList::default()
+        .with("slurm_job", &slurm_job)
+        .with("user", &user)
+}
+
+/// Labels present only when they have a value (an empty label is noise in every scrape).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+struct LabelList(Vec<(String, String)>);
+
+impl LabelList {
+    fn with(mut self, key: &str, value: &str) -> LabelList {
+        if !value.is_empty() {
+            self.0.push((key.into(), shown(value)));
+        }
+        self
+    }
+}
+
+impl EncodeLabelSet for LabelList {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelSetEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
 }
 
 /// Buckets of the release-lag histogram, seconds: a few hundred ms is normal, tens of seconds
@@ -304,6 +360,8 @@ pub struct SampleFacts<'a> {
     pub firing: &'a [(String, u32)],
     /// How many holders per GPU get their own series.
     pub top_holders: usize,
+    /// Per-GPU series also carry dcgm-exporter's `UUID`, `modelName` and `Hostname`.
+    pub dcgm_labels: bool,
 }
 
 /// The metrics text of a single full collection of `report`, outside an agent: no trends, no
@@ -311,6 +369,7 @@ pub struct SampleFacts<'a> {
 pub fn one_collection(
     report: &Report,
     top_holders: usize,
+    dcgm_labels: bool,
     duration_secs: f64,
     timestamp_secs: f64,
 ) -> String {
@@ -325,6 +384,7 @@ pub fn one_collection(
             holder_trends: &BTreeMap::new(),
             firing: &[],
             top_holders,
+            dcgm_labels,
         },
     );
     m.render()
@@ -634,10 +694,23 @@ impl Metrics {
         let mut seen = self.seen_gpus.lock().unwrap_or_else(|p| p.into_inner());
         seen.clear();
         for g in &report.gpus {
+            let (uuid, model) = (
+                g.uuid.clone().unwrap_or_default(),
+                g.name.clone().unwrap_or_default(),
+            );
+            let dcgm = if facts.dcgm_labels {
+                LabelList::default()
+                    .with("UUID", &uuid)
+                    .with("modelName", &model)
+                    .with("Hostname", report.hostname.as_deref().unwrap_or_default())
+            } else {
+                LabelList::default()
+            };
             let gl = GpuLabels {
                 gpu: g.index.to_string(),
-                uuid: g.uuid.clone().unwrap_or_default(),
-                model: g.name.clone().unwrap_or_default(),
+                uuid,
+                model,
+                dcgm,
             };
             self.up
                 .get_or_create(&gl)
@@ -723,6 +796,7 @@ impl Metrics {
             gpu: gl.gpu.clone(),
             uuid: gl.uuid.clone(),
             model: gl.model.clone(),
+            dcgm: gl.dcgm.clone(),
             class: class.into(),
         };
         for class in Class::ALL {
@@ -763,6 +837,7 @@ impl Metrics {
                 gpu: gl.gpu.clone(),
                 uuid: gl.uuid.clone(),
                 model: gl.model.clone(),
+                dcgm: gl.dcgm.clone(),
                 pid: h.pid.to_string(),
                 // Process- and cgroup-supplied text: shown escaped, like everywhere else,
                 // so `vramguard metrics` or a `curl` on a terminal obeys no control byte.
@@ -775,6 +850,7 @@ impl Metrics {
                     .unwrap_or_default(),
                 pod_uid: shown(h.pod_uid.as_deref().unwrap_or_default()),
                 job: h.job.as_ref().map(|j| shown(&j.label)).unwrap_or_default(),
+                owner: owner_labels(h),
             };
             self.holder_bytes.get_or_create(&hl).set(bytes);
             self.host.holder(&hl, h);
@@ -787,12 +863,14 @@ impl Metrics {
                 gpu: gl.gpu.clone(),
                 uuid: gl.uuid.clone(),
                 model: gl.model.clone(),
+                dcgm: gl.dcgm.clone(),
                 pid: "other".into(),
                 comm: "other".into(),
                 class: class.as_str().into(),
                 container: String::new(),
                 pod_uid: String::new(),
                 job: String::new(),
+                owner: LabelList::default(),
             };
             self.holder_bytes.get_or_create(&hl).set(bytes);
         }
@@ -803,6 +881,7 @@ impl Metrics {
             gpu: gl.gpu.clone(),
             uuid: gl.uuid.clone(),
             model: gl.model.clone(),
+            dcgm: gl.dcgm.clone(),
             cause: cause.into(),
         };
         if let Some(r) = health.remapped_rows {

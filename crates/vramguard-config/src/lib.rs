@@ -86,6 +86,7 @@ struct RawAgent {
     trend_window: Option<String>,
     timeline: Option<String>,
     show_cmdline: Option<bool>,
+    dcgm_labels: Option<bool>,
     web_config: Option<String>,
 }
 
@@ -215,6 +216,9 @@ pub struct AgentConfig {
     /// them, and a command line can carry secrets that `hidepid` would hide; the command
     /// name is shown instead.
     pub show_cmdline: bool,
+    /// Per-GPU series also carry dcgm-exporter's label names (`UUID`, `modelName`,
+    /// `Hostname`), so that PromQL can join them with DCGM's series.
+    pub dcgm_labels: bool,
     /// TLS and basic authentication for the HTTP side, in the web config format Prometheus
     /// exporters share (see `vramguard_agent::web`). Default: none (plain HTTP, loopback).
     pub web_config: Option<PathBuf>,
@@ -566,6 +570,7 @@ fn agent(c: &Checker, a: &RawAgent) -> Result<AgentConfig, ConfigError> {
         )?,
         top_holders: a.top_holders.unwrap_or(10),
         show_cmdline: a.show_cmdline.unwrap_or(false),
+        dcgm_labels: a.dcgm_labels.unwrap_or(false),
         web_config: a.web_config.as_deref().map(PathBuf::from),
         trend_window: c.dur(
             "agent.trend_window",

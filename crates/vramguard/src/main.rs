@@ -166,6 +166,7 @@ fn metrics(settings: &settings::Settings, args: &cli::MetricsArgs) -> Result<i32
     let openmetrics = vramguard_agent::metrics::one_collection(
         &report,
         settings.config.agent.top_holders,
+        settings.config.agent.dcgm_labels,
         // A replay is the saved collection: nothing of this run's clock in it.
         if settings.replay.is_some() {
             0.0
