@@ -22,6 +22,8 @@ done
 for tool in prometheus promtool; do
     command -v "$tool" >/dev/null 2>&1 || need+=(prometheus)
 done
+# Alerts reach a real Alertmanager's webhook receiver in one test.
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # The host-memory tests run small Python workers that map shared memory and lock pages.
 [ -x /usr/bin/python3 ] || need+=(python3)

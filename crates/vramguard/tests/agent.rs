@@ -690,7 +690,7 @@ fn which(tool: &str) -> PathBuf {
             return p;
         }
     }
-    panic!("no {tool}: install the Debian package prometheus (scripts/test.sh does)");
+    panic!("no {tool}: install the Debian package of that name (scripts/test.sh does)");
 }
 
 fn prom_query(addr: SocketAddr, q: &str) -> Value {
@@ -712,26 +712,33 @@ fn prom_query(addr: SocketAddr, q: &str) -> Value {
 fn prometheus(dir: &Path) -> (Reaped, SocketAddr) {
     let port = free_port();
     let prom_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let prom = Reaped(
-        Command::new(which("prometheus"))
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom_addr}"))
+    let prom = daemon(
+        "prometheus",
+        &[
+            format!("--config.file={}", dir.join("prometheus.yml").display()),
+            format!("--storage.tsdb.path={}", dir.join("data").display()),
+            format!("--web.listen-address={prom_addr}"),
+        ],
+        prom_addr,
+    );
+    (prom, prom_addr)
+}
+
+/// A Prometheus-family server (`tool` from Debian's packages) with `args`, once `/-/ready`
+/// at `addr` answers; killed on drop.
+fn daemon(tool: &str, args: &[String], addr: SocketAddr) -> Reaped {
+    let server = Reaped(
+        Command::new(which(tool))
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    wait_until(30, "Prometheus to be ready", || {
-        http_get(prom_addr, "/-/ready").0 == 200
+    wait_until(30, &format!("{tool} to be ready"), || {
+        http_get(addr, "/-/ready").0 == 200
     });
-    (prom, prom_addr)
+    server
 }
 
 /// A real Prometheus in `dir` scraping the agent at `agent` every second, with the shipped
@@ -1163,6 +1170,202 @@ fn alert_state(prom: SocketAddr, alert: &str) -> Option<String> {
     } else {
         states.into_iter().next()
     }
+}
+
+/// A webhook receiver: every POSTed body, parsed.
+fn webhook_receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0u8; length.min(1 << 20)];
+            if reader.read_exact(&mut body).is_ok()
+                && let Ok(v) = serde_json::from_slice::<Value>(&body)
+            {
+                sink.lock().unwrap().push(v);
+            }
+            let _ = reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (addr, got)
+}
+
+/// A real Alertmanager (Debian's prometheus-alertmanager) sending every alert, firing and
+/// resolved, to `webhook` within a second or two.
+fn alertmanager(dir: &Path, webhook: SocketAddr) -> (Reaped, SocketAddr) {
+    let config = dir.join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "route:\n  receiver: test\n  group_by: ['alertname', 'instance', 'gpu', 'slurm_job', 'pod']\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: test\n    webhook_configs:\n      - url: http://{webhook}/hook\n        send_resolved: true\n"
+        ),
+    )
+    .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let am = daemon(
+        "prometheus-alertmanager",
+        &[
+            format!("--config.file={}", config.display()),
+            format!("--storage.path={}", dir.join("am-data").display()),
+            format!("--web.listen-address={addr}"),
+            "--cluster.listen-address=".into(),
+        ],
+        addr,
+    );
+    (am, addr)
+}
+
+/// An orphan of a Slurm job (a real process in a `job_N/step_M` cgroup whose step daemon is
+/// gone) reaches an Alertmanager receiver through a real Prometheus with the node, the GPU,
+/// the Slurm job and the user in its labels; after `vramguard reclaim`, the resolved
+/// notification follows.
+#[test]
+fn a_slurm_jobs_orphan_reaches_alertmanager_with_its_job_and_resolves_after_reclaim() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let orphan = start(
+        &world,
+        &["python3", "train.py"],
+        spec(&world, json!([hold(0, 2)])),
+    );
+    cg.enter(
+        "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+        orphan.pid,
+    );
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"250ms\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let (webhook, received) = webhook_receiver();
+    let (_am, am) = alertmanager(dir.path(), webhook);
+    std::fs::write(dir.path().join("rules.yml"), rules_for_test()).unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am}']\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{}']\n",
+            agent.addr
+        ),
+    )
+    .unwrap();
+    let (_prom, _prom_addr) = prometheus(dir.path());
+    let notification = |status: &str| {
+        received.lock().unwrap().iter().find_map(|n| {
+            n["alerts"].as_array()?.iter().find_map(|a| {
+                (a["status"] == status && a["labels"]["alertname"] == "VramguardOrphanHolders")
+                    .then(|| a["labels"].clone())
+            })
+        })
+    };
+    wait_until(60, "the firing orphan alert at the receiver", || {
+        notification("firing").is_some()
+    });
+    let labels = notification("firing").unwrap();
+    assert_eq!(labels["slurm_job"], "4242", "{labels}");
+    assert_eq!(labels["user"], "root", "{labels}");
+    assert_eq!(labels["gpu"], "0", "{labels}");
+    assert_eq!(labels["class"], "orphan", "{labels}");
+    assert_eq!(labels["instance"], agent.addr.to_string(), "{labels}");
+
+    let plan = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
+        .arg_path("--audit-log", &dir.path().join("audit.jsonl"))
+        .json(0);
+    assert_eq!(plan["targets"][0]["pid"], orphan.pid, "{plan}");
+    wait_until(60, "the resolved notification at the receiver", || {
+        notification("resolved").is_some_and(|l| l["slurm_job"] == "4242")
+    });
+}
+
+/// A stand-in for dcgm-exporter: serves `text` on every request.
+fn static_exporter(text: String) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                line.clear();
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                text.len()
+            );
+        }
+    });
+    addr
+}
+
+/// With `dcgm_labels`, vramguard's series join dcgm-exporter's on `UUID` and `Hostname` in a
+/// real Prometheus, though the two come from different targets (different `instance`).
+#[test]
+fn with_dcgm_labels_ghost_memory_joins_dcgm_exporters_series() {
+    let world = World::new(1);
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        "[agent]\ninterval = \"250ms\"\ndcgm_labels = true\n",
+    );
+    let m = agent.metrics();
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("vramguard_gpu_ghost_bytes{"))
+        .unwrap_or_else(|| panic!("{m}"));
+    let uuid = line
+        .split("uuid=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    let host = line
+        .split("Hostname=\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Hostname: {line}"))
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(line.contains(&format!("UUID=\"{uuid}\"")), "{line}");
+    assert!(line.contains("modelName=\"NVIDIA H200\""), "{line}");
+    let dcgm = static_exporter(format!(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"{uuid}\",device=\"nvidia0\",modelName=\"NVIDIA H200\",Hostname=\"{host}\"}} 3072\n"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vramguard\n    static_configs:\n      - targets: ['{}']\n  - job_name: dcgm\n    static_configs:\n      - targets: ['{dcgm}']\n",
+            agent.addr
+        ),
+    )
+    .unwrap();
+    let (_prom, prom) = prometheus(dir.path());
+    // The README's join: DCGM's framebuffer use next to vramguard's ghost memory, per GPU.
+    let q = "DCGM_FI_DEV_FB_USED * 0 + on (UUID, Hostname) group_left vramguard_gpu_ghost_bytes";
+    wait_until(30, "the join to return the GPU", || {
+        prom_query(prom, q)["data"]["result"]
+            .as_array()
+            .is_some_and(|r| r.len() == 1 && r[0]["metric"]["UUID"] == uuid)
+    });
 }
 
 /// Orphaned shared memory reaches a real Prometheus and the shipped rule fires; removing the

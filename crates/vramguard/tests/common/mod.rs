@@ -361,3 +361,60 @@ pub fn rust_files(dir: &Path) -> Vec<(PathBuf, String)> {
     }
     out
 }
+
+/// A cgroup v2 subtree of the test's own, `rel` below a uniquely named top directory:
+/// created on demand, its processes SIGKILLed and its directories removed on drop.
+pub struct TestCgroup {
+    top: PathBuf,
+    /// The path as `/proc/PID/cgroup` shows it.
+    top_rel: String,
+    made: Vec<PathBuf>,
+}
+
+impl TestCgroup {
+    pub fn new() -> TestCgroup {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mount = vramguard_ops::cgroup::cgroup2_mount().expect("a cgroup2 mount");
+        let name = format!("vramguard-test-{}-{n}", std::process::id());
+        let top = mount.join(&name);
+        std::fs::create_dir(&top).unwrap();
+        TestCgroup {
+            made: vec![top.clone()],
+            top,
+            top_rel: format!("/{name}"),
+        }
+    }
+    /// Creates `rel` (and its parents) below the top; returns its `cgroup.procs`.
+    pub fn leaf(&mut self, rel: &str) -> PathBuf {
+        let mut dir = self.top.clone();
+        for part in rel.split('/') {
+            dir = dir.join(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap();
+                self.made.push(dir.clone());
+            }
+        }
+        dir.join("cgroup.procs")
+    }
+    /// The path of `rel` as `/proc/PID/cgroup` shows it.
+    pub fn path(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.top_rel)
+    }
+    /// Moves `pid` into `rel`.
+    pub fn enter(&mut self, rel: &str, pid: u32) {
+        let procs = self.leaf(rel);
+        std::fs::write(procs, pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for dir in self.made.iter().rev() {
+            let cg = vramguard_ops::cgroup::JobCgroup::at(dir.clone());
+            cg.kill();
+            cg.wait_empty(Duration::from_secs(5));
+            cg.remove();
+        }
+    }
+}
