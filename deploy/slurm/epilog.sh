@@ -21,8 +21,18 @@ SLEEP=${VRAMGUARD_EPILOG_SLEEP:-5}
 mkdir -p "$(dirname "$LOG")"
 log() { echo "$(date -Is) job=${SLURM_JOB_ID:-?} $*" >>"$LOG"; }
 
-[ -n "$GPUS" ] || exit 0
 [ -x "$VRAMGUARD" ] || { log "no vramguard at $VRAMGUARD"; exit 0; }
+
+# No GPU list from slurmd (no GRES environment): the job's own leftovers are found by their
+# cgroup (job_<id>, the layout vramguard reads for every view) on whatever GPU they hold, and
+# only they are reclaimed.
+if [ -z "$GPUS" ]; then
+    [ -n "${SLURM_JOB_ID:-}" ] || exit 0
+    "$VRAMGUARD" reclaim --yes --job "slurm:${SLURM_JOB_ID}" --grace 10s --release-timeout 60s \
+        --audit-log "$AUDIT" >>"$LOG" 2>&1
+    log "no SLURM_JOB_GPUS: reclaimed what job ${SLURM_JOB_ID}'s cgroup still held (exit $?)"
+    exit 0
+fi
 
 # Only the job's GPUs: another job's problem is that job's epilog's business.
 for ((i = 1; i <= TRIES; i++)); do

@@ -513,6 +513,7 @@ impl Agent {
             idle_for_secs: 0,
             mig_devices: None,
             job_of: None,
+            job_label: None,
             // The agent never removes files on its own: shared memory goes by `reclaim --include shm`.
             include_shm: None,
         };
@@ -693,6 +694,7 @@ fn auto_reclaim(
         idle_for_secs: 0,
         mig_devices: None,
         job_of: None,
+        job_label: None,
         include_shm: None,
     };
     let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {

@@ -32,6 +32,11 @@ pub struct ReclaimOptions {
     /// when it has no dead job. Other holders are neither targets nor listed as left alone.
     #[serde(default)]
     pub job_of: Option<u32>,
+    /// Only holders of this job, by its label as views show it (`slurm:4242` also matches
+    /// its steps `slurm:4242.0`, `slurm:4242.batch`; `pod:<uid>`, `docker:<name>`,
+    /// `pgid:N`). Others are neither targets nor listed as left alone (`--job`).
+    #[serde(default)]
+    pub job_label: Option<String>,
     /// Also remove orphaned shared-memory segments (`--include shm`), judged by this policy.
     #[serde(default)]
     pub include_shm: Option<crate::host::ShmPolicy>,
@@ -45,6 +50,7 @@ impl Default for ReclaimOptions {
             idle_for_secs: 2 * 3600,
             mig_devices: None,
             job_of: None,
+            job_label: None,
             include_shm: None,
         }
     }
@@ -297,12 +303,24 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
             .and_then(|h| h.dead_job.as_ref().map(|j| j.leader_pid));
         (pid, leader)
     });
-    let in_chosen_job = |h: &Holder| match chosen {
+    let labelled = |h: &Holder| match &opts.job_label {
         None => true,
-        Some((pid, None)) => h.pid == pid,
-        Some((pid, Some(leader))) => {
-            h.pid == pid || h.dead_job.as_ref().is_some_and(|j| j.leader_pid == leader)
-        }
+        Some(want) => h.job.as_ref().is_some_and(|j| {
+            j.label == *want
+                || (j.label.starts_with(want.as_str())
+                    && want.starts_with("slurm:")
+                    && j.label[want.len()..].starts_with('.'))
+        }),
+    };
+    let in_chosen_job = |h: &Holder| {
+        labelled(h)
+            && match chosen {
+                None => true,
+                Some((pid, None)) => h.pid == pid,
+                Some((pid, Some(leader))) => {
+                    h.pid == pid || h.dead_job.as_ref().is_some_and(|j| j.leader_pid == leader)
+                }
+            }
     };
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
         for h in g.holders.iter().filter(|h| in_chosen_job(h)) {
@@ -351,7 +369,8 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
 
     let expected_free = expected_free(report, &targets, &selected);
 
-    let segments = if let Some(shm) = opts.include_shm.as_ref().filter(|_| opts.job_of.is_none()) {
+    let whole_node = opts.job_of.is_none() && opts.job_label.is_none();
+    let segments = if let Some(shm) = opts.include_shm.as_ref().filter(|_| whole_node) {
         let leaving: BTreeSet<u32> = targets.keys().copied().collect();
         crate::host::assess(snap, report, shm, &leaving)
             .map(|h| {

@@ -523,6 +523,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         idle_for_secs: idle_for,
                         mig_devices: None,
                         job_of: None,
+                        job_label: None,
                         include_shm: None,
                     },
                 )
@@ -554,6 +555,39 @@ proptest! {
                         && h.dead_job.as_ref().map(|j| j.leader_pid) == leader
                 });
                 prop_assert!(t.pid == chosen.pid || same_job, "{} is not in {}'s job", t.pid, chosen.pid);
+            }
+        }
+    }
+
+    #[test]
+    fn narrowing_to_a_job_label_only_removes_targets((s, opts) in arb_snapshot(), pick in 0usize..64) {
+        let policy = Policy { idle_after_secs: 60, ..Policy::default() };
+        let report = classify(&s, &policy);
+        let all: BTreeSet<u32> = plan_reclaim(&s, &report, &opts).targets().map(|t| t.pid).collect();
+        let labels: Vec<String> = report
+            .gpus
+            .iter()
+            .flat_map(|g| &g.holders)
+            .filter_map(|h| h.job.as_ref().map(|j| j.label.clone()))
+            .collect();
+        if let Some(label) = labels.get(pick % labels.len().max(1)) {
+            let narrowed = plan_reclaim(
+                &s,
+                &report,
+                &ReclaimOptions { job_label: Some(label.clone()), ..opts.clone() },
+            );
+            for t in narrowed.targets() {
+                prop_assert!(all.contains(&t.pid), "narrowing added {}", t.pid);
+                let h = report.gpus.iter().flat_map(|g| &g.holders).find(|h| h.pid == t.pid).unwrap();
+                prop_assert_eq!(h.job.as_ref().map(|j| &j.label), Some(label));
+            }
+            let of_the_job = |pid: u32| {
+                report.gpus.iter().flat_map(|g| &g.holders).any(|h| {
+                    h.pid == pid && h.job.as_ref().map(|j| &j.label) == Some(label)
+                })
+            };
+            for l in &narrowed.left_alone {
+                prop_assert!(of_the_job(l.pid), "{} is not of {}", l.pid, label);
             }
         }
     }

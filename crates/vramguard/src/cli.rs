@@ -350,6 +350,10 @@ pub struct ReclaimArgs {
         value_parser = included
     )]
     pub include: Vec<Included>,
+    /// Only the holders of this job, by the label status shows (slurm:4242 also matches its
+    /// steps; pod:<uid>, docker:<name>, pgid:<n>); other holders are not considered
+    #[arg(long, value_name = "JOB")]
+    pub job: Option<String>,
     /// With --include idle: only holders idle at least this long
     #[arg(long, default_value = "2h", value_name = "DURATION", value_parser = duration)]
     pub idle_for: Duration,

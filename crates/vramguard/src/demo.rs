@@ -331,6 +331,7 @@ fn reclaim_incident(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
         idle_for_secs: policy.idle_after_secs,
         mig_devices: None,
         job_of: None,
+        job_label: None,
         include_shm: None,
     };
     let shown = format!(

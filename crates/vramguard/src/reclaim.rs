@@ -38,6 +38,7 @@ fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
         idle_for_secs: args.idle_for.as_secs(),
         mig_devices: None,
         job_of: None,
+        job_label: args.job.clone(),
         include_shm,
     })
 }

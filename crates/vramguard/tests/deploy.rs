@@ -111,6 +111,45 @@ fn the_slurm_epilog_reclaims_a_jobs_orphans() {
     wait_until(5, "the orphan to be gone", || !alive(worker));
 }
 
+/// Without SLURM_JOB_GPUS, the epilog finds its job's leftovers by their `job_N` cgroup and
+/// reclaims only those: another job's orphan on the same node is left to that job's epilog.
+#[test]
+fn without_a_gpu_list_the_slurm_epilog_reclaims_only_its_own_jobs_leftovers() {
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let ours = start(
+        &world,
+        &["python3", "train.py"],
+        spec(&world, json!([hold(0, 2)])),
+    );
+    cg.enter(
+        "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+        ours.pid,
+    );
+    let theirs = start(
+        &world,
+        &["python3", "train.py"],
+        spec(&world, json!([hold(0, 1)])),
+    );
+    cg.enter(
+        "system.slice/slurmstepd.scope/job_4300/step_0/user/task_0",
+        theirs.pid,
+    );
+    let e = epilog(&world, "");
+    assert!(
+        e.log
+            .contains("no SLURM_JOB_GPUS: reclaimed what job 4242's cgroup still held"),
+        "{}",
+        e.log
+    );
+    wait_until(10, "job 4242's orphan to be gone", || !alive(ours.pid));
+    assert!(
+        alive(theirs.pid),
+        "job 4300's orphan is not job 4242's business"
+    );
+    assert_eq!(e.scontrol, "");
+}
+
 #[test]
 fn the_slurm_epilog_drains_the_node_with_the_reason_when_residue_stays() {
     let world = World::new(2);

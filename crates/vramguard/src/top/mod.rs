@@ -281,6 +281,7 @@ pub(crate) fn plan_options(report: &Report, pid: u32) -> ReclaimOptions {
         idle_for_secs: 0,
         mig_devices: None,
         job_of: Some(pid),
+        job_label: None,
         include_shm: None,
     }
 }
