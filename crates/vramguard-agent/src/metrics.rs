@@ -128,7 +128,14 @@ fn owner_labels(h: &vramguard_core::Holder) -> LabelList {
         .clone()
         .or_else(|| h.uid.map(|u| u.to_string()))
         .unwrap_or_default();
+    let (namespace, pod) = h
+        .pod
+        .as_ref()
+        .map(|p| (p.namespace.as_str(), p.name.as_str()))
+        .unwrap_or_default();
     LabelList::default()
+        .with("namespace", namespace)
+        .with("pod", pod)
         .with("slurm_job", &slurm_job)
         .with("user", &user)
 }

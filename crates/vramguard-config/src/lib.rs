@@ -41,6 +41,15 @@ struct RawConfig {
     containers: RawContainers,
     #[serde(default)]
     shm: RawShm,
+    #[serde(default)]
+    kubernetes: RawKubernetes,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKubernetes {
+    pod_resources_socket: Option<PathBuf>,
+    timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -330,6 +339,17 @@ pub struct Config {
     pub containers: ContainersConfig,
     /// Shared-memory directories.
     pub shm: ShmConfig,
+    /// The kubelet's pod-resources API.
+    pub kubernetes: KubernetesConfig,
+}
+
+/// `[kubernetes]`: where the kubelet serves pod-resources, and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// The kubelet's socket (absent on nodes that are not Kubernetes nodes: no error).
+    pub pod_resources_socket: PathBuf,
+    /// Wait at most this long for an answer (default 500 ms, below the agent's interval).
+    pub timeout: Duration,
 }
 
 /// `[containers]`: where Docker and Podman keep the state container names are read from.
@@ -397,6 +417,16 @@ impl Config {
         Ok(Config {
             path: path.map(Path::to_path_buf),
             policy,
+            kubernetes: KubernetesConfig {
+                pod_resources_socket: raw.kubernetes.pod_resources_socket.clone().unwrap_or_else(
+                    || PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+                ),
+                timeout: c.dur(
+                    "kubernetes.timeout",
+                    &raw.kubernetes.timeout,
+                    Duration::from_millis(500),
+                )?,
+            },
             shm: ShmConfig {
                 dirs: raw
                     .shm

@@ -74,7 +74,49 @@ pub fn classify(snapshot: &Snapshot, policy: &Policy) -> Report {
         host: None,
     };
     report.host = crate::host::assess(snapshot, &report, &policy.shm, &BTreeSet::new());
+    if let Some(pods) = &snapshot.kubelet_pods {
+        name_pods(&mut report, pods);
+    }
     report
+}
+
+/// Names the pods of holders in pod cgroups from the kubelet's device allocations: a GPU
+/// allocated to exactly one container of a listed pod, held only by processes of one pod
+/// UID, is that pod's. Anything less certain (a GPU shared by time-slicing between pods,
+/// holders of two pod UIDs on one GPU — the old pod's orphan and the GPU's new pod) stays
+/// by UID.
+fn name_pods(report: &mut Report, pods: &[crate::snapshot::KubePod]) {
+    for g in &mut report.gpus {
+        let Some(uuid) = g.uuid.clone() else { continue };
+        let mut owners: Vec<crate::report::PodName> = Vec::new();
+        for p in pods {
+            for c in &p.containers {
+                let allocated = c
+                    .devices
+                    .iter()
+                    .any(|d| d.split("::").next() == Some(uuid.as_str()));
+                let name = crate::report::PodName {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    container: c.name.clone(),
+                };
+                if allocated && !owners.contains(&name) {
+                    owners.push(name);
+                }
+            }
+        }
+        let uids: BTreeSet<&str> = g
+            .holders
+            .iter()
+            .filter_map(|h| h.pod_uid.as_deref())
+            .collect();
+        if owners.len() != 1 || uids.len() != 1 {
+            continue;
+        }
+        for h in g.holders.iter_mut().filter(|h| h.pod_uid.is_some()) {
+            h.pod = Some(owners[0].clone());
+        }
+    }
 }
 
 /// The processes whose work decides a class in `report`: for every holder whose job is gone,
@@ -550,6 +592,7 @@ impl<'a> Context<'a> {
             age_secs: None,
             rss_bytes: None,
             host_memory: None,
+            pod: None,
             cpu_millicores: None,
             ppid: None,
             pgid: None,
@@ -694,6 +737,7 @@ impl<'a> Context<'a> {
             age_secs: self.age_secs(p),
             rss_bytes: p.rss_bytes,
             host_memory: p.host_memory,
+            pod: None,
             cpu_millicores: self.cpu_millicores(p),
             ppid: p.ppid,
             pgid: p.pgid,

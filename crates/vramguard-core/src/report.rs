@@ -197,6 +197,10 @@ pub struct Holder {
     /// Resident host memory, bytes.
     #[serde(default)]
     pub rss_bytes: Option<u64>,
+    /// The Kubernetes pod (namespace, name, container) the kubelet allocated this GPU to,
+    /// when the holder lives in a pod cgroup and the GPU's pod is unambiguous.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodName>,
     /// Pinned, locked and shared host memory, when read (full scans).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory: Option<crate::host::ProcessHostMemory>,
@@ -370,6 +374,17 @@ pub struct MigDeviceReport {
     /// Ghost memory on it: its orphan and zombie holders' memory here, and its unaccounted
     /// memory.
     pub ghost_bytes: u64,
+}
+
+/// A pod by its names, from the kubelet's pod-resources API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodName {
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// Container name.
+    pub container: String,
 }
 
 /// The whole report.

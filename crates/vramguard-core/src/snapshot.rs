@@ -35,6 +35,10 @@ pub struct Snapshot {
     /// the holders live in: whether their init or step daemon still lives.
     #[serde(default)]
     pub job_cgroups: Vec<JobCgroupFacts>,
+    /// The pods the kubelet's pod-resources API lists, with the NVIDIA devices of each
+    /// container; `None` when no kubelet was asked (no process in a pod cgroup, or no socket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_pods: Option<Vec<KubePod>>,
     /// Host memory and shared-memory segments; `None` in snapshots taken without them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory: Option<crate::host::HostMemoryFacts>,
@@ -508,6 +512,26 @@ pub struct ContainerRef {
     /// The name its runtime gave it (Docker, Podman), when their state could be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+}
+
+/// A pod as the kubelet's pod-resources API lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubePod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Its containers.
+    pub containers: Vec<KubeContainer>,
+}
+
+/// A container of a [`KubePod`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeContainer {
+    /// Name.
+    pub name: String,
+    /// NVIDIA device ids allocated to it (`GPU-…`, `MIG-…`, `GPU-…::N` with time-slicing).
+    pub devices: Vec<String>,
 }
 
 /// What `/proc` says about one process. Every field the kernel may refuse is optional.

@@ -96,6 +96,7 @@ fn snap(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
         work: None,
         job_cgroups: vec![],
         host_memory: None,
+        kubelet_pods: None,
     };
     s.normalize();
     s.work = Some(WorkWindow::all_idle(&s, 2000));

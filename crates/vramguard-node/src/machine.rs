@@ -25,7 +25,20 @@ pub struct MachineNode {
     signal_proc: PathBuf,
     pinned: BTreeMap<u32, Verified>,
     clock: SystemClock,
+    kubelet: Option<Kubelet>,
 }
+
+/// Where and how patiently the kubelet's pod-resources API is asked for pod names.
+struct Kubelet {
+    socket: PathBuf,
+    timeout: Duration,
+    /// After a failure the kubelet is left alone for [`KUBELET_BACKOFF`]: a hung kubelet
+    /// costs one timeout a minute, not one per sample.
+    failed_at: Option<Instant>,
+}
+
+/// How long a kubelet that failed is left alone.
+const KUBELET_BACKOFF: Duration = Duration::from_secs(60);
 
 impl MachineNode {
     /// A node reading GPUs from `source` and processes through `collector`, classifying with
@@ -46,6 +59,48 @@ impl MachineNode {
             signal_proc: signal_proc.to_path_buf(),
             pinned: BTreeMap::new(),
             clock: SystemClock,
+            kubelet: None,
+        }
+    }
+
+    /// Asks the kubelet at `socket` (within `timeout`) for the pod names of holders in pod
+    /// cgroups. An absent socket is no error: the node is not a Kubernetes node.
+    pub fn with_kubelet(mut self, socket: &Path, timeout: Duration) -> MachineNode {
+        self.kubelet = Some(Kubelet {
+            socket: socket.to_path_buf(),
+            timeout,
+            failed_at: None,
+        });
+        self
+    }
+
+    /// Adds the kubelet's pods to `snap` when a process there lives in a pod cgroup; a
+    /// failure is one limitation line (pods are then shown by UID).
+    fn attach_pods(&mut self, snap: &mut Snapshot) {
+        let Some(k) = self.kubelet.as_mut() else {
+            return;
+        };
+        if !snap.processes.iter().any(|p| p.pod_uid.is_some()) || !k.socket.exists() {
+            return;
+        }
+        if k.failed_at.is_some_and(|t| t.elapsed() < KUBELET_BACKOFF) {
+            snap.scan.limitations.push(
+                "pod names unavailable: the kubelet's pod-resources API failed recently (pods are shown by UID)"
+                    .into(),
+            );
+            return;
+        }
+        match vramguard_kubelet::list_pods(&k.socket, k.timeout) {
+            Ok(pods) => {
+                k.failed_at = None;
+                snap.kubelet_pods = Some(pods);
+            }
+            Err(e) => {
+                k.failed_at = Some(Instant::now());
+                snap.scan.limitations.push(format!(
+                    "pod names unavailable: {e} (pods are shown by UID)"
+                ));
+            }
         }
     }
 
@@ -67,13 +122,15 @@ impl MachineNode {
 
 impl Node for MachineNode {
     fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
-        Ok(take_snapshot(
+        let mut snap = take_snapshot(
             self.source.as_mut(),
             &mut self.collector,
             &self.policy,
             depth,
             &self.clock,
-        )?)
+        )?;
+        self.attach_pods(&mut snap);
+        Ok(snap)
     }
 
     fn sampled_snapshot(
@@ -81,14 +138,16 @@ impl Node for MachineNode {
         depth: ScanDepth,
         window: Duration,
     ) -> Result<Snapshot, NodeError> {
-        Ok(take_sampled_snapshot(
+        let mut snap = take_sampled_snapshot(
             self.source.as_mut(),
             &mut self.collector,
             &self.policy,
             depth,
             window,
             &self.clock,
-        )?)
+        )?;
+        self.attach_pods(&mut snap);
+        Ok(snap)
     }
 
     fn gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {

@@ -45,6 +45,7 @@ pub fn take_snapshot(
         work: None,
         job_cgroups: procs.job_cgroups,
         host_memory: Some(procs.host_memory),
+        kubelet_pods: None,
     };
     snap.normalize();
     Ok(snap)

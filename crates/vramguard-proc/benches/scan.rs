@@ -243,6 +243,7 @@ fn main() {
             work: None,
             job_cgroups: procs.job_cgroups,
             host_memory: Some(procs.host_memory),
+            kubelet_pods: None,
         };
         snap.normalize();
         let tc = Instant::now();

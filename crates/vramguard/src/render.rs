@@ -346,7 +346,14 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         ),
         None => (truncate(command, command_width), String::new()),
     };
-    let job = h.job.as_ref().map_or("-", |j| j.label.as_str());
+    // A pod by its names when the kubelet gave them, else the job's label (pod:<uid>, …).
+    let pod = h
+        .pod
+        .as_ref()
+        .map(|p| format!("{}/{}", p.namespace, p.name));
+    let job = pod
+        .as_deref()
+        .unwrap_or_else(|| h.job.as_ref().map_or("-", |j| j.label.as_str()));
     format!(
         "  {:<9} {:<9} {} {:<16} {:>10}  {host}{}{}",
         pid,

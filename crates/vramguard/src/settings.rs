@@ -126,13 +126,15 @@ impl Settings {
     /// The node the settings select, reading `--proc-root` and classifying with `policy`;
     /// resets go through [`Settings::reset_backend`]`(reset_command)`.
     pub fn node(&self, policy: &Policy, reset_command: Option<&str>) -> Result<MachineNode> {
+        let k = &self.config.kubernetes;
         Ok(MachineNode::new(
             self.gpu_source()?,
             self.collector()?,
             policy.clone(),
             self.reset_backend(reset_command)?,
             &self.proc_root,
-        ))
+        )
+        .with_kubelet(&k.pod_resources_socket, k.timeout))
     }
 
     /// Opens nodes like [`Settings::node`] for as long as the caller runs (the agent).
@@ -143,16 +145,20 @@ impl Settings {
         let reset = self.reset_backend(None)?;
         let containers = self.container_state();
         let shm_dirs = self.config.shm.dirs.clone();
+        let kubelet = self.config.kubernetes.clone();
         Ok(std::sync::Arc::new(move |policy: &Policy| {
-            let node: Box<dyn Node> = Box::new(MachineNode::new(
-                open_source(&driver)?,
-                ProcCollector::new(&proc_root, &dev_dir)?
-                    .with_container_state(containers.clone())
-                    .with_shm_dirs(shm_dirs.clone()),
-                policy.clone(),
-                reset.clone(),
-                &proc_root,
-            ));
+            let node: Box<dyn Node> = Box::new(
+                MachineNode::new(
+                    open_source(&driver)?,
+                    ProcCollector::new(&proc_root, &dev_dir)?
+                        .with_container_state(containers.clone())
+                        .with_shm_dirs(shm_dirs.clone()),
+                    policy.clone(),
+                    reset.clone(),
+                    &proc_root,
+                )
+                .with_kubelet(&kubelet.pod_resources_socket, kubelet.timeout),
+            );
             Ok(node)
         }))
     }

@@ -1293,6 +1293,147 @@ fn a_slurm_jobs_orphan_reaches_alertmanager_with_its_job_and_resolves_after_recl
     });
 }
 
+/// A pod's GPU allocation as a kubelet lists it.
+fn kube_pod(
+    namespace: &str,
+    name: &str,
+    container: &str,
+    gpu_uuid: &str,
+) -> vramguard_kubelet::PodResources {
+    vramguard_kubelet::PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![vramguard_kubelet::ContainerResources {
+            name: container.into(),
+            devices: vec![vramguard_kubelet::ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec![gpu_uuid.into()],
+            }],
+        }],
+    }
+}
+
+/// Holders in kubelet-shaped pod cgroups (systemd and cgroupfs drivers) are named by the pod
+/// the kubelet's pod-resources API allocated their GPU to: in `status`, and as `namespace` and
+/// `pod` on the agent's holder series. A kubelet that does not answer costs at most the
+/// configured timeout, leaves one limitation line and the pods by UID.
+#[test]
+fn pods_are_named_from_a_fake_kubelets_pod_resources_and_a_slow_kubelet_only_costs_its_timeout() {
+    let world = World::new(2);
+    let uuid = |gpu: usize| {
+        let s = Vg::new(&world, Path_::Nvml)
+            .args(["status", "--json"])
+            .json(0);
+        s["gpus"][gpu]["uuid"].as_str().unwrap().to_string()
+    };
+    let (gpu0, gpu1) = (uuid(0), uuid(1));
+    let mut cg = TestCgroup::new();
+    let systemd_uid = "5f0c1d2e-0000-4a4a-9b9b-000000000001";
+    let cgroupfs_uid = "5f0c1d2e-0000-4a4a-9b9b-000000000002";
+    let a = start(
+        &world,
+        &["python3", "train.py"],
+        spec(&world, json!([hold(0, 2)])),
+    );
+    cg.enter(
+        &format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+            systemd_uid.replace('-', "_"),
+            "ab".repeat(32)
+        ),
+        a.pid,
+    );
+    let b = start(
+        &world,
+        &["python3", "serve.py"],
+        spec(&world, json!([hold(1, 1)])),
+    );
+    cg.enter(
+        &format!("kubepods/besteffort/pod{cgroupfs_uid}/{}", "cd".repeat(32)),
+        b.pid,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = vramguard_kubelet::fake::FakeKubelet::start(
+        &socket,
+        vec![
+            kube_pod("team-a", "trainer-0", "trainer", &gpu0),
+            kube_pod("team-b", "vllm-7d9f", "server", &format!("{gpu1}::3")),
+        ],
+    );
+    let cfg = config(
+        &world,
+        &format!(
+            "[kubernetes]\npod_resources_socket = \"{}\"\ntimeout = \"300ms\"\n",
+            socket.display()
+        ),
+    );
+    let status = status_with_config(&world, &cfg);
+    assert_eq!(
+        holder(&status, 0, a.pid)["pod"],
+        json!({"namespace": "team-a", "name": "trainer-0", "container": "trainer"})
+    );
+    assert_eq!(holder(&status, 0, a.pid)["pod_uid"], systemd_uid);
+    assert_eq!(holder(&status, 1, b.pid)["pod"]["name"], "vllm-7d9f");
+    let text = stdout(
+        &Vg::new(&world, Path_::Nvml)
+            .arg_path("--config", &cfg)
+            .args(["status"])
+            .code(0),
+    );
+    assert!(text.contains("team-a/trainer-0"), "{text}");
+
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        &format!(
+            "[agent]\ninterval = \"250ms\"\n{}",
+            std::fs::read_to_string(&cfg).unwrap()
+        ),
+    );
+    wait_until(10, "the pod's names on its holder series", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_holder_memory_bytes",
+            &[
+                "namespace=\"team-a\"",
+                "pod=\"trainer-0\"",
+                &format!("pid=\"{}\"", a.pid),
+            ],
+        )
+        .is_some()
+    });
+
+    // A kubelet that hangs: the collection waits at most the timeout, says so once, and
+    // shows the pod by its UID.
+    kubelet.slow_down(Duration::from_secs(2));
+    let t = Instant::now();
+    let status = status_with_config(&world, &cfg);
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(holder(&status, 0, a.pid)["pod"], Value::Null);
+    let limits: Vec<&str> = status["limitations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .filter(|l| l.contains("pod names unavailable"))
+        .collect();
+    assert_eq!(limits.len(), 1, "{limits:?}");
+    assert!(limits[0].contains("no answer within 300ms"), "{limits:?}");
+    drop(kubelet);
+    // No kubelet at all (not a Kubernetes node): no error, no limitation.
+    let status = status_with_config(&world, &cfg);
+    assert!(
+        !status["limitations"].to_string().contains("pod names"),
+        "{}",
+        status["limitations"]
+    );
+}
+
 /// A stand-in for dcgm-exporter: serves `text` on every request.
 fn static_exporter(text: String) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

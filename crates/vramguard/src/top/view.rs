@@ -277,17 +277,21 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool, host_columns: bool) -> Row<'
         (true, None) => "n/a".into(),
         (false, None) => "unlisted".into(),
     };
+    // A pod by its names (from the kubelet) first, then a container by its runtime's name.
     let job = h
-        .container
+        .pod
         .as_ref()
-        .map(|c| {
-            format!(
-                "{}:{}",
-                c.runtime,
-                c.name
-                    .as_deref()
-                    .map_or_else(|| fit(&c.id, 12), |n| fit(n, 32))
-            )
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .or_else(|| {
+            h.container.as_ref().map(|c| {
+                format!(
+                    "{}:{}",
+                    c.runtime,
+                    c.name
+                        .as_deref()
+                        .map_or_else(|| fit(&c.id, 12), |n| fit(n, 32))
+                )
+            })
         })
         .or_else(|| h.job.as_ref().map(|j| j.label.clone()))
         .unwrap_or_else(|| "-".into());
