@@ -1234,13 +1234,14 @@ fn alertmanager(dir: &Path, webhook: SocketAddr) -> (Reaped, SocketAddr) {
     (am, addr)
 }
 
-/// An orphan of a Slurm job (a real process in a `job_N/step_M` cgroup whose step daemon is
-/// gone) reaches an Alertmanager receiver through a real Prometheus with the node, the GPU,
-/// the Slurm job and the user in its labels; after `vramguard reclaim`, the resolved
-/// notification follows.
+/// Ghost memory charged to its owner reaches a real Alertmanager's receiver through a real
+/// Prometheus: an orphan of a Slurm job (a real process in a `job_N/step_M` cgroup whose step
+/// daemon is gone) with `slurm_job`, and a zombie in a kubelet-shaped pod cgroup with the
+/// `namespace` and `pod` a fake kubelet's pod-resources API names; both with the node, GPU
+/// and user. After `vramguard reclaim`, the resolved notifications follow.
 #[test]
-fn a_slurm_jobs_orphan_reaches_alertmanager_with_its_job_and_resolves_after_reclaim() {
-    let world = World::new(1);
+fn ghost_memory_reaches_alertmanager_with_its_slurm_job_or_pod_and_resolves_after_reclaim() {
+    let world = World::new(2);
     let mut cg = TestCgroup::new();
     let orphan = start(
         &world,
@@ -1251,8 +1252,46 @@ fn a_slurm_jobs_orphan_reaches_alertmanager_with_its_job_and_resolves_after_recl
         "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
         orphan.pid,
     );
-    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"250ms\"\n");
+    // A process of a pod whose main thread exited while a thread still holds GPU 1: it
+    // starts inside the pod's container cgroup (a shell joins it, then execs the holder).
+    let pod_uid = "6a1b2c3d-0000-4a4a-9b9b-00000000cafe";
+    let procs = cg.leaf(&format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+        pod_uid.replace('-', "_"),
+        "ef".repeat(32)
+    ));
+    let mut zspec = spec(&world, json!([hold(1, 3)]));
+    zspec["shape"] = json!("zombie_leader");
+    let joined = format!("echo $$ > {} && exec \"$@\"", procs.display());
+    let zombie = start_wrapped(
+        &world,
+        &["sh", "-c", &joined, "sh"],
+        &["python3", "infer.py"],
+        zspec,
+    );
+    wait_until(10, "the pod's leader to become a zombie", || {
+        state_of(zombie.pid) == Some('Z')
+    });
+    let gpu1 = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0)["gpus"][1]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let _kubelet = vramguard_kubelet::fake::FakeKubelet::start(
+        &socket,
+        vec![kube_pod("team-a", "trainer-0", "trainer", &gpu1)],
+    );
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        &format!(
+            "[agent]\ninterval = \"250ms\"\n[kubernetes]\npod_resources_socket = \"{}\"\n",
+            socket.display()
+        ),
+    );
     let (webhook, received) = webhook_receiver();
     let (_am, am) = alertmanager(dir.path(), webhook);
     std::fs::write(dir.path().join("rules.yml"), rules_for_test()).unwrap();
@@ -1265,31 +1304,57 @@ fn a_slurm_jobs_orphan_reaches_alertmanager_with_its_job_and_resolves_after_recl
     )
     .unwrap();
     let (_prom, _prom_addr) = prometheus(dir.path());
-    let notification = |status: &str| {
+    let notification = |status: &str, key: &str| {
         received.lock().unwrap().iter().find_map(|n| {
             n["alerts"].as_array()?.iter().find_map(|a| {
-                (a["status"] == status && a["labels"]["alertname"] == "VramguardOrphanHolders")
-                    .then(|| a["labels"].clone())
+                (a["status"] == status
+                    && a["labels"]["alertname"] == "VramguardOrphanHolders"
+                    && a["labels"].get(key).is_some())
+                .then(|| a["labels"].clone())
             })
         })
     };
-    wait_until(60, "the firing orphan alert at the receiver", || {
-        notification("firing").is_some()
+    wait_until(60, "the firing alerts at the receiver", || {
+        notification("firing", "slurm_job").is_some() && notification("firing", "pod").is_some()
     });
-    let labels = notification("firing").unwrap();
-    assert_eq!(labels["slurm_job"], "4242", "{labels}");
-    assert_eq!(labels["user"], "root", "{labels}");
-    assert_eq!(labels["gpu"], "0", "{labels}");
-    assert_eq!(labels["class"], "orphan", "{labels}");
-    assert_eq!(labels["instance"], agent.addr.to_string(), "{labels}");
+    let slurm = notification("firing", "slurm_job").unwrap();
+    assert_eq!(slurm["slurm_job"], "4242", "{slurm}");
+    assert_eq!(slurm["user"], "root", "{slurm}");
+    assert_eq!(slurm["gpu"], "0", "{slurm}");
+    assert_eq!(slurm["class"], "orphan", "{slurm}");
+    assert_eq!(slurm["instance"], agent.addr.to_string(), "{slurm}");
+    let pod = notification("firing", "pod").unwrap();
+    assert_eq!(pod["namespace"], "team-a", "{pod}");
+    assert_eq!(pod["pod"], "trainer-0", "{pod}");
+    assert_eq!(pod["gpu"], "1", "{pod}");
+    assert_eq!(pod["class"], "zombie", "{pod}");
+    assert_eq!(pod["instance"], agent.addr.to_string(), "{pod}");
 
     let plan = Vg::new(&world, Path_::Nvml)
-        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
+        .args([
+            "reclaim",
+            "--yes",
+            "--json",
+            "--grace",
+            "2s",
+            "--include",
+            "orphan,hidden,zombie",
+        ])
         .arg_path("--audit-log", &dir.path().join("audit.jsonl"))
         .json(0);
-    assert_eq!(plan["targets"][0]["pid"], orphan.pid, "{plan}");
-    wait_until(60, "the resolved notification at the receiver", || {
-        notification("resolved").is_some_and(|l| l["slurm_job"] == "4242")
+    let targets: std::collections::BTreeSet<u64> = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        targets,
+        [u64::from(orphan.pid), u64::from(zombie.pid)].into(),
+        "{plan}"
+    );
+    wait_until(60, "the resolved notifications at the receiver", || {
+        notification("resolved", "slurm_job").is_some() && notification("resolved", "pod").is_some()
     });
 }
 
