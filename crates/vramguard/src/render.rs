@@ -282,6 +282,31 @@ fn compact_age(secs: u64) -> String {
 }
 
 /// Whether `status` has room for the host columns (CPU, RSS, age).
+/// From 240 columns, each holder's pinned (or locked) and mapped shared host memory too.
+fn widest(st: &Style) -> bool {
+    st.width >= 240
+}
+
+/// The host-memory columns of the widest layout, or nothing.
+fn host_memory_columns(st: &Style, h: Option<&Holder>) -> String {
+    if !widest(st) {
+        return String::new();
+    }
+    let Some(h) = h else {
+        return format!("{:>9} {:>9}  ", "PINNED", "SHM");
+    };
+    let m = h.host_memory.unwrap_or_default();
+    let pinned = match (m.pinned_bytes, m.locked_bytes) {
+        (None, None) => None,
+        (p, l) => Some(p.unwrap_or(0).max(l.unwrap_or(0))),
+    };
+    format!(
+        "{:>9} {:>9}  ",
+        pinned.map_or("n/a".into(), format_bytes),
+        m.shm_bytes.map_or("n/a".into(), format_bytes)
+    )
+}
+
 fn wide(st: &Style) -> bool {
     st.width >= 120
 }
@@ -300,10 +325,11 @@ fn holder_line(st: &Style, h: &Holder) -> String {
     // share the rest, and the evidence goes to a line of its own when too little is left.
     let host = if wide(st) {
         format!(
-            "{:>5} {:>9} {:>5}  ",
+            "{:>5} {:>9} {}{:>5}  ",
             h.cpu_millicores
                 .map_or("n/a".into(), |mc| format!("{}%", mc / 10)),
             h.rss_bytes.map_or("n/a".into(), format_bytes),
+            host_memory_columns(st, Some(h)),
             h.age_secs.map_or("n/a".into(), compact_age)
         )
     } else {
@@ -443,7 +469,13 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
                 "JOB",
                 "MEMORY",
                 if wide(st) {
-                    format!("{:>5} {:>9} {:>5}  ", "CPU", "RSS", "AGE")
+                    format!(
+                        "{:>5} {:>9} {}{:>5}  ",
+                        "CPU",
+                        "RSS",
+                        host_memory_columns(st, None),
+                        "AGE"
+                    )
                 } else {
                     String::new()
                 }
@@ -461,7 +493,7 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
     {
         // Under the command column: past the host columns when they are shown.
         let host_columns = if wide(st) {
-            " ".repeat(22)
+            " ".repeat(22 + host_memory_columns(st, None).len())
         } else {
             String::new()
         };

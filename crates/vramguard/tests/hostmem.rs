@@ -246,6 +246,20 @@ time.sleep(120)
             .args(["status"])
             .code(0),
     );
+    // From 240 columns each holder's row has its pinned and shared memory.
+    let wide = stdout(
+        &Vg::new(&world, Path_::InProcess)
+            .arg_path("--config", &cfg)
+            .args(["status"])
+            .env("COLUMNS", "240")
+            .code(0),
+    );
+    assert!(wide.contains("PINNED") && wide.contains("SHM"), "{wide}");
+    let row = wide
+        .lines()
+        .find(|l| l.trim_start().starts_with(&pid.to_string()))
+        .unwrap_or_else(|| panic!("no row for {pid}:\n{wide}"));
+    assert!(row.contains("8.0 MiB") && row.contains("4.0 MiB"), "{row}");
     let line = text
         .lines()
         .find(|l| l.contains("(gone):"))
