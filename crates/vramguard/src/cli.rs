@@ -7,13 +7,31 @@ use vramguard_core::units::UnitError;
 
 /// Explain, reclaim and prevent GPU memory held by processes whose job is gone.
 #[derive(Debug, Parser)]
-#[command(name = "vramguard", version, about, max_term_width = 100)]
+#[command(
+    name = "vramguard",
+    version,
+    long_version = LONG_VERSION,
+    about,
+    max_term_width = 100
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// `vramguard --version`: the version, the commit it was built from, and for what.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit: ",
+    env!("VRAMGUARD_COMMIT"),
+    "\ntarget: ",
+    env!("VRAMGUARD_TARGET"),
+    "\nprofile: ",
+    env!("VRAMGUARD_PROFILE"),
+    "\nNVML: loaded at run time (libnvidia-ml.so.1 of the installed driver)"
+);
 
 /// Where facts come from.
 #[derive(Debug, Args, Clone)]
@@ -77,6 +95,18 @@ pub enum Command {
     /// kills, and a soak that fits the trend of the baseline (Markdown, JSON and SVG reports)
     #[command(subcommand)]
     Probe(ProbeCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `vramguard completions bash > /etc/bash_completion.d/vramguard`
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (vramguard.1 and one per command) into DIR
+    Man {
+        /// Directory to write them to (created if missing)
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        dir: PathBuf,
+    },
     /// (internal) the built-in CUDA holder of the probe
     #[command(name = "__cuda-hold", hide = true)]
     CudaHold {

@@ -54,6 +54,31 @@ fn main() {
     std::process::exit(code);
 }
 
+/// `vramguard man`: vramguard.1 and vramguard-COMMAND.1 for every visible command.
+fn man_pages(dir: &std::path::Path) -> Result<i32> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cmd = <cli::Cli as clap::CommandFactory>::command();
+    let mut pages = vec![("vramguard".to_string(), cmd.clone())];
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("vramguard-{}", sub.get_name());
+        // The page's title is the command's name; clap keeps names as &'static str, and this
+        // one-shot command makes a dozen of them.
+        let title: &'static str = Box::leak(name.clone().into_boxed_str());
+        pages.push((name, sub.clone().name(title)));
+    }
+    for (name, page) in pages {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page)
+            .render(&mut out)
+            .with_context(|| format!("rendering {name}.1"))?;
+        let path = dir.join(format!("{name}.1"));
+        vramguard_fs::write_file(&path, &out)
+            .map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.reason()))?;
+    }
+    Ok(0)
+}
+
 fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
@@ -88,6 +113,15 @@ fn run(cli: cli::Cli) -> Result<i32> {
             cgroup,
         } => vramguard_ops::supervise::watchdog(parent, pgid, cgroup.as_deref()),
         Command::Demo(args) => demo::run(&cli.global, &args),
+        Command::Completions { shell } => {
+            // Into a buffer first: clap_complete panics on a closed pipe, print() does not.
+            let mut cmd = <cli::Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "vramguard", &mut script);
+            print(&String::from_utf8_lossy(&script))?;
+            Ok(0)
+        }
+        Command::Man { dir } => man_pages(&dir),
         Command::Sim(cmd) => simcmd::run(&cli.global, cmd),
         // Every command that looks at a node: the options and the config, read once.
         command => run_on_node(settings::Settings::new(cli.global)?, command),
@@ -114,6 +148,8 @@ fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i3
         Command::CudaHold { .. }
         | Command::Watchdog { .. }
         | Command::Demo(_)
+        | Command::Completions { .. }
+        | Command::Man { .. }
         | Command::Sim(_) => {
             unreachable!("handled without a node")
         }
