@@ -65,31 +65,58 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// One screen: every GPU, every holder, every unexplained byte
+    #[command(
+        after_help = "Examples:\n  vramguard status\n  vramguard status --gpu 0,3 --watch 2s\n  vramguard status --json | jq '.gpus[].ghost_bytes'\n  vramguard --replay incident.json status"
+    )]
     Status(StatusArgs),
     /// The live view: GPUs (memory with the ghost part, utilization, temperature, power) and
     /// every holder with its class, sortable and filterable; `r` reclaims the selected
     /// holder's dead job after confirmation
+    #[command(
+        after_help = "Examples:\n  vramguard top\n  vramguard top --gpu 0 --class orphan\n  vramguard top --once > screen.txt"
+    )]
     Top(TopArgs),
     /// The full check-list with a verdict and the exact next command (exit 0 clean, 1 found
     /// ghost memory or orphaned holders, 2 error)
+    #[command(
+        after_help = "Examples:\n  vramguard diagnose\n  vramguard diagnose --gpu 2 && echo clean\n  vramguard diagnose --json | jq .verdict"
+    )]
     Diagnose(DiagnoseArgs),
     /// Print the raw facts (driver + /proc) as JSON, to replay with --replay or attach to a
     /// bug report
+    #[command(
+        after_help = "Examples:\n  vramguard snapshot > incident.json\n  vramguard --replay incident.json diagnose"
+    )]
     Snapshot(SnapshotArgs),
     /// Print the metrics of one collection, as the agent serves them on /metrics (for a
     /// textfile collector, a cron job, or a saved snapshot with --replay)
+    #[command(
+        after_help = "Examples:\n  vramguard metrics > /var/lib/node_exporter/textfile/vramguard.prom\n  vramguard metrics | promtool check metrics"
+    )]
     Metrics(MetricsArgs),
     /// Free ghost GPU memory safely: plan, SIGTERM, grace, SIGKILL, verify the driver released
     /// it, optionally reset; every action in the audit log (exit 0 all freed, 1 some remains,
     /// 2 error or refused)
+    #[command(
+        after_help = "Examples:\n  vramguard reclaim                      # plan, then ask\n  vramguard reclaim --dry-run --json\n  vramguard reclaim --yes --gpu 0 --reset=auto\n  vramguard reclaim --yes --include orphan,hidden,shm\n  vramguard reclaim --yes --job slurm:4242"
+    )]
     Reclaim(ReclaimArgs),
     /// Run a job so that its whole process tree, and its GPU memory, is gone when it ends
     /// (also as a container ENTRYPOINT); exits with the job's code, 128+signal if killed
+    #[command(
+        after_help = "Examples:\n  vramguard run -- torchrun --nproc-per-node=8 train.py\n  vramguard run --gpus auto:2 -- python3 infer.py\n  ENTRYPOINT [\"vramguard\", \"run\", \"--\"] in a Dockerfile"
+    )]
     Run(RunArgs),
     /// Print the N GPUs with the most free memory (for CUDA_VISIBLE_DEVICES)
+    #[command(
+        after_help = "Examples:\n  export CUDA_VISIBLE_DEVICES=$(vramguard pick 2 --min-free 40GiB)\n  vramguard pick 1 --wait 10m --by-uuid"
+    )]
     Pick(PickArgs),
     /// Watch this node: Prometheus metrics, leak trends, alerts, a status page, optional
     /// automatic reclaim (loopback by default; see [agent] in the config)
+    #[command(
+        after_help = "Examples:\n  vramguard agent --listen 127.0.0.1:9835\n  vramguard --config /etc/vramguard/config.toml agent --interval 2s"
+    )]
     Agent(AgentArgs),
     /// Measure how the driver releases GPU memory: release latency per signal, concurrent
     /// kills, and a soak that fits the trend of the baseline (Markdown, JSON and SVG reports)
