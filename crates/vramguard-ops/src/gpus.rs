@@ -33,6 +33,11 @@ pub enum Picked {
         /// How many GPUs the node has.
         gpus: usize,
     },
+    /// The node has fewer GPUs than asked for: no wait can help (a usage error).
+    TooFew {
+        /// How many GPUs the node has.
+        gpus: usize,
+    },
 }
 
 /// How often `pick` looks again while it waits.
@@ -44,6 +49,9 @@ pub fn pick(node: &mut dyn Node, opts: &PickOptions) -> Result<Picked, NodeError
     let deadline = node.clock().now() + opts.wait;
     loop {
         let gpus = node.gpus()?;
+        if gpus.len() < opts.count {
+            return Ok(Picked::TooFew { gpus: gpus.len() });
+        }
         let mut free: Vec<(u64, u32, Option<String>)> = gpus
             .iter()
             .filter(|g| g.failure.is_none())
@@ -239,6 +247,19 @@ mod tests {
         assert_eq!(
             pick(&mut node, &both).unwrap(),
             Picked::Chosen(vec!["0".into(), "1".into()])
+        );
+        // More GPUs than the node has: said at once, whatever the wait.
+        let three = PickOptions {
+            count: 3,
+            wait: Duration::from_secs(600),
+            ..opts
+        };
+        let t0 = node.manual_clock().elapsed();
+        assert_eq!(pick(&mut node, &three).unwrap(), Picked::TooFew { gpus: 2 });
+        assert_eq!(
+            node.manual_clock().elapsed(),
+            t0,
+            "no wait for the impossible"
         );
     }
 

@@ -34,6 +34,10 @@ fn pick_options(count: usize, choice: &GpuChoice) -> Result<PickOptions> {
 fn choose_gpus(node: &mut dyn Node, opts: &PickOptions) -> Result<Option<Vec<String>>> {
     match pick(node, opts)? {
         Picked::Chosen(ids) => Ok(Some(ids)),
+        Picked::TooFew { gpus } => anyhow::bail!(
+            "asked for {} GPU(s), but this node has {gpus}: ask for at most {gpus}",
+            opts.count
+        ),
         Picked::NotEnough { free, gpus } => {
             eprintln!(
                 "vramguard: only {free} of {gpus} GPU(s) have {} free; waited {}",

@@ -595,6 +595,30 @@ fn strict_mode_fails_when_the_memory_is_not_released() {
     );
 }
 
+/// Asking for more GPUs than the node has is a usage error: exit 2 at once with what to ask
+/// for, not exit 1 after waiting (pick) or a job that never starts (run).
+#[test]
+fn asking_for_more_gpus_than_the_node_has_is_a_usage_error() {
+    let world = World::new(2);
+    let t = std::time::Instant::now();
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["pick", "3", "--wait", "30s"])
+        .code(2);
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    assert!(
+        stderr(&out).contains("asked for 3 GPU(s), but this node has 2"),
+        "{}",
+        stderr(&out)
+    );
+    let marker = world.dir.path().join("ran");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["run", "--gpus", "auto:3", "--", "touch"])
+        .args([&marker])
+        .code(2);
+    assert!(stderr(&out).contains("this node has 2"), "{}", stderr(&out));
+    assert!(!marker.exists(), "the job never starts");
+}
+
 #[test]
 fn gpus_auto_picks_the_freest_and_waits_when_none_is_free() {
     let world = World::new(4);
