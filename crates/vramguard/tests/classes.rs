@@ -493,16 +493,19 @@ fn a_lost_gpu_is_reported_and_the_others_still_are() {
     });
     capture_incident(&world, Path_::Nvml);
     for path in [Path_::Nvml, Path_::InProcess] {
-        let report = Vg::new(&world, path).args(["status", "--json"]).json(0);
+        // Everything readable is printed; the lost GPU makes the exit code 2.
+        let report = Vg::new(&world, path).args(["status", "--json"]).json(2);
         assert_eq!(holder(&report, 0, h.pid)["class"], "active");
         assert_eq!(report["gpus"][1]["failure"]["code"], json!(15));
-        let text = stdout(&Vg::new(&world, path).args(["status"]).code(0));
+        let text = stdout(&Vg::new(&world, path).args(["status"]).code(2));
         assert!(
             text.contains("error: nvmlDeviceGetMemoryInfo_v2: GPU is lost (code 15)"),
             "{text}"
         );
         let d = stdout(&Vg::new(&world, path).args(["diagnose"]).code(1));
         assert!(d.contains("dmesg | grep -i xid"), "{d}");
+        // Only the GPUs asked about count.
+        Vg::new(&world, path).args(["status", "--gpu", "0"]).code(0);
     }
 }
 

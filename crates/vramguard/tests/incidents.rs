@@ -35,8 +35,10 @@ fn view(snapshot: &Path, config: &Path, args: &[&str]) -> (i32, String) {
         .args(args)
         .output();
     let code = out.status.code().unwrap_or(-1);
+    // 2 is an error; it is golden only with the report printed (a GPU that could not be
+    // read), never as a failure to replay.
     assert!(
-        code == 0 || code == 1,
+        code == 0 || code == 1 || (code == 2 && !out.stdout.is_empty()),
         "$ {shown}: exit {code}\n{}",
         stderr(&out)
     );
