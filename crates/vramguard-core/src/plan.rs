@@ -294,36 +294,9 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
     let mut left: BTreeMap<u32, LeftAlone> = BTreeMap::new();
     let mut leaders: BTreeMap<u32, (Option<u32>, Option<String>)> = BTreeMap::new();
     let mut warnings = Vec::new();
-    let chosen = opts.job_of.map(|pid| {
-        let leader = report
-            .gpus
-            .iter()
-            .flat_map(|g| &g.holders)
-            .find(|h| h.pid == pid)
-            .and_then(|h| h.dead_job.as_ref().map(|j| j.leader_pid));
-        (pid, leader)
-    });
-    let labelled = |h: &Holder| match &opts.job_label {
-        None => true,
-        Some(want) => h.job.as_ref().is_some_and(|j| {
-            j.label == *want
-                || (j.label.starts_with(want.as_str())
-                    && want.starts_with("slurm:")
-                    && j.label[want.len()..].starts_with('.'))
-        }),
-    };
-    let in_chosen_job = |h: &Holder| {
-        labelled(h)
-            && match chosen {
-                None => true,
-                Some((pid, None)) => h.pid == pid,
-                Some((pid, Some(leader))) => {
-                    h.pid == pid || h.dead_job.as_ref().is_some_and(|j| j.leader_pid == leader)
-                }
-            }
-    };
+    let narrowing = Narrowing::new(report, opts);
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
-        for h in g.holders.iter().filter(|h| in_chosen_job(h)) {
+        for h in g.holders.iter().filter(|h| narrowing.keeps(h)) {
             match outside_mig_devices(g, h, opts).or_else(|| refusal(snap, h, opts)) {
                 None => {
                     if h.class == Class::Detached && !targets.contains_key(&h.pid) {
@@ -369,20 +342,7 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
 
     let expected_free = expected_free(report, &targets, &selected);
 
-    let whole_node = opts.job_of.is_none() && opts.job_label.is_none();
-    let segments = if let Some(shm) = opts.include_shm.as_ref().filter(|_| whole_node) {
-        let leaving: BTreeSet<u32> = targets.keys().copied().collect();
-        crate::host::assess(snap, report, shm, &leaving)
-            .map(|h| {
-                h.segments
-                    .into_iter()
-                    .filter(|s| s.verdict == crate::host::SegmentVerdict::Reclaimable)
-                    .collect()
-            })
-            .unwrap_or_default()
-    } else {
-        Vec::new()
-    };
+    let segments = planned_segments(snap, report, opts, &targets);
     Plan {
         gpus,
         jobs: group_by_job(targets, leaders),
@@ -391,6 +351,75 @@ pub fn plan_reclaim(snap: &Snapshot, report: &Report, opts: &ReclaimOptions) -> 
         warnings,
         segments,
     }
+}
+
+/// The holders a narrowed plan considers (`job_of`, `job_label`); all without narrowing.
+struct Narrowing<'a> {
+    /// The pid `job_of` names, and its dead job's leader: a pid's dead job is the one any of
+    /// its entries (one per GPU it holds) names.
+    chosen: Option<(u32, Option<u32>)>,
+    label: Option<&'a str>,
+}
+
+impl<'a> Narrowing<'a> {
+    fn new(report: &Report, opts: &'a ReclaimOptions) -> Narrowing<'a> {
+        let chosen = opts.job_of.map(|pid| {
+            let leader = report
+                .gpus
+                .iter()
+                .flat_map(|g| &g.holders)
+                .filter(|h| h.pid == pid)
+                .find_map(|h| h.dead_job.as_ref().map(|j| j.leader_pid));
+            (pid, leader)
+        });
+        Narrowing {
+            chosen,
+            label: opts.job_label.as_deref(),
+        }
+    }
+
+    fn keeps(&self, h: &Holder) -> bool {
+        let labelled = match self.label {
+            None => true,
+            Some(want) => h.job.as_ref().is_some_and(|j| {
+                j.label == want
+                    || (want.starts_with("slurm:")
+                        && j.label.starts_with(want)
+                        && j.label[want.len()..].starts_with('.'))
+            }),
+        };
+        labelled
+            && match self.chosen {
+                None => true,
+                Some((pid, None)) => h.pid == pid,
+                Some((pid, Some(leader))) => {
+                    h.pid == pid || h.dead_job.as_ref().is_some_and(|j| j.leader_pid == leader)
+                }
+            }
+    }
+}
+
+/// With `--include shm` on the whole node (not narrowed to a job): the segments orphaned
+/// once the plan's targets are gone.
+fn planned_segments(
+    snap: &Snapshot,
+    report: &Report,
+    opts: &ReclaimOptions,
+    targets: &BTreeMap<u32, Target>,
+) -> Vec<crate::host::SegmentReport> {
+    let whole_node = opts.job_of.is_none() && opts.job_label.is_none();
+    let Some(shm) = opts.include_shm.as_ref().filter(|_| whole_node) else {
+        return Vec::new();
+    };
+    let leaving: BTreeSet<u32> = targets.keys().copied().collect();
+    crate::host::assess(snap, report, shm, &leaving)
+        .map(|h| {
+            h.segments
+                .into_iter()
+                .filter(|s| s.verdict == crate::host::SegmentVerdict::Reclaimable)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The warning a detached target gets when `--include detached` makes it one: it may work.

@@ -542,7 +542,12 @@ proptest! {
         let holders: Vec<&vramguard_core::report::Holder> =
             report.gpus.iter().flat_map(|g| &g.holders).collect();
         if let Some(chosen) = holders.get(pick % holders.len().max(1)) {
-            let leader = chosen.dead_job.as_ref().map(|j| j.leader_pid);
+            // A pid's dead job is the one any of its entries (one per GPU) names: a pid can
+            // be foreign on one GPU and hidden on another.
+            let leader = holders
+                .iter()
+                .filter(|h| h.pid == chosen.pid)
+                .find_map(|h| h.dead_job.as_ref().map(|j| j.leader_pid));
             let narrowed = plan_reclaim(
                 &s,
                 &report,
