@@ -850,10 +850,17 @@ impl Metrics {
                 // so `vramguard metrics` or a `curl` on a terminal obeys no control byte.
                 comm: shown(h.comm.as_deref().unwrap_or_default()),
                 class: h.class.as_str().into(),
+                // Kubernetes' container name when the kubelet named the pod (what
+                // dcgm-exporter's `container` holds), else the runtime's id.
                 container: h
-                    .container
+                    .pod
                     .as_ref()
-                    .map(|c| shown(&c.id.chars().take(12).collect::<String>()))
+                    .map(|p| shown(&p.container))
+                    .or_else(|| {
+                        h.container
+                            .as_ref()
+                            .map(|c| shown(&c.id.chars().take(12).collect::<String>()))
+                    })
                     .unwrap_or_default(),
                 pod_uid: shown(h.pod_uid.as_deref().unwrap_or_default()),
                 job: h.job.as_ref().map(|j| shown(&j.label)).unwrap_or_default(),

@@ -7,7 +7,7 @@ use crate::reset::{ResetBackend, ResetError, ResetTarget};
 use crate::snapshot::{take_sampled_snapshot, take_snapshot};
 use crate::{Node, NodeError};
 use rustix::process::Signal;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vramguard_core::Policy;
@@ -35,7 +35,17 @@ struct Kubelet {
     /// After a failure the kubelet is left alone for [`KUBELET_BACKOFF`]: a hung kubelet
     /// costs one timeout a minute, not one per sample.
     failed_at: Option<Instant>,
+    /// The last answer, when, and the pod UIDs of the snapshot it answered for: reused for
+    /// [`KUBELET_REFRESH`] while no new pod appears (the agent samples every second).
+    last: Option<(
+        Instant,
+        BTreeSet<String>,
+        Vec<vramguard_core::snapshot::KubePod>,
+    )>,
 }
+
+/// How long a kubelet answer is reused while the same pods hold GPUs.
+const KUBELET_REFRESH: Duration = Duration::from_secs(10);
 
 /// How long a kubelet that failed is left alone.
 const KUBELET_BACKOFF: Duration = Duration::from_secs(60);
@@ -70,6 +80,7 @@ impl MachineNode {
             socket: socket.to_path_buf(),
             timeout,
             failed_at: None,
+            last: None,
         });
         self
     }
@@ -80,7 +91,19 @@ impl MachineNode {
         let Some(k) = self.kubelet.as_mut() else {
             return;
         };
-        if !snap.processes.iter().any(|p| p.pod_uid.is_some()) || !k.socket.exists() {
+        let uids: BTreeSet<String> = snap
+            .processes
+            .iter()
+            .filter_map(|p| p.pod_uid.clone())
+            .collect();
+        if uids.is_empty() || !k.socket.exists() {
+            return;
+        }
+        if let Some((at, seen, pods)) = &k.last
+            && at.elapsed() < KUBELET_REFRESH
+            && uids.is_subset(seen)
+        {
+            snap.kubelet_pods = Some(pods.clone());
             return;
         }
         if k.failed_at.is_some_and(|t| t.elapsed() < KUBELET_BACKOFF) {
@@ -93,12 +116,16 @@ impl MachineNode {
         match vramguard_kubelet::list_pods(&k.socket, k.timeout) {
             Ok(pods) => {
                 k.failed_at = None;
+                k.last = Some((Instant::now(), uids, pods.clone()));
                 snap.kubelet_pods = Some(pods);
             }
             Err(e) => {
                 k.failed_at = Some(Instant::now());
+                k.last = None;
+                // The error carries the kubelet's own message: shown escaped.
                 snap.scan.limitations.push(format!(
-                    "pod names unavailable: {e} (pods are shown by UID)"
+                    "pod names unavailable: {} (pods are shown by UID)",
+                    vramguard_core::sanitize::shown(&e.to_string())
                 ));
             }
         }

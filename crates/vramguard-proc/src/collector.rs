@@ -495,7 +495,7 @@ impl ProcCollector {
             }
             let any_segment = dirs.iter().any(|d| !d.segments.is_empty());
             if let (true, Some(pids)) = (any_segment, listing) {
-                let used = crate::host::scan_users(&self.fs, pids, &devs);
+                let used = crate::host::scan_users(&self.fs, pids, &devs, &self.shm_dirs);
                 for d in dirs.iter_mut().filter(|d| d.error.is_none()) {
                     d.users_checked = used.unreadable.is_empty() && used.read > 0;
                     d.unchecked_pids = used.unreadable.iter().take(10).copied().collect();

@@ -9,6 +9,7 @@ use crate::procfs::{Found, ProcError, ProcFs};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use vramguard_core::host::{MemoryPressure, ProcessHostMemory, ShmDirFacts, ShmSegmentFacts};
 
@@ -126,8 +127,11 @@ pub struct ShmUse {
 }
 
 /// Finds which of `pids` map or hold open a file on one of `devs` (the shared-memory
-/// filesystems). Processes that vanish meanwhile are skipped; unreadable ones are counted.
-pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>) -> ShmUse {
+/// filesystems). Mappings are matched by device and inode whatever their path; open files are
+/// stat'ed only when their path lies under one of `dirs` (a stat of any other open file could
+/// hang on a network filesystem). Processes that vanish meanwhile are skipped; unreadable ones
+/// are counted.
+pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>, dirs: &[PathBuf]) -> ShmUse {
     let mut found = ShmUse::default();
     if devs.is_empty() {
         return found;
@@ -135,6 +139,11 @@ pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>) -> ShmUse {
     let mut buf = Vec::new();
     for &pid in pids {
         match fs.read_into(&format!("{pid}/maps"), &mut buf) {
+            // A maps file cut at the read cap may hide a mapping: that process is unchecked.
+            Ok(Found::Yes(())) if buf.len() >= crate::procfs::MAX_PROC_FILE => {
+                found.unreadable.push(pid);
+                continue;
+            }
             Ok(Found::Yes(())) => {
                 found.read += 1;
                 for (dev, inode, _) in crate::parse::parse_maps_files(&buf) {
@@ -149,7 +158,7 @@ pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>) -> ShmUse {
                 continue;
             }
         }
-        match open_fds(fs, pid, devs) {
+        match open_fds(fs, pid, devs, dirs) {
             Found::Yes(files) => {
                 for key in files {
                     found.users.entry(key).or_default().insert(pid);
@@ -163,7 +172,12 @@ pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>) -> ShmUse {
 }
 
 /// The (device, inode) of each of `pid`'s open files that lies on one of `devs`.
-fn open_fds(fs: &ProcFs, pid: u32, devs: &BTreeSet<u64>) -> Found<Vec<(u64, u64)>> {
+fn open_fds(
+    fs: &ProcFs,
+    pid: u32,
+    devs: &BTreeSet<u64>,
+    dirs: &[PathBuf],
+) -> Found<Vec<(u64, u64)>> {
     let path = fs.root().join(format!("{pid}/fd"));
     let fd = match rustix::fs::open(
         &path,
@@ -186,24 +200,29 @@ fn open_fds(fs: &ProcFs, pid: u32, devs: &BTreeSet<u64>) -> Found<Vec<(u64, u64)
         if entry.file_name().to_bytes().first() == Some(&b'.') {
             continue;
         }
-        // Only files with a path can be on a tmpfs: sockets, pipes and anonymous inodes are
-        // skipped without a stat.
+        // Only files under a shared-memory directory are stat'ed: sockets, pipes, anonymous
+        // inodes and every other file are skipped without touching them.
         link.clear();
         match rustix::fs::readlinkat(fd.as_fd(), entry.file_name(), std::mem::take(&mut link)) {
             Ok(target) => {
                 let bytes = target.into_bytes();
-                let with_path = bytes.first() == Some(&b'/');
+                let under = dirs
+                    .iter()
+                    .any(|d| Path::new(std::ffi::OsStr::from_bytes(&bytes)).starts_with(d));
                 link = bytes;
-                if !with_path {
+                if !under {
                     continue;
                 }
             }
-            Err(_) => continue,
+            // Closed meanwhile: nothing to check. Anything else leaves the process unchecked.
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(_) => return Found::Denied,
         }
-        if let Ok(st) = rustix::fs::statat(&fd, entry.file_name(), AtFlags::empty())
-            && devs.contains(&st.st_dev)
-        {
-            files.push((st.st_dev, st.st_ino));
+        match rustix::fs::statat(&fd, entry.file_name(), AtFlags::empty()) {
+            Ok(st) if devs.contains(&st.st_dev) => files.push((st.st_dev, st.st_ino)),
+            Ok(_) | Err(rustix::io::Errno::NOENT) => {}
+            // A file vramguard cannot stat might be a segment: the process stays unchecked.
+            Err(_) => return Found::Denied,
         }
     }
     Found::Yes(files)
@@ -336,16 +355,14 @@ mod tests {
         let seg = dir.path().join("torch_1");
         std::fs::write(&seg, b"x").unwrap();
         let m = std::fs::metadata(&seg).unwrap();
-        // Replaced by another file under the same name: kept.
-        std::fs::remove_file(&seg).unwrap();
+        // Replaced by another file under the same name (made while the first still exists,
+        // so its inode differs, then renamed over it): kept.
         std::fs::write(dir.path().join("other"), b"y").unwrap();
-        std::fs::write(&seg, b"z").unwrap();
-        let replaced = std::fs::metadata(&seg).unwrap();
-        if replaced.ino() != m.ino() {
-            let e = remove_segment(dir.path(), "torch_1", m.dev(), m.ino()).unwrap_err();
-            assert!(e.why.contains("another file"), "{e}");
-            assert!(seg.exists());
-        }
+        std::fs::rename(dir.path().join("other"), &seg).unwrap();
+        assert_ne!(std::fs::metadata(&seg).unwrap().ino(), m.ino());
+        let e = remove_segment(dir.path(), "torch_1", m.dev(), m.ino()).unwrap_err();
+        assert!(e.why.contains("another file"), "{e}");
+        assert!(seg.exists());
         let now = std::fs::metadata(&seg).unwrap();
         // A link, a FIFO, a name with a slash: refused.
         std::os::unix::fs::symlink(&seg, dir.path().join("torch_link")).unwrap();

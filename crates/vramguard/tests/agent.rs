@@ -1463,6 +1463,7 @@ fn pods_are_named_from_a_fake_kubelets_pod_resources_and_a_slow_kubelet_only_cos
             &[
                 "namespace=\"team-a\"",
                 "pod=\"trainer-0\"",
+                "container=\"trainer\"",
                 &format!("pid=\"{}\"", a.pid),
             ],
         )
