@@ -107,10 +107,20 @@ pub fn cpu_ns(pid: u32) -> u64 {
 
 /// Resident memory of `pid`, KiB.
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A process's resident memory in two parts, in KiB: anonymous (heap, stacks) and
+/// file-backed (the binary's and libraries' pages, faulted in as code paths first run).
+pub fn rss_parts_kib(pid: u32) -> (u64, u64) {
+    (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"))
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("{OWN_PROC}/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }

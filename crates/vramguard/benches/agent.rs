@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use vramguard_testkit::load::{busy_node, cpu_ns, rss_kib, spawn_sleeper};
+use vramguard_testkit::load::{busy_node, cpu_ns, rss_kib, rss_parts_kib, spawn_sleeper};
 use vramguard_testkit::{GIB, World, allocation, env_or};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
@@ -331,6 +331,10 @@ fn main() {
         // (minutes, KiB), for the slope.
         let mut points: Vec<(f64, f64)> = Vec::new();
         let mut heap_points: Vec<(f64, f64)> = Vec::new();
+        // RSS in its anonymous and file-backed parts: the latter grows as code paths first
+        // run, and is no leak.
+        let mut anon_points: Vec<(f64, f64)> = Vec::new();
+        let mut file_points: Vec<(f64, f64)> = Vec::new();
         let mut next_report = Instant::now();
         while t.elapsed() < Duration::from_secs(soak) {
             // Holders come and go: ten every five seconds. The driver forgets the ones that
@@ -351,8 +355,12 @@ fn main() {
             let (_, metrics) = get(agent.addr, "/metrics");
             if Instant::now() >= next_report {
                 let r = rss_kib(agent.child.id());
+                let (anon, file) = rss_parts_kib(agent.child.id());
                 rss.push(r);
-                points.push((t.elapsed().as_secs_f64() / 60.0, r as f64));
+                let minute = t.elapsed().as_secs_f64() / 60.0;
+                points.push((minute, r as f64));
+                anon_points.push((minute, anon as f64));
+                file_points.push((minute, file as f64));
                 // The agent's own heap in use: flat while RSS rises is fragmentation, not a leak.
                 let heap_kib = metrics
                     .lines()
@@ -363,7 +371,7 @@ fn main() {
                     heap_points.push((t.elapsed().as_secs_f64() / 60.0, h));
                 }
                 println!(
-                    "soak {:>4}s: RSS {r} KiB, heap in use {} KiB",
+                    "soak {:>4}s: RSS {r} KiB (anon {anon}, file {file}), heap in use {} KiB",
                     t.elapsed().as_secs(),
                     heap_kib.map_or("?".into(), |h| format!("{h:.0}"))
                 );
@@ -393,13 +401,16 @@ fn main() {
         for (series, what, from) in [
             ("RSS", "after the first minute", 1.0),
             ("RSS", "in steady state", settle),
+            ("RSS anon", "in steady state", settle),
+            ("RSS file", "in steady state", settle),
             ("heap in use", "after the first minute", 1.0),
             ("heap in use", "in steady state", settle),
         ] {
-            let source = if series == "RSS" {
-                &points
-            } else {
-                &heap_points
+            let source = match series {
+                "RSS" => &points,
+                "RSS anon" => &anon_points,
+                "RSS file" => &file_points,
+                _ => &heap_points,
             };
             let part: Vec<(f64, f64)> =
                 source.iter().copied().filter(|(m, _)| *m >= from).collect();
