@@ -26,6 +26,8 @@ pub const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\ncommit: ",
     env!("VRAMGUARD_COMMIT"),
+    "\nbuilt: ",
+    env!("VRAMGUARD_BUILD_DATE"),
     "\ntarget: ",
     env!("VRAMGUARD_TARGET"),
     "\nprofile: ",

@@ -6,7 +6,7 @@ use common::*;
 use std::process::Command;
 
 #[test]
-fn the_long_version_names_the_commit_and_the_target() {
+fn the_long_version_names_the_commit_the_build_date_and_the_target() {
     let out = Vg::bare().args(["--version"]).code(0);
     let text = stdout(&out);
     assert!(
@@ -21,6 +21,19 @@ fn the_long_version_names_the_commit_and_the_target() {
         commit == "unknown"
             || (commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
         "{commit}"
+    );
+    let built = text
+        .lines()
+        .find_map(|l| l.strip_prefix("built: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let parts: Vec<u32> = built.split('-').filter_map(|p| p.parse().ok()).collect();
+    assert!(
+        built.len() == 10
+            && parts.len() == 3
+            && parts[0] >= 2025
+            && (1..=12).contains(&parts[1])
+            && (1..=31).contains(&parts[2]),
+        "{built}"
     );
     assert!(
         text.contains("target: x86_64-") || text.contains("target: aarch64-"),
