@@ -67,3 +67,28 @@ fi
 
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
+
+# The release artifacts (scripts/package.sh) installed as an admin would: the .deb with dpkg,
+# the .rpm into a scratch root, the wheel in a fresh venv, the tarball and the OCI image
+# (crates/vramguard/tests/packaging.rs). VRAMGUARD_PACKAGING=quick (the default) builds them
+# unoptimised, full as released, off skips them (and says so).
+packaging=${VRAMGUARD_PACKAGING:-quick}
+case "$packaging" in
+    off)
+        echo "scripts/test.sh: VRAMGUARD_PACKAGING=off: the packages and their install tests were skipped" >&2
+        ;;
+    quick|full)
+        dist=target/package/dist
+        rm -rf "$dist"
+        if [ "$packaging" = quick ]; then
+            scripts/package.sh --quick --out "$dist"
+        else
+            scripts/package.sh --out "$dist"
+        fi
+        VRAMGUARD_DIST="$PWD/$dist" cargo test --locked -p vramguard --test packaging
+        ;;
+    *)
+        echo "scripts/test.sh: VRAMGUARD_PACKAGING=$packaging: expected quick, full or off" >&2
+        exit 2
+        ;;
+esac

@@ -819,6 +819,35 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
 mod tests {
     use super::*;
 
+    /// The example packages install as /etc/vramguard/config.toml lists the defaults: a
+    /// default changed in code and not in the file (or a typo in the file) fails here.
+    #[test]
+    fn the_shipped_example_config_is_the_defaults() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/config.toml"
+        ));
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut shipped = Config::parse(path, &text).unwrap();
+        shipped.path = None;
+        let defaults = Config::parse(Path::new("empty.toml"), "").unwrap();
+        let mut defaults = defaults;
+        defaults.path = None;
+        assert_eq!(shipped, defaults);
+        // Every section is there, so an admin edits a value rather than guessing a name.
+        for table in [
+            "[policy]",
+            "[agent]",
+            "[alerts]",
+            "[reclaim]",
+            "[containers]",
+            "[shm]",
+            "[kubernetes]",
+        ] {
+            assert!(text.lines().any(|l| l == table), "{table}");
+        }
+    }
+
     #[test]
     fn a_full_file() {
         let c = Config::parse(

@@ -1,0 +1,497 @@
+//! The release artifacts, installed as an admin would: the tarball's binary from an unrelated
+//! folder, the .deb with dpkg (and removed again), the .rpm into a scratch root, the wheel in
+//! a fresh virtualenv (with its OOM hook), the OCI image's entrypoint.
+//!
+//! They test what `scripts/package.sh` put in `$VRAMGUARD_DIST`; `scripts/test.sh` builds
+//! them first (`VRAMGUARD_PACKAGING=quick`, the default, or `full`). Without
+//! `VRAMGUARD_DIST` each test says so and passes: `cargo test` alone does not package.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The artifacts folder, or None (and a line saying why) when this run did not package.
+fn dist() -> Option<PathBuf> {
+    match std::env::var_os("VRAMGUARD_DIST") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => {
+            eprintln!(
+                "skipped: VRAMGUARD_DIST is not set (scripts/test.sh runs scripts/package.sh and sets it)"
+            );
+            None
+        }
+    }
+}
+
+/// The one artifact in `dir` whose name starts with `prefix` and ends with `suffix`.
+fn artifact(dir: &Path, prefix: &str, suffix: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "{prefix}*{suffix} in {}: {found:?}",
+        dir.display()
+    );
+    found.into_iter().next().unwrap()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Unpacks a tar archive (compressed or not) into `into`.
+fn untar(archive: &Path, into: &Path) {
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(into));
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The highest `GLIBC_x.y` symbol version an ELF file needs.
+fn highest_glibc(binary: &Path) -> (u32, u32) {
+    let out = run(Command::new("objdump").arg("-T").arg(binary));
+    text(&out)
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut parts = v.split('.');
+            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+        })
+        .max()
+        .expect("no GLIBC_ symbol versions")
+}
+
+/// `binary --version` names this version.
+fn assert_is_this_version(binary: &Path) {
+    let out = run(Command::new(binary).arg("--version"));
+    assert!(
+        text(&out).starts_with(&format!("vramguard {VERSION}\n")),
+        "{}",
+        text(&out)
+    );
+}
+
+/// The demo ran to its end: it found the incident and cleaned up.
+fn assert_demo_ran(out: &Output) {
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("of ghost memory found"), "{all}");
+}
+
+#[test]
+fn the_tarballs_binary_runs_on_glibc_2_17_and_runs_the_demo_from_an_unrelated_folder() {
+    let Some(dist) = dist() else { return };
+    let tarball = artifact(
+        &dist,
+        &format!("vramguard-{VERSION}-x86_64-linux-gnu"),
+        ".tar.gz",
+    );
+    let unpacked = tempfile::tempdir().unwrap();
+    untar(&tarball, unpacked.path());
+    let root = unpacked
+        .path()
+        .join(format!("vramguard-{VERSION}-x86_64-linux-gnu"));
+    for file in [
+        "vramguard",
+        "README.md",
+        "LICENSE",
+        "config.toml.example",
+        "man/vramguard.1",
+        "man/vramguard-reclaim.1",
+        "completions/vramguard.bash",
+        "completions/_vramguard",
+        "completions/vramguard.fish",
+        "systemd/vramguard-agent.service",
+    ] {
+        assert!(
+            root.join(file).is_file(),
+            "{file} is not in {}",
+            tarball.display()
+        );
+    }
+    let binary = root.join("vramguard");
+    assert!(
+        highest_glibc(&binary) <= (2, 17),
+        "{:?}",
+        highest_glibc(&binary)
+    );
+    // Stripped: no symbol table left.
+    let syms = Command::new("objdump")
+        .arg("-t")
+        .arg(&binary)
+        .output()
+        .unwrap();
+    assert!(text(&syms).contains("no symbols"), "{}", text(&syms));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(&binary)
+        .arg("demo")
+        .current_dir(elsewhere.path())
+        .env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .output()
+        .unwrap();
+    assert_demo_ran(&out);
+    assert_is_this_version(&binary);
+}
+
+/// Whether dpkg knows a package named vramguard (installed or with config files left).
+fn dpkg_knows_vramguard() -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "vramguard"])
+        .output()
+        .is_ok_and(|o| o.status.success() && !text(&o).contains("not-installed"))
+}
+
+#[test]
+fn the_deb_installs_runs_verifies_and_is_removed_cleanly() {
+    let Some(dist) = dist() else { return };
+    if dpkg_knows_vramguard() || Path::new("/usr/bin/vramguard").exists() {
+        eprintln!(
+            "skipped: a vramguard package or /usr/bin/vramguard is already on this machine; \
+             this test installs and removes its own and would replace it"
+        );
+        return;
+    }
+    let deb = artifact(&dist, &format!("vramguard_{VERSION}-"), "_amd64.deb");
+    let fields = text(&run(Command::new("dpkg-deb")
+        .args(["-f"])
+        .arg(&deb)
+        .args(["Depends", "Version"])));
+    assert!(fields.contains("libc6 (>= 2.17)"), "{fields}");
+
+    run(Command::new("dpkg").arg("-i").arg(&deb));
+    // Removed whatever happens below.
+    struct Purge;
+    impl Drop for Purge {
+        fn drop(&mut self) {
+            let _ = Command::new("dpkg").args(["-P", "vramguard"]).output();
+        }
+    }
+    let _purge = Purge;
+
+    let unit = Path::new("/usr/lib/systemd/system/vramguard-agent.service");
+    let unit_text = std::fs::read_to_string(unit).unwrap();
+    assert!(
+        unit_text.contains("ExecStart=/usr/bin/vramguard agent"),
+        "{unit_text}"
+    );
+    run(Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(unit));
+    // Installed, not enabled.
+    assert!(
+        !Path::new("/etc/systemd/system/multi-user.target.wants/vramguard-agent.service").exists()
+    );
+    let conffiles = text(&run(Command::new("dpkg-query").args([
+        "-W",
+        "-f=${Conffiles}",
+        "vramguard",
+    ])));
+    assert!(
+        conffiles.contains("/etc/vramguard/config.toml"),
+        "{conffiles}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("/var/log/vramguard"), 0o750);
+    assert_eq!(mode("/etc/vramguard/config.toml"), 0o640);
+    for f in [
+        "/usr/share/man/man1/vramguard.1.gz",
+        "/usr/share/man/man1/vramguard-reclaim.1.gz",
+        "/usr/share/bash-completion/completions/vramguard",
+        "/usr/share/zsh/vendor-completions/_vramguard",
+        "/usr/share/fish/vendor_completions.d/vramguard.fish",
+    ] {
+        assert!(Path::new(f).is_file(), "{f}");
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new("/usr/bin/vramguard")
+        .arg("demo")
+        .current_dir(elsewhere.path())
+        .env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .output()
+        .unwrap();
+    assert_demo_ran(&out);
+
+    run(Command::new("dpkg").args(["-r", "vramguard"]));
+    for gone in ["/usr/bin/vramguard", unit.to_str().unwrap()] {
+        assert!(!Path::new(gone).exists(), "{gone} is left after dpkg -r");
+    }
+    // The edited config stays until purge, as for every conffile; the audit log stays.
+    assert!(Path::new("/etc/vramguard/config.toml").exists());
+    run(Command::new("dpkg").args(["-P", "vramguard"]));
+    assert!(!Path::new("/etc/vramguard/config.toml").exists());
+    assert!(!dpkg_knows_vramguard());
+}
+
+#[test]
+fn the_rpm_installs_into_a_root_with_every_file_and_needs_glibc_2_17_at_most() {
+    let Some(dist) = dist() else { return };
+    let rpm = artifact(&dist, &format!("vramguard-{VERSION}-"), ".x86_64.rpm");
+    let requires = text(&run(Command::new("rpm")
+        .args(["-qp", "--requires"])
+        .arg(&rpm)));
+    let highest = requires
+        .lines()
+        .filter_map(|l| l.split("(GLIBC_").nth(1))
+        .filter_map(|v| {
+            let v = v.split(')').next()?;
+            let mut p = v.split('.');
+            Some((
+                p.next()?.parse::<u32>().ok()?,
+                p.next()?.parse::<u32>().ok()?,
+            ))
+        })
+        .max()
+        .expect("the rpm names its glibc symbol versions");
+    assert!(highest <= (2, 17), "{highest:?}\n{requires}");
+    let config = text(&run(Command::new("rpm")
+        .args(["-qp", "--configfiles"])
+        .arg(&rpm)));
+    assert_eq!(config.trim(), "/etc/vramguard/config.toml");
+    let root = tempfile::tempdir().unwrap();
+    let dbpath = root.path().join("rpmdb");
+    // Into a scratch root, without the scriptlets (the root has no shell); nothing of this
+    // machine's own package database is touched.
+    run(Command::new("rpm")
+        .arg("--root")
+        .arg(root.path())
+        .arg("--dbpath")
+        .arg(&dbpath)
+        .args(["-i", "--nodeps", "--noscripts"])
+        .arg(&rpm));
+    for f in [
+        "usr/bin/vramguard",
+        "usr/lib/systemd/system/vramguard-agent.service",
+        "usr/lib/tmpfiles.d/vramguard.conf",
+        "etc/vramguard/config.toml",
+        "usr/share/man/man1/vramguard.1",
+        "usr/share/bash-completion/completions/vramguard",
+    ] {
+        assert!(root.path().join(f).is_file(), "{f}");
+    }
+    let tmpfiles =
+        std::fs::read_to_string(root.path().join("usr/lib/tmpfiles.d/vramguard.conf")).unwrap();
+    assert!(
+        tmpfiles.contains("d /var/log/vramguard 0750 root root"),
+        "{tmpfiles}"
+    );
+    assert_is_this_version(&root.path().join("usr/bin/vramguard"));
+}
+
+#[test]
+fn the_wheel_puts_the_binary_on_path_and_explains_a_cuda_oom() {
+    let Some(dist) = dist() else { return };
+    let wheel = artifact(
+        &dist,
+        &format!("vramguard-{VERSION}-py3-none-manylinux"),
+        ".whl",
+    );
+    let venv = tempfile::tempdir().unwrap();
+    run(Command::new("python3")
+        .arg("-m")
+        .arg("venv")
+        .arg(venv.path()));
+    let bin = venv.path().join("bin");
+    run(Command::new(bin.join("pip"))
+        .args(["install", "-q", "--no-index", "--no-deps"])
+        .arg(&wheel));
+    assert_is_this_version(&bin.join("vramguard"));
+
+    // A crashed trainer's worker holds 1 GiB on GPU 0; a training script then runs out of
+    // memory on that GPU. torch is a stand-in module with the real exception's name.
+    let world = World::new(2);
+    let trainer = crashed_trainer(&world);
+    let worker = trainer.workers[0];
+    let fake = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(fake.path().join("torch/cuda")).unwrap();
+    std::fs::write(
+        fake.path().join("torch/__init__.py"),
+        "from . import cuda\n",
+    )
+    .unwrap();
+    std::fs::write(
+        fake.path().join("torch/cuda/__init__.py"),
+        "class OutOfMemoryError(RuntimeError):\n    pass\n",
+    )
+    .unwrap();
+    let script = fake.path().join("train.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys, torch, vramguard
+report = vramguard.status(sample=0)
+assert [g["index"] for g in report["gpus"]] == [0, 1], report["gpus"]
+print("status:", json.dumps(sorted(h["pid"] for h in report["gpus"][0]["holders"])))
+vramguard.explain_oom()
+vramguard.explain_oom()  # a second call changes nothing
+raise torch.cuda.OutOfMemoryError(
+    "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+    "140.40 GiB of which 1.00 GiB is free.")
+"#,
+    )
+    .unwrap();
+    let out = Command::new(bin.join("python"))
+        .arg(&script)
+        .env("PYTHONPATH", fake.path())
+        .env("VRAMGUARD_SIM", world.state_path())
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMGUARD_BINARY")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        text(&out),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&worker.to_string()), "{stdout}");
+    // The traceback first, then one explanation (the hook is installed once).
+    let traceback = stderr.find("torch.cuda.OutOfMemoryError").expect(&stderr);
+    let explained = stderr
+        .find(&format!(
+            "vramguard: 1.0 GiB on GPU 0 is held by 1 orphan of job {}",
+            trainer.pid
+        ))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(traceback < explained, "{stderr}");
+    assert_eq!(stderr.matches("vramguard: ").count(), 1, "{stderr}");
+    assert!(stderr.contains(": vramguard reclaim --gpu 0"), "{stderr}");
+
+    // CUDA_VISIBLE_DEVICES=1: the process's "GPU 0" is GPU 1, which holds nothing dead.
+    let out = Command::new(bin.join("python"))
+        .arg(&script)
+        .env("PYTHONPATH", fake.path())
+        .env("VRAMGUARD_SIM", world.state_path())
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("vramguard: GPU 1 has ")
+            && stderr.contains("nothing of it can be reclaimed"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_image_is_tagged_as_the_daemonset_says_and_its_entrypoint_runs_the_demo() {
+    let Some(dist) = dist() else { return };
+    let image = dist.join(format!("vramguard-{VERSION}-oci.tar"));
+    let layout = tempfile::tempdir().unwrap();
+    untar(&image, layout.path());
+    let json = |p: PathBuf| -> serde_json::Value {
+        serde_json::from_slice(
+            &std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+        )
+        .unwrap()
+    };
+    let blob = |digest: &str| {
+        layout
+            .path()
+            .join("blobs/sha256")
+            .join(digest.strip_prefix("sha256:").unwrap())
+    };
+    let index = json(layout.path().join("index.json"));
+    let entry = &index["manifests"][0];
+    let tag = entry["annotations"]["org.opencontainers.image.ref.name"]
+        .as_str()
+        .unwrap();
+    assert_eq!(tag, format!("vramguard:{VERSION}"));
+    let daemonset = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/daemonset.yaml"),
+    )
+    .unwrap();
+    assert!(
+        daemonset.contains(&format!("image: {tag}\n")),
+        "the DaemonSet does not name the image scripts/package.sh builds ({tag})"
+    );
+    let manifest = json(blob(entry["digest"].as_str().unwrap()));
+    let config = json(blob(manifest["config"]["digest"].as_str().unwrap()));
+    let entrypoint: Vec<String> =
+        serde_json::from_value(config["config"]["Entrypoint"].clone()).unwrap();
+    assert_eq!(entrypoint, ["/usr/bin/vramguard"]);
+
+    // Unpack the layers into a root and run the entrypoint there, in a PID and mount
+    // namespace of its own with a fresh /proc, as a container runtime would.
+    let root = tempfile::tempdir().unwrap();
+    for layer in manifest["layers"].as_array().unwrap() {
+        untar(&blob(layer["digest"].as_str().unwrap()), root.path());
+    }
+    // Namespaces of its own, a fresh /proc and a /dev with the usual nodes, as a container
+    // runtime gives.
+    let dev = root.path().join("dev");
+    let script = format!(
+        "set -e; mount -t tmpfs -o mode=755 dev {dev}; \
+         for n in null:3 zero:5 urandom:9; do mknod -m 666 {dev}/${{n%:*}} c 1 ${{n#*:}}; done; \
+         mkdir {dev}/shm; mount -t tmpfs -o mode=1777 shm {dev}/shm; \
+         exec chroot {root} /usr/bin/vramguard demo",
+        dev = dev.display(),
+        root = root.path().display()
+    );
+    assert_eq!(entrypoint[0], "/usr/bin/vramguard");
+    let out = Command::new("unshare")
+        .args(["--mount", "--pid", "--fork"])
+        .arg(format!(
+            "--mount-proc={}",
+            root.path().join("proc").display()
+        ))
+        .args(["sh", "-c", &script])
+        .env_clear()
+        .env("PATH", "/usr/bin:/sbin:/bin:/usr/sbin")
+        .output()
+        .unwrap();
+    assert_demo_ran(&out);
+    // The NVIDIA container toolkit mounts the driver's libnvidia-ml.so.1 into the image and
+    // runs the image's ldconfig, so that the binary's dlopen finds it by name.
+    let libdir = root.path().join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&libdir).unwrap();
+    std::fs::copy(sim_nvml_lib(), libdir.join("libnvidia-ml.so.1")).unwrap();
+    let chroot = |args: &[&str]| {
+        run(Command::new("chroot")
+            .arg(root.path())
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))
+    };
+    chroot(&["/sbin/ldconfig"]);
+    let cache = text(&chroot(&["/sbin/ldconfig", "-p"]));
+    assert!(
+        cache.contains(
+            "libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+        ),
+        "{cache}"
+    );
+}
