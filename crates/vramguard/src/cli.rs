@@ -35,8 +35,10 @@ pub const LONG_VERSION: &str = concat!(
     "\nNVML: loaded at run time (libnvidia-ml.so.1 of the installed driver)"
 );
 
-/// Where facts come from.
+/// Where facts come from. Accepted before or after the command; every help lists them apart
+/// from the command's own options, under "Global options".
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Global options")]
 pub struct Global {
     /// Use the simulated driver with this state file (in-process unless --nvml-lib is given,
     /// in which case the simulator's NVML library reads it)

@@ -101,3 +101,29 @@ fn man_pages_are_written_for_the_program_and_each_command() {
         "{reclaim}"
     );
 }
+
+#[test]
+fn global_options_are_listed_apart_from_each_commands_own() {
+    for command in [
+        &["--help"][..],
+        &["reclaim", "--help"],
+        &["status", "--help"],
+    ] {
+        let help = stdout(&Vg::bare().args(command).code(0));
+        let (own, global) = help
+            .split_once("\nGlobal options:\n")
+            .unwrap_or_else(|| panic!("{command:?}: no Global options section\n{help}"));
+        // Lines that define an option, not prose that names one.
+        let defines = |text: &str, option: &str| {
+            text.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{option} ")))
+        };
+        for option in ["--sim", "--nvml-lib", "--proc-root", "--config", "--replay"] {
+            assert!(
+                !defines(own, option),
+                "{command:?}: {option} among the command's own"
+            );
+            assert!(defines(global, option), "{command:?}: {option} missing");
+        }
+    }
+}
