@@ -67,6 +67,7 @@ pub fn classify(snapshot: &Snapshot, policy: &Policy) -> Report {
         hostname: snapshot.host.hostname.clone(),
         pid_namespace_is_host: snapshot.host.pid_namespace_is_host,
         euid: snapshot.host.euid,
+        cap_effective: snapshot.host.cap_effective,
         driver: snapshot.driver.clone(),
         gpus,
         limitations: snapshot.scan.limitations.clone(),
@@ -562,7 +563,8 @@ impl<'a> Context<'a> {
 
     fn is_system(&self, p: &ProcessFacts) -> bool {
         matches!(
-            self.policy.system_identity(p, self.snap.host.euid == 0),
+            self.policy
+                .system_identity(p, self.snap.host.privileges().sees_every_process()),
             Some(Ok(()))
         )
     }
@@ -678,7 +680,9 @@ impl<'a> Context<'a> {
         let dead_job = job.dead.clone();
         let idle_secs = self.idle_secs(gpu, p, reported_pid.unwrap_or(p.pid));
         let work = self.job_work(p, dead_job.as_ref().and(job.tree_top));
-        let system = self.policy.system_identity(p, self.snap.host.euid == 0);
+        let system = self
+            .policy
+            .system_identity(p, self.snap.host.privileges().sees_every_process());
         if let Some(Err(why)) = &system {
             evidence.push(why.clone());
         }
@@ -1463,7 +1467,7 @@ impl<'a> Context<'a> {
                  invisible here; run it on the host or with hostPID: true"
                     .into(),
             );
-        } else if self.snap.scan.full_fd_scan && self.snap.host.euid == 0 {
+        } else if self.snap.scan.full_fd_scan && self.snap.host.privileges().sees_every_process() {
             cause = UnaccountedCause::DriverResidue;
             let live: Vec<&ResetBlocker> = blockers.iter().collect();
             explanation.push(format!(

@@ -204,28 +204,38 @@ fn node_checks(report: &Report) -> Vec<Check> {
             format!("{version}: {} ({}); {}", q.problem, q.reference, q.advice),
         ),
     });
-    checks.push(if report.euid == 0 && report.limitations.is_empty() {
-        check(
-            None,
-            "visibility",
-            CheckStatus::Pass,
-            "running as root: every process's open files were readable".into(),
-        )
-    } else if report.limitations.is_empty() {
-        check(
-            None,
-            "visibility",
-            CheckStatus::Warn,
-            "not running as root: other users' open files may be unreadable".into(),
-        )
-    } else {
-        check(
-            None,
-            "visibility",
-            CheckStatus::Warn,
-            report.limitations.join("; "),
-        )
-    });
+    checks.push(
+        if report.privileges().sees_every_process() && report.limitations.is_empty() {
+            check(
+                None,
+                "visibility",
+                CheckStatus::Pass,
+                if report.euid == 0 {
+                    "running as root: every process's open files were readable".into()
+                } else {
+                    format!(
+                        "running as uid {} with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: every \
+                     process's open files were readable",
+                        report.euid
+                    )
+                },
+            )
+        } else if report.limitations.is_empty() {
+            check(
+                None,
+                "visibility",
+                CheckStatus::Warn,
+                "not running as root: other users' open files may be unreadable".into(),
+            )
+        } else {
+            check(
+                None,
+                "visibility",
+                CheckStatus::Warn,
+                report.limitations.join("; "),
+            )
+        },
+    );
     if report.pid_namespace_is_host == Some(false) {
         checks.push(check(
             None,
@@ -346,7 +356,11 @@ fn leading_steps(
     reclaim_hidden: bool,
     reset_gpus: &[u32],
 ) -> Vec<NextStep> {
-    let sudo = if report.euid == 0 { "" } else { "sudo " };
+    let sudo = if report.privileges().may_signal_every_process() {
+        ""
+    } else {
+        "sudo "
+    };
     let mut leading = Vec::new();
     if !reclaim_gpus.is_empty() {
         leading.push(NextStep {

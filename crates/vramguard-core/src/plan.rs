@@ -205,9 +205,9 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
         }
         _ => {}
     }
-    if snap.host.euid != 0 && h.uid != Some(snap.host.euid) {
+    if !snap.host.privileges().may_signal_every_process() && h.uid != Some(snap.host.euid) {
         return Some(format!(
-            "owned by uid {}; only root may signal other users' processes",
+            "owned by uid {}; only root (or CAP_KILL) may signal other users' processes",
             h.uid.map_or("unknown".into(), |u| u.to_string())
         ));
     }

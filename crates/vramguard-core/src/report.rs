@@ -400,6 +400,9 @@ pub struct Report {
     pub pid_namespace_is_host: Option<bool>,
     /// vramguard's effective uid.
     pub euid: u32,
+    /// vramguard's effective capabilities, when read (see [`crate::snapshot::Privileges`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_effective: Option<u64>,
     /// The driver.
     pub driver: DriverFacts,
     /// One entry per GPU.
@@ -412,6 +415,16 @@ pub struct Report {
     /// when the snapshot has no host facts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<crate::host::HostReport>,
+}
+
+impl Report {
+    /// What the vramguard that made this report could see and do.
+    pub fn privileges(&self) -> crate::snapshot::Privileges {
+        crate::snapshot::Privileges {
+            euid: self.euid,
+            cap_effective: self.cap_effective,
+        }
+    }
 }
 
 impl Report {

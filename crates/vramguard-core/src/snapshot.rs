@@ -155,6 +155,54 @@ pub struct HostFacts {
     pub pid_namespace_is_host: Option<bool>,
     /// Effective uid of vramguard; 0 sees every process's open files.
     pub euid: u32,
+    /// vramguard's effective capabilities (`CapEff` of `/proc/self/status`), when read.
+    /// Without root they give what root has: see [`Privileges`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_effective: Option<u64>,
+}
+
+/// What vramguard may see and do, from its uid and capabilities: root, or a service user
+/// given the capabilities instead (`AmbientCapabilities=` in a unit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Privileges {
+    /// Effective uid.
+    pub euid: u32,
+    /// Effective capability set, when known.
+    pub cap_effective: Option<u64>,
+}
+
+impl Privileges {
+    /// `CAP_DAC_READ_SEARCH`: read any file (other users' `/proc/PID/fd` listings).
+    pub const CAP_DAC_READ_SEARCH: u32 = 2;
+    /// `CAP_KILL`: signal any process.
+    pub const CAP_KILL: u32 = 5;
+    /// `CAP_SYS_PTRACE`: read any process's fd links, maps and `exe`.
+    pub const CAP_SYS_PTRACE: u32 = 19;
+
+    fn has(&self, cap: u32) -> bool {
+        self.cap_effective.is_some_and(|set| set >> cap & 1 == 1)
+    }
+
+    /// Every process's open files, maps and executable are readable: root, or both
+    /// `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH`.
+    pub fn sees_every_process(&self) -> bool {
+        self.euid == 0 || (self.has(Self::CAP_SYS_PTRACE) && self.has(Self::CAP_DAC_READ_SEARCH))
+    }
+
+    /// Any process may be signalled: root, or `CAP_KILL`.
+    pub fn may_signal_every_process(&self) -> bool {
+        self.euid == 0 || self.has(Self::CAP_KILL)
+    }
+}
+
+impl HostFacts {
+    /// What vramguard may see and do on this host.
+    pub fn privileges(&self) -> Privileges {
+        Privileges {
+            euid: self.euid,
+            cap_effective: self.cap_effective,
+        }
+    }
 }
 
 /// Where the GPU facts came from.

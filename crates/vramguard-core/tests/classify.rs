@@ -80,6 +80,7 @@ fn snapshot(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
             self_ancestors: vec![],
             pid_namespace_is_host: Some(true),
             euid: 0,
+            cap_effective: None,
         },
         driver: DriverFacts {
             source: DriverSource::Simulated,

@@ -77,6 +77,7 @@ fn snap(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
             self_ancestors: vec![8999, 1],
             pid_namespace_is_host: Some(true),
             euid: 0,
+            cap_effective: None,
         },
         driver: DriverFacts {
             source: DriverSource::Simulated,
@@ -323,8 +324,8 @@ fn forbidden_processes_are_left_alone_with_a_reason() {
     assert!(reason(600).contains("system service"), "{}", reason(600));
 }
 
-#[test]
-fn without_root_other_users_processes_are_left_alone() {
+/// Orphans of uid 1000 (pid 201) and uid 1001 (pid 202) on GPU 0, seen by uid 1000.
+fn orphans_of_two_users_seen_by_uid_1000() -> Snapshot {
     let mut mine = p(201, 1, 200, "python", &[0]);
     mine.uid = Some(1000);
     let mut theirs = p(202, 1, 200, "python", &[0]);
@@ -334,9 +335,31 @@ fn without_root_other_users_processes_are_left_alone() {
         vec![init(), mine, theirs],
     );
     s.host.euid = 1000;
+    s
+}
+
+#[test]
+fn without_root_other_users_processes_are_left_alone() {
+    let mut s = orphans_of_two_users_seen_by_uid_1000();
     let plan = plan_of(&s, &ReclaimOptions::default());
     assert_eq!(plan.targets().map(|t| t.pid).collect::<Vec<_>>(), vec![201]);
     assert!(plan.left_alone[0].reason.contains("only root"));
+    // The reading capabilities do not give the right to signal.
+    s.host.cap_effective =
+        Some(1 << Privileges::CAP_SYS_PTRACE | 1 << Privileges::CAP_DAC_READ_SEARCH);
+    let plan = plan_of(&s, &ReclaimOptions::default());
+    assert_eq!(plan.targets().map(|t| t.pid).collect::<Vec<_>>(), vec![201]);
+}
+
+#[test]
+fn a_user_with_cap_kill_may_reclaim_other_users_orphans() {
+    let mut s = orphans_of_two_users_seen_by_uid_1000();
+    s.host.cap_effective = Some(1 << Privileges::CAP_KILL);
+    let plan = plan_of(&s, &ReclaimOptions::default());
+    assert_eq!(
+        plan.targets().map(|t| t.pid).collect::<Vec<_>>(),
+        vec![201, 202]
+    );
 }
 
 #[test]
@@ -453,7 +476,22 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
         prop::collection::vec(0u64..100, 3),
         1u32..40,
         prop::collection::vec(1u32..40, 0..3),
-        prop::sample::select(vec![0u32, 1000]),
+        // (euid, effective capabilities): root, a user, a user with CAP_KILL, with the
+        // reading capabilities, with all three.
+        (
+            prop::sample::select(vec![0u32, 1000]),
+            prop::sample::select(vec![
+                None,
+                Some(0u64),
+                Some(1 << Privileges::CAP_KILL),
+                Some(1 << Privileges::CAP_SYS_PTRACE | 1 << Privileges::CAP_DAC_READ_SEARCH),
+                Some(
+                    1 << Privileges::CAP_KILL
+                        | 1 << Privileges::CAP_SYS_PTRACE
+                        | 1 << Privileges::CAP_DAC_READ_SEARCH,
+                ),
+            ]),
+        ),
         any::<Option<bool>>(),
         prop::collection::btree_set(prop::sample::select(Class::ALL.to_vec()), 0..7),
         prop::option::of(prop::collection::btree_set(0u32..3, 0..3)),
@@ -514,7 +552,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                     .collect();
                 s.host.self_pid = self_pid;
                 s.host.self_ancestors = ancestors;
-                s.host.euid = euid;
+                (s.host.euid, s.host.cap_effective) = euid;
                 s.host.pid_namespace_is_host = host_ns;
                 (
                     s,
@@ -613,7 +651,10 @@ proptest! {
             let proc_ = proc_.unwrap();
             prop_assert!(!proc_.is_kernel_thread());
             prop_assert!(!(proc_.nspid.len() > 1 && proc_.nspid.last() == Some(&1)));
-            prop_assert!(!matches!(policy.system_identity(proc_, s.host.euid == 0), Some(Ok(()))));
+            prop_assert!(!matches!(
+                policy.system_identity(proc_, s.host.privileges().sees_every_process()),
+                Some(Ok(()))
+            ));
             // No process with work evidence in the window, nor the parent of one, is a target
             // unless `detached` was asked for by name (or it is already exiting).
             let exiting = proc_.flags.is_some_and(|f| f & PF_EXITING != 0);
@@ -652,7 +693,8 @@ proptest! {
             prop_assert!(!forbidden.contains(&t.class));
             prop_assert!(opts.include.contains(&t.class));
             prop_assert_eq!(Some(t.start_ticks), proc_.start_ticks);
-            if s.host.euid != 0 {
+            // Another user's process only with root or CAP_KILL.
+            if s.host.euid != 0 && s.host.cap_effective.is_none_or(|c| c & 1 << Privileges::CAP_KILL == 0) {
                 prop_assert_eq!(proc_.uid, Some(s.host.euid));
             }
             prop_assert!(!t.gpus.is_empty());

@@ -201,6 +201,7 @@ impl ProcCollector {
             self_ancestors: self.ancestors(self_pid),
             pid_namespace_is_host: self.fs.pid_namespace_is_host(),
             euid: rustix::process::geteuid().as_raw(),
+            cap_effective: self.fs.self_cap_effective(),
         };
         let mut mountinfo = Vec::new();
         self.cgroup_mounts = match self.fs.read_into("self/mountinfo", &mut mountinfo) {
@@ -436,10 +437,10 @@ impl ProcCollector {
         let host_memory = self.host_memory(&mut processes, listing.as_deref(), depth);
         self.trim_departed(now_ms);
         let mut limitations = Vec::new();
-        if denied > 0 && self.host.euid != 0 {
+        if denied > 0 && !self.host.privileges().sees_every_process() {
             limitations.push(format!(
                 "open files of {denied} process(es) were unreadable (other users' processes): \
-                 run as root to see every holder"
+                 run as root (or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) to see every holder"
             ));
         }
         let job_cgroups = if reuse {

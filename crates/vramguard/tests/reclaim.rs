@@ -22,6 +22,15 @@ fn crashed_job(world: &World, after_exit: Value, ignore_term: bool) -> Holding {
     h
 }
 
+/// [`crashed_job`], seen once by root (the simulator records its first sightings), then
+/// the world opened to an unprivileged user.
+fn crashed_job_open_to_everyone(world: &World) -> Holding {
+    let job = crashed_job(world, json!("release"), false);
+    Vg::new(world, Path_::InProcess).args(["status"]).code(0);
+    world.open_to_everyone();
+    job
+}
+
 fn live_job(world: &World, gib: u64) -> Holding {
     let mut s = spec(
         world,
@@ -269,9 +278,7 @@ fn without_a_terminal_and_without_yes_it_only_plans() {
 #[test]
 fn without_root_other_users_orphans_are_left_alone_and_it_says_why() {
     let world = World::new(1);
-    let job = crashed_job(&world, json!("release"), false);
-    Vg::new(&world, Path_::InProcess).args(["status"]).code(0);
-    world.open_to_everyone();
+    let job = crashed_job_open_to_everyone(&world);
     let audit = world.dir.path().join("audit.jsonl");
     let out = std::process::Command::new("setpriv")
         .args([
@@ -300,6 +307,125 @@ fn without_root_other_users_orphans_are_left_alone_and_it_says_why() {
     for w in &job.workers {
         assert!(alive(*w));
     }
+}
+
+/// `vramguard ARGS` as uid 65534 with these capabilities (ambient, so they survive the exec;
+/// e.g. "+sys_ptrace,+dac_read_search").
+fn as_nobody_with_caps(
+    world: &World,
+    caps: &str,
+    args: &[&std::ffi::OsStr],
+) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!("--ambient-caps={caps}"))
+        .args([BIN, "--sim"])
+        .arg(world.state_path())
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_user_with_the_reading_capabilities_sees_what_root_sees_but_signals_nothing_of_others() {
+    let world = World::new(1);
+    let job = crashed_job_open_to_everyone(&world);
+    let caps = "+sys_ptrace,+dac_read_search";
+    let out = as_nobody_with_caps(&world, caps, &["diagnose".as_ref(), "--json".as_ref()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["report"]["limitations"], json!([]), "{d:#}");
+    let visibility = d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "visibility")
+        .unwrap();
+    assert_eq!(visibility["status"], "pass", "{visibility:#}");
+    // The hidden worker is found through root's open files, as root finds it.
+    assert_eq!(holder(&d, 0, job.workers[2])["class"], "hidden");
+    let out = as_nobody_with_caps(
+        &world,
+        caps,
+        &["reclaim".as_ref(), "--dry-run".as_ref(), "--json".as_ref()],
+    );
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        plan["plan"]["left_alone"]
+            .to_string()
+            .contains("only root (or CAP_KILL)"),
+        "{plan:#}"
+    );
+    assert!(
+        plan["plan"]["jobs"].as_array().is_none_or(|j| j.is_empty()),
+        "{plan:#}"
+    );
+}
+
+#[test]
+fn a_user_with_cap_sys_admin_alone_sees_and_may_do_what_a_plain_user_does() {
+    let world = World::new(1);
+    let job = crashed_job_open_to_everyone(&world);
+    let out = as_nobody_with_caps(
+        &world,
+        "+sys_admin",
+        &["reclaim".as_ref(), "--dry-run".as_ref(), "--json".as_ref()],
+    );
+    let plan: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    assert!(
+        plan["plan"]["left_alone"].to_string().contains("only root"),
+        "{plan:#}"
+    );
+    let out = as_nobody_with_caps(
+        &world,
+        "+sys_admin",
+        &["status".as_ref(), "--json".as_ref()],
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["limitations"].to_string().contains("CAP_SYS_PTRACE"),
+        "{report:#}"
+    );
+    // The unlisted worker is found only through root's open files.
+    let holders = report["gpus"][0]["holders"].to_string();
+    assert!(
+        !holders.contains(&format!("\"pid\":{}", job.workers[2])),
+        "{holders}"
+    );
+}
+
+#[test]
+fn a_user_with_cap_kill_and_the_reading_capabilities_reclaims_as_root_does() {
+    let world = World::new(1);
+    let job = crashed_job_open_to_everyone(&world);
+    // The audit log in a folder of its own that only uid 65534 may write.
+    let logs = world.dir.path().join("nobody-logs");
+    std::fs::create_dir(&logs).unwrap();
+    std::os::unix::fs::chown(&logs, Some(65534), Some(65534)).unwrap();
+    let audit = logs.join("audit.jsonl");
+    let out = as_nobody_with_caps(
+        &world,
+        "+kill,+sys_ptrace,+dac_read_search",
+        &[
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--json".as_ref(),
+            "--grace".as_ref(),
+            "2s".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ],
+    );
+    let o: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    assert_eq!(out.status.code(), Some(0), "{o:#}\n{}", stderr(&out));
+    for w in &job.workers {
+        wait_until(10, &format!("worker {w} to be gone"), || !alive(*w));
+    }
+    assert!(audit_lines(&audit).iter().any(|r| r["event"] == "signal"));
 }
 
 #[test]
