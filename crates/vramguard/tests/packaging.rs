@@ -187,15 +187,25 @@ fn the_deb_installs_runs_verifies_and_is_removed_cleanly() {
         .args(["Depends", "Version"])));
     assert!(fields.contains("libc6 (>= 2.17)"), "{fields}");
 
+    // The package keeps the audit log directory on purge; the test removes it again if it
+    // made it (and it is still empty).
+    let log_dir_was_there = Path::new("/var/log/vramguard").exists();
     run(Command::new("dpkg").arg("-i").arg(&deb));
     // Removed whatever happens below.
-    struct Purge;
+    struct Purge {
+        remove_log_dir: bool,
+    }
     impl Drop for Purge {
         fn drop(&mut self) {
             let _ = Command::new("dpkg").args(["-P", "vramguard"]).output();
+            if self.remove_log_dir {
+                let _ = std::fs::remove_dir("/var/log/vramguard");
+            }
         }
     }
-    let _purge = Purge;
+    let _purge = Purge {
+        remove_log_dir: !log_dir_was_there,
+    };
 
     let unit = Path::new("/usr/lib/systemd/system/vramguard-agent.service");
     let unit_text = std::fs::read_to_string(unit).unwrap();
