@@ -124,15 +124,24 @@ pub enum Command {
     Agent(AgentArgs),
     /// Measure how the driver releases GPU memory: release latency per signal, concurrent
     /// kills, and a soak that fits the trend of the baseline (Markdown, JSON and SVG reports)
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  vramguard probe release --gpu 0 --size 8GiB --signals TERM,INT,KILL --repeat 5 --report out/\n  vramguard probe concurrent --gpu 0 --workers 8 --size 2GiB --kill random\n  vramguard probe soak --gpu 0 --duration 30m --cycle 5s"
+    )]
     Probe(ProbeCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
     /// `vramguard completions bash > /etc/bash_completion.d/vramguard`
+    #[command(
+        after_help = "Examples:\n  vramguard completions bash > /etc/bash_completion.d/vramguard\n  vramguard completions zsh > /usr/local/share/zsh/site-functions/_vramguard\n  vramguard completions fish > ~/.config/fish/completions/vramguard.fish"
+    )]
     Completions {
         /// The shell
         shell: clap_complete::Shell,
     },
     /// Write the man pages (vramguard.1 and one per command) into DIR
+    #[command(
+        after_help = "Examples:\n  vramguard man --dir /usr/local/share/man/man1 && man vramguard-reclaim"
+    )]
     Man {
         /// Directory to write them to (created if missing)
         #[arg(long, value_name = "DIR", default_value = ".")]
@@ -162,9 +171,15 @@ pub enum Command {
     },
     /// Build a realistic incident on the simulated GPU with real processes, diagnose it, clean
     /// up (needs no NVIDIA driver)
+    #[command(
+        after_help = "Examples:\n  vramguard demo\n  vramguard demo --reclaim\n  vramguard demo --save-snapshot incident.json --json"
+    )]
     Demo(DemoArgs),
     /// The simulated driver: create a state, hold memory, reset a GPU
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  vramguard sim init --dir ./sim --gpus 2\n  vramguard --sim ./sim/state.json sim hold --gpu 0 --bytes 8GiB --workers 2 &\n  vramguard --sim ./sim/state.json status\n  vramguard --sim ./sim/state.json sim reset --gpu 1"
+    )]
     Sim(SimCommand),
 }
 

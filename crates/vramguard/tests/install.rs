@@ -127,3 +127,30 @@ fn global_options_are_listed_apart_from_each_commands_own() {
         }
     }
 }
+
+#[test]
+fn every_commands_help_ends_with_examples() {
+    let top = stdout(&Vg::bare().args(["--help"]).code(0));
+    let commands: Vec<String> = top
+        .split_once("Commands:\n")
+        .unwrap()
+        .1
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 14, "{commands:?}");
+    for command in commands {
+        let help = stdout(&Vg::bare().args([command.as_str(), "--help"]).code(0));
+        let examples = help
+            .split_once("\nExamples:\n")
+            .unwrap_or_else(|| panic!("`vramguard {command} --help` has no examples"))
+            .1;
+        assert!(
+            examples.lines().any(|l| l.contains(&format!(" {command}"))),
+            "{command}: {examples}"
+        );
+    }
+}
