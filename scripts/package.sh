@@ -79,7 +79,7 @@ cargo_tool() { # NAME VERSION: `cargo install` once per machine, as any cargo su
         cargo install --locked --quiet "$1@$2"
     fi
 }
-cargo_home=${CARGO_HOME:-$HOME/.cargo}
+cargo_home=${CARGO_HOME:-${HOME:-/root}/.cargo}
 export PATH="$cargo_home/bin:$PATH"
 if want deb; then cargo_tool cargo-deb 3.8.0; fi
 if want rpm; then cargo_tool cargo-generate-rpm 0.21.1; fi
