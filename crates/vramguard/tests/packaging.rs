@@ -398,22 +398,31 @@ raise torch.cuda.OutOfMemoryError(
     assert_eq!(stderr.matches("vramguard: ").count(), 1, "{stderr}");
     assert!(stderr.contains(": vramguard reclaim --gpu 0"), "{stderr}");
 
-    // CUDA_VISIBLE_DEVICES=1: the process's "GPU 0" is GPU 1, which holds nothing dead.
-    let out = Command::new(bin.join("python"))
-        .arg(&script)
-        .env("PYTHONPATH", fake.path())
-        .env("VRAMGUARD_SIM", world.state_path())
-        .env("CUDA_VISIBLE_DEVICES", "1")
-        .env_remove("VRAMGUARD_NVML_LIB")
-        .env_remove("VRAMGUARD_CONFIG")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("vramguard: GPU 1 has ")
-            && stderr.contains("nothing of it can be reclaimed"),
-        "{stderr}"
-    );
+    // CUDA_VISIBLE_DEVICES names GPU 1 (by index, or by UUID as `nvidia-smi -L` prints it):
+    // the process's "GPU 0" is GPU 1, which holds nothing dead.
+    let uuid = Vg::new(&world, Path_::InProcess)
+        .args(["status", "--json"])
+        .json(0)["gpus"][1]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for visible in ["1", uuid.as_str()] {
+        let out = Command::new(bin.join("python"))
+            .arg(&script)
+            .env("PYTHONPATH", fake.path())
+            .env("VRAMGUARD_SIM", world.state_path())
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .env_remove("VRAMGUARD_NVML_LIB")
+            .env_remove("VRAMGUARD_CONFIG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("vramguard: GPU 1 has ")
+                && stderr.contains("nothing of it can be reclaimed"),
+            "CUDA_VISIBLE_DEVICES={visible}: {stderr}"
+        );
+    }
 }
 
 #[test]
