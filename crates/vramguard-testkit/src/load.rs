@@ -124,3 +124,66 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// A vramguard agent on `world` with the config file `config`, listening on a free loopback
+/// port and dying with the benchmark; `wrapper` (e.g. a profiler's argv) runs it. Returns it
+/// with its address, read from its start-up log line.
+pub fn spawn_agent(
+    bin: &str,
+    wrapper: &[&str],
+    world: &World,
+    config: &std::path::Path,
+) -> (Child, std::net::SocketAddr) {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(wrapper.first().copied().unwrap_or(bin));
+    if !wrapper.is_empty() {
+        cmd.args(&wrapper[1..]).arg(bin);
+    }
+    // SAFETY: prctl only, between fork and exec: the agent dies with the benchmark.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .env_remove("VRAMGUARD_SIM")
+        .arg("--sim")
+        .arg(world.state_path())
+        .arg("--config")
+        .arg(config)
+        .args(["agent", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the agent");
+    let mut lines = std::io::BufReader::new(child.stderr.take().expect("piped")).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("the agent exited before it listened")
+            .expect("agent output");
+        let plain: String = line.chars().filter(|c| !c.is_control()).collect();
+        if let Some(a) = plain
+            .split("listen=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| {
+                a.trim_end_matches(|c: char| !c.is_ascii_digit())
+                    .parse()
+                    .ok()
+            })
+        {
+            break a;
+        }
+    };
+    // Keep reading its log, so that it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, addr)
+}

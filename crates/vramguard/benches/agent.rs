@@ -16,9 +16,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
-use vramguard_testkit::load::{busy_node, cpu_ns, rss_kib, rss_parts_kib, spawn_sleeper};
+use vramguard_testkit::load::{
+    busy_node, cpu_ns, rss_kib, rss_parts_kib, spawn_agent, spawn_sleeper,
+};
 use vramguard_testkit::{GIB, World, allocation, env_or};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
@@ -155,54 +157,8 @@ fn start_agent(world: &World, config: &str) -> AgentProc {
     // AGENT_WRAP="heaptrack -o /tmp/agent" runs the agent under a profiler (its RSS figures
     // are then the wrapper's); the soak kills the agent at its end and waits for the profile.
     let wrap = std::env::var("AGENT_WRAP").unwrap_or_default();
-    let mut argv: Vec<&str> = wrap.split_whitespace().collect();
-    argv.push(BIN);
-    let mut cmd = Command::new(argv[0]);
-    // SAFETY: prctl only, between fork and exec: the agent dies with the bench.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .args(&argv[1..])
-        .env_remove("VRAMGUARD_SIM")
-        .args([
-            "--sim".as_ref(),
-            world.state_path().as_os_str(),
-            "--config".as_ref(),
-            cfg.as_os_str(),
-        ])
-        .args(["agent", "--listen", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("agent output").unwrap();
-        let plain: String = line.chars().filter(|c| !c.is_control()).collect();
-        if let Some(a) = plain
-            .split("listen=")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|a| {
-                a.trim_end_matches(|c: char| !c.is_ascii_digit())
-                    .parse()
-                    .ok()
-            })
-        {
-            break a;
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let wrapper: Vec<&str> = wrap.split_whitespace().collect();
+    let (child, addr) = spawn_agent(BIN, &wrapper, world, &cfg);
     while get(addr, "/healthz").0 != 200 {
         std::thread::sleep(Duration::from_millis(50));
     }

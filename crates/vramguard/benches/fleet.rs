@@ -8,11 +8,11 @@
 //!
 //! Every process it starts is killed by pid when it ends.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use vramguard_testkit::load::spawn_sleeper;
+use vramguard_testkit::load::{spawn_agent, spawn_sleeper};
 use vramguard_testkit::{Children, GIB, World, allocation, env_or};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
@@ -50,52 +50,9 @@ fn prom_value(prom: SocketAddr, q: &str) -> Option<f64> {
 
 /// One agent on `world`, dying with the bench; its address once it serves.
 fn start_agent(world: &World) -> (Child, SocketAddr) {
-    use std::os::unix::process::CommandExt;
     let cfg = world.dir.path().join("fleet.toml");
     std::fs::write(&cfg, "[agent]\ninterval = \"1s\"\n").unwrap();
-    let mut cmd = Command::new(BIN);
-    // SAFETY: prctl only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .env_remove("VRAMGUARD_SIM")
-        .arg("--sim")
-        .arg(world.state_path())
-        .arg("--config")
-        .arg(&cfg)
-        .args(["agent", "--listen", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("agent output").unwrap();
-        let plain: String = line.chars().filter(|c| !c.is_control()).collect();
-        if let Some(a) = plain
-            .split("listen=")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|a| {
-                a.trim_end_matches(|c: char| !c.is_ascii_digit())
-                    .parse()
-                    .ok()
-            })
-        {
-            break a;
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (child, addr)
+    spawn_agent(BIN, &[], world, &cfg)
 }
 
 fn main() {
