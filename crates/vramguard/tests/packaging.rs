@@ -362,6 +362,8 @@ fn the_wheel_puts_the_binary_on_path_and_explains_a_cuda_oom() {
 report = vramguard.status(sample=0)
 assert [g["index"] for g in report["gpus"]] == [0, 1], report["gpus"]
 print("status:", json.dumps(sorted(h["pid"] for h in report["gpus"][0]["holders"])))
+checks = vramguard.diagnose(gpus=0, sample=0)
+assert checks["verdict"]["clean"] is False and checks["report"]["gpus"][0]["index"] == 0, checks
 vramguard.explain_oom()
 vramguard.explain_oom()  # a second call changes nothing
 raise torch.cuda.OutOfMemoryError(
