@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
         --quick) profile=dist-quick ;;
         --only) only="$2"; shift ;;
         --out) out="$2"; shift ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "scripts/package.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
