@@ -155,7 +155,7 @@ pub struct HostFacts {
     pub pid_namespace_is_host: Option<bool>,
     /// Effective uid of vramguard; 0 sees every process's open files.
     pub euid: u32,
-    /// vramguard's effective capabilities (`CapEff` of `/proc/self/status`), when read.
+    /// vramguard's effective capabilities (`capget(2)`, bit n for capability n), when read.
     /// Without root they give what root has: see [`Privileges`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap_effective: Option<u64>,

@@ -201,7 +201,11 @@ impl ProcCollector {
             self_ancestors: self.ancestors(self_pid),
             pid_namespace_is_host: self.fs.pid_namespace_is_host(),
             euid: rustix::process::geteuid().as_raw(),
-            cap_effective: self.fs.self_cap_effective(),
+            // From the kernel (capget), not from the /proc tree read: a fixture or a
+            // container's tree must not be able to claim capabilities vramguard lacks.
+            cap_effective: rustix::thread::capabilities(None)
+                .ok()
+                .map(|c| c.effective.bits()),
         };
         let mut mountinfo = Vec::new();
         self.cgroup_mounts = match self.fs.read_into("self/mountinfo", &mut mountinfo) {

@@ -93,8 +93,6 @@ pub struct Status {
     pub nspid: Vec<u32>,
     /// `SigIgn:` bit mask of ignored signals (bit n-1 for signal n).
     pub sig_ignored: Option<u64>,
-    /// `CapEff:` effective capabilities (bit n for capability n).
-    pub cap_effective: Option<u64>,
 }
 
 /// Parses `status`, line by line; unknown and malformed lines are skipped.
@@ -123,7 +121,6 @@ pub fn parse_status(bytes: &[u8]) -> Status {
                 status.nspid = parsed.unwrap_or_default();
             }
             "SigIgn" => status.sig_ignored = u64::from_str_radix(value, 16).ok(),
-            "CapEff" => status.cap_effective = u64::from_str_radix(value, 16).ok(),
             _ => {}
         }
     }

@@ -551,15 +551,6 @@ impl ProcFs {
         parse_pid(link.as_bytes())
     }
 
-    /// vramguard's effective capabilities (`CapEff` of `self/status`).
-    pub fn self_cap_effective(&self) -> Option<u64> {
-        let mut buf = Vec::new();
-        match self.read_into("self/status", &mut buf) {
-            Ok(Found::Yes(())) => crate::parse::parse_status(&buf).cap_effective,
-            _ => None,
-        }
-    }
-
     /// Whether this tree's `self` lives in the initial PID namespace.
     pub fn pid_namespace_is_host(&self) -> Option<bool> {
         let link = rustix::fs::readlinkat(&self.root_fd, "self/ns/pid", Vec::new()).ok()?;
