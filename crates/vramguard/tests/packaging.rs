@@ -8,6 +8,7 @@
 
 mod common;
 use common::*;
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -343,6 +344,15 @@ fn the_wheel_puts_the_binary_on_path_and_explains_a_cuda_oom() {
     let world = World::new(2);
     let trainer = crashed_trainer(&world);
     let worker = trainer.workers[0];
+    // Another user's server on GPU 1 whose command name is a terminal escape (OSC 52 writes
+    // the clipboard): the explanation names it, escaped.
+    let mut server = spec(
+        &world,
+        json!([{ "gpu": 1, "bytes": 2 * GIB, "sm_util": 50 }]),
+    );
+    server["new_session"] = json!(true);
+    server["comm"] = json!("\u{1b}]52;c;QQ==\u{7}");
+    let server = start(&world, &["python3", "serve.py"], server);
     let fake = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(fake.path().join("torch/cuda")).unwrap();
     std::fs::write(
@@ -423,6 +433,17 @@ raise torch.cuda.OutOfMemoryError(
             stderr.contains("vramguard: GPU 1 has ")
                 && stderr.contains("nothing of it can be reclaimed"),
             "CUDA_VISIBLE_DEVICES={visible}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "by pid {} (\\e]52;c;QQ==\\x07, active)",
+                server.pid
+            )),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+            "{stderr:?}"
         );
     }
 }

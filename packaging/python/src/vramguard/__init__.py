@@ -121,6 +121,27 @@ def diagnose(gpus=None, sample=None, timeout=TIMEOUT_SECS):
     return _run_json("diagnose", gpus, sample, timeout)
 
 
+def _visible(text, limit=80):
+    """Text from the report as it may be printed: other users choose command names, command
+    lines and cgroup names, so control characters (C0, DEL, C1) become visible escapes, as
+    vramguard's own output shows them, and the text is cut to `limit` characters."""
+    out = []
+    for ch in str(text):
+        code = ord(ch)
+        if ch == "\x1b":
+            out.append("\\e")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0:
+            out.append("\\x%02x" % code)
+        else:
+            out.append(ch)
+    text = "".join(out)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def _size(n):
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -182,7 +203,7 @@ def _holder_phrase(holders):
         dead = h.get("dead_job") or {}
         job = dead.get("label") or dead.get("leader_pid")
         if job is not None and job not in jobs:
-            jobs.append(job)
+            jobs.append(_visible(job, 60))
     if len(jobs) == 1:
         return "%d %s of job %s" % (len(holders), word, jobs[0])
     if jobs:
@@ -201,7 +222,7 @@ def explain(error=None, gpu=None, sample=None, timeout=TIMEOUT_SECS):
     if not chosen:
         return "vramguard: GPU %s is not on this node (CUDA_VISIBLE_DEVICES=%s)" % (
             index,
-            os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
+            _visible(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), 120),
         )
     steps = (result.get("verdict") or {}).get("next_steps") or []
     lines = []
@@ -234,23 +255,24 @@ def _explain_gpu(g, steps):
             _size(held),
             index,
             _holder_phrase(reclaimable),
-            command or "vramguard reclaim --gpu %s" % index,
+            _visible(command or "vramguard reclaim --gpu %s" % index, 200),
         )
     ghost = g.get("ghost_bytes") or 0
     if ghost:
-        why = " ".join(((g.get("unaccounted") or {}).get("explanation") or [])[:1])
+        why = _visible(" ".join(((g.get("unaccounted") or {}).get("explanation") or [])[:1]), 200)
         return "vramguard: %s on GPU %s is held by no live job%s%s" % (
             _size(ghost),
             index,
             ": " + why if why else "",
-            "; next: " + command if command else "",
+            "; next: " + _visible(command, 200) if command else "",
         )
     memory = g.get("memory") or {}
     mine = sum(h.get("used_bytes") or 0 for h in holders if h.get("pid") == own)
     others = [h for h in holders if h.get("pid") != own and h.get("used_bytes")]
     others.sort(key=lambda h: h["used_bytes"], reverse=True)
     parts = [
-        "%s by pid %s (%s, %s)" % (_size(h["used_bytes"]), h["pid"], h.get("comm") or "?", h["class"])
+        "%s by pid %s (%s, %s)"
+        % (_size(h["used_bytes"]), h["pid"], _visible(h.get("comm") or "?", 32), h["class"])
         for h in others[:3]
     ]
     text = "vramguard: GPU %s has %s of %s in use, all by live jobs" % (
@@ -279,8 +301,8 @@ def explain_oom(sample=None, file=None):
             return
         try:
             text = explain(error, sample=sample)
-        except (VramguardError, OSError, ValueError) as e:
-            text = "vramguard: could not explain the out-of-memory error: %s" % e
+        except Exception as e:  # noqa: BLE001 - the hook must never raise over the traceback
+            text = "vramguard: could not explain the out-of-memory error: %s" % _visible(e, 300)
         print(text, file=file if file is not None else sys.stderr)
 
     hook._vramguard_explain_oom = True
