@@ -383,7 +383,7 @@ impl Agent {
         let mut per_holder: HashMap<(u32, u64), (Option<String>, HeldMemory)> = HashMap::new();
         for (gpu, h) in report.holders() {
             let Some(start) = h.start_ticks else { continue };
-            if h.class == Class::Foreign || h.class == Class::System {
+            if matches!(h.class, Class::Foreign | Class::System | Class::Exited) {
                 continue;
             }
             let key = (h.pid, start);

@@ -520,7 +520,7 @@ impl Metrics {
         );
         r.register(
             "gpu_ghost_bytes",
-            "GPU memory held by no live job (orphans, zombies, significant unaccounted memory)",
+            "GPU memory held by no live job (orphans, zombies, exited pids kept alive by processes they forked, significant unaccounted memory)",
             self.ghost.clone(),
         );
         r.register(

@@ -26,7 +26,7 @@ fn class_color(c: Class) -> &'static str {
     match c {
         Class::Active | Class::Detached => "#2e7d32",
         Class::Idle => "#00838f",
-        Class::Orphan | Class::Zombie => "#c62828",
+        Class::Orphan | Class::Zombie | Class::Exited => "#c62828",
         Class::Foreign | Class::Hidden => "#ef6c00",
         Class::System => "#616161",
     }

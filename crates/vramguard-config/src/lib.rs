@@ -767,7 +767,10 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
                         .map_err(|e: vramguard_core::report::UnknownClass| {
                             c.err("reclaim.include", e.to_string())
                         })?;
-                if matches!(class, Class::Active | Class::System | Class::Foreign) {
+                if matches!(
+                    class,
+                    Class::Active | Class::System | Class::Foreign | Class::Exited
+                ) {
                     return Err(c.err(
                         "reclaim.include",
                         format!("{class} holders are never reclaimed"),

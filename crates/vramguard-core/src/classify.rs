@@ -151,6 +151,26 @@ enum Resolution<'a> {
     },
     /// No process here is the one the driver means.
     Foreign { why: String },
+    /// The process the driver means has exited: vramguard sees the host's PID namespace and
+    /// every process in it, and no process maps to the pid. What the reused pid is now, when
+    /// the pid exists as another process.
+    Exited { reused_by: Option<&'a ProcessFacts> },
+}
+
+/// How an unlisted holder of a GPU is tied to an exited pid listed there: what makes it a
+/// keeper of that pid's context.
+#[derive(Debug, Clone)]
+struct KeeperTie {
+    /// The exited pid whose context it keeps; `None` when several exited pids are listed on
+    /// the GPU and nothing ties it to one of them.
+    exited: Option<u32>,
+    /// Whether the tie is direct: it (or the ancestor through which it inherited) was seen
+    /// forked by the exited pid, or is in the process group or session the exited pid led.
+    /// Otherwise it rests on its having been re-parented while that pid is the only exited
+    /// one listed on the GPU.
+    strong: bool,
+    /// The tie, in words.
+    why: String,
 }
 
 struct Context<'a> {
@@ -169,6 +189,13 @@ struct Context<'a> {
     children: BTreeMap<u32, Vec<u32>>,
     /// Each process's own work, computed once.
     own_work: std::cell::RefCell<BTreeMap<u32, Work>>,
+    /// Whether a pid the driver lists that is not a process here has really exited: vramguard
+    /// sees the host's PID namespace and every process in it (root, the capabilities, or a
+    /// `/proc` that shows other users' processes: no `hidepid`).
+    pids_complete: bool,
+    /// Whether every process's open files were read: who keeps an exited pid's context can
+    /// be seen.
+    files_complete: bool,
 }
 
 /// Processes of a job whose work is quoted as evidence for another process of it; the rest
@@ -214,6 +241,13 @@ impl<'a> Context<'a> {
             tree: Default::default(),
             children: BTreeMap::new(),
             own_work: Default::default(),
+            pids_complete: snap.host.pid_namespace_is_host == Some(true)
+                && (snap.host.privileges().sees_every_process()
+                    || snap
+                        .processes
+                        .iter()
+                        .any(|p| p.uid.is_some_and(|u| u != snap.host.euid))),
+            files_complete: snap.scan.full_fd_scan && snap.host.privileges().sees_every_process(),
         };
         // The whole tree, even through processes whose work is not weighed (vramguard itself,
         // kernel threads): a working grandchild protects its grandparent through them.
@@ -307,6 +341,26 @@ impl<'a> Context<'a> {
                 reported: None,
             };
         }
+        // In the host's PID namespace the driver lists host pids (from inside another
+        // namespace it leaves out the pids that namespace cannot see): a pid that is no
+        // process here, and that no nested namespace uses either, has exited. The real driver
+        // keeps listing it while processes it forked hold its device files.
+        let nested =
+            self.snap.processes.iter().any(|p| {
+                p.pid != reported && p.nspid.len() > 1 && p.nspid.last() == Some(&reported)
+            });
+        if self.pids_complete && !nested {
+            match here {
+                None => return Resolution::Exited { reused_by: None },
+                Some(p)
+                    if self.files_complete
+                        && (p.is_kernel_thread() || p.device_files.holds_any() == Some(false)) =>
+                {
+                    return Resolution::Exited { reused_by: Some(p) };
+                }
+                Some(_) => {}
+            }
+        }
         let why = match here {
             Some(p) => format!(
                 "pid {reported} here is {} ({}), which holds no NVIDIA device file: the driver \
@@ -346,10 +400,14 @@ impl<'a> Context<'a> {
                         self.snap.taken_at_ms.saturating_sub(d.gone_at_ms)
                     ))
                 ),
+                None if self.snap.host.pid_namespace_is_host == Some(true) => format!(
+                    "pid {reported} is no process vramguard can see: /proc hides other users' \
+                     processes here (hidepid), so whether it lives cannot be told; run vramguard \
+                     as root"
+                ),
                 None => format!(
-                    "pid {reported} does not exist: the process has exited while the driver \
-                     still tears its context down, or the driver reports a pid from another \
-                     namespace"
+                    "pid {reported} does not exist here: the process has exited, or the driver \
+                     reports a pid from another PID namespace"
                 ),
             },
         };
@@ -368,21 +426,29 @@ impl<'a> Context<'a> {
     fn gpu_report(&self, gpu: &GpuSample) -> GpuReport {
         let mut holders: Vec<Holder> = Vec::new();
         let mut seen: BTreeSet<u32> = BTreeSet::new();
+        let mut exited: Vec<(&GpuProcess, Option<&ProcessFacts>)> = Vec::new();
         for listed in &gpu.processes {
             match self.resolve(gpu, listed.pid) {
                 Resolution::Local { proc_, reported } => {
                     if proc_.pid == self.snap.host.self_pid || !seen.insert(proc_.pid) {
                         continue;
                     }
-                    holders.push(self.local_holder(gpu, proc_, Some(listed), reported));
+                    holders.push(self.local_holder(gpu, proc_, Some(listed), reported, None));
                 }
                 Resolution::Foreign { why } => {
                     if seen.insert(listed.pid) {
                         holders.push(self.foreign_holder(listed, why));
                     }
                 }
+                Resolution::Exited { reused_by } => {
+                    if seen.insert(listed.pid) {
+                        exited.push((listed, reused_by));
+                    }
+                }
             }
         }
+        let exited_pids: Vec<u32> = exited.iter().map(|(l, _)| l.pid).collect();
+        let ties = self.keeper_ties(gpu, &exited_pids);
         for p in &self.snap.processes {
             if p.pid == self.snap.host.self_pid
                 || seen.contains(&p.pid)
@@ -398,7 +464,15 @@ impl<'a> Context<'a> {
                 continue;
             }
             seen.insert(p.pid);
-            holders.push(self.local_holder(gpu, p, None, None));
+            holders.push(self.local_holder(gpu, p, None, None, ties.get(&p.pid)));
+        }
+        for (listed, reused_by) in exited {
+            let keepers: Vec<&Holder> = holders
+                .iter()
+                .filter(|h| h.keeps_alive == Some(listed.pid))
+                .collect();
+            let holder = self.exited_holder(gpu, listed, reused_by, &keepers, &ties);
+            holders.push(holder);
         }
         holders.sort_by(|a, b| {
             b.used_bytes
@@ -408,11 +482,20 @@ impl<'a> Context<'a> {
         });
 
         // Saturating throughout: a replayed snapshot may carry any number. A pid the driver
-        // still lists long after it exited holds nothing a process will give back: residue.
+        // still lists long after it exited, that no process keeps, holds nothing a process
+        // will give back: residue.
+        let residue_pids: BTreeSet<u32> = holders
+            .iter()
+            .filter(|h| {
+                h.class == Class::Foreign || (h.class == Class::Exited && h.keepers.is_empty())
+            })
+            .filter(|h| self.stale_teardown(h.pid))
+            .map(|h| h.pid)
+            .collect();
         let accounted_bytes: u64 = gpu
             .processes
             .iter()
-            .filter(|p| !self.stale_teardown(p.pid))
+            .filter(|p| !residue_pids.contains(&p.pid))
             .filter_map(|p| p.used_bytes)
             .fold(0, u64::saturating_add);
         let mut bytes_by_class: BTreeMap<Class, u64> = BTreeMap::new();
@@ -424,16 +507,16 @@ impl<'a> Context<'a> {
         let unaccounted = gpu.memory.map(|m| {
             self.unaccounted(
                 gpu,
-                m.used,
-                m.total,
+                (m.used, m.total),
                 accounted_bytes,
                 &holders,
                 &reset_blockers,
+                &residue_pids,
             )
         });
         let ghost_bytes = holders
             .iter()
-            .filter(|h| h.class.is_ghost())
+            .filter(|h| h.is_ghost() && !residue_pids.contains(&h.pid))
             .filter_map(|h| h.used_bytes)
             .fold(0, u64::saturating_add)
             .saturating_add(
@@ -444,6 +527,7 @@ impl<'a> Context<'a> {
             );
 
         let mig_devices = self.mig_reports(gpu, &holders);
+        let reclaimable_bytes = reclaimable_bytes(&holders, unaccounted.as_ref(), &residue_pids);
         GpuReport {
             index: gpu.index,
             uuid: gpu.uuid.clone(),
@@ -462,6 +546,7 @@ impl<'a> Context<'a> {
             reset_blockers,
             bytes_by_class,
             ghost_bytes,
+            reclaimable_bytes,
             mig_devices,
             telemetry: gpu.telemetry.clone(),
         }
@@ -494,7 +579,7 @@ impl<'a> Context<'a> {
                 });
                 let ghost: u64 = on_it
                     .iter()
-                    .filter(|(h, _)| h.class.is_ghost())
+                    .filter(|(h, _)| h.is_ghost())
                     .map(|(_, b)| b)
                     .sum();
                 MigDeviceReport {
@@ -608,6 +693,9 @@ impl<'a> Context<'a> {
                 why: "not a process of this PID namespace".into(),
             },
             idle_secs: None,
+            keepers: Vec::new(),
+            keeps_alive: None,
+            kept_by_unseen: false,
             evidence: vec![why],
             action: Action {
                 summary: if self.stale_teardown(listed.pid) {
@@ -620,9 +708,7 @@ impl<'a> Context<'a> {
                      hostPID: true"
                         .into()
                 } else {
-                    "re-run in a few seconds; if it persists, find the holder from the host's \
-                     PID namespace"
-                        .into()
+                    "run vramguard as root to see every process and the files they hold".into()
                 },
                 command: Some("vramguard diagnose".into()),
                 reclaimable: false,
@@ -630,13 +716,16 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// A holder the driver does not list: hidden, reclaimable only once its job is gone.
+    /// A holder the driver does not list: hidden, reclaimable once its job is gone, or when it
+    /// keeps an exited pid's context alive inside a live process-group job (see
+    /// [`Context::inheritor_may_go`]); in both cases only when it does no work.
     fn hidden_verdict(
         &self,
         gpu: &GpuSample,
         p: &ProcessFacts,
         job: &JobView,
         work: &Work,
+        tie: Option<&KeeperTie>,
         evidence: &mut Vec<String>,
     ) -> (Class, Action) {
         let job_gone = job.dead.is_some();
@@ -645,15 +734,355 @@ impl<'a> Context<'a> {
         } else {
             evidence.push(job.info.evidence.clone());
         }
-        evidence.push(format!(
-            "holds /dev/nvidia{} but the driver lists it on no GPU (a context it inherited, \
-             or a container the driver hides)",
-            self.minor_of(gpu)
-        ));
-        if job_gone {
+        let minor = self.minor_of(gpu);
+        let kept = tie.filter(|t| self.tie_is_sound(gpu, p, t));
+        match (tie, kept.and_then(|t| t.exited)) {
+            (Some(t), Some(exited)) => evidence.push(format!(
+                "keeps alive the context of exited pid {exited}: it holds /dev/nvidia{minor} it \
+                 inherited, and {}; CUDA does not support fork(), so no process can use that \
+                 context",
+                t.why
+            )),
+            (Some(t), None) => evidence.push(format!(
+                "may keep alive the context of an exited pid listed on GPU {}: it holds \
+                 /dev/nvidia{minor} unlisted and {}",
+                gpu.index, t.why
+            )),
+            (None, _) => evidence.push(format!(
+                "holds /dev/nvidia{minor} but the driver lists it on no GPU (a context it \
+                 inherited, or a container the driver hides)"
+            )),
+        }
+        let keeps = kept.and_then(|t| t.exited);
+        if keeps.is_some() {
+            // What matters most about a keeper comes first: whose context it keeps.
+            evidence.rotate_right(1);
+        }
+        let inheritor = keeps.is_some() && self.inheritor_may_go(job);
+        if job_gone || keeps.is_some() {
             evidence.push(work_evidence(work));
         }
-        (Class::Hidden, hidden_action(gpu.index, job_gone, work))
+        let action = match keeps {
+            Some(exited) if !job_gone => {
+                keeper_action(gpu.index, p.pid, exited, &job.info, inheritor, work)
+            }
+            _ => hidden_action(gpu.index, job_gone, work),
+        };
+        (Class::Hidden, action)
+    }
+
+    /// Whether an idle keeper of an exited pid may be reclaimed by default although its job
+    /// lives: only in a plain process-group job (a script without job control still running
+    /// after its trainer died). In a job something else owns (a systemd unit, a Slurm step, a
+    /// pod or container, `vramguard run`), only when the job is named with `--job`.
+    fn inheritor_may_go(&self, job: &JobView) -> bool {
+        job.tree_top.is_some() && job.info.kind == JobKind::ProcessGroup
+    }
+
+    /// Whether `tie` is good enough to act on: a direct tie, or a re-parented holder that
+    /// neither leads its own process group or session (a daemon that double-forked from a
+    /// live trainer would) nor shares one with a live process listed on the GPU (whose
+    /// context it may have inherited instead).
+    fn tie_is_sound(&self, gpu: &GpuSample, p: &ProcessFacts, tie: &KeeperTie) -> bool {
+        if tie.exited.is_none() {
+            return false;
+        }
+        if tie.strong {
+            return true;
+        }
+        let leads = p.pgid == Some(p.pid) || p.sid == Some(p.pid);
+        let kin_listed = gpu.processes.iter().any(|listed| {
+            self.snap.process(listed.pid).is_some_and(|q| {
+                q.pid != p.pid
+                    && q.state != Some('Z')
+                    && ((q.pgid.is_some() && q.pgid == p.pgid)
+                        || (q.sid.is_some() && q.sid == p.sid))
+            })
+        });
+        !leads && !kin_listed
+    }
+
+    /// The unlisted holders of `gpu` that keep the contexts of the `exited` pids listed on
+    /// it, with their ties. A keeper holds this GPU's device file and `/dev/nvidia-uvm`, has
+    /// no context of its own on any GPU, and inherited its files through an ancestor (itself,
+    /// or a chain of such holders above it) that was re-parented: the process that forked it
+    /// is gone. Empty unless every process's open files were read.
+    fn keeper_ties(&self, gpu: &GpuSample, exited: &[u32]) -> BTreeMap<u32, KeeperTie> {
+        let mut ties = BTreeMap::new();
+        if exited.is_empty() || !self.files_complete {
+            return ties;
+        }
+        let unlisted: BTreeMap<u32, &ProcessFacts> = self
+            .snap
+            .processes
+            .iter()
+            .filter(|p| {
+                p.pid != self.snap.host.self_pid
+                    && !p.is_kernel_thread()
+                    && !self.listed_anywhere.contains(&p.pid)
+                    && self.holds_gpu_file(p, gpu)
+                    && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+                    && !self.is_system(p)
+            })
+            .map(|p| (p.pid, p))
+            .collect();
+        for (&pid, &p) in &unlisted {
+            let mut root = p;
+            for _ in 0..MAX_TREE_DEPTH {
+                match root.ppid.and_then(|pp| unlisted.get(&pp)) {
+                    Some(parent) if parent.pid != root.pid => root = parent,
+                    _ => break,
+                }
+            }
+            if self.live_parent(root).is_some() {
+                continue;
+            }
+            let via = if root.pid == pid {
+                String::new()
+            } else {
+                format!(" (through its ancestor {})", self.describe(root.pid))
+            };
+            let direct: Vec<(u32, &str)> = exited
+                .iter()
+                .filter_map(|&e| {
+                    if root.earlier_ppid == Some(e) || p.earlier_ppid == Some(e) {
+                        Some((e, "was forked by it (an earlier collection saw the parent)"))
+                    } else if root.pgid == Some(e) {
+                        Some((e, "is in the process group it led"))
+                    } else if root.sid == Some(e) {
+                        Some((e, "is in the session it led"))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            let tie = match (direct.as_slice(), exited) {
+                ([(e, how)], _) => KeeperTie {
+                    exited: Some(*e),
+                    strong: true,
+                    why: format!("it {how}{via}"),
+                },
+                (_, [e]) => KeeperTie {
+                    exited: Some(*e),
+                    strong: false,
+                    why: format!(
+                        "it was re-parented after its parent died{via}, and {e} is the only \
+                         exited pid listed on GPU {}",
+                        gpu.index
+                    ),
+                },
+                _ => KeeperTie {
+                    exited: None,
+                    strong: false,
+                    why: format!(
+                        "it was re-parented after its parent died{via}; {} exited pids are \
+                         listed on GPU {} ({}) and nothing ties it to one of them",
+                        exited.len(),
+                        gpu.index,
+                        exited
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                },
+            };
+            ties.insert(pid, tie);
+        }
+        ties
+    }
+
+    /// A listed pid that has exited, with the keepers of its context (see [`Class::Exited`]).
+    fn exited_holder(
+        &self,
+        gpu: &GpuSample,
+        listed: &GpuProcess,
+        reused_by: Option<&ProcessFacts>,
+        keepers: &[&Holder],
+        ties: &BTreeMap<u32, KeeperTie>,
+    ) -> Holder {
+        let pid = listed.pid;
+        let departed = self.departed_listed(pid);
+        let name = departed
+            .and_then(|d| d.comm.as_deref())
+            .map(|c| format!(" ({})", escape(c)))
+            .unwrap_or_default();
+        let held = listed
+            .used_bytes
+            .map(|b| format!(" with {}", format_bytes(b)))
+            .unwrap_or_default();
+        let when = departed
+            .map(|d| {
+                format!(
+                    " {} ago",
+                    format_duration(Duration::from_millis(
+                        self.snap.taken_at_ms.saturating_sub(d.gone_at_ms)
+                    ))
+                )
+            })
+            .unwrap_or_default();
+        let mut evidence = vec![match reused_by {
+            None => format!(
+                "pid {pid}{name} exited{when}, but the driver still lists it{held}: its context \
+                 outlives it"
+            ),
+            Some(q) => format!(
+                "pid {pid} is now {} ({}), which holds no NVIDIA device file: the process the \
+                 driver lists{held} exited{when} and its pid was reused",
+                escape(q.comm.as_deref().unwrap_or("?")),
+                if q.is_kernel_thread() {
+                    "a kernel thread"
+                } else {
+                    "another process"
+                }
+            ),
+        }];
+        let g = gpu.index;
+        let keeper_pids: Vec<u32> = keepers.iter().map(|h| h.pid).collect();
+        let described = keeper_pids
+            .iter()
+            .map(|k| self.describe(*k))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let maybe: Vec<u32> = ties
+            .iter()
+            .filter(|(k, t)| {
+                t.exited.is_none() || (t.exited == Some(pid) && !keeper_pids.contains(k))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        let stale = self.stale_teardown(pid);
+        let all_go = !keepers.is_empty() && keepers.iter().all(|h| h.action.reclaimable);
+        let (summary, command) = if !keepers.is_empty() {
+            evidence.push(format!(
+                "kept alive by {described}: processes it forked hold its device files; the \
+                 memory comes back when the last of them exits"
+            ));
+            if all_go {
+                (
+                    format!("ghost memory: reclaiming its keepers ({described}) frees it"),
+                    Some(format!("vramguard reclaim --gpu {g}")),
+                )
+            } else {
+                let first = keepers
+                    .iter()
+                    .find(|h| !h.action.reclaimable)
+                    .unwrap_or(&keepers[0]);
+                (
+                    format!(
+                        "ghost memory: it comes back when its keepers ({described}) exit; {}",
+                        first.action.summary
+                    ),
+                    first.action.command.clone(),
+                )
+            }
+        } else if !maybe.is_empty() {
+            evidence.push(format!(
+                "possibly kept alive by {}: several exited pids are listed on GPU {g}, and \
+                 nothing ties these holders to one of them",
+                maybe
+                    .iter()
+                    .map(|k| self.describe(*k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            (
+                "ghost memory: its keepers cannot be told apart; see `vramguard diagnose`"
+                    .to_string(),
+                Some("vramguard diagnose".to_string()),
+            )
+        } else if !self.files_complete {
+            evidence.push(format!(
+                "vramguard (uid {}) cannot read other users' open files, so it cannot see which \
+                 processes keep it",
+                self.snap.host.euid
+            ));
+            (
+                "the processes that keep it are not visible to this user: run vramguard as root \
+                 to see them"
+                    .to_string(),
+                Some("sudo vramguard diagnose".to_string()),
+            )
+        } else if stale {
+            evidence.push(format!(
+                "no process holds /dev/nvidia{} for it, and it exited longer ago than the {} a \
+                 teardown takes: its context was never torn down (residue)",
+                self.minor_of(gpu),
+                format_duration(Duration::from_millis(STALE_TEARDOWN_MS))
+            ));
+            (
+                "its memory counts as residue: reset the GPU when nothing else holds it"
+                    .to_string(),
+                Some(format!("vramguard reclaim --gpu {g} --reset=auto")),
+            )
+        } else {
+            evidence.push(format!(
+                "no process holds /dev/nvidia{} for it: the driver is tearing its context down, \
+                 or never will (residue)",
+                self.minor_of(gpu)
+            ));
+            (
+                "none yet: re-run in a few seconds; if it is still listed, it is residue that a \
+                 GPU reset frees"
+                    .to_string(),
+                Some(format!(
+                    "vramguard reclaim --gpu {g} --reset=auto --dry-run"
+                )),
+            )
+        };
+        // Its job is its keepers' job, when they share one.
+        let jobs: BTreeSet<&str> = keepers
+            .iter()
+            .filter_map(|h| h.job.as_ref().map(|j| j.label.as_str()))
+            .collect();
+        let (job, dead_job) = match (jobs.len(), keepers.first()) {
+            (1, Some(k)) => (k.job.clone(), k.dead_job.clone()),
+            _ => (None, None),
+        };
+        Holder {
+            pid,
+            reported_pid: None,
+            class: Class::Exited,
+            listed: true,
+            kinds: listed.kinds.clone(),
+            used_bytes: listed.used_bytes,
+            comm: departed.and_then(|d| d.comm.clone()),
+            command: departed.and_then(|d| d.cmdline.as_ref().map(|a| a.join(" "))),
+            uid: None,
+            user: None,
+            state: None,
+            start_ticks: None,
+            age_secs: None,
+            rss_bytes: None,
+            host_memory: None,
+            pod: None,
+            cpu_millicores: None,
+            ppid: None,
+            pgid: None,
+            nspid: Vec::new(),
+            container: None,
+            pod_uid: None,
+            device_files: None,
+            dead_job,
+            job,
+            work: Work::Unknown {
+                why: "it has exited".into(),
+            },
+            idle_secs: None,
+            keepers: if keeper_pids.is_empty() {
+                maybe
+            } else {
+                keeper_pids
+            },
+            keeps_alive: None,
+            kept_by_unseen: !self.files_complete,
+            evidence,
+            action: Action {
+                summary,
+                command,
+                reclaimable: false,
+            },
+        }
     }
 
     fn local_holder(
@@ -662,6 +1091,7 @@ impl<'a> Context<'a> {
         p: &'a ProcessFacts,
         listed: Option<&GpuProcess>,
         reported_pid: Option<u32>,
+        tie: Option<&KeeperTie>,
     ) -> Holder {
         let mut evidence = Vec::new();
         if let Some(reported) = reported_pid {
@@ -691,7 +1121,7 @@ impl<'a> Context<'a> {
         } else if let Some(action) = self.zombie(p, &work, &mut evidence) {
             (Class::Zombie, action)
         } else if listed.is_none() {
-            self.hidden_verdict(gpu, p, &job, &work, &mut evidence)
+            self.hidden_verdict(gpu, p, &job, &work, tie, &mut evidence)
         } else if let Some(dead) = &dead_job {
             evidence.push(self.dead_job_evidence(p, dead));
             evidence.push(work_evidence(&work));
@@ -756,6 +1186,11 @@ impl<'a> Context<'a> {
             job: Some(job.info),
             work,
             idle_secs,
+            keepers: Vec::new(),
+            kept_by_unseen: false,
+            keeps_alive: tie
+                .filter(|t| class == Class::Hidden && self.tie_is_sound(gpu, p, t))
+                .and_then(|t| t.exited),
             evidence,
             action,
         }
@@ -1317,7 +1752,7 @@ impl<'a> Context<'a> {
         let mut blockers = Vec::new();
         let mut seen = BTreeSet::new();
         for h in holders {
-            if h.class == Class::Foreign {
+            if matches!(h.class, Class::Foreign | Class::Exited) {
                 continue;
             }
             let reason = if h.listed {
@@ -1347,14 +1782,15 @@ impl<'a> Context<'a> {
         blockers
     }
 
+    /// `(used, total)`: the GPU's memory.
     fn unaccounted(
         &self,
         gpu: &GpuSample,
-        used: u64,
-        total: u64,
+        (used, total): (u64, u64),
         accounted: u64,
         holders: &[Holder],
         blockers: &[ResetBlocker],
+        residue_pids: &BTreeSet<u32>,
     ) -> Unaccounted {
         let baseline = self.policy.baseline_for(gpu.index, gpu.uuid.as_deref());
         let tolerance = self.policy.tolerance_for(total);
@@ -1384,10 +1820,14 @@ impl<'a> Context<'a> {
                         .as_ref()
                         .is_none_or(|files| files.contains(&DeviceFile::Uvm))
                 });
-            let (why, lines) = self.unaccounted_cause(gpu, &hidden, blockers);
+            let (why, lines) = self.unaccounted_cause(gpu, &hidden, blockers, residue_pids);
             cause = Some(why);
             explanation.extend(lines);
-            for p in gpu.processes.iter().filter(|p| self.stale_teardown(p.pid)) {
+            for p in gpu
+                .processes
+                .iter()
+                .filter(|p| residue_pids.contains(&p.pid))
+            {
                 explanation.push(format!(
                     "{} of it is listed for pid {}, which exited long ago: a context the driver \
                      never tore down",
@@ -1434,6 +1874,7 @@ impl<'a> Context<'a> {
         gpu: &GpuSample,
         hidden: &[&Holder],
         blockers: &[ResetBlocker],
+        residue_pids: &BTreeSet<u32>,
     ) -> (UnaccountedCause, Vec<String>) {
         let mut explanation = Vec::new();
         let cause;
@@ -1460,14 +1901,11 @@ impl<'a> Context<'a> {
                  (`vramguard reclaim --gpu {} --include hidden --reset=auto`)",
                 gpu.index
             ));
-        } else if self.snap.host.pid_namespace_is_host == Some(false) {
-            cause = UnaccountedCause::OtherNamespace;
-            explanation.push(
-                "vramguard runs in a container: holders in other PID namespaces are \
-                 invisible here; run it on the host or with hostPID: true"
-                    .into(),
-            );
-        } else if self.snap.scan.full_fd_scan && self.snap.host.privileges().sees_every_process() {
+        } else if !residue_pids.is_empty()
+            || (self.snap.host.pid_namespace_is_host != Some(false)
+                && self.snap.scan.full_fd_scan
+                && self.snap.host.privileges().sees_every_process())
+        {
             cause = UnaccountedCause::DriverResidue;
             let live: Vec<&ResetBlocker> = blockers.iter().collect();
             explanation.push(format!(
@@ -1491,6 +1929,13 @@ impl<'a> Context<'a> {
                         .join(", ")
                 ));
             }
+        } else if self.snap.host.pid_namespace_is_host == Some(false) {
+            cause = UnaccountedCause::OtherNamespace;
+            explanation.push(
+                "vramguard runs in a container: holders in other PID namespaces are \
+                 invisible here; run it on the host or with hostPID: true"
+                    .into(),
+            );
         } else {
             cause = UnaccountedCause::Unknown;
             explanation.push(if !self.snap.scan.full_fd_scan {
@@ -1552,6 +1997,92 @@ fn hidden_action(gpu: u32, job_gone: bool, work: &Work) -> Action {
         command: Some(format!("vramguard reclaim --gpu {gpu} --include hidden")),
         reclaimable,
     }
+}
+
+/// What to do about a keeper of an exited pid's context whose job lives: terminate it by
+/// default when it does no work and its job is a plain process group (`inheritor`); ask the
+/// job's owner, or name the job with `--job`, when something else owns the job.
+fn keeper_action(
+    gpu: u32,
+    pid: u32,
+    exited: u32,
+    job: &JobInfo,
+    inheritor: bool,
+    work: &Work,
+) -> Action {
+    let reclaimable = inheritor && work.is_idle();
+    let summary = if reclaimable {
+        format!(
+            "it keeps exited pid {exited}'s context, which no process can use, and does no \
+             work: terminate it (SIGTERM, then SIGKILL)"
+        )
+    } else if work.is_working() {
+        format!("it keeps exited pid {exited}'s context but is working: ask its owner")
+    } else if inheritor {
+        format!(
+            "it keeps exited pid {exited}'s context; whether it still works is unknown: \
+             `vramguard reclaim` samples it before deciding"
+        )
+    } else {
+        format!(
+            "it keeps exited pid {exited}'s context, but its job {} is alive: ask its owner, \
+             or name the job to reclaim it",
+            shown(&job.label)
+        )
+    };
+    let command = if inheritor {
+        format!("vramguard reclaim --gpu {gpu}")
+    } else {
+        // A label root may paste: only one plain word, else the pid's own job-of plan.
+        let plain = job
+            .label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"@._:-/".contains(&b));
+        if plain {
+            format!("vramguard reclaim --gpu {gpu} --job {}", job.label)
+        } else {
+            format!("kill -TERM {pid}")
+        }
+    };
+    Action {
+        summary,
+        command: Some(command),
+        reclaimable,
+    }
+}
+
+/// What a default reclaim gives back on one GPU: its reclaimable holders' listed memory, an
+/// exited pid's memory when every keeper of it is reclaimable, and the unaccounted memory
+/// when every hidden holder is.
+fn reclaimable_bytes(
+    holders: &[Holder],
+    unaccounted: Option<&Unaccounted>,
+    residue: &BTreeSet<u32>,
+) -> u64 {
+    let goes = |pid: u32| holders.iter().any(|h| h.pid == pid && h.action.reclaimable);
+    let mut bytes = holders
+        .iter()
+        .filter(|h| h.action.reclaimable)
+        .filter_map(|h| h.used_bytes)
+        .fold(0, u64::saturating_add);
+    for h in holders.iter().filter(|h| h.class == Class::Exited) {
+        if !h.keepers.is_empty() && !residue.contains(&h.pid) && h.keepers.iter().all(|k| goes(*k))
+        {
+            bytes = bytes.saturating_add(h.used_bytes.unwrap_or(0));
+        }
+    }
+    let hidden: Vec<&Holder> = holders
+        .iter()
+        .filter(|h| h.class == Class::Hidden)
+        .collect();
+    if let Some(u) = unaccounted.filter(|u| u.significant)
+        && u.cause == Some(UnaccountedCause::HiddenHolders)
+        && !hidden.is_empty()
+        && hidden.iter().all(|h| h.action.reclaimable)
+    {
+        bytes = bytes.saturating_add(u.bytes);
+    }
+    bytes
 }
 
 /// A listed holder whose job is gone: detached while it works (never a target by default),

@@ -424,6 +424,8 @@ fn summary(report: &Report, clean: bool, reclaimable_bytes: u64) -> String {
         )
     } else if !failed_gpus.is_empty() {
         format!("GPU {} could not be read", join(&failed_gpus))
+    } else if let Some(unexplained) = report.unexplained_summary() {
+        unexplained
     } else if let Some(orphaned) = report
         .host
         .as_ref()
@@ -530,6 +532,7 @@ const GPU_CHECKS: &[fn(&mut GpuChecks<'_, '_>)] = &[
     memory_accounted,
     orphans,
     zombies,
+    exited_pids,
     foreign_pids,
     hidden_holders,
     idle_holders,
@@ -752,6 +755,51 @@ fn zombies(d: &mut GpuChecks<'_, '_>) {
     }
 }
 
+/// Listed pids that have exited while processes they forked keep their context.
+fn exited_pids(d: &mut GpuChecks<'_, '_>) {
+    let (gpu, g) = (d.gpu, Some(d.gpu.index));
+    let (checks, steps) = (&mut *d.checks, &mut *d.steps);
+    let exited: Vec<&Holder> = gpu
+        .holders
+        .iter()
+        .filter(|h| h.class == Class::Exited)
+        .collect();
+    if exited.is_empty() {
+        checks.push(check(g, "exited pids", CheckStatus::Pass, "none".into()));
+        return;
+    }
+    checks.push(check(
+        g,
+        "exited pids",
+        CheckStatus::Fail,
+        format!(
+            "{} listed pid(s) have exited and still hold {}: {}",
+            exited.len(),
+            format_bytes(sum_bytes(&exited)),
+            exited
+                .iter()
+                .map(|h| h.evidence.join("; "))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
+    ));
+    // Keepers a default reclaim takes are covered by its leading step.
+    for h in exited {
+        let all_go = !h.keepers.is_empty()
+            && h.keepers.iter().all(|k| {
+                gpu.holders
+                    .iter()
+                    .any(|x| x.pid == *k && x.action.reclaimable)
+            });
+        if !all_go {
+            steps.push(NextStep {
+                why: format!("GPU {}: pid {}: {}", gpu.index, h.pid, h.action.summary),
+                command: h.action.command.clone(),
+            });
+        }
+    }
+}
+
 /// Listed pids that are not processes of this namespace.
 fn foreign_pids(d: &mut GpuChecks<'_, '_>) {
     let (gpu, g) = (d.gpu, Some(d.gpu.index));
@@ -873,20 +921,7 @@ fn reclaimable(d: &mut GpuChecks<'_, '_>) {
         *d.plan.reclaimable_bytes = d
             .plan
             .reclaimable_bytes
-            .saturating_add(sum_bytes(&reclaimable));
-        let hidden: Vec<&Holder> = gpu
-            .holders
-            .iter()
-            .filter(|h| h.class == Class::Hidden)
-            .collect();
-        let all_hidden_reclaimable =
-            !hidden.is_empty() && hidden.iter().all(|h| h.action.reclaimable);
-        if let Some(un) = gpu.unaccounted.as_ref().filter(|u| u.significant)
-            && un.cause == Some(UnaccountedCause::HiddenHolders)
-            && all_hidden_reclaimable
-        {
-            *d.plan.reclaimable_bytes = d.plan.reclaimable_bytes.saturating_add(un.bytes);
-        }
+            .saturating_add(gpu.reclaimable_bytes);
     }
 }
 

@@ -520,10 +520,11 @@ fn dead_jobs(snap: &Snapshot, report: &Report) -> Vec<JobHostMemory> {
         if !counted.insert((job.leader_pid, h.pid)) {
             continue;
         }
-        j.pids.push(h.pid);
-        let Some(p) = snap.process(h.pid) else {
+        // An exited pid brings its GPU memory, not a process.
+        let Some(p) = snap.process(h.pid).filter(|_| h.class != Class::Exited) else {
             continue;
         };
+        j.pids.push(h.pid);
         j.rss_bytes = j.rss_bytes.saturating_add(p.rss_bytes.unwrap_or(0));
         if let Some(m) = p.host_memory {
             let pinned = m.pinned_bytes.unwrap_or(0).max(m.locked_bytes.unwrap_or(0));

@@ -181,6 +181,13 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
                 "not a process of this PID namespace: cannot be signalled from here".into(),
             );
         }
+        Class::Exited => {
+            return Some(
+                "it has exited: there is no process to signal; its memory comes back when its \
+                 keepers exit"
+                    .into(),
+            );
+        }
         _ => {}
     }
     if !opts.include.contains(&h.class) {
@@ -190,8 +197,23 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
         ));
     }
     match h.class {
-        Class::Hidden if h.dead_job.is_none() => {
+        Class::Hidden if h.dead_job.is_none() && h.keeps_alive.is_none() => {
             return Some("hidden, but its job is alive: ask its owner".into());
+        }
+        // A keeper of an exited pid's context in a live job: by default only in a plain
+        // process-group job; in a job something else owns (unit, Slurm step, pod, container,
+        // `vramguard run`) only when that job was named with --job.
+        Class::Hidden
+            if h.dead_job.is_none() && !keeper_in_plain_job(h) && opts.job_label.is_none() =>
+        {
+            return Some(format!(
+                "it keeps exited pid {}'s context, but its job {} is alive and not a plain \
+                 process group: name the job with --job to reclaim it",
+                h.keeps_alive.unwrap_or_default(),
+                h.job
+                    .as_ref()
+                    .map_or("?".into(), |j| crate::sanitize::shown(&j.label))
+            ));
         }
         Class::Idle if h.idle_secs.unwrap_or(0) < opts.idle_for_secs => {
             return Some(format!(
@@ -234,6 +256,16 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     None
 }
 
+/// Whether `h` keeps an exited pid's context inside a plain process-group job (`pgid:N`,
+/// `pid:N`): a script without job control that still runs after its trainer died.
+fn keeper_in_plain_job(h: &Holder) -> bool {
+    h.keeps_alive.is_some()
+        && h.job.as_ref().is_some_and(|j| {
+            j.kind == crate::job::JobKind::ProcessGroup
+                && (j.label.starts_with("pgid:") || j.label.starts_with("pid:"))
+        })
+}
+
 /// Why a holder on a MIG GPU is left alone when `--gpu` named other MIG devices of it.
 fn outside_mig_devices(g: &GpuReport, h: &Holder, opts: &ReclaimOptions) -> Option<String> {
     let wanted = opts.mig_devices.as_ref()?;
@@ -248,8 +280,9 @@ fn outside_mig_devices(g: &GpuReport, h: &Holder, opts: &ReclaimOptions) -> Opti
     (!on_wanted).then(|| "on another MIG device than the ones asked for".to_string())
 }
 
-/// What each selected GPU should get back: the targets' listed bytes, plus the unaccounted
-/// memory when every hidden holder of that GPU is a target (their share is unknown).
+/// What each selected GPU should get back: the targets' listed bytes, an exited pid's memory
+/// when every keeper of it is a target, plus the unaccounted memory when every hidden holder
+/// of that GPU is a target (their share is unknown).
 fn expected_free(
     report: &Report,
     targets: &BTreeMap<u32, Target>,
@@ -263,6 +296,12 @@ fn expected_free(
         }
     }
     for g in report.gpus.iter().filter(|g| selected(g.index)) {
+        for h in g.holders.iter().filter(|h| h.class == Class::Exited) {
+            if !h.keepers.is_empty() && h.keepers.iter().all(|k| targets.contains_key(k)) {
+                let e = expected_free.entry(g.index).or_default();
+                *e = e.saturating_add(h.used_bytes.unwrap_or(0));
+            }
+        }
         let hidden: Vec<&Holder> = g
             .holders
             .iter()

@@ -27,8 +27,15 @@ pub enum Class {
     Detached,
     /// Its main thread is a zombie, or it is exiting, while threads still hold the device.
     Zombie,
-    /// The driver reports a pid that does not exist in this PID namespace.
+    /// The driver reports a pid that belongs to a PID namespace vramguard cannot see (it runs
+    /// in a container, or the pid cannot be mapped).
     Foreign,
+    /// The driver lists a pid that has exited (vramguard sees the host's PID namespace and
+    /// every process): its context outlives it because processes it forked after `cuInit`
+    /// still hold its device files (the keepers). CUDA does not support `fork()`, so no
+    /// process can use that context any more: its memory is ghost memory, freed the moment the
+    /// last keeper exits. Never signalled itself (there is no process); its keepers are.
+    Exited,
     /// Holds the GPU's device file, but the driver does not list it.
     Hidden,
     /// A system service (persistence daemon, DCGM, X, MPS server): never killed, blocks resets.
@@ -37,12 +44,13 @@ pub enum Class {
 
 impl Class {
     /// Every class, in display order.
-    pub const ALL: [Class; 8] = [
+    pub const ALL: [Class; 9] = [
         Class::Active,
         Class::Idle,
         Class::Orphan,
         Class::Detached,
         Class::Zombie,
+        Class::Exited,
         Class::Foreign,
         Class::Hidden,
         Class::System,
@@ -57,6 +65,7 @@ impl Class {
             Class::Detached => "detached",
             Class::Zombie => "zombie",
             Class::Foreign => "foreign",
+            Class::Exited => "exited",
             Class::Hidden => "hidden",
             Class::System => "system",
         }
@@ -64,7 +73,7 @@ impl Class {
 
     /// Whether memory of this class belongs to no live job (it is "ghost" memory).
     pub fn is_ghost(self) -> bool {
-        matches!(self, Class::Orphan | Class::Zombie)
+        matches!(self, Class::Orphan | Class::Zombie | Class::Exited)
     }
 }
 
@@ -77,7 +86,7 @@ impl std::fmt::Display for Class {
 /// A class name that is not one of [`Class::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown class {0:?} (expected one of: active, idle, orphan, detached, zombie, foreign, hidden, system)"
+    "unknown class {0:?} (expected one of: active, idle, orphan, detached, zombie, exited, foreign, hidden, system)"
 )]
 pub struct UnknownClass(pub String);
 
@@ -230,10 +239,31 @@ pub struct Holder {
     pub work: Work,
     /// Seconds without GPU utilization, when known.
     pub idle_secs: Option<u64>,
+    /// For an `exited` holder: the processes that keep its context alive (unlisted holders of
+    /// this GPU's device file it forked), when vramguard could see them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keepers: Vec<u32>,
+    /// For a hidden holder: the exited pid whose context it keeps alive on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeps_alive: Option<u32>,
+    /// For an `exited` holder without known keepers: vramguard could not read other users'
+    /// open files, so processes it cannot see may keep it (its memory is unexplained, not
+    /// ghost, and not a live job's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept_by_unseen: bool,
     /// Why it has this class, one fact per line.
     pub evidence: Vec<String>,
     /// What would free its memory.
     pub action: Action,
+}
+
+impl Holder {
+    /// Whether this holder's memory is ghost memory: its class is a ghost class and, for an
+    /// exited pid, processes were seen keeping its context (one that no process keeps is a
+    /// context the driver is tearing down, or residue counted as unaccounted memory).
+    pub fn is_ghost(&self) -> bool {
+        self.class.is_ghost() && (self.class != Class::Exited || !self.keepers.is_empty())
+    }
 }
 
 fn unknown_work() -> Work {
@@ -279,7 +309,21 @@ impl Unaccounted {
     /// Whether these bytes are ghost memory (held by no live job). Memory a MIG or vGPU
     /// driver does not split per process is not: the listed processes may hold all of it.
     pub fn counts_as_ghost(&self) -> bool {
-        self.significant && self.cause != Some(UnaccountedCause::PerProcessMemoryUnavailable)
+        self.significant
+            && matches!(
+                self.cause,
+                Some(UnaccountedCause::HiddenHolders | UnaccountedCause::DriverResidue)
+            )
+    }
+
+    /// Whether these bytes are held by something vramguard cannot see from where it runs
+    /// (another PID namespace, other users' unreadable files): neither ghost nor accounted.
+    pub fn is_unexplained(&self) -> bool {
+        self.significant
+            && matches!(
+                self.cause,
+                Some(UnaccountedCause::OtherNamespace | UnaccountedCause::Unknown)
+            )
     }
 }
 
@@ -342,8 +386,13 @@ pub struct GpuReport {
     pub reset_blockers: Vec<ResetBlocker>,
     /// Bytes per holder class (listed memory only).
     pub bytes_by_class: BTreeMap<Class, u64>,
-    /// Ghost bytes: orphan and zombie holders plus significant unaccounted memory.
+    /// Ghost bytes: orphan, zombie and exited holders plus significant unaccounted memory.
     pub ghost_bytes: u64,
+    /// What `vramguard reclaim` with its defaults should give back on this GPU: the listed
+    /// memory of its reclaimable holders, an exited pid's memory when every keeper is
+    /// reclaimable, and the unaccounted memory when every hidden holder is.
+    #[serde(default)]
+    pub reclaimable_bytes: u64,
     /// In MIG mode, each MIG device with its holders and its own ghost memory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDeviceReport>,
@@ -351,6 +400,38 @@ pub struct GpuReport {
     /// not read (replayed snapshots from before vramguard read them).
     #[serde(default)]
     pub telemetry: Option<GpuTelemetry>,
+}
+
+impl GpuReport {
+    /// Bytes listed for exited pids that no process keeps (vramguard saw every open file):
+    /// contexts the driver is tearing down, or residue once that takes too long. Not a live
+    /// job's memory.
+    pub fn unkept_exited_bytes(&self) -> u64 {
+        self.holders
+            .iter()
+            .filter(|h| h.class == Class::Exited && h.keepers.is_empty() && !h.kept_by_unseen)
+            .filter_map(|h| h.used_bytes)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Bytes on this GPU whose holder vramguard cannot see (see [`Report::unexplained_bytes`]).
+    pub fn unexplained_bytes(&self) -> u64 {
+        let foreign = self
+            .holders
+            .iter()
+            .filter(|h| {
+                h.class == Class::Foreign
+                    || (h.class == Class::Exited && h.keepers.is_empty() && h.kept_by_unseen)
+            })
+            .filter_map(|h| h.used_bytes)
+            .fold(0, u64::saturating_add);
+        let unaccounted = self
+            .unaccounted
+            .as_ref()
+            .filter(|u| u.is_unexplained())
+            .map_or(0, |u| u.bytes);
+        foreign.saturating_add(unaccounted)
+    }
 }
 
 /// One MIG device of a GPU: whose memory is on it, and how much of it is ghost.
@@ -434,6 +515,59 @@ impl Report {
             .iter()
             .map(|g| g.ghost_bytes)
             .fold(0, u64::saturating_add)
+    }
+
+    /// Bytes whose holder vramguard cannot see from here, over all GPUs: listed pids of a PID
+    /// namespace it cannot see, and unaccounted memory it cannot attribute (see
+    /// [`Unaccounted::is_unexplained`]). Never counted as "accounted for by a live job".
+    pub fn unexplained_bytes(&self) -> u64 {
+        self.gpus
+            .iter()
+            .map(GpuReport::unexplained_bytes)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// One sentence on the memory vramguard cannot attribute from where it runs (see
+    /// [`Report::unexplained_bytes`]): how much, on which GPUs, why, and what shows it;
+    /// `None` when there is none.
+    pub fn unexplained_summary(&self) -> Option<String> {
+        let bytes = self.unexplained_bytes();
+        if bytes == 0 {
+            return None;
+        }
+        let gpus: Vec<String> = self
+            .gpus
+            .iter()
+            .filter(|g| g.unexplained_bytes() > 0)
+            .map(|g| g.index.to_string())
+            .collect();
+        let holders = || self.gpus.iter().flat_map(|g| &g.holders);
+        let causes = || self.gpus.iter().filter_map(|g| g.unaccounted.as_ref());
+        let mut why = Vec::new();
+        if holders().any(|h| h.class == Class::Exited && h.kept_by_unseen) {
+            why.push("exited pids whose keepers are other users' processes");
+        }
+        if holders().any(|h| h.class == Class::Foreign)
+            || causes()
+                .any(|u| u.is_unexplained() && u.cause == Some(UnaccountedCause::OtherNamespace))
+        {
+            why.push("processes of another PID namespace");
+        }
+        if causes().any(|u| u.is_unexplained() && u.cause == Some(UnaccountedCause::Unknown)) {
+            why.push("holders whose open files could not be read");
+        }
+        let advice = if self.pid_namespace_is_host == Some(false) {
+            "run vramguard on the host (or in a pod with hostPID: true)"
+        } else {
+            "run vramguard as root to see them"
+        };
+        Some(format!(
+            "{} on GPU {} is held by what vramguard cannot see from here ({}): not known to be a \
+             live job's; {advice}",
+            crate::units::format_bytes(bytes),
+            gpus.join(","),
+            why.join("; ")
+        ))
     }
 
     /// Every holder of every GPU, with its GPU index.

@@ -350,26 +350,29 @@ fn a_listed_pid_seen_exiting_is_a_context_being_torn_down() {
     });
     let r = classify(&s, &Policy::default());
     let h = &r.gpus[0].holders[0];
-    assert_eq!(h.class, Class::Foreign);
+    assert_eq!(h.class, Class::Exited);
     assert!(
         h.evidence[0].contains("pid 4121 (python3) exited 1.5s ago")
-            && h.evidence[0].contains("tearing the context down"),
+            && h.evidence[1].contains("tearing its context down"),
         "{:?}",
         h.evidence
     );
-    assert!(h.action.summary.starts_with("none: the driver frees it"));
+    assert!(h.keepers.is_empty());
+    assert!(h.action.summary.starts_with("none yet"));
     assert!(!h.action.reclaimable);
     assert_eq!(
         r.gpus[0].ghost_bytes, 0,
-        "memory on its way back is no ghost"
+        "memory on its way back, that no process keeps, is no ghost"
     );
+    assert_eq!(r.gpus[0].unkept_exited_bytes(), 8 * GIB);
+    assert_eq!(r.unexplained_bytes(), 0);
     // Past the two minutes a teardown may take, it is residue: ghost, and a reset frees it.
     s.departed[0].gone_at_ms = NOW_MS - 300_000;
     let r = classify(&s, &Policy::default());
     let h = &r.gpus[0].holders[0];
-    assert_eq!(h.class, Class::Foreign);
+    assert_eq!(h.class, Class::Exited);
     assert!(
-        h.evidence[0].contains("exited 5m00s ago") && h.evidence[0].contains("never torn down"),
+        h.evidence[0].contains("exited 5m00s ago") && h.evidence[1].contains("never torn down"),
         "{:?}",
         h.evidence
     );
@@ -386,10 +389,16 @@ fn a_listed_pid_seen_exiting_is_a_context_being_torn_down() {
         r.gpus[0].reset_blockers.is_empty(),
         "a gone pid blocks no reset"
     );
-    // Without the sighting, both readings are given.
+    // Without the sighting: exited (vramguard sees the host's PID namespace and every
+    // process), and no process keeps it.
     s.departed.clear();
     let h = classify(&s, &Policy::default()).gpus[0].holders[0].clone();
-    assert!(h.evidence[0].contains("or the driver reports a pid from another namespace"));
+    assert_eq!(h.class, Class::Exited);
+    assert!(
+        h.evidence[0].starts_with("pid 4121 exited, but the driver still lists it with 8.0 GiB"),
+        "{:?}",
+        h.evidence
+    );
 }
 
 #[test]
@@ -434,7 +443,7 @@ fn in_a_container_a_local_exit_explains_a_listed_pid_only_when_the_driver_report
 }
 
 #[test]
-fn a_kernel_thread_at_the_reported_pid_is_foreign() {
+fn a_kernel_thread_at_the_reported_pid_means_the_listed_process_exited_and_its_pid_was_reused() {
     let kthread = ProcessFacts {
         pid: 2,
         ppid: Some(0),
@@ -449,12 +458,18 @@ fn a_kernel_thread_at_the_reported_pid_is_foreign() {
         vec![init(), kthread],
     );
     let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
-    assert_eq!(h.class, Class::Foreign);
+    assert_eq!(h.class, Class::Exited);
     assert!(
-        h.evidence[0].contains("kthreadd (a kernel thread)"),
+        h.evidence[0].contains("kthreadd (a kernel thread)")
+            && h.evidence[0].contains("its pid was reused"),
         "{:?}",
         h.evidence
     );
+    // In a container the same pid is another namespace's: foreign.
+    let mut s = s;
+    s.host.pid_namespace_is_host = Some(false);
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Foreign);
 }
 
 #[test]
@@ -1422,4 +1437,173 @@ fn the_agent_remembers_who_forked_an_orphan() {
         "{ev}"
     );
     assert!(ev.contains("forked by 4121 (python3), which died"), "{ev}");
+}
+
+/// The real driver's seed case (an H200, driver 580): a trainer that led its own process
+/// group forked two workers after `cuInit` and was SIGKILLed. The driver still lists the dead
+/// trainer with the context's memory; the workers keep it alive and are listed by nobody.
+fn dead_trainer_with_forked_workers(trainer_group: u32, workers_group: u32) -> Snapshot {
+    let mut script = proc_(436, 1, 436, "bash", &[]);
+    script.sid = Some(436);
+    let mut w1 = proc_(576, 1, workers_group, "python3", &[0]);
+    let mut w2 = proc_(577, 1, workers_group, "python3", &[0]);
+    w1.sid = Some(trainer_group);
+    w2.sid = Some(trainer_group);
+    let mut s = snapshot(
+        vec![gpu(0, 20 * GIB, &[(446, Some(20 * GIB))])],
+        vec![init(), script, w1, w2],
+    );
+    s.normalize();
+    s
+}
+
+#[test]
+fn a_dead_trainer_the_driver_still_lists_is_exited_and_kept_alive_by_its_forked_workers() {
+    let s = dead_trainer_with_forked_workers(446, 446);
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    let exited = g.holders.iter().find(|h| h.pid == 446).unwrap();
+    assert_eq!(exited.class, Class::Exited);
+    assert_eq!(exited.keepers, vec![576, 577]);
+    assert_eq!(exited.used_bytes, Some(20 * GIB));
+    assert_eq!(exited.job.as_ref().unwrap().label, "pgid:446");
+    assert_eq!(exited.dead_job.as_ref().unwrap().leader_pid, 446);
+    assert!(exited.evidence[1].contains("kept alive by 576 (python3), 577 (python3)"));
+    for pid in [576, 577] {
+        let k = g.holders.iter().find(|h| h.pid == pid).unwrap();
+        assert_eq!(k.class, Class::Hidden);
+        assert_eq!(k.keeps_alive, Some(446));
+        assert!(k.action.reclaimable, "{:?}", k.action);
+        assert!(
+            k.evidence[0].contains("keeps alive the context of exited pid 446")
+                && k.evidence[0].contains("in the process group it led"),
+            "{:?}",
+            k.evidence
+        );
+    }
+    assert_eq!(g.ghost_bytes, 20 * GIB, "the exited pid's memory is ghost");
+    assert_eq!(g.reclaimable_bytes, 20 * GIB);
+    assert_eq!(r.unexplained_bytes(), 0);
+    let host = r.host.as_ref();
+    assert!(host.is_none(), "no host facts in this snapshot");
+    let d = diagnose(r.clone());
+    assert!(!d.verdict.clean);
+    assert_eq!(d.verdict.ghost_bytes, 20 * GIB);
+    assert_eq!(d.verdict.reclaimable_bytes, 20 * GIB);
+    let check = d.checks.iter().find(|c| c.name == "exited pids").unwrap();
+    assert_eq!(check.status, CheckStatus::Fail);
+}
+
+#[test]
+fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
+    // No job control: the trainer (446) and its workers were in the script's group 436, and
+    // the script still runs. Nothing but the re-parenting ties the workers to 446, the only
+    // exited pid on the GPU.
+    let s = dead_trainer_with_forked_workers(436, 436);
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    let exited = g.holders.iter().find(|h| h.pid == 446).unwrap();
+    assert_eq!(exited.keepers, vec![576, 577]);
+    assert_eq!(exited.job.as_ref().unwrap().label, "pgid:436");
+    assert!(exited.dead_job.is_none(), "the script's job lives");
+    let k = g.holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(k.dead_job.is_none());
+    assert!(k.action.reclaimable, "{:?}", k.action);
+    assert!(
+        k.evidence[0].contains("only exited pid listed on GPU 0"),
+        "{:?}",
+        k.evidence
+    );
+    assert_eq!(g.ghost_bytes, 20 * GIB);
+    assert_eq!(g.reclaimable_bytes, 20 * GIB);
+
+    // Work protects it, as everywhere.
+    let mut busy = s.clone();
+    let w = busy.work.as_mut().unwrap();
+    let i = w.processes.iter().position(|p| p.pid == 576).unwrap();
+    w.processes[i].cpu_ticks = 200;
+    let r = classify(&busy, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert!(!k.action.reclaimable);
+    assert!(k.action.summary.contains("is working"), "{:?}", k.action);
+    assert_eq!(r.gpus[0].ghost_bytes, 20 * GIB, "still ghost memory");
+
+    // A live process of the same group listed on the GPU: the workers may have inherited its
+    // context instead. Not acted on.
+    let mut kin = s.clone();
+    kin.gpus[0] = gpu(0, 30 * GIB, &[(446, Some(20 * GIB)), (600, Some(10 * GIB))]);
+    let mut second = proc_(600, 436, 436, "python3", &[0]);
+    second.sid = Some(436);
+    kin.processes.push(second);
+    kin.normalize();
+    kin.work = Some(WorkWindow::all_idle(&kin, 2000));
+    let r = classify(&kin, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, None);
+    assert!(!k.action.reclaimable, "{:?}", k.action);
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert_eq!(exited.keepers, vec![576, 577], "possible keepers are named");
+
+    // A re-parented holder leading its own group (a daemon that double-forked from a live
+    // trainer) is no keeper by re-parenting alone.
+    let mut daemon = s.clone();
+    for p in daemon.processes.iter_mut().filter(|p| p.pid == 576) {
+        p.pgid = Some(576);
+        p.sid = Some(576);
+    }
+    let r = classify(&daemon, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, None);
+    assert!(!k.action.reclaimable);
+}
+
+#[test]
+fn a_keeper_in_a_live_cgroup_job_is_named_but_not_reclaimed_by_default() {
+    let mut s = dead_trainer_with_forked_workers(436, 436);
+    for p in s
+        .processes
+        .iter_mut()
+        .filter(|p| [576, 577].contains(&p.pid))
+    {
+        p.cgroup = Some("/system.slice/train.service".into());
+    }
+    let r = classify(&s, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(!k.action.reclaimable);
+    assert!(
+        k.action.command.as_deref() == Some("vramguard reclaim --gpu 0 --job unit:train.service"),
+        "{:?}",
+        k.action
+    );
+    assert_eq!(r.gpus[0].ghost_bytes, 20 * GIB);
+    assert_eq!(r.gpus[0].reclaimable_bytes, 0);
+}
+
+#[test]
+fn unprivileged_an_exited_pid_is_unexplained_not_a_live_jobs() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    s.host.euid = 65534;
+    for p in s.processes.iter_mut().filter(|p| p.uid != Some(65534)) {
+        p.device_files = FdScan::Denied;
+    }
+    let r = classify(&s, &Policy::default());
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert_eq!(exited.class, Class::Exited);
+    assert!(exited.keepers.is_empty());
+    assert!(exited.kept_by_unseen);
+    assert!(
+        exited
+            .evidence
+            .iter()
+            .any(|e| e.contains("cannot read other users' open files")),
+        "{:?}",
+        exited.evidence
+    );
+    assert_eq!(r.gpus[0].ghost_bytes, 0);
+    assert_eq!(r.unexplained_bytes(), 20 * GIB);
+    let d = diagnose(r);
+    assert!(!d.verdict.clean);
+    assert!(!d.verdict.summary.contains("accounted for by a live job"));
 }

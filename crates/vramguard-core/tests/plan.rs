@@ -428,6 +428,11 @@ fn arb_process() -> impl Strategy<Value = ProcessFacts> {
             |(pid, ppid, pgid, state, kthread, exiting, uid, comm, gpus, start, inner, threads)| {
                 let mut files: Vec<DeviceFile> = gpus.into_iter().map(DeviceFile::Gpu).collect();
                 files.push(DeviceFile::Ctl);
+                // A CUDA context (inherited or its own) comes with /dev/nvidia-uvm: a keeper
+                // of an exited pid's context needs it.
+                if start.is_some_and(|s| s % 3 != 0) {
+                    files.push(DeviceFile::Uvm);
+                }
                 files.sort();
                 files.dedup();
                 let mut flags = 0;
@@ -441,7 +446,8 @@ fn arb_process() -> impl Strategy<Value = ProcessFacts> {
                     pid,
                     ppid: Some(ppid),
                     pgid: Some(pgid),
-                    sid: Some(pgid),
+                    // Mostly the group's session; sometimes one the process leads.
+                    sid: Some(if ppid % 5 == 0 { pid } else { pgid }),
                     state: Some(state),
                     flags: Some(flags),
                     start_ticks: start,
@@ -641,7 +647,8 @@ proptest! {
         let policy = Policy { idle_after_secs: 60, ..Policy::default() };
         let report = classify(&s, &policy);
         let plan = plan_reclaim(&s, &report, &opts);
-        let forbidden: BTreeSet<Class> = [Class::Active, Class::System, Class::Foreign].into_iter().collect();
+        let forbidden: BTreeSet<Class> =
+            [Class::Active, Class::System, Class::Foreign, Class::Exited].into_iter().collect();
         for t in plan.targets() {
             prop_assert!(t.pid > 1, "pid {}", t.pid);
             prop_assert!(t.pid != s.host.self_pid);
@@ -703,8 +710,8 @@ proptest! {
                 let holder = report.gpus[tg.gpu as usize].holders.iter().find(|h| h.pid == t.pid);
                 prop_assert!(holder.is_some(), "target {} does not hold GPU {}", t.pid, tg.gpu);
                 let h = holder.unwrap();
-                if h.class == Class::Hidden {
-                    prop_assert!(h.dead_job.is_some());
+                if h.class == Class::Hidden && h.dead_job.is_none() {
+                    keeper_rules(&s, h, proc_, tg.gpu)?;
                 }
                 if h.class == Class::Idle {
                     prop_assert!(h.idle_secs.unwrap_or(0) >= opts.idle_for_secs);
@@ -831,5 +838,182 @@ proptest! {
         prop_assert!(without.segments.is_empty());
         let narrowed = plan_reclaim(&s, &report, &ReclaimOptions { job_of: Some(1), ..opts });
         prop_assert!(narrowed.segments.is_empty());
+    }
+}
+
+/// What a hidden target of a live job must be: the keeper of an exited pid listed on its GPU
+/// (no process here, or a reused pid holding no device file), with no context of its own,
+/// holding /dev/nvidia-uvm, inside a plain process-group job, and sharing no process group or
+/// session with a live process listed there unless that group or session is the exited pid's.
+fn keeper_rules(
+    s: &Snapshot,
+    h: &vramguard_core::report::Holder,
+    proc_: &ProcessFacts,
+    gpu: u32,
+) -> Result<(), TestCaseError> {
+    let exited = h.keeps_alive;
+    prop_assert!(
+        exited.is_some(),
+        "hidden target {} of a live job keeps nothing",
+        h.pid
+    );
+    let exited = exited.unwrap();
+    let g = &s.gpus[gpu as usize];
+    prop_assert!(g.processes.iter().any(|l| l.pid == exited));
+    let gone = s
+        .process(exited)
+        .is_none_or(|e| e.is_kernel_thread() || e.device_files.holds_any() == Some(false));
+    prop_assert!(gone, "{} kept by {} is a process here", exited, h.pid);
+    prop_assert!(
+        s.gpus
+            .iter()
+            .all(|g| g.processes.iter().all(|l| l.pid != h.pid))
+    );
+    let uvm = matches!(&proc_.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm));
+    prop_assert!(uvm);
+    let label = &h.job.as_ref().unwrap().label;
+    prop_assert!(
+        label.starts_with("pgid:") || label.starts_with("pid:"),
+        "{}",
+        label
+    );
+    // The tie is direct when it, or an ancestor it inherited through (a chain of unlisted
+    // holders of this GPU above it), was forked by the exited pid or is in its group or
+    // session.
+    let mut direct = false;
+    let mut cur = Some(proc_);
+    for _ in 0..64 {
+        let Some(q) = cur else { break };
+        direct |= q.pgid == Some(exited) || q.sid == Some(exited) || q.earlier_ppid == Some(exited);
+        let holds = |x: &ProcessFacts| {
+            x.device_files.gpu_minors().any(|m| m == gpu)
+                && g.processes.iter().all(|l| l.pid != x.pid)
+        };
+        cur = q
+            .ppid
+            .and_then(|pp| s.process(pp))
+            .filter(|x| x.pid != q.pid && holds(x));
+    }
+    if !direct {
+        prop_assert!(proc_.pgid != Some(proc_.pid) && proc_.sid != Some(proc_.pid));
+        for l in &g.processes {
+            if let Some(q) = s
+                .process(l.pid)
+                .filter(|q| q.pid != h.pid && q.state != Some('Z'))
+            {
+                prop_assert!(
+                    q.pgid != proc_.pgid && q.sid != proc_.sid,
+                    "keeper {} shares a group or session with live listed {}",
+                    h.pid,
+                    q.pid
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The real driver's seed case with its variations: an exited trainer (446) still listed
+/// on GPU 0, a script (436) that may still run, up to four unlisted holders with random
+/// parents, groups, sessions, earlier parents, device files, CPU use and cgroups, and maybe a
+/// live process of one of the groups listed on the GPU.
+fn arb_inheritors() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
+    let holder = (
+        prop::sample::select(vec![1u32, 436, 501, 502]),
+        prop::sample::select(vec![436u32, 446, 0]),
+        prop::sample::select(vec![436u32, 446, 0]),
+        any::<bool>(),
+        prop::option::of(prop::sample::select(vec![446u32, 436])),
+        prop::sample::select(vec![0u64, 0, 50]),
+        prop::sample::select(vec![None, Some("/system.slice/train.service")]),
+    );
+    (
+        prop::collection::vec(holder, 1..5),
+        any::<bool>(),
+        prop::option::of(prop::sample::select(vec![436u32, 446])),
+        any::<bool>(),
+    )
+        .prop_map(|(holders, script_alive, kin_group, job_label)| {
+            let mut procs = vec![init()];
+            if script_alive {
+                procs.push(p(436, 1, 436, "bash", &[]));
+            }
+            let mut listed = vec![(446, 20)];
+            if let Some(group) = kin_group {
+                let mut kin = p(600, 1, group, "python3", &[0]);
+                kin.sid = Some(group);
+                procs.push(kin);
+                listed.push((600, 4));
+            }
+            let mut cpu = Vec::new();
+            for (i, (ppid, pgid, sid, uvm, earlier, ticks, cgroup)) in
+                holders.into_iter().enumerate()
+            {
+                let pid = 501 + i as u32;
+                let mut q = p(
+                    pid,
+                    ppid,
+                    if pgid == 0 { pid } else { pgid },
+                    "python3",
+                    &[0],
+                );
+                q.sid = Some(if sid == 0 { pid } else { sid });
+                if uvm {
+                    q.device_files =
+                        FdScan::Scanned(vec![DeviceFile::Ctl, DeviceFile::Uvm, DeviceFile::Gpu(0)]);
+                }
+                q.earlier_ppid = earlier;
+                q.cgroup = cgroup.map(str::to_string);
+                cpu.push((pid, ticks));
+                procs.push(q);
+            }
+            let l: Vec<(u32, u64)> = listed.iter().map(|(p, g)| (*p, g * GIB)).collect();
+            let mut s = snap(vec![gpu(0, 24 * GIB, &l)], procs);
+            if let Some(w) = s.work.as_mut() {
+                for (pid, ticks) in cpu {
+                    if let Some(sample) = w.processes.iter_mut().find(|x| x.pid == pid) {
+                        sample.cpu_ticks = ticks;
+                    }
+                }
+            }
+            let opts = ReclaimOptions {
+                job_label: job_label.then(|| "unit:train.service".to_string()),
+                ..ReclaimOptions::default()
+            };
+            (s, opts)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+    #[test]
+    fn an_inheritor_of_an_exited_pid_is_a_target_only_by_the_keeper_rules((s, opts) in arb_inheritors()) {
+        let report = classify(&s, &Policy::default());
+        let plan = plan_reclaim(&s, &report, &opts);
+        // The listed kin (600) is judged by the rules of listed holders (the test above).
+        for t in plan.targets().filter(|t| t.pid != 600) {
+            let proc_ = s.process(t.pid).unwrap();
+            let h = report.gpus[0].holders.iter().find(|h| h.pid == t.pid).unwrap();
+            prop_assert_eq!(t.class, Class::Hidden);
+            prop_assert!(s.work_of(t.pid, proc_.start_ticks).is_some_and(|w| w.cpu_ticks == 0));
+            if h.dead_job.is_some() {
+                continue;
+            }
+            if h.job.as_ref().is_some_and(|j| j.label == "unit:train.service") {
+                // Inside a job something else owns: only when it was named.
+                prop_assert!(opts.job_label.is_some());
+                prop_assert!(h.keeps_alive.is_some());
+            } else {
+                keeper_rules(&s, h, proc_, 0)?;
+            }
+        }
+        // The exited pid is never a target, and what comes back includes it only when all
+        // of its keepers go.
+        let exited = report.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+        prop_assert_eq!(exited.class, Class::Exited);
+        let targets: BTreeSet<u32> = plan.targets().map(|t| t.pid).collect();
+        let all_go = !exited.keepers.is_empty() && exited.keepers.iter().all(|k| targets.contains(k));
+        let expected = plan.expected_free.get(&0).copied().unwrap_or(0);
+        prop_assert_eq!(expected >= 20 * GIB, all_go);
     }
 }

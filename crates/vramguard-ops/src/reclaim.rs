@@ -864,7 +864,7 @@ impl<'a> Run<'a> {
             let mut why: Vec<String> = g
                 .holders
                 .iter()
-                .filter(|h| h.class.is_ghost())
+                .filter(|h| h.is_ghost())
                 .map(|h| format!("pid {} ({}): {}", h.pid, h.class, h.action.summary))
                 .collect();
             if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {

@@ -25,9 +25,12 @@ fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
                 continue;
             }
         };
-        if matches!(class, Class::Active | Class::System | Class::Foreign) {
+        if matches!(
+            class,
+            Class::Active | Class::System | Class::Foreign | Class::Exited
+        ) {
             bail!(
-                "--include {class}: {class} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace)"
+                "--include {class}: {class} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace; an exited pid is freed by reclaiming its keepers)"
             );
         }
         include.insert(class);

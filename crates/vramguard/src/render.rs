@@ -179,7 +179,7 @@ impl Style {
         match c {
             Class::Active | Class::Detached => self.green(&padded),
             Class::Idle => self.paint("36", &padded),
-            Class::Orphan | Class::Zombie => self.red(&padded),
+            Class::Orphan | Class::Zombie | Class::Exited => self.red(&padded),
             Class::Foreign | Class::Hidden => self.yellow(&padded),
             Class::System => self.dim(&padded),
         }
@@ -351,12 +351,23 @@ fn holder_line(st: &Style, h: &Holder) -> String {
             .iter()
             .find(|e| e.starts_with("working:"))
             .or(h.evidence.first()),
-        Class::Orphan | Class::Hidden | Class::Zombie | Class::Foreign | Class::Idle => {
-            h.evidence.first()
-        }
+        Class::Orphan
+        | Class::Hidden
+        | Class::Zombie
+        | Class::Foreign
+        | Class::Exited
+        | Class::Idle => h.evidence.first(),
         _ => None,
     };
-    let command = h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?");
+    let command =
+        h.command
+            .as_deref()
+            .or(h.comm.as_deref())
+            .unwrap_or(if h.class == Class::Exited {
+                "[exited]"
+            } else {
+                "?"
+            });
     let (command, why) = match evidence {
         Some(e) if evidence_width >= 24 => (
             format!("{:<command_width$}", truncate(command, command_width)),
@@ -504,6 +515,9 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
             "-",
             if u.counts_as_ghost() {
                 st.red(&format!("{:<8}", "ghost"))
+            } else if u.is_unexplained() {
+                // Held by something vramguard cannot see from here.
+                st.yellow(&format!("{:<8}", "unseen"))
             } else {
                 // Not split per process by the driver: the listed processes may hold it.
                 st.yellow(&format!("{:<8}", "unsplit"))
@@ -553,7 +567,33 @@ pub fn status(r: &Report, st: &Style) -> String {
             format_bytes(ghost),
             gpus.join(",")
         );
-    } else {
+    }
+    let unexplained = r.unexplained_bytes();
+    if let Some(line) = r.unexplained_summary() {
+        let _ = writeln!(out, "{} {line}", st.yellow("unexplained:"));
+    }
+    let unkept: u64 = r
+        .gpus
+        .iter()
+        .map(|g| g.unkept_exited_bytes())
+        .fold(0, u64::saturating_add);
+    if unkept > 0 {
+        let gpus: Vec<String> = r
+            .gpus
+            .iter()
+            .filter(|g| g.unkept_exited_bytes() > 0)
+            .map(|g| g.index.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "{} {} on GPU {} is listed for exited pids that no process keeps: the driver is \
+             tearing their contexts down; if it stays, it is residue that a GPU reset frees",
+            st.yellow("exited:"),
+            format_bytes(unkept),
+            gpus.join(",")
+        );
+    }
+    if ghost == 0 && unexplained == 0 && unkept == 0 {
         let unsplit: Vec<String> = r
             .gpus
             .iter()

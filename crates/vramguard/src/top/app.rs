@@ -52,12 +52,13 @@ fn attention(c: Class) -> u8 {
     match c {
         Class::Orphan => 0,
         Class::Zombie => 1,
-        Class::Hidden => 2,
-        Class::Idle => 3,
-        Class::Foreign => 4,
-        Class::Detached => 5,
-        Class::Active => 6,
-        Class::System => 7,
+        Class::Exited => 2,
+        Class::Hidden => 3,
+        Class::Idle => 4,
+        Class::Foreign => 5,
+        Class::Detached => 6,
+        Class::Active => 7,
+        Class::System => 8,
     }
 }
 
@@ -210,10 +211,11 @@ fn grouped(rows: Vec<Row>) -> Vec<Row> {
 }
 
 /// Classes `c` cycles through: all, then each class that can need attention.
-const CLASS_CYCLE: [Option<Class>; 8] = [
+const CLASS_CYCLE: [Option<Class>; 9] = [
     None,
     Some(Class::Orphan),
     Some(Class::Zombie),
+    Some(Class::Exited),
     Some(Class::Hidden),
     Some(Class::Idle),
     Some(Class::Foreign),

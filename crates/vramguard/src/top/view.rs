@@ -26,7 +26,9 @@ impl Paint {
     }
     fn class(&self, c: Class) -> Style {
         match c {
-            Class::Orphan | Class::Zombie => self.fg(Color::Red).add_modifier(Modifier::BOLD),
+            Class::Orphan | Class::Zombie | Class::Exited => {
+                self.fg(Color::Red).add_modifier(Modifier::BOLD)
+            }
             Class::Hidden | Class::Foreign => self.fg(Color::Yellow),
             Class::Idle => self.fg(Color::Cyan),
             Class::Active | Class::Detached => self.fg(Color::Green),
@@ -397,6 +399,8 @@ fn footer_lines(paint: &Paint, gpus: &[&GpuReport]) -> Vec<Line<'static>> {
                         format_bytes(u.bytes),
                         if u.counts_as_ghost() {
                             "ghost"
+                        } else if u.is_unexplained() {
+                            "unseen"
                         } else {
                             "unsplit"
                         }
