@@ -80,6 +80,40 @@ fn first_difference(want: &str, got: &str) -> String {
     "(same lines; whitespace at the end differs)".into()
 }
 
+/// `vramguard.explain(gpu=0)` of the Python module in `packaging/python/src` (what the OOM
+/// hook prints), with the module's binary a wrapper that replays `snapshot`.
+fn python_explain(scratch: &Path, snapshot: &Path, config: &Path) -> String {
+    let wrapper = scratch.join("vramguard-replay");
+    let script = format!(
+        "#!/bin/sh\nexec '{}' --config '{}' --replay \"$VG_REPLAY\" \"$@\"\n",
+        BIN,
+        config.display()
+    );
+    if !wrapper.exists() {
+        std::fs::write(&wrapper, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/python/src");
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import vramguard; print(vramguard.explain(gpu=0))"])
+        .env("PYTHONPATH", &module)
+        .env("VRAMGUARD_BINARY", &wrapper)
+        .env("VG_REPLAY", snapshot)
+        .env_remove("VRAMGUARD_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3 runs (scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "explain() of {}: {}\n{}",
+        snapshot.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn every_incident_replays_to_its_golden_outputs() {
     let update = std::env::var_os("VRAMGUARD_UPDATE_GOLDEN").is_some();
@@ -123,6 +157,21 @@ fn every_incident_replays_to_its_golden_outputs() {
                     failures.push(format!("{name}/{file}: {}", first_difference(&want, &text)))
                 }
                 Err(_) => failures.push(format!("{name}/{file}: no golden file")),
+            }
+        }
+        // What the Python module's OOM explanation says of GPU 0 (`explain.txt`).
+        let text = python_explain(dir.path(), snap, &config);
+        let golden = golden_dir.join("explain.txt");
+        if update {
+            std::fs::write(&golden, &text).unwrap();
+        } else {
+            match std::fs::read_to_string(&golden) {
+                Ok(want) if want == text => {}
+                Ok(want) => failures.push(format!(
+                    "{name}/explain.txt: {}",
+                    first_difference(&want, &text)
+                )),
+                Err(_) => failures.push(format!("{name}/explain.txt: no golden file")),
             }
         }
         let golden = golden_dir.join("exit-codes.txt");

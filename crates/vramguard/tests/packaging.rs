@@ -402,7 +402,7 @@ raise torch.cuda.OutOfMemoryError(
     let traceback = stderr.find("torch.cuda.OutOfMemoryError").expect(&stderr);
     let explained = stderr
         .find(&format!(
-            "vramguard: 1.0 GiB on GPU 0 is held by 1 orphan of job {}",
+            "vramguard: 1.0 GiB on GPU 0 is held by 1 orphan of job pgid:{}",
             trainer.pid
         ))
         .unwrap_or_else(|| panic!("{stderr}"));

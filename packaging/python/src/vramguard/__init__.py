@@ -9,7 +9,7 @@
 After `explain_oom()`, an uncaught `torch.cuda.OutOfMemoryError` prints, under the usual
 traceback, who holds the GPU's memory and what frees it, for example::
 
-    vramguard: 18.0 GiB on GPU 0 is held by 3 orphans of job 13622: vramguard reclaim --gpu 0
+    vramguard: 18.0 GiB on GPU 0 is held by 3 orphans of job pgid:13622: vramguard reclaim --gpu 0
 
 In a notebook or a `try` block, `vramguard.explain(error)` returns the same text.
 
@@ -198,17 +198,23 @@ def _holder_phrase(holders):
     }.get(classes[0], "process") if len(classes) == 1 else "process"
     plural = "es" if noun.endswith("s") else "s"
     word = noun if len(holders) == 1 else noun + plural
+    # One job per dead leader (or cgroup label), compared as the report gives it, escaped
+    # only to be shown.
     jobs = []
     for h in holders:
         dead = h.get("dead_job") or {}
-        job = dead.get("label") or dead.get("leader_pid")
-        if job is not None and job not in jobs:
-            jobs.append(_visible(job, 60))
+        job = (h.get("job") or {}).get("label") or dead.get("label") or dead.get("leader_pid")
+        if job is not None and str(job) not in jobs:
+            jobs.append(str(job))
+    kept = sorted({h["keeps_alive"] for h in holders if h.get("keeps_alive") is not None})
+    keeping = ""
+    if kept:
+        keeping = " keeping the context of exited pid %s" % ", ".join(str(k) for k in kept)
     if len(jobs) == 1:
-        return "%d %s of job %s" % (len(holders), word, jobs[0])
+        return "%d %s%s of job %s" % (len(holders), word, keeping, _visible(jobs[0], 60))
     if jobs:
-        return "%d %s of %d dead jobs" % (len(holders), word, len(jobs))
-    return "%d %s" % (len(holders), word)
+        return "%d %s%s of %d jobs" % (len(holders), word, keeping, len(jobs))
+    return "%d %s%s" % (len(holders), word, keeping)
 
 
 def explain(error=None, gpu=None, sample=None, timeout=TIMEOUT_SECS):
@@ -240,6 +246,19 @@ def _names_gpu(command, index):
     return False
 
 
+def _unexplained_bytes(g):
+    """Bytes whose holder vramguard could not see (the report's "unexplained" memory)."""
+    total = 0
+    for h in g.get("holders") or []:
+        unseen_exit = h.get("class") == "exited" and not h.get("keepers") and h.get("kept_by_unseen")
+        if h.get("class") == "foreign" or unseen_exit:
+            total += h.get("used_bytes") or 0
+    unaccounted = g.get("unaccounted") or {}
+    if unaccounted.get("significant") and unaccounted.get("cause") in ("other_namespace", "unknown"):
+        total += unaccounted.get("bytes") or 0
+    return total
+
+
 def _explain_gpu(g, steps):
     index = g.get("index")
     own = os.getpid()
@@ -247,10 +266,14 @@ def _explain_gpu(g, steps):
     holders = g.get("holders") or []
     reclaimable = [h for h in holders if (h.get("action") or {}).get("reclaimable")]
     if reclaimable:
-        held = sum(h.get("used_bytes") or 0 for h in reclaimable)
-        hidden = [h for h in reclaimable if h.get("used_bytes") is None]
-        if hidden and g.get("unaccounted"):
-            held += g["unaccounted"].get("bytes") or 0
+        # What a default reclaim gives back, as vramguard counts it (an exited pid's memory
+        # comes back with its keepers, which are unlisted and hold no bytes of their own).
+        held = g.get("reclaimable_bytes")
+        if held is None:
+            held = sum(h.get("used_bytes") or 0 for h in reclaimable)
+            hidden = [h for h in reclaimable if h.get("used_bytes") is None]
+            if hidden and (g.get("unaccounted") or {}).get("significant"):
+                held += g["unaccounted"].get("bytes") or 0
         return "vramguard: %s on GPU %s is held by %s: %s" % (
             _size(held),
             index,
@@ -265,6 +288,13 @@ def _explain_gpu(g, steps):
             index,
             ": " + why if why else "",
             "; next: " + _visible(command, 200) if command else "",
+        )
+    unseen = _unexplained_bytes(g)
+    if unseen:
+        return (
+            "vramguard: %s on GPU %s is held by what vramguard cannot see from here (another "
+            "PID namespace, or other users' processes): not known to be a live job's; run "
+            "vramguard as root on the host" % (_size(unseen), index)
         )
     memory = g.get("memory") or {}
     mine = sum(h.get("used_bytes") or 0 for h in holders if h.get("pid") == own)
