@@ -120,25 +120,32 @@ fn name_pods(report: &mut Report, pods: &[crate::snapshot::KubePod]) {
     }
 }
 
-/// The processes whose work decides a class in `report`: for every holder whose job is gone,
-/// every process of that job and the holder's descendants. What a long-running watcher (the
-/// agent) needs to observe between samples; empty when every job is alive.
+/// The processes whose work decides a class or a reclaim in `report`: for every holder whose
+/// job is gone, every process of that job and the holder's descendants; for a keeper of an
+/// exited pid's context, itself and its descendants; a zombie holder itself. What a watcher
+/// must observe over a window before work can be told (the agent between samples, `status`
+/// and `reclaim` for their sampling window); empty when no verdict depends on work.
 pub fn work_watch_list(snapshot: &Snapshot, policy: &Policy, report: &Report) -> Vec<u32> {
-    if !report.holders().any(|(_, h)| h.dead_job.is_some()) {
+    let decided_by_work =
+        |h: &Holder| h.dead_job.is_some() || h.keeps_alive.is_some() || h.class == Class::Zombie;
+    if !report.holders().any(|(_, h)| decided_by_work(h)) {
         return Vec::new();
     }
     let snapshot = normalized(snapshot);
     let snapshot = snapshot.as_ref();
     let ctx = Context::new(snapshot, policy);
     let mut pids = BTreeSet::new();
-    for (_, h) in report.holders().filter(|(_, h)| h.dead_job.is_some()) {
+    for (_, h) in report.holders().filter(|(_, h)| decided_by_work(h)) {
         pids.insert(h.pid);
-        let tree = ctx.tree();
-        if let Some(top) = tree.tops.get(&h.pid) {
-            pids.extend(tree.members.get(top).into_iter().flatten().copied());
+        if h.dead_job.is_some() {
+            let tree = ctx.tree();
+            if let Some(top) = tree.tops.get(&h.pid) {
+                pids.extend(tree.members.get(top).into_iter().flatten().copied());
+            }
         }
         pids.extend(ctx.descendants(h.pid));
     }
+    pids.retain(|p| *p != snapshot.host.self_pid);
     pids.into_iter().collect()
 }
 

@@ -69,7 +69,13 @@ pub fn take_sampled_snapshot(
     if window.is_zero() {
         return Ok(snap);
     }
-    let pids = sampled_pids(&snap);
+    // Only the processes whose class depends on work are watched; with none, there is
+    // nothing to wait for.
+    let report = vramguard_core::classify(&snap, policy);
+    let pids = vramguard_core::classify::work_watch_list(&snap, policy, &report);
+    if pids.is_empty() {
+        return Ok(snap);
+    }
     snap.work = Some(WorkSampler::sample_window(
         collector.procfs(),
         &pids,
@@ -79,14 +85,4 @@ pub fn take_sampled_snapshot(
     )?);
     snap.normalize();
     Ok(snap)
-}
-
-/// The processes whose work matters: every process of the snapshot (holders, their
-/// ancestors and job leaders) except vramguard and kernel threads.
-pub fn sampled_pids(snap: &Snapshot) -> Vec<u32> {
-    snap.processes
-        .iter()
-        .filter(|p| p.pid != snap.host.self_pid && !p.is_kernel_thread())
-        .map(|p| p.pid)
-        .collect()
 }
