@@ -485,7 +485,7 @@ EOF
     A0_COLL=$(collections "$TMP/a0.prom")
 
     # Case 5, first half: the OOM script pays for `import torch` now, waits for the go file.
-    timeout -k 2 90 env GPU_CHECK_GO="$TMP/go-oom" VRAMGUARD_BINARY="$BIN" CUDA_VISIBLE_DEVICES="$GPU" \
+    timeout -k 2 150 env GPU_CHECK_GO="$TMP/go-oom" VRAMGUARD_BINARY="$BIN" CUDA_VISIBLE_DEVICES="$GPU" \
         python3 oom.py "$PYMOD" >"$DIR/oom.out" 2>"$DIR/oom.err" &
     OOM=$!
     track "$OOM"
@@ -551,6 +551,10 @@ EOF
         log "  oom.py exit: $? (1 = the OutOfMemoryError was raised, uncaught)"
         log "  oom: $(grep -E '^(module|oom|explain)' "$DIR/oom.out" | tr '\n' ' ' | cut -c1-500)"
         log "  oom hook: $(grep '^vramguard' "$DIR/oom.err" | tr '\n' ' ' | cut -c1-400)"
+
+        # Case 6 again, just before the reclaim (a longer time since the kill).
+        fetch "http://127.0.0.1:$PORT/metrics" "$DIR/c1-agent-metrics-prereclaim.prom"
+        log "  agent $((($(now_ms) - KILLED_AT) / 1000)) s after the kill: $(metric_lines "$DIR/c1-agent-metrics-prereclaim.prom" '^vramguard_(gpu_ghost_bytes|alert_firing)')"
 
         # Case 1: reclaim and the time until the memory is back.
         reclaim_timed c1-reclaim "$BELOW"

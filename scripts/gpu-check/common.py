@@ -18,7 +18,7 @@ def ready(*pids):
     sys.stdout.flush()
 
 
-def wait_go(limit=60.0):
+def wait_go(limit=150.0):
     """If GPU_CHECK_GO names a file, wait (at most `limit` seconds) until it exists: lets the
     script pay for `import torch` before the moment it wants the CUDA work to start."""
     path = os.environ.get("GPU_CHECK_GO")
