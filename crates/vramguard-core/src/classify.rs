@@ -122,12 +122,17 @@ fn name_pods(report: &mut Report, pods: &[crate::snapshot::KubePod]) {
 
 /// The processes whose work decides a class or a reclaim in `report`: for every holder whose
 /// job is gone, every process of that job and the holder's descendants; for a keeper of an
-/// exited pid's context, itself and its descendants; a zombie holder itself. What a watcher
+/// exited pid's context, an idle or a zombie holder, itself and its descendants. What a watcher
 /// must observe over a window before work can be told (the agent between samples, `status`
 /// and `reclaim` for their sampling window); empty when no verdict depends on work.
 pub fn work_watch_list(snapshot: &Snapshot, policy: &Policy, report: &Report) -> Vec<u32> {
-    let decided_by_work =
-        |h: &Holder| h.dead_job.is_some() || h.keeps_alive.is_some() || h.class == Class::Zombie;
+    // An idle holder's class rests on GPU utilization alone, but `reclaim --include idle`
+    // targets it only when it was seen doing no work either.
+    let decided_by_work = |h: &Holder| {
+        h.dead_job.is_some()
+            || h.keeps_alive.is_some()
+            || matches!(h.class, Class::Zombie | Class::Idle)
+    };
     if !report.holders().any(|(_, h)| decided_by_work(h)) {
         return Vec::new();
     }

@@ -1607,3 +1607,21 @@ fn unprivileged_an_exited_pid_is_unexplained_not_a_live_jobs() {
     assert!(!d.verdict.clean);
     assert!(!d.verdict.summary.contains("accounted for by a live job"));
 }
+
+#[test]
+fn a_listed_pid_that_is_a_nested_namespaces_pid_is_foreign_not_exited() {
+    // The driver reports 7, the pid a process has inside its own PID namespace; that process
+    // (host pid 5123) holds no device file vramguard could map it by.
+    let mut inside = proc_(5123, 5100, 5100, "sleep", &[]);
+    inside.nspid = vec![5123, 7];
+    let s = snapshot(
+        vec![gpu(0, 2 * GIB, &[(7, Some(2 * GIB))])],
+        vec![init(), inside],
+    );
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Foreign, "{:?}", h.evidence);
+    // Without that process, the pid has exited.
+    let s = snapshot(vec![gpu(0, 2 * GIB, &[(7, Some(2 * GIB))])], vec![init()]);
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_eq!(h.class, Class::Exited);
+}

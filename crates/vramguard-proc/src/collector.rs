@@ -645,13 +645,30 @@ impl ProcCollector {
                     }
                 }
             };
+        let mut missing: Vec<u32> = Vec::new();
         for pid in wanted {
             match self.facts(pid, reuse)? {
                 Some(facts) => {
                     queue_relatives(&facts, 0, &mut relatives);
                     out.insert(pid, facts);
                 }
-                None => self.depart(pid, now_ms),
+                None => {
+                    if listed.contains(&pid) {
+                        missing.push(pid);
+                    }
+                    self.depart(pid, now_ms)
+                }
+            }
+        }
+        // A listed pid that is no process here may be a pid inside a nested PID namespace
+        // (some drivers report those): the processes whose innermost NSpid it is come along,
+        // so that classification can tell such a pid from one that exited.
+        if !missing.is_empty() {
+            for pid in self.nested_as(&missing) {
+                if let Some(facts) = self.facts(pid, reuse)? {
+                    queue_relatives(&facts, 0, &mut relatives);
+                    out.insert(pid, facts);
+                }
             }
         }
         while let Some((pid, depth)) = relatives.pop_front() {
@@ -669,6 +686,32 @@ impl ProcCollector {
         let mut processes: Vec<ProcessFacts> = out.into_values().collect();
         processes.sort_by_key(|p| p.pid);
         Ok(processes)
+    }
+
+    /// The known processes in a nested PID namespace whose innermost pid is one of `pids`.
+    /// Their identity is read once per process (cached), so this costs a `status` read only
+    /// for processes seen for the first time.
+    fn nested_as(&mut self, pids: &[u32]) -> Vec<u32> {
+        let candidates: Vec<u32> = self.known.keys().copied().collect();
+        let mut found = Vec::new();
+        for pid in candidates {
+            let cached = self
+                .known
+                .get(&pid)
+                .and_then(|k| k.facts.as_ref())
+                .map(|f| f.nspid.clone());
+            let nspid = match cached {
+                Some(n) => n,
+                None => match self.fs.status(pid) {
+                    Ok(Found::Yes(st)) => st.nspid,
+                    _ => continue,
+                },
+            };
+            if nspid.len() > 1 && nspid.last().is_some_and(|inner| pids.contains(inner)) {
+                found.push(pid);
+            }
+        }
+        found
     }
 
     /// Forgets departures beyond the newest [`DEPARTED_KEEP`] and older than
