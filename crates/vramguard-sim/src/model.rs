@@ -102,6 +102,17 @@ impl ObservedGpu {
         }
     }
 
+    /// What `nvmlDeviceGetFanSpeed` answers: no board modelled here has a fan of its own.
+    /// Driver 580.159.04 on a real SXM H200 answers `INVALID_ARGUMENT` (its fan 0 does not
+    /// exist), not `NOT_SUPPORTED`; the other models keep `NOT_SUPPORTED`, unmeasured.
+    pub fn fan_speed_error(&self) -> u32 {
+        if self.name.contains("H200") {
+            crate::codes::INVALID_ARGUMENT
+        } else {
+            crate::codes::NOT_SUPPORTED
+        }
+    }
+
     /// Power draw in milliwatts: 75 W idle, rising with the SM utilization to the limit.
     pub fn power_draw_mw(&self) -> u32 {
         let idle = 75_000;
