@@ -521,7 +521,8 @@ fn aggregate_utilization(
         e.mem_percent = e.mem_percent.max(s.mem);
         // Timestamps are the driver's; cap them at our clock so that equal inputs compare equal.
         e.last_seen_ms = e.last_seen_ms.max(at_ms.min(now_ms));
-        if s.sm > 0 || s.mem > 0 {
+        // An idle context reads 1 %: only a sample that counts as work is "busy".
+        if s.sm.max(s.mem) >= vramguard_core::policy::DEFAULT_GPU_WORK_MIN_PERCENT {
             e.last_busy_ms = Some(e.last_busy_ms.unwrap_or(0).max(at_ms.min(now_ms)));
         }
     }
@@ -840,6 +841,35 @@ mod tests {
                 last_busy_ms: Some(9_500),
             }]
         );
+    }
+
+    /// An idle context reads 1 % on a real H200: seen, but not busy; the last sample at or
+    /// above the work threshold is.
+    #[test]
+    fn a_one_percent_sample_is_seen_but_not_busy() {
+        let sample = |timestamp_us, sm| RawUtilization {
+            pid: 10,
+            timestamp_us,
+            sm,
+            mem: 0,
+        };
+        let mut d = Scripted {
+            v3: vec![p(10, 1)],
+            util: vec![sample(8_000_000, 37), sample(9_000_000, 1)],
+            ..Default::default()
+        };
+        let w = read_gpu(0, &mut d, None, 10_000, 5_000)
+            .utilization
+            .unwrap();
+        assert_eq!(
+            (w.samples[0].last_seen_ms, w.samples[0].last_busy_ms),
+            (9_000, Some(8_000))
+        );
+        d.util = vec![sample(9_000_000, 1)];
+        let w = read_gpu(0, &mut d, None, 10_000, 5_000)
+            .utilization
+            .unwrap();
+        assert_eq!(w.samples[0].last_busy_ms, None);
     }
 
     #[test]
