@@ -512,8 +512,8 @@ impl Sim {
         self.reload_state()?;
         self.reload_runtime()?;
         let now = now_ms();
-        // Contexts first: a creator whose context closed as it exited is then seen gone, not
-        // alive without its context.
+        // Locks before pids: a context read open whose creator is then found gone is listed as
+        // a dead creator's for that instant, which is what the driver shows then too.
         let contexts = self.update_contexts(now)?;
         let lives = self.update_lives(now)?;
         let obs = self.evaluate(now, &lives, &contexts);
