@@ -278,12 +278,14 @@ impl<'a> Context<'a> {
                         ctx.gpu_unknown.insert(proc_.pid, gpu.index);
                         continue;
                     };
-                    for s in window.samples.iter().filter(|s| s.pid == p.pid) {
-                        let busy_at = s.last_busy_ms.or(
-                            // Snapshots from before `last_busy_ms` existed: a peak above 0
-                            // with the newest sample counts.
-                            (s.sm_percent > 0 || s.mem_percent > 0).then_some(s.last_seen_ms),
-                        );
+                    // A 1 % sample is an idle context, not work (`gpu_work_min_percent`).
+                    for s in window
+                        .samples
+                        .iter()
+                        .filter(|s| s.pid == p.pid && policy.is_gpu_work(s))
+                    {
+                        // Snapshots from before `last_busy_ms` existed: the newest sample.
+                        let busy_at = s.last_busy_ms.or(Some(s.last_seen_ms));
                         if let Some(at) = busy_at {
                             let ago = snap.taken_at_ms.saturating_sub(at);
                             if ago <= recent_ms {
@@ -1740,7 +1742,7 @@ impl<'a> Context<'a> {
         let last_active = window
             .samples
             .iter()
-            .filter(|s| s.pid == reported && (s.sm_percent > 0 || s.mem_percent > 0))
+            .filter(|s| s.pid == reported && self.policy.is_gpu_work(s))
             .map(|s| s.last_seen_ms)
             .max();
         let quiet_since = match last_active {

@@ -26,6 +26,13 @@ pub const DEFAULT_SYSTEM_COMMS: &[&str] = &[
     "gpustat",
 ];
 
+/// The default of [`Policy::gpu_work_min_percent`]: a per-process utilization sample is GPU
+/// work only at or above 2 %. A real H200 (driver 580.159.04) reports `smUtil = 1` for contexts
+/// that do nothing (workers that only filled their memory at start, a dead creator's context
+/// kept by its forked children); a matmul loop reads 37-95 %. The GPU reader records a
+/// sample's `last_busy_ms` at this threshold.
+pub const DEFAULT_GPU_WORK_MIN_PERCENT: u32 = 2;
+
 /// Parents that adopt orphans on purpose (init systems and container inits), for evidence.
 pub const DEFAULT_SUBREAPER_COMMS: &[&str] = &[
     "systemd",
@@ -60,9 +67,13 @@ pub struct Policy {
     /// blocked worker's housekeeping threads stay far below it, a data-loading or compiling
     /// job far above.
     pub work_cpu_percent: f64,
-    /// A per-process GPU utilization sample above 0 this recent (seconds before the snapshot)
-    /// is evidence of work. Default 10: the driver's sampling period is a few seconds at most.
+    /// A per-process GPU utilization sample that counts as work (see `gpu_work_min_percent`)
+    /// this recent (seconds before the snapshot) is evidence of work. Default 10: the driver's sampling period is a few seconds at most.
     pub gpu_busy_recent_secs: u64,
+    /// A per-process GPU utilization sample counts as work only when its SM or memory
+    /// percentage is at least this. Default [`DEFAULT_GPU_WORK_MIN_PERCENT`] (2): the driver
+    /// reports 1 % for an idle context, which is no evidence of work.
+    pub gpu_work_min_percent: u32,
     /// A CPU observation shorter than this (milliseconds) cannot show a process idle.
     /// Default 200.
     pub work_min_window_ms: u64,
@@ -87,6 +98,7 @@ impl Default for Policy {
                 .collect(),
             work_cpu_percent: 5.0,
             gpu_busy_recent_secs: 10,
+            gpu_work_min_percent: DEFAULT_GPU_WORK_MIN_PERCENT,
             work_min_window_ms: 200,
             system_max_uid: 999,
             shm: crate::host::ShmPolicy::default(),
@@ -95,6 +107,12 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// Whether a per-process utilization sample's peak shows GPU work (see
+    /// [`Policy::gpu_work_min_percent`]).
+    pub fn is_gpu_work(&self, sample: &crate::snapshot::UtilizationSample) -> bool {
+        sample.sm_percent.max(sample.mem_percent) >= self.gpu_work_min_percent.max(1)
+    }
+
     /// The unaccounted-memory tolerance for a GPU of `total` bytes.
     pub fn tolerance_for(&self, total: u64) -> u64 {
         let ratio = (total as f64 * self.tolerance_ratio.clamp(0.0, 1.0)) as u64;

@@ -326,7 +326,9 @@ pub struct UtilizationSample {
     pub mem_percent: u32,
     /// Time of the newest sample, milliseconds since the Unix epoch.
     pub last_seen_ms: u64,
-    /// Time of the newest sample with SM or memory-controller activity above 0, if any.
+    /// Time of the newest sample with SM or memory-controller activity of at least
+    /// [`crate::policy::DEFAULT_GPU_WORK_MIN_PERCENT`] (an idle context reads 1 %), if any;
+    /// snapshots taken before that threshold recorded any activity above 0.
     #[serde(default)]
     pub last_busy_ms: Option<u64>,
 }

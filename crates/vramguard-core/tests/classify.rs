@@ -938,6 +938,71 @@ fn a_busy_process_whose_launcher_exited_is_detached_not_orphan() {
     assert!(h.action.reclaimable);
 }
 
+/// Issue 25: a real H200 reports `smUtil = 1` for idle contexts, which once made idle workers
+/// of a dead job `detached` ("working: 1 % utilization"). A 1 % sample is no work; 5 % is.
+#[test]
+fn a_one_percent_sample_is_an_idle_context_and_five_percent_is_work() {
+    let with_sample = |sm: u32| {
+        nohup_case(|s| {
+            s.gpus[0]
+                .utilization
+                .as_mut()
+                .unwrap()
+                .samples
+                .push(UtilizationSample {
+                    pid: 501,
+                    sm_percent: sm,
+                    mem_percent: 0,
+                    last_seen_ms: NOW_MS - 200,
+                    // As an older reader recorded it: any activity above 0 was "busy".
+                    last_busy_ms: Some(NOW_MS - 200),
+                })
+        })
+    };
+    let r = with_sample(1);
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Orphan, "{h:#?}");
+    assert!(h.action.reclaimable, "{h:#?}");
+    assert_eq!(r.gpus[0].ghost_bytes, 20 * GIB);
+    assert!(
+        !h.evidence
+            .iter()
+            .any(|e| e.contains("% utilization on GPU")),
+        "{h:#?}"
+    );
+    // Quiet since the window began, not since the 1 % sample 200 ms ago.
+    assert!(h.idle_secs.is_some_and(|s| s >= 1), "{h:#?}");
+    let r = with_sample(5);
+    let h = &r.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Detached, "{h:#?}");
+    assert!(!h.action.reclaimable);
+    // The threshold is the policy's.
+    let mut s = snapshot(
+        vec![gpu(0, 20 * GIB, &[(501, Some(20 * GIB))])],
+        vec![init(), proc_(501, 1, 500, "python", &[0])],
+    );
+    s.gpus[0]
+        .utilization
+        .as_mut()
+        .unwrap()
+        .samples
+        .push(UtilizationSample {
+            pid: 501,
+            sm_percent: 5,
+            mem_percent: 0,
+            last_seen_ms: NOW_MS - 200,
+            last_busy_ms: Some(NOW_MS - 200),
+        });
+    let strict = Policy {
+        gpu_work_min_percent: 10,
+        ..Policy::default()
+    };
+    assert_eq!(
+        classify(&s, &strict).gpus[0].holders[0].class,
+        Class::Orphan
+    );
+}
+
 #[test]
 fn without_a_sampling_window_an_orphan_is_not_reclaimable() {
     let r = nohup_case(|s| s.work = None);

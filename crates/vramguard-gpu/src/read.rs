@@ -143,7 +143,7 @@ fn read_telemetry(dev: &mut dyn DeviceCalls, warnings: &mut Vec<CallError>) -> G
         ecc_enabled: optional(dev.ecc_enabled(), warnings),
         ecc_corrected_volatile: ecc.map(|e| e.0),
         ecc_uncorrected_volatile: ecc.map(|e| e.1),
-        fan_percent: optional(dev.fan_percent(), warnings),
+        fan_percent: optional(fan_reading(dev.fan_percent()), warnings),
         compute_mode: optional(dev.compute_mode(), warnings),
         mig_enabled: optional(dev.mig_enabled(), warnings),
         display_active: optional(dev.display_active(), warnings),
@@ -179,6 +179,19 @@ impl XidTally {
             .map(|(&(_, xid), &count)| XidCount { xid, count })
             .collect()
     }
+}
+
+/// The fan speed, with a fanless board's answer read as a missing reading: driver 580.159.04
+/// answers `INVALID_ARGUMENT` on an SXM H200 (it has no fan 0), not `NOT_SUPPORTED`. Counted
+/// as a warning it made the agent report 52 collection errors in 24 s of a healthy GPU.
+fn fan_reading(r: Result<u32, CallError>) -> Result<u32, CallError> {
+    r.map_err(|e| {
+        if e.code == Some(crate::codes::INVALID_ARGUMENT) {
+            not_supported(&e.call)
+        } else {
+            e
+        }
+    })
 }
 
 /// An optional answer: absent where the GPU does not support the call; other errors are
@@ -508,7 +521,8 @@ fn aggregate_utilization(
         e.mem_percent = e.mem_percent.max(s.mem);
         // Timestamps are the driver's; cap them at our clock so that equal inputs compare equal.
         e.last_seen_ms = e.last_seen_ms.max(at_ms.min(now_ms));
-        if s.sm > 0 || s.mem > 0 {
+        // An idle context reads 1 %: only a sample that counts as work is "busy".
+        if s.sm.max(s.mem) >= vramguard_core::policy::DEFAULT_GPU_WORK_MIN_PERCENT {
             e.last_busy_ms = Some(e.last_busy_ms.unwrap_or(0).max(at_ms.min(now_ms)));
         }
     }
@@ -530,6 +544,8 @@ mod tests {
         grow_failures: u32,
         util: Vec<RawUtilization>,
         memory_error: Option<u32>,
+        /// What the fan speed call answers: an error code, or a speed when `None`.
+        fan_error: Option<u32>,
         calls: Vec<String>,
     }
 
@@ -600,6 +616,12 @@ mod tests {
         fn retired_pages(&mut self) -> Result<RetiredPages, CallError> {
             Err(err("nvmlDeviceGetRetiredPages", NOT_SUPPORTED))
         }
+        fn fan_percent(&mut self) -> Result<u32, CallError> {
+            match self.fan_error {
+                Some(c) => Err(err("nvmlDeviceGetFanSpeed", c)),
+                None => Ok(40),
+            }
+        }
     }
 
     fn p(pid: u32, gib: u64) -> RawProcess {
@@ -649,6 +671,39 @@ mod tests {
         );
         assert_eq!(s.health.retired_pages, None, "not supported is silent");
         assert!(s.health.reset_pending());
+    }
+
+    /// A real SXM H200 (driver 580.159.04) answers the fan speed with `INVALID_ARGUMENT`: a
+    /// missing reading like `NOT_SUPPORTED`, not a warning (the agent counts warnings as
+    /// collection errors). Any other failure of the call is still one.
+    #[test]
+    fn a_fanless_boards_fan_speed_is_absent_not_a_warning() {
+        for (code, warned) in [
+            (crate::codes::INVALID_ARGUMENT, false),
+            (NOT_SUPPORTED, false),
+            (crate::codes::GPU_IS_LOST, true),
+        ] {
+            let mut d = Scripted {
+                fan_error: Some(code),
+                ..Default::default()
+            };
+            let s = read_gpu(0, &mut d, Some("580.159.04"), 10_000, 0);
+            assert_eq!(s.telemetry.as_ref().and_then(|t| t.fan_percent), None);
+            let fan_warnings = s
+                .warnings
+                .iter()
+                .filter(|w| w.call == "nvmlDeviceGetFanSpeed")
+                .count();
+            assert_eq!(
+                fan_warnings,
+                usize::from(warned),
+                "code {code}: {:?}",
+                s.warnings
+            );
+        }
+        let mut d = Scripted::default();
+        let s = read_gpu(0, &mut d, None, 10_000, 0);
+        assert_eq!(s.telemetry.and_then(|t| t.fan_percent), Some(40));
     }
 
     #[test]
@@ -786,6 +841,35 @@ mod tests {
                 last_busy_ms: Some(9_500),
             }]
         );
+    }
+
+    /// An idle context reads 1 % on a real H200: seen, but not busy; the last sample at or
+    /// above the work threshold is.
+    #[test]
+    fn a_one_percent_sample_is_seen_but_not_busy() {
+        let sample = |timestamp_us, sm| RawUtilization {
+            pid: 10,
+            timestamp_us,
+            sm,
+            mem: 0,
+        };
+        let mut d = Scripted {
+            v3: vec![p(10, 1)],
+            util: vec![sample(8_000_000, 37), sample(9_000_000, 1)],
+            ..Default::default()
+        };
+        let w = read_gpu(0, &mut d, None, 10_000, 5_000)
+            .utilization
+            .unwrap();
+        assert_eq!(
+            (w.samples[0].last_seen_ms, w.samples[0].last_busy_ms),
+            (9_000, Some(8_000))
+        );
+        d.util = vec![sample(9_000_000, 1)];
+        let w = read_gpu(0, &mut d, None, 10_000, 5_000)
+            .utilization
+            .unwrap();
+        assert_eq!(w.samples[0].last_busy_ms, None);
     }
 
     #[test]

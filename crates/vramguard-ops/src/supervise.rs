@@ -147,17 +147,68 @@ const FORWARDED: [libc::c_int; 6] = [
     libc::SIGUSR2,
 ];
 
-/// The name of a signal (`TERM`).
+/// Linux's standard signals by number, without the `SIG` prefix (signal(7), x86-64 and
+/// arm64 numbering; 32 and 33 are taken by glibc's threading, real-time signals follow).
+const SIGNAL_NAMES: [(libc::c_int, &str); 31] = [
+    (libc::SIGHUP, "HUP"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGQUIT, "QUIT"),
+    (libc::SIGILL, "ILL"),
+    (libc::SIGTRAP, "TRAP"),
+    (libc::SIGABRT, "ABRT"),
+    (libc::SIGBUS, "BUS"),
+    (libc::SIGFPE, "FPE"),
+    (libc::SIGKILL, "KILL"),
+    (libc::SIGUSR1, "USR1"),
+    (libc::SIGSEGV, "SEGV"),
+    (libc::SIGUSR2, "USR2"),
+    (libc::SIGPIPE, "PIPE"),
+    (libc::SIGALRM, "ALRM"),
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGSTKFLT, "STKFLT"),
+    (libc::SIGCHLD, "CHLD"),
+    (libc::SIGCONT, "CONT"),
+    (libc::SIGSTOP, "STOP"),
+    (libc::SIGTSTP, "TSTP"),
+    (libc::SIGTTIN, "TTIN"),
+    (libc::SIGTTOU, "TTOU"),
+    (libc::SIGURG, "URG"),
+    (libc::SIGXCPU, "XCPU"),
+    (libc::SIGXFSZ, "XFSZ"),
+    (libc::SIGVTALRM, "VTALRM"),
+    (libc::SIGPROF, "PROF"),
+    (libc::SIGWINCH, "WINCH"),
+    (libc::SIGIO, "IO"),
+    (libc::SIGPWR, "PWR"),
+    (libc::SIGSYS, "SYS"),
+];
+
+/// The name of a signal without the `SIG` prefix (`TERM`, `ALRM`, `RTMIN+3`), or `signal N`
+/// for a number Linux does not define. The `forwarded` list of a job's ending uses it.
 pub fn signal_name(sig: i32) -> String {
-    match sig {
-        libc::SIGINT => "INT".into(),
-        libc::SIGTERM => "TERM".into(),
-        libc::SIGHUP => "HUP".into(),
-        libc::SIGQUIT => "QUIT".into(),
-        libc::SIGUSR1 => "USR1".into(),
-        libc::SIGUSR2 => "USR2".into(),
-        libc::SIGKILL => "KILL".into(),
-        other => format!("signal {other}"),
+    if let Some((_, name)) = SIGNAL_NAMES.iter().find(|(n, _)| *n == sig) {
+        return (*name).into();
+    }
+    let (rtmin, rtmax) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+    if sig == rtmax {
+        "RTMAX".into()
+    } else if sig == rtmin {
+        "RTMIN".into()
+    } else if sig > rtmin && sig < rtmax {
+        format!("RTMIN+{}", sig - rtmin)
+    } else {
+        format!("signal {sig}")
+    }
+}
+
+/// A signal as a sentence names it: `SIGALRM`, `SIGRTMIN+3`, or `signal 99` for a number
+/// Linux does not define (never `SIGsignal 99`: a real run printed that for SIGALRM).
+pub fn describe_signal(sig: i32) -> String {
+    let name = signal_name(sig);
+    if name.starts_with("signal ") {
+        name
+    } else {
+        format!("SIG{name}")
     }
 }
 
@@ -707,4 +758,35 @@ pub fn watchdog(parent: u32, pgid: u32, cgroup: Option<&Path>) -> ! {
         }
     }
     std::process::exit(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{describe_signal, signal_name};
+
+    /// A real `vramguard run` printed "was killed by SIGsignal 14" for SIGALRM.
+    #[test]
+    fn signals_are_named_as_linux_names_them_and_unknown_numbers_by_number() {
+        for (sig, name) in [
+            (libc::SIGALRM, "SIGALRM"),
+            (libc::SIGKILL, "SIGKILL"),
+            (libc::SIGTERM, "SIGTERM"),
+            (libc::SIGSEGV, "SIGSEGV"),
+            (libc::SIGABRT, "SIGABRT"),
+            (libc::SIGPIPE, "SIGPIPE"),
+            (libc::SIGSYS, "SIGSYS"),
+            (libc::SIGRTMIN(), "SIGRTMIN"),
+            (libc::SIGRTMIN() + 3, "SIGRTMIN+3"),
+            (libc::SIGRTMAX(), "SIGRTMAX"),
+            (0, "signal 0"),
+            (99, "signal 99"),
+            (-5, "signal -5"),
+        ] {
+            assert_eq!(describe_signal(sig), name, "signal {sig}");
+            assert!(!describe_signal(sig).contains("SIGsignal"));
+        }
+        // The bare names a job's `forwarded` list keeps.
+        assert_eq!(signal_name(libc::SIGTERM), "TERM");
+        assert_eq!(signal_name(libc::SIGALRM), "ALRM");
+    }
 }

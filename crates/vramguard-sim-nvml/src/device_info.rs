@@ -144,17 +144,40 @@ one_value!(
     }
 );
 
-/// Fans: the SXM boards modelled here are cooled by the chassis and have none.
+/// Fans: the SXM boards modelled here are cooled by the chassis and have none; an H200
+/// answers `INVALID_ARGUMENT` as on driver 580.159.04, the others `NOT_SUPPORTED`.
 ///
 /// # Safety
 /// `speed` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(device: nvmlDevice_t, speed: *mut c_uint) -> c_uint {
-    with_gpu("nvmlDeviceGetFanSpeed", device, |_, _| {
+    with_gpu("nvmlDeviceGetFanSpeed", device, |_, gpu| {
         if speed.is_null() {
             INVALID_ARGUMENT
         } else {
-            NOT_SUPPORTED
+            gpu.fan_speed_error()
+        }
+    })
+}
+
+/// The speed of fan `fan`: there is none (`nvmlDeviceGetNumFans` answers 0). vramguard's
+/// reader calls this through nvml-wrapper, and a real H200 on driver 580.159.04 answered it
+/// with `INVALID_ARGUMENT` (vramguard's snapshots of that machine).
+///
+/// # Safety
+/// `speed` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
+    device: nvmlDevice_t,
+    fan: c_uint,
+    speed: *mut c_uint,
+) -> c_uint {
+    let _ = fan;
+    with_gpu("nvmlDeviceGetFanSpeed_v2", device, |_, gpu| {
+        if speed.is_null() {
+            INVALID_ARGUMENT
+        } else {
+            gpu.fan_speed_error()
         }
     })
 }

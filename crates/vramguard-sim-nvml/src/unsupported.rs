@@ -51,8 +51,9 @@ not_supported!(
 );
 not_supported!(
     "Fans: an H100/H200 SXM module has no fan of its own (`nvmlDeviceGetNumFans` answers 0; \
-     the chassis cools it), so fan queries answer `NOT_SUPPORTED`.",
-    nvmlDeviceGetFanSpeed_v2(fan: c_uint, speed: *mut c_uint);
+     the chassis cools it), so fan queries answer `NOT_SUPPORTED` (the speed of a fan, \
+     `nvmlDeviceGetFanSpeed` and `_v2`, answers `INVALID_ARGUMENT` on an H200: see \
+     `device_info.rs`).",
     nvmlDeviceGetFanSpeedRPM(fan_speed: *mut nvmlFanSpeedInfo_t);
     nvmlDeviceGetTargetFanSpeed(fan: c_uint, target_speed: *mut c_uint);
     nvmlDeviceGetMinMaxFanSpeed(min_speed: *mut c_uint, max_speed: *mut c_uint);

@@ -122,10 +122,6 @@ pub struct HolderSpec {
     /// A process shape to take once ready.
     #[serde(default)]
     pub shape: Option<Shape>,
-    /// The workers inherit this holder's contexts (forked after CUDA init, like DataLoader
-    /// workers): its memory stays while any of them lives.
-    #[serde(default)]
-    pub share_with_workers: bool,
     /// Workers forked without exec, as a DataLoader forks its workers: each inherits this
     /// holder's open device files and contexts (its memory stays while any of them lives) and
     /// shows its command line; the driver does not list them.
@@ -187,7 +183,6 @@ impl HolderSpec {
             lifetime_ms,
             ready_file: None,
             shape: None,
-            share_with_workers: false,
             forked_workers: 0,
             share_fds_on: None,
             receive_fds_from: None,
@@ -264,7 +259,6 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     unsafe { std::env::remove_var(HOLDER_ENV) };
     take_identity(&spec)?;
     let state = SimState::load(&spec.state).context("loading the state")?;
-    let mut files = open_device_files(&spec, &state)?;
     // The driver sees processes through the state's proc root (the host's /proc); inside a
     // PID namespace, getpid() is not that pid, but `self` in the host's procfs is.
     let own_pid = std::process::id();
@@ -272,8 +266,15 @@ pub fn run(spec: HolderSpec) -> Result<()> {
         .ok()
         .and_then(|p| p.to_str().and_then(|s| s.parse().ok()))
         .unwrap_or(own_pid);
+    let start_ticks = std::fs::read(state.proc_root.join("self/stat"))
+        .ok()
+        .and_then(|stat| crate::model::state_and_start(&stat))
+        .and_then(|(_, start)| start)
+        .unwrap_or(0);
+    let lock = crate::context::lock_offset(pid, start_ticks);
+    let mut files = open_device_files(&spec, &state, lock)?;
     if !spec.holds.is_empty() {
-        register_allocations(&spec, pid, own_pid)?;
+        register_allocations(&spec, pid, own_pid, lock)?;
     }
     if let Some(path) = &spec.share_fds_on {
         let dups = files
@@ -285,25 +286,12 @@ pub fn run(spec: HolderSpec) -> Result<()> {
             .with_context(|| format!("serving the device files on {}", path.display()))?;
     }
     if let Some(path) = &spec.receive_fds_from {
-        files.extend(receive_device_files(&spec.state, path, pid)?);
+        files.extend(receive_device_files(path)?);
     }
     let (mut worker_pids, children) = start_workers(&spec, own_pid)?;
-    let shared = if spec.share_with_workers {
-        worker_pids.clone()
-    } else {
-        Vec::new()
-    };
-    let forked = fork_workers(spec.forked_workers, spec.lifetime_ms)?;
-    worker_pids.extend(&forked);
-    let holding: Vec<u32> = shared.into_iter().chain(forked).collect();
-    if !holding.is_empty() {
-        store::update_state(&spec.state, |s| {
-            for a in s.allocations.iter_mut().filter(|a| a.pid == pid) {
-                a.held_by.extend(holding.iter().copied());
-            }
-        })
-        .context("sharing the context with the workers")?;
-    }
+    // Forked children share the device files' open file descriptions, and with them the
+    // context locks: nothing to register.
+    worker_pids.extend(fork_workers(spec.forked_workers, spec.lifetime_ms)?);
     let deadline = Instant::now() + Duration::from_millis(spec.lifetime_ms);
     if let Some(ready) = &spec.ready_file {
         let text = serde_json::to_string(&Ready {
@@ -371,21 +359,22 @@ fn take_identity(spec: &HolderSpec) -> Result<()> {
 }
 
 /// Opens the device files a process with these holdings has open: the control device for
-/// every client, unified memory for a CUDA context, and each GPU's file.
-fn open_device_files(spec: &HolderSpec, state: &SimState) -> Result<Vec<File>> {
+/// every client, unified memory for a CUDA context, and each GPU's file; creates the context
+/// on each GPU it allocates on by taking the lock at `lock` on that GPU's file (see
+/// [`crate::context`]), before the allocation is registered.
+fn open_device_files(spec: &HolderSpec, state: &SimState, lock: u64) -> Result<Vec<File>> {
     let mut files: Vec<File> = Vec::new();
-    let mut open = |name: String| -> Result<()> {
+    let open = |name: String| -> Result<File> {
         let path = state.dev_dir.join(&name);
-        files.push(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
-        Ok(())
+        File::open(&path).with_context(|| format!("opening {}", path.display()))
     };
     // Every client opens the control device; only a CUDA context opens unified memory. A
     // holder that only opens GPUs is an NVML client (a monitor, the persistence daemon).
     if !spec.holds.is_empty() || !spec.open_gpus.is_empty() {
-        open("nvidiactl".into())?;
+        files.push(open("nvidiactl".into())?);
     }
     if !spec.holds.is_empty() {
-        open("nvidia-uvm".into())?;
+        files.push(open("nvidia-uvm".into())?);
     }
     let mut gpus: Vec<u32> = spec
         .holds
@@ -396,13 +385,23 @@ fn open_device_files(spec: &HolderSpec, state: &SimState) -> Result<Vec<File>> {
     gpus.sort_unstable();
     gpus.dedup();
     for g in gpus {
-        open(format!("nvidia{g}"))?;
+        let name = format!("nvidia{g}");
+        let file = open(name.clone())?;
+        if spec.holds.iter().any(|h| h.gpu == g) {
+            crate::context::take(&file, lock).with_context(|| {
+                format!(
+                    "creating the context on GPU {g}: OFD lock at {lock} on {}",
+                    state.dev_dir.join(&name).display()
+                )
+            })?;
+        }
+        files.push(file);
     }
     Ok(files)
 }
 
-/// Registers the spec's allocations with the model, as `pid`.
-fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32) -> Result<()> {
+/// Registers the spec's allocations with the model, as `pid`, each with its context's lock.
+fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32, lock: u64) -> Result<()> {
     store::update_state(&spec.state, |s| {
         for h in &spec.holds {
             let gpu_default = s
@@ -426,6 +425,7 @@ fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32) -> Result<()>
                 mem_util: 0,
                 held_by: vec![],
                 mig_device: h.mig_device,
+                context_lock: Some(lock),
             });
         }
     })
@@ -455,10 +455,11 @@ fn start_workers(spec: &HolderSpec, own_pid: u32) -> Result<(Vec<u32>, Vec<std::
 }
 
 /// Receives a sender's device files over the socket at `path` (waiting up to 20 s for it to
-/// appear) and registers this process as a keeper of the sender's memory.
-fn receive_device_files(state: &Path, path: &Path, pid: u32) -> Result<Vec<File>> {
+/// appear): their open file descriptions, and with them the sender's contexts, which live
+/// while this process keeps them.
+fn receive_device_files(path: &Path) -> Result<Vec<File>> {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (sender, files) = loop {
+    let (_sender, files) = loop {
         match crate::fdpass::receive(path) {
             Ok(got) => break got,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
@@ -468,12 +469,6 @@ fn receive_device_files(state: &Path, path: &Path, pid: u32) -> Result<Vec<File>
             }
         }
     };
-    store::update_state(state, |s| {
-        for a in s.allocations.iter_mut().filter(|a| a.pid == sender) {
-            a.held_by.push(pid);
-        }
-    })
-    .context("keeping the sender's memory")?;
     Ok(files)
 }
 

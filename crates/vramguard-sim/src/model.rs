@@ -83,7 +83,17 @@ impl ObservedGpu {
         let sum = |f: fn(&ObservedUtilization) -> u32| {
             self.utilization.iter().map(f).sum::<u32>().min(100)
         };
-        (sum(|u| u.sm_util), sum(|u| u.mem_util))
+        // An idle context's 1 % sample is no load: the real H200 read 0 % for the whole GPU.
+        (
+            sum(|u| {
+                if u.sm_util > IDLE_CONTEXT_SM_PERCENT {
+                    u.sm_util
+                } else {
+                    0
+                }
+            }),
+            sum(|u| u.mem_util),
+        )
     }
 
     /// Temperature, °C: 30 idle, rising with the SM utilization to 75.
@@ -99,6 +109,17 @@ impl ObservedGpu {
             400_000
         } else {
             700_000
+        }
+    }
+
+    /// What `nvmlDeviceGetFanSpeed` answers: no board modelled here has a fan of its own.
+    /// Driver 580.159.04 on a real SXM H200 answers `INVALID_ARGUMENT` (its fan 0 does not
+    /// exist), not `NOT_SUPPORTED`; the other models keep `NOT_SUPPORTED`, unmeasured.
+    pub fn fan_speed_error(&self) -> u32 {
+        if self.name.contains("H200") {
+            crate::codes::INVALID_ARGUMENT
+        } else {
+            crate::codes::NOT_SUPPORTED
         }
     }
 
@@ -121,6 +142,12 @@ pub struct ObservedUtilization {
     /// Memory percent.
     pub mem_util: u32,
 }
+
+/// The SM utilization the driver reports for a context that does no work: a real H200 (driver
+/// 580.159.04) gave `smUtil = 1` for idle contexts (two spawned workers that had only filled
+/// 1 GiB at start, and a dead creator whose forked children kept its context), where a matmul
+/// loop reads 37-95 %. The whole GPU's utilization stays 0 with such contexts.
+pub const IDLE_CONTEXT_SM_PERCENT: u32 = 1;
 
 /// How often the driver samples per-process utilization (about six times a second): a
 /// sample's timestamp is the start of its period, so calls within one period see the same
@@ -191,6 +218,21 @@ pub struct Runtime {
     /// Resets, oldest first.
     #[serde(default)]
     pub resets: Vec<ResetRecord>,
+    /// Contexts whose lock was first seen gone, and when (sticky: a closed open file
+    /// description never reopens).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub closed_contexts: Vec<ClosedContext>,
+}
+
+/// A context whose open file description was closed everywhere (its lock gone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClosedContext {
+    /// GPU index.
+    pub gpu: u32,
+    /// The lock offset ([`crate::context::lock_offset`]).
+    pub lock: u64,
+    /// When the simulator first saw the lock gone, milliseconds since the Unix epoch.
+    pub since_ms: u64,
 }
 
 /// What the simulator knows about one pid.
@@ -300,7 +342,8 @@ fn life_of(proc_root: &Path, pid: u32, held: &mut Option<std::fs::File>) -> Life
     Life::Alive { start_ticks }
 }
 
-fn state_and_start(stat: &[u8]) -> Option<(char, Option<u64>)> {
+/// The state letter and start time (clock ticks after boot) from a `/proc/PID/stat` text.
+pub(crate) fn state_and_start(stat: &[u8]) -> Option<(char, Option<u64>)> {
     let text = String::from_utf8_lossy(stat);
     let close = text.rfind(')')?;
     let fields: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
@@ -326,6 +369,20 @@ pub struct Sim {
     /// `proc_root/PID`.
     pidfds_usable: bool,
 }
+
+/// Whether a context's open file description is still open somewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContextState {
+    /// Its lock is held.
+    Open,
+    /// Its lock is gone, first seen at this time (ms since the epoch).
+    Closed(u64),
+    /// The lock could not be asked about (the device file is missing): its pid decides.
+    Unknown,
+}
+
+/// Each locked context's state, by (GPU, lock offset).
+type Contexts = HashMap<(u32, u64), ContextState>;
 
 /// A pid the simulator saw alive, and how it learns that the process finished exiting.
 #[derive(Debug)]
@@ -455,8 +512,11 @@ impl Sim {
         self.reload_state()?;
         self.reload_runtime()?;
         let now = now_ms();
+        // Locks before pids: a context read open whose creator is then found gone is listed as
+        // a dead creator's for that instant, which is what the driver shows then too.
+        let contexts = self.update_contexts(now)?;
         let lives = self.update_lives(now)?;
-        let obs = self.evaluate(now, &lives);
+        let obs = self.evaluate(now, &lives, &contexts);
         self.cache = Some((Instant::now(), obs.clone()));
         Ok(obs)
     }
@@ -609,19 +669,89 @@ impl Sim {
         Ok(lives)
     }
 
-    /// When every keeper of `a` (its pid and `held_by`) is gone: the latest first sighting.
-    fn all_gone_since(&self, a: &crate::state::SimAllocation, now: u64) -> u64 {
-        std::iter::once(a.pid)
-            .chain(a.held_by.iter().copied())
-            .map(|p| {
-                self.runtime
-                    .processes
-                    .get(&p)
-                    .and_then(|r| r.gone_since_ms)
-                    .unwrap_or(now)
-            })
-            .max()
-            .unwrap_or(now)
+    /// Asks whether each allocation's context lock is still held, and records in the runtime
+    /// file when one is first seen gone. The device file is opened for each question and
+    /// closed at once: a descriptor kept open would make every process that observes the
+    /// simulator look like a holder of the GPU (and refuse its reset).
+    fn update_contexts(&mut self, now: u64) -> Result<Contexts, SimError> {
+        let mut states: Contexts = HashMap::new();
+        let mut closed: Vec<(u32, u64)> = Vec::new();
+        let keys: Vec<(u32, u64)> = self
+            .state
+            .allocations
+            .iter()
+            .filter_map(|a| a.context_lock.map(|l| (a.gpu, l)))
+            .collect();
+        let closed_since = |rt: &Runtime, (gpu, lock): (u32, u64)| {
+            rt.closed_contexts
+                .iter()
+                .find(|c| c.gpu == gpu && c.lock == lock)
+                .map(|c| c.since_ms)
+        };
+        for key in keys {
+            if states.contains_key(&key) {
+                continue;
+            }
+            if let Some(t) = closed_since(&self.runtime, key) {
+                states.insert(key, ContextState::Closed(t));
+                continue;
+            }
+            let file = self.state.dev_dir.join(format!("nvidia{}", key.0));
+            let state = match std::fs::File::open(&file).map(|f| crate::context::held(&f, key.1)) {
+                Ok(Ok(true)) => ContextState::Open,
+                Ok(Ok(false)) => {
+                    closed.push(key);
+                    ContextState::Closed(now)
+                }
+                Ok(Err(_)) | Err(_) => ContextState::Unknown,
+            };
+            states.insert(key, state);
+        }
+        if !closed.is_empty() {
+            self.update_runtime(|rt| {
+                // A context no allocation names is history: dropped, as pids are.
+                rt.closed_contexts
+                    .retain(|c| states.contains_key(&(c.gpu, c.lock)));
+                for (gpu, lock) in closed {
+                    // First writer wins: another process may have seen it gone earlier.
+                    if closed_since(rt, (gpu, lock)).is_none() {
+                        rt.closed_contexts.push(ClosedContext {
+                            gpu,
+                            lock,
+                            since_ms: now,
+                        });
+                    }
+                }
+            })?;
+            for (key, state) in states.iter_mut() {
+                if let Some(t) = closed_since(&self.runtime, *key) {
+                    *state = ContextState::Closed(t);
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    /// When every keeper of `a` is gone, the latest first sighting: its context's lock (or its
+    /// pid, without a lock that could be asked about) and its `held_by`.
+    fn all_gone_since(
+        &self,
+        a: &crate::state::SimAllocation,
+        context: Option<ContextState>,
+        now: u64,
+    ) -> u64 {
+        let pid_gone = |p: u32| {
+            self.runtime
+                .processes
+                .get(&p)
+                .and_then(|r| r.gone_since_ms)
+                .unwrap_or(now)
+        };
+        let own = match context {
+            Some(ContextState::Closed(t)) => t,
+            _ => pid_gone(a.pid),
+        };
+        a.held_by.iter().map(|p| pid_gone(*p)).fold(own, u64::max)
     }
 
     fn last_reset(&self, gpu: u32) -> Option<u64> {
@@ -673,22 +803,32 @@ impl Sim {
             .collect()
     }
 
-    fn evaluate(&self, now: u64, lives: &HashMap<u32, Life>) -> Observation {
+    fn evaluate(&self, now: u64, lives: &HashMap<u32, Life>, contexts: &Contexts) -> Observation {
         let mut gpus = self.idle_gpus();
         for a in &self.state.allocations {
             let gpu = &mut gpus[a.gpu as usize];
             let alive = matches!(lives.get(&a.pid), Some(Life::Alive { .. }));
-            let kept = a
-                .held_by
-                .iter()
-                .any(|p| matches!(lives.get(p), Some(Life::Alive { .. })));
+            let context = a
+                .context_lock
+                .and_then(|l| contexts.get(&(a.gpu, l)).copied());
+            // The context lives while its open file description is open anywhere (the creator
+            // or processes that share it); without a lock to ask about, while its pid lives.
+            let open = match context {
+                Some(ContextState::Open) => true,
+                Some(ContextState::Closed(_)) => false,
+                Some(ContextState::Unknown) | None => alive,
+            };
+            let kept = open
+                || a.held_by
+                    .iter()
+                    .any(|p| matches!(lives.get(p), Some(Life::Alive { .. })));
             // Once its keepers are gone: held through the teardown lag (and listed, as a real
             // driver lists a pid whose context it is still tearing down), or for good (residue,
             // never listed), or not at all.
-            let (held, tearing_down) = if alive || kept {
+            let (held, tearing_down) = if kept {
                 (true, false)
             } else {
-                let gone_since = self.all_gone_since(a, now);
+                let gone_since = self.all_gone_since(a, context, now);
                 let reset_since = self.last_reset(a.gpu).is_some_and(|r| r >= gone_since);
                 match a.after_exit {
                     AfterExit::Release => (false, false),
@@ -709,7 +849,9 @@ impl Sim {
             if let Some(d) = instance.as_mut() {
                 d.used = d.used.saturating_add(a.bytes);
             }
-            if !(a.listed && (alive || tearing_down)) {
+            // A context kept by others after its creator died stays listed under the dead
+            // creator's pid, as a real driver lists it (nvidia-smi: "[Not Found]").
+            if !(a.listed && (kept || tearing_down)) {
                 continue;
             }
             let pid = a.reported_pid.unwrap_or(a.pid);
@@ -727,12 +869,20 @@ impl Sim {
                 (!mig).then_some(a.bytes),
                 mig_ids,
             );
-            if (a.sm_util > 0 || a.mem_util > 0) && !mig && alive {
+            // Every live context is sampled, an idle one at 1 % SM as on a real H200; a dead
+            // creator's context does no work (its forked children cannot use it: CUDA does not
+            // support fork), and one being torn down has no samples.
+            if !mig && kept {
+                let (sm_util, mem_util) = if alive {
+                    (a.sm_util.max(IDLE_CONTEXT_SM_PERCENT), a.mem_util)
+                } else {
+                    (IDLE_CONTEXT_SM_PERCENT, 0)
+                };
                 gpu.utilization.push(ObservedUtilization {
                     pid,
                     timestamp_us: last_utilization_sample_us(now),
-                    sm_util: a.sm_util,
-                    mem_util: a.mem_util,
+                    sm_util,
+                    mem_util,
                 });
             }
         }

@@ -202,7 +202,7 @@ impl DeviceCalls for SimDevice<'_> {
     }
     fn fan_percent(&mut self) -> Result<u32, CallError> {
         // An SXM module has no fan of its own, as the library answers.
-        self.call("nvmlDeviceGetFanSpeed", |_| Err(NOT_SUPPORTED))
+        self.call("nvmlDeviceGetFanSpeed", |g| Err(g.fan_speed_error()))
     }
     fn compute_mode(&mut self) -> Result<String, CallError> {
         self.call("nvmlDeviceGetComputeMode", |_| Ok("Default".to_string()))

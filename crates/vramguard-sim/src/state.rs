@@ -332,14 +332,23 @@ pub struct SimAllocation {
     #[serde(default)]
     pub mem_util: u32,
     /// Other processes holding the context's file descriptors (children forked after it was
-    /// created, like DataLoader workers): the memory stays while any of them lives, though
-    /// only `pid` is ever listed.
+    /// created, like DataLoader workers), for states written by hand (simulated holders use
+    /// `context_lock`): the memory stays while any of them lives, listed under `pid` only,
+    /// even after `pid` has exited.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<u32>,
     /// On a GPU in MIG mode: the index of the MIG device (in the GPU's `mig_devices`) it is
     /// on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_device: Option<u32>,
+    /// The offset of the OFD lock its creator took on `dev_dir/nvidia<gpu>` when it created the
+    /// context (see [`crate::context`]); simulated holders set it. With one, the context lives
+    /// while that open file description is open in any process (the creator, children it
+    /// forked, a process it passed the descriptor to), and is listed under `pid` meanwhile,
+    /// even after `pid` has exited, as a real driver does; without one (a state written by
+    /// hand), `pid` and `held_by` decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_lock: Option<u64>,
 }
 
 /// An error or a stall injected into one NVML call.
@@ -516,7 +525,8 @@ impl SimState {
         Ok(())
     }
 
-    /// Each allocation: its GPU, pid, size, utilization, reported pid and MIG device.
+    /// Each allocation: its GPU, pid, size, lock offset, utilization, reported pid and MIG
+    /// device.
     fn validate_allocations(&self, path: &Path) -> Result<(), StateError> {
         let invalid = |field: String, problem: String| StateError::Invalid {
             path: path.to_path_buf(),
@@ -547,6 +557,12 @@ impl SimState {
                         "{} exceeds GPU {}'s total_bytes {}",
                         a.bytes, a.gpu, gpu.total_bytes
                     ),
+                ));
+            }
+            if a.context_lock.is_some_and(|l| l >= i64::MAX as u64) {
+                return Err(invalid(
+                    format!("allocations[{i}].context_lock"),
+                    "a lock offset must fit in a file offset (below 2^63 - 1)".into(),
                 ));
             }
             if a.sm_util > 100 || a.mem_util > 100 {

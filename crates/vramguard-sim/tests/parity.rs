@@ -124,6 +124,71 @@ fn in_process_and_nvml_paths_agree() {
     assert_eq!(lost.message, "GPU is lost");
 }
 
+/// Not a test: the body of a holder process when this binary is re-executed as one.
+#[test]
+fn holder_process() {
+    vramguard_testkit::run_if_holder();
+}
+
+/// Issue 25: a creator SIGKILLed while a child it forked after creating its context lives.
+/// Both paths list the dead pid with the context's memory and an idle (1 %) sample, as a real
+/// H200 does; once the child exits both show the memory back and nobody listed.
+#[test]
+fn a_dead_creator_kept_by_its_forked_child_is_the_same_on_both_paths() {
+    use vramguard_sim::holder::{Hold, HolderSpec};
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(1);
+    let mut h = vramguard_testkit::start_holder(
+        &world,
+        HolderSpec {
+            holds: vec![Hold::on(0, 5 * GIB)],
+            group_leader: true,
+            forked_workers: 1,
+            ..HolderSpec::new(world.state_path(), 60_000)
+        },
+    );
+    let dead = h.ready.pid;
+    h.crash();
+    let both = || {
+        let via_nvml = nvml_sample(&world).unwrap();
+        let in_process = SimSource::open(&world.state_path())
+            .unwrap()
+            .sample(Duration::from_secs(600))
+            .unwrap();
+        let (a, b) = (normalized(via_nvml.gpus), normalized(in_process.gpus));
+        assert_eq!(a, b);
+        a.into_iter().next().unwrap()
+    };
+    let g = both();
+    assert_eq!(g.memory.unwrap().used, 5 * GIB);
+    let listed: Vec<_> = g.processes.iter().map(|p| (p.pid, p.used_bytes)).collect();
+    assert_eq!(listed, vec![(dead, Some(5 * GIB))]);
+    let samples: Vec<_> = g
+        .utilization
+        .as_ref()
+        .unwrap()
+        .samples
+        .iter()
+        .map(|s| (s.pid, s.sm_percent, s.last_busy_ms))
+        .collect();
+    assert_eq!(
+        samples,
+        vec![(dead, 1, None)],
+        "idle: seen at 1 %, never busy"
+    );
+    let child = h.ready.workers[0];
+    // SAFETY: kill(2) on the child this test's holder forked.
+    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    let t = std::time::Instant::now();
+    while std::path::Path::new(&format!("/proc/{child}")).exists() {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let g = both();
+    assert_eq!(g.memory.unwrap().used, 0);
+    assert!(g.processes.is_empty(), "{:?}", g.processes);
+}
+
 #[test]
 fn no_library_is_a_clear_no_driver_error() {
     let err =
@@ -523,12 +588,16 @@ fn the_properties_monitoring_tools_read_first_are_answered() {
             2,
             "INVALID_ARGUMENT for an unknown clock"
         );
+        // No fan on an SXM board: a real H200 (driver 580.159.04) answers INVALID_ARGUMENT;
+        // the other models keep NOT_SUPPORTED.
         let mut fan = 0;
+        assert_eq!(lib.nvmlDeviceGetFanSpeed(h200, &mut fan), 2, "H200: no fan");
         assert_eq!(
-            lib.nvmlDeviceGetFanSpeed(h200, &mut fan),
-            3,
-            "NOT_SUPPORTED: no fan"
+            lib.nvmlDeviceGetFanSpeed_v2(h200, 0, &mut fan),
+            2,
+            "H200: no fan 0"
         );
+        assert_eq!(lib.nvmlDeviceGetFanSpeed(a100, &mut fan), 3, "A100: no fan");
         let mut serial = [0 as std::ffi::c_char; 32];
         assert_eq!(lib.nvmlDeviceGetSerial(a100, serial.as_mut_ptr(), 32), 0);
         let serial = std::ffi::CStr::from_ptr(serial.as_ptr())

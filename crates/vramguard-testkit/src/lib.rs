@@ -145,6 +145,7 @@ pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
         mem_util: 0,
         held_by: vec![],
         mig_device: None,
+        context_lock: None,
     }
 }
 
@@ -329,4 +330,74 @@ pub fn sim_nvml_lib_535() -> PathBuf {
         lib
     })
     .clone()
+}
+
+/// The test a test binary defines (`#[test] fn holder_process() { run_if_holder() }`) so that
+/// [`start_holder`] can re-execute the binary as a simulated holder: the sim's own tests have
+/// no vramguard binary to start one with.
+pub const HOLDER_TEST: &str = "holder_process";
+
+/// Runs this process as a simulated holder, and exits, when [`start_holder`] re-executed it as
+/// one; returns at once otherwise (the test run proper).
+pub fn run_if_holder() {
+    if let Ok(text) = std::env::var(vramguard_sim::holder::HOLDER_ENV) {
+        let spec: vramguard_sim::holder::HolderSpec =
+            serde_json::from_str(&text).expect("holder spec");
+        vramguard_sim::holder::run(spec).expect("simulated holder");
+        std::process::exit(0);
+    }
+}
+
+/// A simulated holder started by [`start_holder`], and the children it forked or spawned:
+/// every one of them is SIGKILLed by pid (if it is still the process started) when dropped.
+pub struct SimHolder {
+    /// The holder process.
+    pub child: Child,
+    /// Its pid and its workers' pids, as it reported them.
+    pub ready: vramguard_sim::holder::Ready,
+    cleanup: Spawned,
+}
+
+impl SimHolder {
+    /// SIGKILLs the holder itself and reaps it; its workers live on.
+    pub fn crash(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SimHolder {
+    fn drop(&mut self) {
+        self.cleanup.kill_all();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts this test binary again as the simulated holder `spec` describes (see
+/// [`run_if_holder`]), with a ready file in the world's directory, and waits until it is ready.
+pub fn start_holder(world: &World, mut spec: vramguard_sim::holder::HolderSpec) -> SimHolder {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ready_file = world.dir.path().join(format!(
+        "holder-ready-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    spec.ready_file = Some(ready_file.clone());
+    let exe = std::env::current_exe().expect("the test binary");
+    let argv: Vec<String> = ["python3", HOLDER_TEST, "--exact", "--nocapture"]
+        .map(String::from)
+        .to_vec();
+    let child = vramguard_sim::holder::spawn_with(&exe, &argv, &spec).expect("start a holder");
+    let ready = vramguard_sim::holder::wait_ready(&ready_file, Duration::from_secs(20))
+        .expect("the holder to be ready");
+    let mut cleanup = Spawned::default();
+    for &w in &ready.workers {
+        cleanup.track(w);
+    }
+    SimHolder {
+        child,
+        ready,
+        cleanup,
+    }
 }

@@ -696,9 +696,14 @@ pub struct HoldArgs {
     /// SM utilization percent while alive
     #[arg(long, default_value_t = 0)]
     pub sm_util: u32,
-    /// Forked workers, each holding --worker-bytes (listed) on the same GPU
+    /// Spawned workers (torch.multiprocessing spawn): each its own process with its own
+    /// listed context of --worker-bytes on the same GPU
     #[arg(long, default_value_t = 0)]
     pub workers: u32,
+    /// Workers forked after the context was created (DataLoader workers): they share its
+    /// device files and keep its context; the driver lists none of them
+    #[arg(long, default_value_t = 0)]
+    pub forked_workers: u32,
     /// Memory per worker
     #[arg(long, default_value = "1GiB", value_parser = bytes)]
     pub worker_bytes: u64,

@@ -256,7 +256,7 @@ fn sim_holders(
     state: PathBuf,
 ) -> impl Fn(&HoldRequest<'_>) -> Result<Started, HolderError> + Send + Sync {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use vramguard_sim::holder::{Hold, HolderSpec, Worker, spawn_with, wait_ready};
+    use vramguard_sim::holder::{Hold, HolderSpec, spawn_with, wait_ready};
     let next = AtomicU64::new(0);
     move |req| {
         let ready = req.scratch.join(format!(
@@ -265,21 +265,14 @@ fn sim_holders(
             next.fetch_add(1, Ordering::Relaxed)
         ));
         let lifetime_ms = req.lifetime.as_millis() as u64;
-        let worker = Worker {
-            argv: vec!["probe-child".into()],
-            spec: HolderSpec {
-                comm: Some("probe-child".into()),
-                open_gpus: vec![req.gpu],
-                ..HolderSpec::new(state.clone(), lifetime_ms)
-            },
-        };
+        // Children forked after the context was created, as the CUDA holder forks them: they
+        // share its device files' open file descriptions, and so keep its context.
         let spec = HolderSpec {
             comm: Some("probe-holder".into()),
             holds: vec![Hold::on(req.gpu, req.bytes)],
             group_leader: true,
-            workers: vec![worker; req.children as usize],
+            forked_workers: req.children,
             ready_file: Some(ready.clone()),
-            share_with_workers: true,
             ..HolderSpec::new(state.clone(), lifetime_ms)
         };
         let child = spawn_with(&exe, &["probe-holder".into()], &spec)

@@ -137,8 +137,8 @@ fn summary_line(
         match job.end {
             vramguard_ops::supervise::JobEnd::Exited(c) => format!("exited with {c}"),
             vramguard_ops::supervise::JobEnd::Signaled(s) => format!(
-                "was killed by SIG{}",
-                vramguard_ops::supervise::signal_name(s)
+                "was killed by {}",
+                vramguard_ops::supervise::describe_signal(s)
             ),
         },
         format_duration(Duration::from_millis(job.runtime_ms)),

@@ -62,15 +62,23 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
         })
         .collect();
     eprintln!(
-        "vramguard sim hold: pid {} holds {} on simulated GPU {}{}; stop it with Ctrl-C or kill {}",
+        "vramguard sim hold: pid {} holds {} on simulated GPU {}{}{}; stop it with Ctrl-C or kill {}",
         std::process::id(),
         format_bytes(bytes),
         args.gpu,
         if args.workers > 0 {
             format!(
-                " with {} worker(s) of {} each",
+                " with {} spawned worker(s) of {} each",
                 args.workers,
                 format_bytes(worker_bytes)
+            )
+        } else {
+            String::new()
+        },
+        if args.forked_workers > 0 {
+            format!(
+                " and {} forked worker(s) sharing its context",
+                args.forked_workers
             )
         } else {
             String::new()
@@ -87,6 +95,7 @@ fn hold(global: &Global, args: &HoldArgs) -> Result<i32> {
         }],
         group_leader: true,
         workers,
+        forked_workers: args.forked_workers,
         ..HolderSpec::new(state, lifetime_ms)
     })?;
     Ok(0)

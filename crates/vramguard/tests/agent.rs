@@ -233,6 +233,50 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
     assert_eq!(agent.get("/healthz").0, 200);
 }
 
+/// Issue 25: a real SXM H200 answers `nvmlDeviceGetFanSpeed` with Invalid Argument, and the
+/// agent counted it as 52 `gpu_call` collection errors in 24 s of a healthy GPU. A missing
+/// reading is an absent value: no error counted, no warning in `status --json`.
+#[test]
+fn a_fanless_h200_costs_no_collection_error_and_no_warning() {
+    let world = World::new(1);
+    let h = world.holder(&["nvidia0"], 60);
+    world.allocate(allocation(0, h.pid(), GIB));
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let report = Vg::new(&world, path).args(["status", "--json"]).json(0);
+        let gpu = &report["gpus"][0];
+        assert_eq!(gpu["telemetry"]["fan_percent"], Value::Null, "{gpu:#}");
+        assert_eq!(gpu["warnings"], json!([]), "{gpu:#}");
+    }
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"100ms\"\n");
+    let collections = |m: &str| {
+        ["full", "new_processes", "holders", "cached"]
+            .iter()
+            .filter_map(|k| {
+                sample(
+                    m,
+                    "vramguard_collections_total",
+                    &[&format!("kind=\"{k}\"")],
+                )
+            })
+            .sum::<f64>()
+    };
+    wait_until(20, "20 collections", || {
+        collections(&agent.metrics()) >= 20.0
+    });
+    let m = agent.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_collection_errors_total",
+            &["kind=\"gpu_call\""]
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(sample(&m, "vramguard_up", &["gpu=\"0\""]), Some(1.0), "{m}");
+}
+
 #[test]
 fn memory_health_and_xid_events_become_metrics_and_an_alert() {
     let world = World::new(2);

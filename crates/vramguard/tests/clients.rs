@@ -135,6 +135,65 @@ n.nvmlShutdown()
     assert_eq!(v["mig"], serde_json::json!([0, 0]));
 }
 
+/// What nvidia-ml-py's process list and memory info say about GPU 0.
+fn bindings_view(world: &World) -> Value {
+    let script = r#"
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps({
+    "used": n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).used,
+    "procs": [[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+}))
+n.nvmlShutdown()
+"#;
+    let out = run_client(world, "python", &["-c", script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Issue 25, as a real H200 (driver 580.159.04) showed it: a trainer that forked a
+/// DataLoader-style worker after creating its context is SIGKILLed. The driver keeps listing the
+/// dead trainer's pid with the whole context while the worker keeps its descriptors; monitoring
+/// tools show a process that no longer exists without failing; once the worker exits, the
+/// memory is back and the pid gone from the list.
+#[test]
+fn a_dead_creator_kept_by_its_forked_worker_is_listed_until_the_worker_exits() {
+    let world = World::new(1);
+    let mut s = spec(&world, serde_json::json!([hold(0, 3)]));
+    s["group_leader"] = serde_json::json!(true);
+    s["forked_workers"] = serde_json::json!(1);
+    let mut trainer = start(&world, &["python3", "train.py"], s);
+    let dead = trainer.pid;
+    trainer.crash();
+    let v = bindings_view(&world);
+    assert_eq!(v["procs"], serde_json::json!([[dead, 3 * GIB]]), "{v}");
+    assert_eq!(v["used"], 3 * GIB, "{v}");
+    let out = run_client(&world, "nvitop", &["--once"]);
+    let screen = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", screen, stderr(&out));
+    assert!(!stderr(&out).contains("Traceback"), "{}", stderr(&out));
+    assert!(
+        screen.contains(&dead.to_string()) && screen.contains("No Such Process"),
+        "{screen}"
+    );
+    let out = run_client(&world, "gpustat", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let g: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Like plain nvidia-smi ("No running processes found" under the used memory): the
+    // memory is there, the process list has nobody it can name.
+    assert_eq!(g["gpus"][0]["memory.used"], 3072, "{g:#}");
+    assert_eq!(g["gpus"][0]["processes"], serde_json::json!([]), "{g:#}");
+    // The worker exits: the context closes with its last descriptor.
+    for &w in &trainer.workers {
+        // SAFETY: kill(2) on the worker this test started.
+        unsafe { libc::kill(w as i32, libc::SIGKILL) };
+    }
+    wait_until(10, "the memory to come back", || {
+        bindings_view(&world) == serde_json::json!({ "used": 0, "procs": [] })
+    });
+}
+
 /// GPU 0 of a 535.43-535.98 driver, with three holders of 1, 2 and 3 GiB.
 fn driver_535_world() -> (World, Vec<Reaped>) {
     let world = World::new(1);

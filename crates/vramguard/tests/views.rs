@@ -30,7 +30,8 @@ fn status_shows_what_nvidia_smi_shows_beside_the_classes() {
         assert_eq!(t["compute_mode"], "Default", "{t}");
         assert_eq!(t["mig_enabled"], false, "{t}");
         assert_eq!(t["display_active"], false, "{t}");
-        // An SXM module has no fan: not supported, so absent (n/a), not an error.
+        // An SXM module has no fan (an H200 answers Invalid Argument, as the real one does):
+        // absent (n/a), not an error.
         assert_eq!(t["fan_percent"], Value::Null, "{t}");
         assert!(
             report["gpus"][1]["warnings"].as_array().unwrap().is_empty(),
