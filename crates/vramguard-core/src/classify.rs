@@ -940,6 +940,11 @@ impl<'a> Context<'a> {
                 "pid {pid}{name} exited{when}, but the driver still lists it{held}: its context \
                  outlives it"
             ),
+            Some(q) if q.state == Some('Z') && !q.is_kernel_thread() => format!(
+                "pid {pid} ({}) exited and is an unreaped zombie that holds no device file, but \
+                 the driver still lists it{held}: its context outlives it",
+                escape(q.comm.as_deref().unwrap_or("?"))
+            ),
             Some(q) => format!(
                 "pid {pid} is now {} ({}), which holds no NVIDIA device file: the process the \
                  driver lists{held} exited{when} and its pid was reused",

@@ -463,6 +463,107 @@ fn dataloader_workers_of_a_killed_trainer_are_orphans() {
     assert_eq!(targets, t.workers.iter().copied().collect());
 }
 
+/// `reclaim --yes` with a short grace and an audit log of the world's, as JSON.
+fn reclaim_yes(world: &World) -> Value {
+    let audit = world.dir.path().join("audit.jsonl");
+    Vg::new(world, Path_::Nvml)
+        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
+        .arg_path("--audit-log", &audit)
+        .json(0)
+}
+
+/// The exited trainer `trainer` as status shows it: class, keepers, bytes, and its keepers
+/// as `hidden` holders that keep its context.
+fn assert_exited_and_kept(status: &Value, trainer: u32, workers: &[u32], gib: u64) {
+    let exited = holder(status, 0, trainer);
+    assert_eq!(exited["class"], "exited", "{exited:#}");
+    assert_eq!(exited["used_bytes"], json!(gib * GIB), "{exited:#}");
+    let mut keepers: Vec<u32> = exited["keepers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no keepers: {exited:#}"))
+        .iter()
+        .map(|k| k.as_u64().unwrap() as u32)
+        .collect();
+    keepers.sort_unstable();
+    let mut want = workers.to_vec();
+    want.sort_unstable();
+    assert_eq!(keepers, want, "{exited:#}");
+    for w in workers {
+        let h = holder(status, 0, *w);
+        assert_eq!(h["class"], "hidden", "{h:#}");
+        assert_eq!(h["keeps_alive"], json!(trainer), "{h:#}");
+    }
+    assert_eq!(
+        status["gpus"][0]["ghost_bytes"],
+        json!(gib * GIB),
+        "{status:#}"
+    );
+}
+
+#[test]
+fn forked_workers_keep_a_sigkilled_trainers_context_until_reclaimed() {
+    // The real H200's seed case: `setsid python3 train.py`, 12 GiB, two workers fork()ed
+    // after cuInit, the trainer SIGKILLed. The driver keeps listing the dead trainer.
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 12)]));
+    s["group_leader"] = json!(true);
+    s["forked_workers"] = json!(2);
+    let mut t = start(&world, &["python3", "train.py"], s);
+    let workers = t.workers.clone();
+    assert_eq!(workers.len(), 2);
+    t.crash();
+    let (status, targets) = look(&world);
+    assert_exited_and_kept(&status, t.pid, &workers, 12);
+    assert_eq!(targets, workers.iter().copied().collect());
+    let out = reclaim_yes(&world);
+    for w in &workers {
+        assert!(!alive(*w), "keeper {w} survived: {out:#}");
+    }
+    // The last keeper's exit gives the memory back: no holder, nothing used.
+    let status = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(status["gpus"][0]["holders"], json!([]), "{status:#}");
+    assert_eq!(status["gpus"][0]["memory"]["used"], json!(0), "{status:#}");
+}
+
+#[test]
+fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idle() {
+    // A batch script without job control starts the trainer (same process group), which
+    // forks two workers; the trainer is SIGKILLed and the script goes on.
+    let world = World::new(1);
+    let mut trainer = holder_spec(&world, 6, 0, 0);
+    trainer["forked_workers"] = json!(2);
+    let script = format!("{}while :; do sleep 0.2; done\n", nohup(0, "train.py"));
+    let l = launch(&world, &script, vec![trainer]);
+    let (pid, workers) = l.holders[0].clone();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_until(10, "the trainer to die", || !alive(pid));
+    let (status, targets) = look(&world);
+    assert_exited_and_kept(&status, pid, &workers, 6);
+    let exited = holder(&status, 0, pid);
+    assert_eq!(
+        exited["job"]["label"],
+        json!(format!("pgid:{}", l.script.pid())),
+        "the script's job lives: {exited:#}"
+    );
+    assert!(exited["dead_job"].is_null(), "{exited:#}");
+    assert_eq!(targets, workers.iter().copied().collect());
+    reclaim_yes(&world);
+    for w in &workers {
+        assert!(!alive(*w), "keeper {w} survived");
+    }
+    assert!(alive(l.script.pid()), "the script was touched");
+    let status = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(status["gpus"][0]["memory"]["used"], json!(0), "{status:#}");
+}
+
 #[test]
 fn a_spawn_worker_of_a_busy_trainer_whose_launcher_exited_is_protected_by_the_job() {
     let world = World::new(1);
