@@ -956,10 +956,12 @@ impl<'a> Context<'a> {
     /// word rather than on names: the process with the pid the cgroup is named after (or, for
     /// a `run` in a PID namespace of its own, the one whose innermost NSpid it is), not a
     /// zombie nor a kernel thread, living in the cgroup the leaf was made in (or whose cgroup
-    /// is unreadable), and started no later than `p` (a pid reused after the supervisor died
-    /// started after its job's processes). Only root or the owner of a delegated subtree can
-    /// name a cgroup, and such an owner can already make a unit cgroup, which is always alive:
-    /// this rule gives nobody a protection they lacked.
+    /// is unreadable; for a leaf at the root of the hierarchy, any: a process at the cgroup v2
+    /// root is recorded by its v1 path on a hybrid host, and only root can make a cgroup
+    /// there), and started no later than `p` (a pid reused after the supervisor died started
+    /// after its job's processes). Only root or the owner of a delegated subtree can name a
+    /// cgroup, and such an owner can already make a unit cgroup, which is always alive: this
+    /// rule gives nobody a protection they lacked.
     fn run_supervisor(&self, p: &ProcessFacts, run: &RunCgroup) -> Option<&'a ProcessFacts> {
         let by_nspid = self.snap.processes.iter().filter(|q| {
             q.pid != run.supervisor && q.nspid.len() > 1 && q.nspid.last() == Some(&run.supervisor)
@@ -971,7 +973,7 @@ impl<'a> Context<'a> {
             .find(|s| {
                 s.state != Some('Z')
                     && !s.is_kernel_thread()
-                    && s.cgroup.as_deref().is_none_or(|c| c == run.parent)
+                    && (run.parent == "/" || s.cgroup.as_deref().is_none_or(|c| c == run.parent))
                     && match (s.start_ticks, p.start_ticks) {
                         (Some(sup), Some(member)) => sup <= member,
                         _ => true,

@@ -1542,6 +1542,26 @@ fn a_vramguard_run_cgroup_counts_only_with_its_own_live_supervisor() {
     // Its cgroup unreadable: unsure, so taken as the supervisor.
     let unsure = case(&|s| s.cgroup = None);
     assert_eq!(unsure.class, Class::Active, "{unsure:#?}");
+    // A leaf at the root of the hierarchy (only root makes one there): a hybrid host records
+    // a supervisor at the v2 root by its v1 path.
+    let at_root = {
+        let mut s = supervised_case(true);
+        for p in &mut s.processes {
+            if p.pid == 47 {
+                p.cgroup = Some("/vramguard-run-44".into());
+                p.ppid = Some(1);
+            }
+            if p.pid == 44 {
+                p.cgroup = Some("/process_api/920f25ea".into());
+            }
+        }
+        holder_of(&s, 47)
+    };
+    assert_eq!(
+        at_root.job.as_ref().unwrap().label,
+        "run:44",
+        "{at_root:#?}"
+    );
     // Not named by its command: the kernel's facts decide.
     let renamed = case(&|s| {
         s.comm = Some("vg".into());

@@ -723,3 +723,283 @@ fn a_docker_container_is_shown_by_the_name_docker_gave_it() {
     assert_eq!(h["job"]["label"], format!("docker:{}", &id[..12]), "{h:#}");
     assert!(h["container"].get("name").is_none(), "{h:#}");
 }
+
+// ---- jobs under a live `vramguard run` (issue 26) ----
+
+/// The red team's case: `vramguard run --isolation ISOLATION` runs a job whose main process
+/// lives on (`sleep`) after a helper that called `setsid` started an idle holder and exited:
+/// the holder (its process group's leader gone) is re-parented to the supervisor.
+struct SupervisedJob {
+    /// `vramguard run`.
+    run: Reaped,
+    holder: u32,
+    /// The job's cgroup (cgroup isolation): removed on drop if the run left it behind.
+    cgroup: Option<std::path::PathBuf>,
+    _cleanup: Spawned,
+}
+
+impl SupervisedJob {
+    fn start(world: &World, isolation: &str) -> SupervisedJob {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ready = world.dir.path().join(format!("ready-run-{isolation}-{n}"));
+        let mut spec = holder_spec(world, 4, 0, 0);
+        spec["ready_file"] = json!(ready);
+        let helper = world.dir.path().join(format!("helper-{isolation}-{n}.sh"));
+        std::fs::write(&helper, format!("{}exit 0\n", nohup(0, "train.py"))).unwrap();
+        let run = Reaped(
+            Command::new(BIN)
+                .args(["run", "--isolation", isolation, "--grace", "1s", "--"])
+                .args(["bash", "-c", "setsid -f bash \"$1\"; exec sleep 300", "job"])
+                .arg(&helper)
+                .env("VG", BIN)
+                .env("H0", spec.to_string())
+                .env_remove("VRAMGUARD_SIM")
+                .env_remove("VRAMGUARD_NVML_LIB")
+                .env_remove("VRAMGUARD_CONFIG")
+                .env_remove("VRAMGUARD_HOLDER")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("vramguard run"),
+        );
+        let mut cleanup = Spawned::default();
+        let (holder, _) = wait_ready(&ready, run.pid());
+        cleanup.track(holder);
+        let sup = run.pid();
+        wait_until(10, "the holder to be re-parented to vramguard run", || {
+            ppid_of(holder) == Some(sup)
+        });
+        let cgroup = (isolation == "cgroup").then(|| {
+            vramguard_ops::cgroup::cgroup2_mount()
+                .expect("a cgroup2 mount")
+                .join(own_cgroup().trim_start_matches('/'))
+                .join(format!("vramguard-run-{sup}"))
+        });
+        if let Some(dir) = &cgroup {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(
+                procs.lines().any(|l| l == holder.to_string()),
+                "the holder is in {}",
+                dir.display()
+            );
+        }
+        SupervisedJob {
+            run,
+            holder,
+            cgroup,
+            _cleanup: cleanup,
+        }
+    }
+
+    /// SIGKILLs `vramguard run` and, first, its watchdog (which would kill the cgroup or the
+    /// job's process group): the holder in a session of its own escapes, as after an OOM kill
+    /// of both.
+    fn supervisor_dies(&mut self) {
+        let sup = self.run.pid();
+        let mut watchdog = Spawned::default();
+        for pid in children(sup) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.split(|b| *b == 0).any(|a| a == b"__watchdog") {
+                watchdog.track(pid);
+            }
+        }
+        watchdog.kill_all();
+        self.run.0.kill().unwrap();
+        self.run.0.wait().unwrap();
+        let holder = self.holder;
+        wait_until(10, "the holder to outlive its supervisor", || {
+            alive(holder) && ppid_of(holder) != Some(sup)
+        });
+    }
+}
+
+impl Drop for SupervisedJob {
+    fn drop(&mut self) {
+        let _ = self.run.0.kill();
+        let _ = self.run.0.wait();
+        if let Some(dir) = &self.cgroup
+            && dir.exists()
+        {
+            let cg = vramguard_ops::cgroup::JobCgroup::at(dir.clone());
+            cg.kill();
+            cg.wait_empty(Duration::from_secs(5));
+            cg.remove();
+        }
+    }
+}
+
+/// The parent of `pid` (`stat` field 4).
+fn ppid_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The children of `pid`, from every thread's children list.
+fn children(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        kids.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    kids
+}
+
+/// The test's own cgroup v2 path, which `vramguard run` makes its leaf in.
+fn own_cgroup() -> String {
+    std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .expect("a cgroup v2 line")
+}
+
+/// `reclaim --yes --json`: the pids it signalled and its whole output.
+fn reclaim_yes(world: &World) -> (BTreeSet<u32>, Value) {
+    let out = Vg::new(world, Path_::Nvml)
+        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
+        .json(0);
+    let signalled = out["targets"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["pid"].as_u64().unwrap() as u32)
+                .collect()
+        })
+        .unwrap_or_default();
+    (signalled, out)
+}
+
+#[test]
+fn a_setsid_holder_of_a_live_vramguard_run_is_its_job_until_the_supervisor_dies() {
+    for isolation in ["cgroup", "group"] {
+        let world = World::new(1);
+        let mut job = SupervisedJob::start(&world, isolation);
+        let (sup, holder) = (job.run.pid(), job.holder);
+        let (status, targets) = look(&world);
+        let h = holder_of_status(&status, holder);
+        assert_eq!(h["class"], "active", "{isolation}: {h:#}");
+        assert_eq!(
+            h["job"]["label"],
+            format!("run:{sup}"),
+            "{isolation}: {h:#}"
+        );
+        assert_eq!(h["job"]["kind"], "supervised");
+        assert_eq!(h["job"]["alive"], json!(true));
+        let why = if isolation == "cgroup" {
+            format!("in vramguard run {sup}'s cgroup")
+        } else {
+            format!("re-parented to the vramguard run supervisor {sup} (vramguard), which lives")
+        };
+        assert!(
+            h["evidence"].to_string().contains(&why),
+            "{isolation}: {h:#}"
+        );
+        assert!(targets.is_empty(), "{isolation}: {targets:?}");
+
+        // `reclaim --yes` signals nothing, and says why the holder stays.
+        let (signalled, out) = reclaim_yes(&world);
+        assert!(signalled.is_empty(), "{isolation}: {out:#}");
+        let text = stdout(
+            &Vg::new(&world, Path_::Nvml)
+                .args(["reclaim", "--yes", "--grace", "2s"])
+                .code(0),
+        );
+        assert!(
+            text.contains(&format!("pid {holder}")) && text.contains(&why),
+            "{isolation}: {text}"
+        );
+        assert!(
+            alive(holder),
+            "{isolation}: the supervised holder was killed"
+        );
+
+        // The supervisor is gone and the holder escaped it: an idle orphan, reclaimed as
+        // before.
+        job.supervisor_dies();
+        let (status, targets) = look(&world);
+        let h = holder_of_status(&status, holder);
+        assert_eq!(h["class"], "orphan", "{isolation}: {h:#}");
+        assert_eq!(targets, BTreeSet::from([holder]), "{isolation}");
+        let (signalled, out) = reclaim_yes(&world);
+        assert_eq!(signalled, BTreeSet::from([holder]), "{isolation}: {out:#}");
+        wait_until(10, "the escaped holder to be reclaimed", || !alive(holder));
+    }
+}
+
+#[test]
+fn the_agents_automatic_reclaim_spares_the_holders_of_a_live_vramguard_run() {
+    let world = World::new(1);
+    let jobs: Vec<SupervisedJob> = ["cgroup", "group"]
+        .into_iter()
+        .map(|i| SupervisedJob::start(&world, i))
+        .collect();
+    // A control, started last: an idle orphan of a script that exited, which must die.
+    let mut control = launch(
+        &world,
+        &format!("{}exit 0\n", nohup(0, "eval.py")),
+        vec![holder_spec(&world, 2, 0, 0)],
+    );
+    control.script_exits();
+    let orphan = control.pid(0);
+    let audit = world.dir.path().join("agent-audit.jsonl");
+    let config = format!(
+        "[agent]\ninterval = \"250ms\"\n\
+         [reclaim]\nauto = true\nmin_age = \"1s\"\nsample = \"1s\"\ngrace = \"2s\"\naudit_log = \"{}\"\n",
+        audit.display()
+    );
+    let agent = Agent::start(&world, Path_::InProcess, &config);
+    wait_until(30, "the control orphan to be reclaimed", || !alive(orphan));
+    // The supervised holders were older, so as old as min_age before the control was; give
+    // the agent a dozen more collections to act on anything else it (wrongly) wanted.
+    let collections = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("vramguard_collections_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = collections(&agent.metrics());
+    wait_until(30, "a dozen more collections", || {
+        collections(&agent.metrics()) >= before + 12.0
+    });
+    for job in &jobs {
+        assert!(alive(job.holder), "the agent killed {}", job.holder);
+    }
+    // The audit log names the control as a target, and the supervised holders only as left
+    // alone, with the supervisor that keeps each.
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let about = |pid: u32| records.iter().filter(move |r| r["pid"] == json!(pid));
+    assert!(about(orphan).any(|r| r["event"] == "target"), "{log}");
+    for job in &jobs {
+        for r in about(job.holder) {
+            assert_eq!(r["event"], "left_alone", "{log}");
+            let reason = r["reason"].as_str().unwrap();
+            assert!(
+                reason.contains("vramguard run") && reason.contains(&format!(" {}", job.run.pid())),
+                "{reason}"
+            );
+        }
+    }
+}
+
+/// The holder `pid` on GPU 0 of a `status --json`.
+fn holder_of_status(status: &Value, pid: u32) -> &Value {
+    holder(status, 0, pid)
+}
