@@ -955,7 +955,7 @@ impl<'a> Context<'a> {
     /// The live supervisor of the `vramguard run` cgroup `run` that `p` is in, on the kernel's
     /// word rather than on names: the process with the pid the cgroup is named after (or, for
     /// a `run` in a PID namespace of its own, the one whose innermost NSpid it is), not a
-    /// zombie nor a kernel thread, living in the cgroup the leaf was made in (or whose cgroup
+    /// zombie nor a kernel thread nor vramguard itself, living in the cgroup the leaf was made in (or whose cgroup
     /// is unreadable; for a leaf at the root of the hierarchy, any: a process at the cgroup v2
     /// root is recorded by its v1 path on a hybrid host, and only root can make a cgroup
     /// there), and started no later than `p` (a pid reused after the supervisor died started
@@ -973,6 +973,7 @@ impl<'a> Context<'a> {
             .find(|s| {
                 s.state != Some('Z')
                     && !s.is_kernel_thread()
+                    && s.pid != self.snap.host.self_pid
                     && (run.parent == "/" || s.cgroup.as_deref().is_none_or(|c| c == run.parent))
                     && match (s.start_ticks, p.start_ticks) {
                         (Some(sup), Some(member)) => sup <= member,
@@ -987,7 +988,9 @@ impl<'a> Context<'a> {
     fn adopted_by_supervisor(&self, top: &ProcessFacts, via: &str) -> Option<JobView> {
         let pp = top.ppid.filter(|pp| *pp > 0)?;
         let sup = self.snap.process(pp)?;
-        if sup.state == Some('Z') || sup.is_kernel_thread() {
+        // vramguard asking about its own job (`run`'s summary, after the job ended) is no
+        // keeper of it.
+        if sup.state == Some('Z') || sup.is_kernel_thread() || pp == self.snap.host.self_pid {
             return None;
         }
         let kind = job_supervisor(sup)?;

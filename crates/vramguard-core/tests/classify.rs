@@ -1701,3 +1701,16 @@ fn a_live_supervisor_outranks_a_slurm_step_whose_daemon_is_gone() {
     assert_eq!(h.class, Class::Orphan, "{h:#?}");
     assert_eq!(h.job.as_ref().unwrap().label, "slurm:42.0");
 }
+
+#[test]
+fn vramguard_run_asking_about_its_own_ended_job_is_no_keeper_of_it() {
+    // `run`'s summary names what still holds memory after its job ended: the supervisor is
+    // the one asking, and its own life says nothing about the job.
+    for cgroup in [false, true] {
+        let mut s = supervised_case(cgroup);
+        s.processes.retain(|p| p.pid != 45);
+        s.host.self_pid = 44;
+        let h = holder_of(&s, 47);
+        assert_eq!(h.class, Class::Orphan, "cgroup {cgroup}: {h:#?}");
+    }
+}

@@ -532,6 +532,7 @@ fn under_live_supervisor(s: &Snapshot, policy: &Policy, p: &ProcessFacts) -> boo
             let supervises = |q: &ProcessFacts| {
                 (q.pid == n || (q.nspid.len() > 1 && q.nspid.last() == Some(&n)))
                     && live(q)
+                    && q.pid != s.host.self_pid
                     && (parent == "/" || q.cgroup.as_deref().is_none_or(|c| c == parent))
                     && q.start_ticks.zip(p.start_ticks).is_none_or(|(a, b)| a <= b)
             };
@@ -540,8 +541,12 @@ fn under_live_supervisor(s: &Snapshot, policy: &Policy, p: &ProcessFacts) -> boo
             }
         }
     }
+    // vramguard itself (`run` asking about its own, ended job) keeps nothing.
     let supervisor = |q: &ProcessFacts| {
         let comm = q.comm.as_deref().unwrap_or("");
+        if q.pid == s.host.self_pid {
+            return false;
+        }
         ["tini", "dumb-init", "docker-init"]
             .iter()
             .any(|n| comm == *n || comm.starts_with(&format!("{n}-")))

@@ -740,6 +740,11 @@ struct SupervisedJob {
 
 impl SupervisedJob {
     fn start(world: &World, isolation: &str) -> SupervisedJob {
+        Self::start_as(world, Path::new(BIN), isolation)
+    }
+
+    /// [`SupervisedJob::start`], with `vramguard run` run from the executable `program`.
+    fn start_as(world: &World, program: &Path, isolation: &str) -> SupervisedJob {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ready = world.dir.path().join(format!("ready-run-{isolation}-{n}"));
@@ -748,7 +753,7 @@ impl SupervisedJob {
         let helper = world.dir.path().join(format!("helper-{isolation}-{n}.sh"));
         std::fs::write(&helper, format!("{}exit 0\n", nohup(0, "train.py"))).unwrap();
         let run = Reaped(
-            Command::new(BIN)
+            Command::new(program)
                 .args(["run", "--isolation", isolation, "--grace", "1s", "--"])
                 .args(["bash", "-c", "setsid -f bash \"$1\"; exec sleep 300", "job"])
                 .arg(&helper)
@@ -1002,4 +1007,90 @@ fn the_agents_automatic_reclaim_spares_the_holders_of_a_live_vramguard_run() {
 /// The holder `pid` on GPU 0 of a `status --json`.
 fn holder_of_status(status: &Value, pid: u32) -> &Value {
     holder(status, 0, pid)
+}
+
+#[test]
+fn a_process_moved_into_a_live_vramguard_runs_cgroup_belongs_to_the_run() {
+    let world = World::new(1);
+    // A run whose job only sleeps; an idle orphan of a script that exited is then moved into
+    // the run's cgroup: the supervisor is no ancestor of it, only the cgroup names it.
+    let mark = world.dir.path().join("run-started");
+    let mut run = Reaped(
+        Command::new(BIN)
+            .args(["run", "--isolation", "cgroup", "--grace", "1s", "--"])
+            .args(["bash", "-c", "touch \"$1\"; exec sleep 300", "job"])
+            .arg(&mark)
+            .env_remove("VRAMGUARD_SIM")
+            .env_remove("VRAMGUARD_NVML_LIB")
+            .env_remove("VRAMGUARD_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("vramguard run"),
+    );
+    wait_until(10, "the run's job to start", || mark.exists());
+    let sup = run.pid();
+    let dir = vramguard_ops::cgroup::cgroup2_mount()
+        .expect("a cgroup2 mount")
+        .join(own_cgroup().trim_start_matches('/'))
+        .join(format!("vramguard-run-{sup}"));
+    let l = nohup_in_cgroup(&world, &dir.join("cgroup.procs"), 3);
+    let holder = l.pid(0);
+    assert_ne!(ppid_of(holder), Some(sup));
+    let (status, targets) = look(&world);
+    let h = holder_of_status(&status, holder);
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], format!("run:{sup}"), "{h:#}");
+    assert!(
+        h["evidence"]
+            .to_string()
+            .contains(&format!("in vramguard run {sup}'s cgroup")),
+        "{h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+    // The run ends normally: it kills its whole cgroup, the moved-in holder too.
+    send_term(sup);
+    run.0.wait().unwrap();
+    wait_until(10, "the run to end its cgroup", || !alive(holder));
+    drop(l);
+}
+
+#[test]
+fn a_holder_re_parented_to_a_live_container_init_belongs_to_its_job() {
+    let world = World::new(1);
+    // A subreaper named `tini` (`tini -s` as a container's init, here the vramguard binary
+    // installed as tini running `run`): its job's setsid holder is re-parented to it.
+    let tini = installed_copy(&world.dir.path().join("bin"), "tini");
+    let mut job = SupervisedJob::start_as(&world, &tini, "group");
+    let (init, holder) = (job.run.pid(), job.holder);
+    let (status, targets) = look(&world);
+    let h = holder_of_status(&status, holder);
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], format!("tini:{init}"), "{h:#}");
+    assert!(
+        h["evidence"].to_string().contains(&format!(
+            "re-parented to the container init {init} (tini), which lives"
+        )),
+        "{h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+    // The init is gone: the escaped idle holder is an orphan again.
+    job.supervisor_dies();
+    let (status, targets) = look(&world);
+    assert_eq!(
+        holder_of_status(&status, holder)["class"],
+        "orphan",
+        "{status:#}"
+    );
+    assert_eq!(targets, BTreeSet::from([holder]));
+}
+
+/// SIGTERM to `pid`, a process the test started.
+fn send_term(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
 }
