@@ -953,15 +953,18 @@ impl<'a> Context<'a> {
     }
 
     /// The live supervisor of the `vramguard run` cgroup `run` that `p` is in, on the kernel's
-    /// word rather than on names: the process with the pid the cgroup is named after (or, for
-    /// a `run` in a PID namespace of its own, the one whose innermost NSpid it is), not a
-    /// zombie nor a kernel thread nor vramguard itself, living in the cgroup the leaf was made in (or whose cgroup
+    /// word first: the process with the pid the cgroup is named after (or, for a `run` in a
+    /// PID namespace of its own, the one whose innermost NSpid it is), not a zombie, a kernel
+    /// thread nor vramguard itself, living in the cgroup the leaf was made in (or whose cgroup
     /// is unreadable; for a leaf at the root of the hierarchy, any: a process at the cgroup v2
     /// root is recorded by its v1 path on a hybrid host, and only root can make a cgroup
-    /// there), and started no later than `p` (a pid reused after the supervisor died started
-    /// after its job's processes). Only root or the owner of a delegated subtree can name a
-    /// cgroup, and such an owner can already make a unit cgroup, which is always alive: this
-    /// rule gives nobody a protection they lacked.
+    /// there), and either started no later than `p` (a pid reused after the supervisor died
+    /// started after its job's processes) or, for a process older than it (moved into its
+    /// cgroup), calling itself `vramguard run` (when unsure, alive).
+    ///
+    /// Only root or the owner of a delegated subtree can name a cgroup, and such an owner can
+    /// already make a unit cgroup, which is always alive: this rule gives nobody a protection
+    /// they lacked, and it never makes a job dead.
     fn run_supervisor(&self, p: &ProcessFacts, run: &RunCgroup) -> Option<&'a ProcessFacts> {
         let by_nspid = self.snap.processes.iter().filter(|q| {
             q.pid != run.supervisor && q.nspid.len() > 1 && q.nspid.last() == Some(&run.supervisor)
@@ -976,7 +979,9 @@ impl<'a> Context<'a> {
                     && s.pid != self.snap.host.self_pid
                     && (run.parent == "/" || s.cgroup.as_deref().is_none_or(|c| c == run.parent))
                     && match (s.start_ticks, p.start_ticks) {
-                        (Some(sup), Some(member)) => sup <= member,
+                        (Some(sup), Some(member)) => {
+                            sup <= member || job_supervisor(s) == Some("run")
+                        }
                         _ => true,
                     }
             })

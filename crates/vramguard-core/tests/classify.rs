@@ -1568,14 +1568,25 @@ fn a_vramguard_run_cgroup_counts_only_with_its_own_live_supervisor() {
         s.cmdline = None;
     });
     assert_eq!(renamed.class, Class::Active, "{renamed:#?}");
-    // Pid 44 is now another process: elsewhere in the tree, or started after the holder (a
-    // reused pid), or a zombie.
+    // Older than the supervisor (moved into its cgroup), kept by a supervisor that calls
+    // itself `vramguard run`.
+    let older = case(&|s| s.start_ticks = Some(5000));
+    assert_eq!(older.job.as_ref().unwrap().label, "run:44", "{older:#?}");
+    // Pid 44 is now another process: elsewhere in the tree, or another program started after
+    // the holder (a reused pid), or a zombie.
     for (what, h) in [
         (
             "another cgroup",
             case(&|s| s.cgroup = Some("/system.slice/cron.service".into())),
         ),
-        ("started later", case(&|s| s.start_ticks = Some(5000))),
+        (
+            "started later",
+            case(&|s| {
+                s.start_ticks = Some(5000);
+                s.comm = Some("bash".into());
+                s.cmdline = Some(vec!["bash".into()]);
+            }),
+        ),
         ("a zombie", case(&|s| s.state = Some('Z'))),
     ] {
         assert_eq!(h.class, Class::Orphan, "{what}: {h:#?}");

@@ -514,11 +514,18 @@ fn arb_process() -> impl Strategy<Value = ProcessFacts> {
 
 /// Whether `p` belongs to a job under a live supervisor, by the rule as the README states it
 /// (written apart from classify): in a `vramguard run` cgroup whose supervisor — that pid (or
-/// innermost NSpid), alive, in the cgroup the leaf was made in (or unreadable), started no
-/// later than `p` — lives; or in a tree, followed up through live parents that are no
+/// innermost NSpid), alive, not vramguard itself, in the cgroup the leaf was made in (or
+/// unreadable, or any for a leaf at the root), started no later than `p` or calling itself
+/// `vramguard run` — lives; or in a tree, followed up through live parents that are no
 /// adopters, that reaches a live `vramguard run`, tini, dumb-init or docker-init.
 fn under_live_supervisor(s: &Snapshot, policy: &Policy, p: &ProcessFacts) -> bool {
     let live = |q: &ProcessFacts| q.state != Some('Z') && !q.is_kernel_thread();
+    let calls_itself_run = |q: &ProcessFacts| {
+        q.comm.as_deref() == Some("vramguard")
+            && q.cmdline.as_ref().is_none_or(|a| {
+                a.is_empty() || a[1..].iter().take_while(|x| *x != "--").any(|x| x == "run")
+            })
+    };
     if let Some(cg) = &p.cgroup {
         let segs: Vec<&str> = cg.split('/').filter(|x| !x.is_empty()).collect();
         for (i, seg) in segs.iter().enumerate() {
@@ -534,7 +541,8 @@ fn under_live_supervisor(s: &Snapshot, policy: &Policy, p: &ProcessFacts) -> boo
                     && live(q)
                     && q.pid != s.host.self_pid
                     && (parent == "/" || q.cgroup.as_deref().is_none_or(|c| c == parent))
-                    && q.start_ticks.zip(p.start_ticks).is_none_or(|(a, b)| a <= b)
+                    && (q.start_ticks.zip(p.start_ticks).is_none_or(|(a, b)| a <= b)
+                        || calls_itself_run(q))
             };
             if s.processes.iter().any(supervises) {
                 return true;
@@ -550,10 +558,7 @@ fn under_live_supervisor(s: &Snapshot, policy: &Policy, p: &ProcessFacts) -> boo
         ["tini", "dumb-init", "docker-init"]
             .iter()
             .any(|n| comm == *n || comm.starts_with(&format!("{n}-")))
-            || (comm == "vramguard"
-                && q.cmdline.as_ref().is_none_or(|a| {
-                    a.is_empty() || a[1..].iter().take_while(|x| *x != "--").any(|x| x == "run")
-                }))
+            || calls_itself_run(q)
     };
     let mut q = p;
     for _ in 0..64 {
