@@ -18,12 +18,16 @@
 //! A job is gone only on positive evidence: a cgroup job (pod, container, Slurm step, unit)
 //! whose keeper is gone, or — for a process whose cgroup names no job — a process tree whose
 //! top (the ancestor re-parented to init or a subreaper) belongs to a process group whose
-//! leader is gone. A process whose parent lives belongs to its parent's job.
+//! leader is gone. A process whose parent lives belongs to its parent's job. A process in a
+//! `vramguard run` cgroup whose supervisor lives, or whose tree top was re-parented to a live
+//! job supervisor (`vramguard run`, tini, dumb-init, docker-init), belongs to that
+//! supervisor's live job (see [`crate::job::job_supervisor`]); once the supervisor is gone,
+//! the rules above decide.
 //!
 //! Hidden holders also carry their job state, so that reclaim can pick the ones whose job is
 //! gone. vramguard's own pid is never a holder: loading NVML opens the device files.
 
-use crate::job::{CgroupJob, JobKind, cgroup_job};
+use crate::job::{CgroupJob, JobKind, RunCgroup, cgroup_job, job_supervisor, run_cgroups};
 use crate::policy::Policy;
 use crate::report::{
     Action, Class, DeadJob, GpuReport, Holder, JobInfo, MigDeviceReport, Report, ResetBlocker,
@@ -1363,10 +1367,110 @@ impl<'a> Context<'a> {
     /// `p`'s job and whether it lives (see the module documentation): its cgroup's job when
     /// it is in one vramguard recognises, else its process group's.
     fn job(&self, p: &'a ProcessFacts) -> JobView {
+        if let Some(view) = self.run_cgroup_view(p) {
+            return view;
+        }
         match cgroup_job(p) {
-            Some(cg) => self.cgroup_job_view(p, cg),
+            // A Slurm step whose daemon is gone, holding a tree that a live supervisor adopted
+            // (`srun vramguard run --isolation group …`): the supervisor's job lives.
+            Some(cg) => match self.cgroup_job_view(p, cg) {
+                view if view.dead.is_some() => {
+                    let (top, alive) = self.group_walk(p);
+                    alive
+                        .is_none()
+                        .then(|| self.adopted_by_supervisor(top, ""))
+                        .flatten()
+                        .unwrap_or(view)
+                }
+                view => view,
+            },
             None => self.group_job_view(p),
         }
+    }
+
+    /// The job of a process in a `vramguard run` cgroup whose supervisor lives (see
+    /// [`Context::run_supervisor`]); `None` leaves it to the ordinary rules.
+    fn run_cgroup_view(&self, p: &ProcessFacts) -> Option<JobView> {
+        run_cgroups(p).iter().find_map(|run| {
+            let sup = self.run_supervisor(p, run)?;
+            Some(supervised_view(
+                format!("run:{}", sup.pid),
+                format!(
+                    "in vramguard run {}'s cgroup {}, whose supervisor lives: its job lives \
+                     while the supervisor does",
+                    sup.pid,
+                    shown(&run.root)
+                ),
+                None,
+            ))
+        })
+    }
+
+    /// The live supervisor of the `vramguard run` cgroup `run` that `p` is in, on the kernel's
+    /// word first: the process with the pid the cgroup is named after (or, for a `run` in a
+    /// PID namespace of its own, the one whose innermost NSpid it is), not a zombie, a kernel
+    /// thread nor vramguard itself, living in the cgroup the leaf was made in (or whose cgroup
+    /// is unreadable; for a leaf at the root of the hierarchy, any: a process at the cgroup v2
+    /// root is recorded by its v1 path on a hybrid host, and only root can make a cgroup
+    /// there), and either started no later than `p` (a pid reused after the supervisor died
+    /// started after its job's processes) or, for a process older than it (moved into its
+    /// cgroup), calling itself `vramguard run` (when unsure, alive).
+    ///
+    /// Only root or the owner of a delegated subtree can name a cgroup, and such an owner can
+    /// already make a unit cgroup, which is always alive: this rule gives nobody a protection
+    /// they lacked, and it never makes a job dead.
+    fn run_supervisor(&self, p: &ProcessFacts, run: &RunCgroup) -> Option<&'a ProcessFacts> {
+        let by_nspid = self.snap.processes.iter().filter(|q| {
+            q.pid != run.supervisor && q.nspid.len() > 1 && q.nspid.last() == Some(&run.supervisor)
+        });
+        self.snap
+            .process(run.supervisor)
+            .into_iter()
+            .chain(by_nspid)
+            .find(|s| {
+                s.state != Some('Z')
+                    && !s.is_kernel_thread()
+                    && s.pid != self.snap.host.self_pid
+                    && (run.parent == "/" || s.cgroup.as_deref().is_none_or(|c| c == run.parent))
+                    && match (s.start_ticks, p.start_ticks) {
+                        (Some(sup), Some(member)) => {
+                            sup <= member || job_supervisor(s) == Some("run")
+                        }
+                        _ => true,
+                    }
+            })
+    }
+
+    /// The job of a tree whose top was re-parented to a live job supervisor: `vramguard run`
+    /// as the subreaper of its job, or a container init (see [`job_supervisor`]). Its job
+    /// lives while the supervisor does.
+    fn adopted_by_supervisor(&self, top: &ProcessFacts, via: &str) -> Option<JobView> {
+        let pp = top.ppid.filter(|pp| *pp > 0)?;
+        let sup = self.snap.process(pp)?;
+        // vramguard asking about its own job (`run`'s summary, after the job ended) is no
+        // keeper of it.
+        if sup.state == Some('Z') || sup.is_kernel_thread() || pp == self.snap.host.self_pid {
+            return None;
+        }
+        let kind = job_supervisor(sup)?;
+        let evidence = if kind == "run" {
+            format!(
+                "re-parented to the vramguard run supervisor {}, which lives{via}: its job \
+                 lives while the supervisor does",
+                self.describe(pp)
+            )
+        } else {
+            format!(
+                "re-parented to the container init {}, which lives{via}: its job lives while \
+                 the init does",
+                self.describe(pp)
+            )
+        };
+        Some(supervised_view(
+            format!("{kind}:{pp}"),
+            evidence,
+            Some(top.pid),
+        ))
     }
 
     /// The job of a container, a pod, a Slurm step or a systemd unit, and whether it lives.
@@ -1430,6 +1534,8 @@ impl<'a> Context<'a> {
                     None,
                 ),
             },
+            // Never named by a cgroup alone (see `run_cgroup_view`).
+            JobKind::Supervised => (Some(true), format!("in {}", shown(&cg.label)), None),
             JobKind::Unit | JobKind::ProcessGroup => (
                 Some(true),
                 format!(
@@ -1502,6 +1608,9 @@ impl<'a> Context<'a> {
             Some(l) => l.pgid == Some(pgid) && l.state == Some('Z'),
             None => false,
         };
+        if let Some(view) = self.adopted_by_supervisor(top, &via) {
+            return view;
+        }
         let leader_command = self
             .snap
             .departed
@@ -1968,6 +2077,20 @@ impl<'a> Context<'a> {
             });
         }
         (cause, explanation)
+    }
+}
+
+/// A live job under a supervisor that ends with it (see [`JobKind::Supervised`]).
+fn supervised_view(label: String, evidence: String, tree_top: Option<u32>) -> JobView {
+    JobView {
+        info: JobInfo {
+            label,
+            kind: JobKind::Supervised,
+            alive: Some(true),
+            evidence,
+        },
+        dead: None,
+        tree_top,
     }
 }
 

@@ -1,7 +1,10 @@
 //! Which job a process belongs to, from the strongest evidence to the weakest:
-//! 1. the cgroup it lives in, when that names a job: a Kubernetes pod, a container, a Slurm
-//!    job step, a systemd unit other than a login session;
-//! 2. the process tree: a process whose parent lives belongs to its parent's job;
+//! 1. the cgroup it lives in, when that names a job: a `vramguard run` leaf whose supervisor
+//!    lives, a Kubernetes pod, a container, a Slurm job step, a systemd unit other than a
+//!    login session;
+//! 2. the process tree: a process whose parent lives belongs to its parent's job, and one
+//!    re-parented to a live job supervisor (`vramguard run`, tini, dumb-init, docker-init)
+//!    belongs to that supervisor's job;
 //! 3. the process group, as the weakest fallback.
 //!
 //! This module only reads cgroup paths; [`crate::classify`] combines them with the process
@@ -24,6 +27,10 @@ pub enum JobKind {
     Unit,
     /// A process group: the fallback when the cgroup names no job.
     ProcessGroup,
+    /// A job under a live supervisor that ends with it: `vramguard run` (`run:<pid>`, by its
+    /// cgroup or as the subreaper its escaped processes were re-parented to), or a container
+    /// init that adopted them (`tini:<pid>`, `dumb-init:<pid>`, `docker-init:<pid>`).
+    Supervised,
 }
 
 /// A job named by a cgroup path.
@@ -129,6 +136,85 @@ fn unit_job(segments: &[&str]) -> Option<CgroupJob> {
     })
 }
 
+/// The prefix of the cgroup leaf `vramguard run` makes for its job, below its own cgroup:
+/// `vramguard-run-<pid of the supervisor>` (see `vramguard_ops::supervise`).
+pub const RUN_CGROUP_PREFIX: &str = "vramguard-run-";
+
+/// A `vramguard run` cgroup a process lives in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCgroup {
+    /// The supervisor's pid, as its cgroup names it (in the supervisor's PID namespace).
+    pub supervisor: u32,
+    /// The job's cgroup: the path through the `vramguard-run-<pid>` segment.
+    pub root: String,
+    /// The cgroup the supervisor made it in, and lives in itself.
+    pub parent: String,
+}
+
+/// The `vramguard run` cgroups `p` lives in, innermost first (a `run` inside a `run` nests
+/// them).
+pub fn run_cgroups(p: &ProcessFacts) -> Vec<RunCgroup> {
+    let Some(path) = p.cgroup.as_deref() else {
+        return Vec::new();
+    };
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let mut out: Vec<RunCgroup> = segments
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let n = s.strip_prefix(RUN_CGROUP_PREFIX)?;
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let supervisor = n.parse::<u32>().ok().filter(|pid| *pid > 0)?;
+            Some(RunCgroup {
+                supervisor,
+                root: format!("/{}", segments[..=i].join("/")),
+                parent: format!("/{}", segments[..i].join("/")),
+            })
+        })
+        .collect();
+    out.reverse();
+    out
+}
+
+/// Container inits that run one job and end with it: a process re-parented to a live one
+/// belongs to its job.
+pub const CONTAINER_INIT_COMMS: &[&str] = &["tini", "dumb-init", "docker-init"];
+
+/// What kind of job supervisor `p` is by its command, when it is one that runs exactly one job
+/// and ends with it: `run` for `vramguard run`, or the container init's name (`tini`,
+/// `dumb-init`, `docker-init`, also as `tini-static`). `None` for everything else, including
+/// the other subreapers (`systemd`, `init`, `containerd-shim`, `conmon`): they outlive the
+/// jobs they adopt orphans of, so their life says nothing about a job.
+///
+/// Names and command lines are the process's own word. Believing them only ever keeps a job
+/// alive (a process named `tini` keeps what it adopted exactly as any live parent keeps its
+/// children; the subreaper exception is what it would give up), so that is all a spoofed
+/// name can do. A `vramguard` process whose command line is unreadable is taken as a `run`.
+pub fn job_supervisor(p: &ProcessFacts) -> Option<&'static str> {
+    let comm = p.comm.as_deref()?;
+    let named = |name: &str| {
+        comm.strip_prefix(name)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+    };
+    if let Some(init) = CONTAINER_INIT_COMMS.iter().find(|n| named(n)) {
+        return Some(*init);
+    }
+    if comm != "vramguard" {
+        return None;
+    }
+    match &p.cmdline {
+        // `run` before the job's own arguments (`--`): `vramguard [GLOBAL OPTIONS] run …`.
+        Some(args) if !args.is_empty() => args[1..]
+            .iter()
+            .take_while(|a| a.as_str() != "--")
+            .any(|a| a == "run")
+            .then_some("run"),
+        _ => Some("run"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +245,66 @@ mod tests {
             cgroup_job(&facts("/slurm/uid_0/job_x/step_0"))
                 .is_none_or(|j| j.kind != JobKind::Slurm)
         );
+    }
+
+    #[test]
+    fn run_cgroups_innermost_first() {
+        let p = facts("/user.slice/session-3.scope/vramguard-run-44/vramguard-run-7/sub");
+        let runs = run_cgroups(&p);
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].supervisor, 7);
+        assert_eq!(
+            runs[0].root,
+            "/user.slice/session-3.scope/vramguard-run-44/vramguard-run-7"
+        );
+        assert_eq!(
+            runs[0].parent,
+            "/user.slice/session-3.scope/vramguard-run-44"
+        );
+        assert_eq!(runs[1].supervisor, 44);
+        assert_eq!(runs[1].parent, "/user.slice/session-3.scope");
+        assert_eq!(run_cgroups(&facts("/vramguard-run-9"))[0].parent, "/");
+        for bad in [
+            "/vramguard-run-",
+            "/vramguard-run-x1",
+            "/vramguard-run-0",
+            "/vramguard-run-99999999999",
+            "/xvramguard-run-1",
+        ] {
+            assert!(run_cgroups(&facts(bad)).is_empty(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn supervisors_by_command() {
+        let p = |comm: &str, cmdline: Option<&[&str]>| ProcessFacts {
+            comm: Some(comm.into()),
+            cmdline: cmdline.map(|c| c.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        };
+        let run = ["vramguard", "--sim", "s.json", "run", "--", "python", "x"];
+        assert_eq!(job_supervisor(&p("vramguard", Some(&run))), Some("run"));
+        assert_eq!(job_supervisor(&p("vramguard", None)), Some("run"));
+        let after = ["vramguard", "sim", "--", "run"];
+        assert_eq!(job_supervisor(&p("vramguard", Some(&after))), None);
+        assert_eq!(
+            job_supervisor(&p("vramguard", Some(&["vramguard", "agent"]))),
+            None
+        );
+        assert_eq!(job_supervisor(&p("tini", None)), Some("tini"));
+        assert_eq!(job_supervisor(&p("tini-static", None)), Some("tini"));
+        assert_eq!(job_supervisor(&p("dumb-init", None)), Some("dumb-init"));
+        assert_eq!(job_supervisor(&p("docker-init", None)), Some("docker-init"));
+        for other in [
+            "systemd",
+            "init",
+            "containerd-shim",
+            "conmon",
+            "tinix",
+            "python",
+        ] {
+            assert_eq!(job_supervisor(&p(other, Some(&run))), None, "{other}");
+        }
     }
 
     #[test]

@@ -174,7 +174,15 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
         );
     }
     match h.class {
-        Class::Active => return Some("its job is alive".into()),
+        Class::Active => {
+            // A supervised job says which supervisor keeps it (already sanitised).
+            return Some(match &h.job {
+                Some(j) if j.kind == crate::job::JobKind::Supervised => {
+                    format!("its job is alive: {}", j.evidence)
+                }
+                _ => "its job is alive".into(),
+            });
+        }
         Class::System => return Some("a system service (a reset blocker, never killed)".into()),
         Class::Foreign => {
             return Some(

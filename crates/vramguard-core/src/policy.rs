@@ -33,7 +33,18 @@ pub const DEFAULT_SYSTEM_COMMS: &[&str] = &[
 /// sample's `last_busy_ms` at this threshold.
 pub const DEFAULT_GPU_WORK_MIN_PERCENT: u32 = 2;
 
-/// Parents that adopt orphans on purpose (init systems and container inits), for evidence.
+/// Parents that adopt orphans on purpose (init systems, container inits and shims, `vramguard
+/// run`). A process whose parent is one of these was (most likely) re-parented to it, so the
+/// parent's life alone does not keep its job alive: the job model stops its walk up the tree
+/// there and asks the process group instead.
+///
+/// This is deliberate for the adopters that outlive the jobs they adopt from: `systemd` (pid
+/// 1, and `systemd --user`, a subreaper for a whole login), `init`, `containerd-shim` (one
+/// shim may serve a pod's containers) and `conmon`. Were they job keepers, every orphan of
+/// every finished job on the node (or in the user's login) would be kept forever. The
+/// supervisors among them that run exactly one job and end with it — a `vramguard run`
+/// supervisor, tini, dumb-init, docker-init — are job keepers while they live: see
+/// [`crate::job::job_supervisor`].
 pub const DEFAULT_SUBREAPER_COMMS: &[&str] = &[
     "systemd",
     "init",

@@ -17,8 +17,8 @@ pub struct Snapshot {
     pub driver: DriverFacts,
     /// One entry per GPU the driver enumerated, in NVML index order.
     pub gpus: Vec<GpuSample>,
-    /// Processes relevant to the GPUs: every holder, their parents, and their process-group
-    /// leaders when those still exist. A pid referenced by a holder (its pgid, its parent) that
+    /// Processes relevant to the GPUs: every holder, their parents, their process-group
+    /// leaders and the supervisors their `vramguard run` cgroups name, when those still exist. A pid referenced by a holder (its pgid, its parent) that
     /// is absent from this list did not exist at collection time.
     pub processes: Vec<ProcessFacts>,
     /// Processes that held a GPU (or led a holder's job) in an earlier collection and have

@@ -1690,3 +1690,305 @@ fn a_listed_pid_that_is_a_nested_namespaces_pid_is_foreign_not_exited() {
     let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
     assert_eq!(h.class, Class::Exited);
 }
+
+// ---- jobs under a live supervisor (issue 26) ----
+
+/// The login session `vramguard run` was started from, and so the cgroup its supervisor
+/// lives in.
+const SESSION: &str = "/user.slice/user-1000.slice/session-3.scope";
+
+/// The red team's case: `vramguard run` (44) runs `bash job.sh` (45, alive); the job's
+/// helper (46) called `setsid`, started an idle holder (47) and exited, so the holder was
+/// re-parented to the supervisor. `cgroup`: the job runs in `vramguard-run-44`.
+fn supervised_case(cgroup: bool) -> Snapshot {
+    let mut sup = proc_(44, 30, 44, "vramguard", &[]);
+    sup.cmdline = Some(
+        [
+            "vramguard",
+            "run",
+            "--isolation",
+            "group",
+            "--",
+            "bash",
+            "job.sh",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    sup.start_ticks = Some(500);
+    sup.cgroup = Some(SESSION.into());
+    let job_cgroup = if cgroup {
+        format!("{SESSION}/vramguard-run-44")
+    } else {
+        SESSION.to_string()
+    };
+    let mut main = proc_(45, 44, 45, "bash", &[]);
+    main.cgroup = Some(job_cgroup.clone());
+    let mut holder = proc_(47, 44, 46, "python3", &[0]);
+    holder.sid = Some(46);
+    holder.cgroup = Some(job_cgroup);
+    let mut shell = proc_(30, 1, 30, "bash", &[]);
+    shell.cgroup = Some(SESSION.into());
+    snapshot(
+        vec![gpu(0, 6 * GIB, &[(47, Some(6 * GIB))])],
+        vec![init(), shell, sup, main, holder],
+    )
+}
+
+fn holder_of(s: &Snapshot, pid: u32) -> vramguard_core::report::Holder {
+    let r = classify(s, &Policy::default());
+    r.gpus[0]
+        .holders
+        .iter()
+        .find(|h| h.pid == pid)
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn a_holder_re_parented_to_a_live_vramguard_run_belongs_to_its_job() {
+    for cgroup in [false, true] {
+        let h = holder_of(&supervised_case(cgroup), 47);
+        assert_eq!(h.class, Class::Active, "cgroup {cgroup}: {h:#?}");
+        assert!(!h.action.reclaimable);
+        assert!(h.dead_job.is_none());
+        let job = h.job.as_ref().unwrap();
+        assert_eq!(job.label, "run:44");
+        assert_eq!(job.kind, vramguard_core::job::JobKind::Supervised);
+        assert_eq!(job.alive, Some(true));
+        let ev = h.evidence.join("\n");
+        if cgroup {
+            assert!(
+                ev.contains(
+                    "in vramguard run 44's cgroup /user.slice/user-1000.slice/session-3.scope/\
+                     vramguard-run-44, whose supervisor lives"
+                ),
+                "{ev}"
+            );
+        } else {
+            assert!(
+                ev.contains(
+                    "re-parented to the vramguard run supervisor 44 (vramguard), which lives"
+                ),
+                "{ev}"
+            );
+        }
+    }
+}
+
+#[test]
+fn once_the_supervisor_is_gone_its_escaped_holder_is_judged_as_before() {
+    for cgroup in [false, true] {
+        let mut s = supervised_case(cgroup);
+        // vramguard run was SIGKILLed: its job's main process died with it, the holder was
+        // re-parented to init (a stale `vramguard-run-44` cgroup may remain).
+        s.processes.retain(|p| p.pid != 44 && p.pid != 45);
+        s.processes.iter_mut().find(|p| p.pid == 47).unwrap().ppid = Some(1);
+        let h = holder_of(&s, 47);
+        assert_eq!(h.class, Class::Orphan, "cgroup {cgroup}: {h:#?}");
+        assert!(h.action.reclaimable);
+        assert_eq!(h.job.as_ref().unwrap().label, "pgid:46");
+        let ev = h.evidence.join("\n");
+        assert!(ev.contains("re-parented to init"), "{ev}");
+    }
+}
+
+#[test]
+fn a_vramguard_run_cgroup_counts_only_with_its_own_live_supervisor() {
+    // The holder is in the run's cgroup but was not adopted by it (moved in, or re-parented
+    // to init): only the cgroup can keep it.
+    let case = |edit: &dyn Fn(&mut ProcessFacts)| {
+        let mut s = supervised_case(true);
+        s.processes.iter_mut().find(|p| p.pid == 47).unwrap().ppid = Some(1);
+        edit(s.processes.iter_mut().find(|p| p.pid == 44).unwrap());
+        holder_of(&s, 47)
+    };
+    let kept = case(&|_| {});
+    assert_eq!(kept.class, Class::Active, "{kept:#?}");
+    assert_eq!(kept.job.as_ref().unwrap().label, "run:44");
+    // Its cgroup unreadable: unsure, so taken as the supervisor.
+    let unsure = case(&|s| s.cgroup = None);
+    assert_eq!(unsure.class, Class::Active, "{unsure:#?}");
+    // A leaf at the root of the hierarchy (only root makes one there): a hybrid host records
+    // a supervisor at the v2 root by its v1 path.
+    let at_root = {
+        let mut s = supervised_case(true);
+        for p in &mut s.processes {
+            if p.pid == 47 {
+                p.cgroup = Some("/vramguard-run-44".into());
+                p.ppid = Some(1);
+            }
+            if p.pid == 44 {
+                p.cgroup = Some("/process_api/920f25ea".into());
+            }
+        }
+        holder_of(&s, 47)
+    };
+    assert_eq!(
+        at_root.job.as_ref().unwrap().label,
+        "run:44",
+        "{at_root:#?}"
+    );
+    // Not named by its command: the kernel's facts decide.
+    let renamed = case(&|s| {
+        s.comm = Some("vg".into());
+        s.cmdline = None;
+    });
+    assert_eq!(renamed.class, Class::Active, "{renamed:#?}");
+    // Older than the supervisor (moved into its cgroup), kept by a supervisor that calls
+    // itself `vramguard run`.
+    let older = case(&|s| s.start_ticks = Some(5000));
+    assert_eq!(older.job.as_ref().unwrap().label, "run:44", "{older:#?}");
+    // Pid 44 is now another process: elsewhere in the tree, or another program started after
+    // the holder (a reused pid), or a zombie.
+    for (what, h) in [
+        (
+            "another cgroup",
+            case(&|s| s.cgroup = Some("/system.slice/cron.service".into())),
+        ),
+        (
+            "started later",
+            case(&|s| {
+                s.start_ticks = Some(5000);
+                s.comm = Some("bash".into());
+                s.cmdline = Some(vec!["bash".into()]);
+            }),
+        ),
+        ("a zombie", case(&|s| s.state = Some('Z'))),
+    ] {
+        assert_eq!(h.class, Class::Orphan, "{what}: {h:#?}");
+        assert_eq!(h.job.as_ref().unwrap().label, "pgid:46", "{what}");
+    }
+}
+
+#[test]
+fn a_run_in_its_own_pid_namespace_is_found_through_nspid() {
+    // `vramguard run` inside a container: its cgroup names its pid there (7), not here (44).
+    let mut s = supervised_case(true);
+    for p in &mut s.processes {
+        if let Some(cg) = p.cgroup.as_mut() {
+            *cg = cg.replace("vramguard-run-44", "vramguard-run-7");
+        }
+        if p.pid == 44 {
+            p.nspid = vec![44, 7];
+        }
+        if p.pid == 47 {
+            p.ppid = Some(1);
+        }
+    }
+    let h = holder_of(&s, 47);
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    assert_eq!(h.job.as_ref().unwrap().label, "run:44");
+}
+
+#[test]
+fn only_supervisors_that_end_with_their_job_keep_what_they_adopted() {
+    // Adopter 60 with this command; holder 61 re-parented to it, its group leader (62) gone.
+    let case = |comm: &str, cmdline: &[&str]| {
+        let mut adopter = proc_(60, 1, 60, comm, &[]);
+        adopter.cmdline = Some(cmdline.iter().map(|s| s.to_string()).collect());
+        let s = snapshot(
+            vec![gpu(0, 2 * GIB, &[(61, Some(2 * GIB))])],
+            vec![init(), adopter, proc_(61, 60, 62, "python3", &[0])],
+        );
+        holder_of(&s, 61)
+    };
+    for (comm, label) in [
+        ("tini", "tini:60"),
+        ("tini-static", "tini:60"),
+        ("dumb-init", "dumb-init:60"),
+        ("docker-init", "docker-init:60"),
+    ] {
+        let h = case(comm, &[comm, "--", "python3", "train.py"]);
+        assert_eq!(h.class, Class::Active, "{comm}: {h:#?}");
+        assert_eq!(h.job.as_ref().unwrap().label, label);
+        let ev = h.evidence.join("\n");
+        assert!(
+            ev.contains(&format!(
+                "re-parented to the container init 60 ({comm}), which lives"
+            )),
+            "{ev}"
+        );
+    }
+    // Adopters that outlive the jobs they adopt from keep nothing (deliberately), and a
+    // vramguard that is not `run` is no supervisor.
+    for (comm, cmdline) in [
+        ("systemd", &["/lib/systemd/systemd", "--user"][..]),
+        ("containerd-shim", &["containerd-shim-runc-v2"][..]),
+        ("conmon", &["conmon"][..]),
+        ("vramguard", &["vramguard", "agent"][..]),
+        ("vramguard", &["vramguard", "sim", "--", "run"][..]),
+    ] {
+        let h = case(comm, cmdline);
+        assert_eq!(h.class, Class::Orphan, "{comm} {cmdline:?}: {h:#?}");
+        let ev = h.evidence.join("\n");
+        assert!(
+            ev.contains(&format!("re-parented to the subreaper 60 ({comm})")),
+            "{ev}"
+        );
+    }
+}
+
+#[test]
+fn supervised_job_evidence_escapes_what_other_users_named() {
+    let mut s = supervised_case(true);
+    let evil = "\u{1b}]52;c;ZXZpbA==\u{7}\r\u{1b}[2K";
+    for p in &mut s.processes {
+        if let Some(cg) = p.cgroup.as_mut()
+            && cg.contains("vramguard-run-44")
+        {
+            *cg = format!("{SESSION}/job{evil}/vramguard-run-44");
+        }
+        if p.pid == 44 {
+            p.cgroup = Some(format!("{SESSION}/job{evil}"));
+            p.comm = Some(format!("vg{evil}"));
+        }
+    }
+    let h = holder_of(&s, 47);
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    let ev = h.evidence.join("\n");
+    assert!(ev.contains("vramguard run 44's cgroup"), "{ev}");
+    assert!(!ev.chars().any(|c| c.is_control() && c != '\n'), "{ev:?}");
+}
+
+#[test]
+fn a_live_supervisor_outranks_a_slurm_step_whose_daemon_is_gone() {
+    // `srun vramguard run --isolation group …`: the step daemon died, the supervisor lives.
+    let step = "/slurm/uid_1000/job_42/step_0/task_0";
+    let mut s = supervised_case(false);
+    for p in &mut s.processes {
+        if matches!(p.pid, 44 | 45 | 47) {
+            p.cgroup = Some(step.into());
+        }
+    }
+    s.job_cgroups = vec![JobCgroupFacts {
+        root: "/slurm/uid_1000/job_42".into(),
+        readable: true,
+        members: 3,
+        namespace_inits: vec![],
+        step_daemons: vec![],
+        nested_pid_namespace: false,
+    }];
+    let h = holder_of(&s, 47);
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    assert_eq!(h.job.as_ref().unwrap().label, "run:44");
+    // Without the supervisor, the step's death decides.
+    s.processes.retain(|p| p.pid != 44 && p.pid != 45);
+    s.processes.iter_mut().find(|p| p.pid == 47).unwrap().ppid = Some(1);
+    let h = holder_of(&s, 47);
+    assert_eq!(h.class, Class::Orphan, "{h:#?}");
+    assert_eq!(h.job.as_ref().unwrap().label, "slurm:42.0");
+}
+
+#[test]
+fn vramguard_run_asking_about_its_own_ended_job_is_no_keeper_of_it() {
+    // `run`'s summary names what still holds memory after its job ended: the supervisor is
+    // the one asking, and its own life says nothing about the job.
+    for cgroup in [false, true] {
+        let mut s = supervised_case(cgroup);
+        s.processes.retain(|p| p.pid != 45);
+        s.host.self_pid = 44;
+        let h = holder_of(&s, 47);
+        assert_eq!(h.class, Class::Orphan, "cgroup {cgroup}: {h:#?}");
+    }
+}

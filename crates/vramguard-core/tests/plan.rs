@@ -394,6 +394,71 @@ fn zombies_with_running_threads_are_targets_only_when_included_and_stuck_ones_ne
     );
 }
 
+// ---- jobs under a live supervisor (issue 26) ----
+
+/// `vramguard run` (44, in `/s`) runs `bash job.sh` (45); its helper (group 46, gone) started
+/// an idle holder (47) that was re-parented to the supervisor. `cgroup`: the job's processes
+/// are in `/s/vramguard-run-44`.
+fn supervised(cgroup: bool, supervisor_lives: bool) -> Snapshot {
+    let job_cg = if cgroup { "/s/vramguard-run-44" } else { "/s" };
+    let mut sup = p(44, 30, 44, "vramguard", &[]);
+    sup.cmdline = Some(
+        ["vramguard", "run", "--", "bash", "job.sh"]
+            .map(String::from)
+            .to_vec(),
+    );
+    sup.cgroup = Some("/s".into());
+    let mut main = p(45, 44, 45, "bash", &[]);
+    main.cgroup = Some(job_cg.into());
+    let mut holder = p(47, 44, 46, "python3", &[0]);
+    holder.cgroup = Some(job_cg.into());
+    let mut procs = vec![init(), p(30, 1, 30, "bash", &[]), holder];
+    if supervisor_lives {
+        procs.extend([sup, main]);
+    } else {
+        procs[2].ppid = Some(1);
+    }
+    snap(vec![gpu(0, 6 * GIB, &[(47, 6 * GIB)])], procs)
+}
+
+#[test]
+fn a_holder_of_a_live_supervised_job_is_never_planned() {
+    for cgroup in [false, true] {
+        let s = supervised(cgroup, true);
+        for opts in [
+            ReclaimOptions::default(),
+            // `top`'s `r` on the holder: its one job.
+            ReclaimOptions {
+                job_of: Some(47),
+                ..ReclaimOptions::default()
+            },
+            ReclaimOptions {
+                include: [Class::Orphan, Class::Hidden, Class::Detached, Class::Zombie]
+                    .into_iter()
+                    .collect(),
+                ..ReclaimOptions::default()
+            },
+        ] {
+            let plan = plan_of(&s, &opts);
+            assert_eq!(plan.targets().count(), 0, "cgroup {cgroup}: {plan:#?}");
+        }
+        let plan = plan_of(&s, &ReclaimOptions::default());
+        let alone = plan.left_alone.iter().find(|l| l.pid == 47).unwrap();
+        assert_eq!(alone.class, Class::Active);
+        assert!(
+            alone.reason.starts_with("its job is alive: ") && alone.reason.contains(" 44"),
+            "{}",
+            alone.reason
+        );
+
+        // The supervisor gone (SIGKILLed, its watchdog too): the escaped idle holder is an
+        // orphan again, and planned.
+        let plan = plan_of(&supervised(cgroup, false), &ReclaimOptions::default());
+        let pids: Vec<u32> = plan.targets().map(|t| t.pid).collect();
+        assert_eq!(pids, vec![47], "cgroup {cgroup}: {plan:#?}");
+    }
+}
+
 // ---- property test ----
 
 const COMMS: &[&str] = &[
@@ -406,7 +471,115 @@ const COMMS: &[&str] = &[
     "kworker",
 ];
 
+/// [`arb_plain_process`], sometimes a job supervisor or another adopter (by name and command
+/// line), in a cgroup of a few shapes, `vramguard run` leaves naming random pids among them.
 fn arb_process() -> impl Strategy<Value = ProcessFacts> {
+    (
+        arb_plain_process(),
+        prop::option::weighted(
+            0.3,
+            prop::sample::select(vec![
+                "vramguard",
+                "tini",
+                "dumb-init",
+                "docker-init",
+                "systemd",
+            ]),
+        ),
+        prop::sample::select(vec![0u8, 1, 2]),
+        prop::sample::select(vec![0u8, 1, 2, 3, 4, 5]),
+        1u32..40,
+    )
+        .prop_map(|(mut p, comm, cmdline, cgroup, run_pid)| {
+            if let Some(c) = comm {
+                p.comm = Some(c.into());
+            }
+            let comm = p.comm.clone().unwrap_or_default();
+            p.cmdline = match cmdline {
+                0 => None,
+                1 => Some(vec![comm, "run".into(), "--".into(), "python3".into()]),
+                _ => Some(vec![comm, "agent".into()]),
+            };
+            p.cgroup = match cgroup {
+                0 => None,
+                1 => Some("/s".into()),
+                2 => Some(format!("/s/vramguard-run-{run_pid}")),
+                3 => Some(format!("/s/vramguard-run-{run_pid}/w")),
+                4 => Some(format!("/vramguard-run-{run_pid}")),
+                _ => Some("/t".into()),
+            };
+            p
+        })
+}
+
+/// Whether `p` belongs to a job under a live supervisor, by the rule as the README states it
+/// (written apart from classify): in a `vramguard run` cgroup whose supervisor — that pid (or
+/// innermost NSpid), alive, not vramguard itself, in the cgroup the leaf was made in (or
+/// unreadable, or any for a leaf at the root), started no later than `p` or calling itself
+/// `vramguard run` — lives; or in a tree, followed up through live parents that are no
+/// adopters, that reaches a live `vramguard run`, tini, dumb-init or docker-init.
+fn under_live_supervisor(s: &Snapshot, policy: &Policy, p: &ProcessFacts) -> bool {
+    let live = |q: &ProcessFacts| q.state != Some('Z') && !q.is_kernel_thread();
+    let calls_itself_run = |q: &ProcessFacts| {
+        q.comm.as_deref() == Some("vramguard")
+            && q.cmdline.as_ref().is_none_or(|a| {
+                a.is_empty() || a[1..].iter().take_while(|x| *x != "--").any(|x| x == "run")
+            })
+    };
+    if let Some(cg) = &p.cgroup {
+        let segs: Vec<&str> = cg.split('/').filter(|x| !x.is_empty()).collect();
+        for (i, seg) in segs.iter().enumerate() {
+            let Some(n) = seg
+                .strip_prefix("vramguard-run-")
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let parent = format!("/{}", segs[..i].join("/"));
+            let supervises = |q: &ProcessFacts| {
+                (q.pid == n || (q.nspid.len() > 1 && q.nspid.last() == Some(&n)))
+                    && live(q)
+                    && q.pid != s.host.self_pid
+                    && (parent == "/" || q.cgroup.as_deref().is_none_or(|c| c == parent))
+                    && (q.start_ticks.zip(p.start_ticks).is_none_or(|(a, b)| a <= b)
+                        || calls_itself_run(q))
+            };
+            if s.processes.iter().any(supervises) {
+                return true;
+            }
+        }
+    }
+    // vramguard itself (`run` asking about its own, ended job) keeps nothing.
+    let supervisor = |q: &ProcessFacts| {
+        let comm = q.comm.as_deref().unwrap_or("");
+        if q.pid == s.host.self_pid {
+            return false;
+        }
+        ["tini", "dumb-init", "docker-init"]
+            .iter()
+            .any(|n| comm == *n || comm.starts_with(&format!("{n}-")))
+            || calls_itself_run(q)
+    };
+    let mut q = p;
+    for _ in 0..64 {
+        let Some(parent) = q.ppid.filter(|pp| *pp > 0).and_then(|pp| s.process(pp)) else {
+            return false;
+        };
+        if !live(parent) {
+            return false;
+        }
+        if supervisor(parent) {
+            return true;
+        }
+        if parent.pid == 1 || policy.is_subreaper_comm(parent.comm.as_deref().unwrap_or("")) {
+            return false;
+        }
+        q = parent;
+    }
+    false
+}
+
+fn arb_plain_process() -> impl Strategy<Value = ProcessFacts> {
     (
         1u32..40,
         0u32..40,
@@ -698,6 +871,13 @@ proptest! {
                 }
             }
             prop_assert!(!forbidden.contains(&t.class));
+            // Nothing of a job whose supervisor lives is planned as if its job were gone.
+            if matches!(t.class, Class::Orphan | Class::Hidden | Class::Detached) {
+                prop_assert!(
+                    !under_live_supervisor(&s, &policy, proc_),
+                    "target {} ({:?}) is in a job whose supervisor lives", t.pid, t.class
+                );
+            }
             prop_assert!(opts.include.contains(&t.class));
             prop_assert_eq!(Some(t.start_ticks), proc_.start_ticks);
             // Another user's process only with root or CAP_KILL.

@@ -615,7 +615,8 @@ impl ProcCollector {
     }
 
     /// The processes that matter: listed pids and device holders, then their relatives (every
-    /// ancestor, which the job model walks up, and every process-group leader), each read once.
+    /// ancestor, which the job model walks up, every process-group leader, and the supervisor
+    /// of each `vramguard run` cgroup they are in), each read once.
     fn holders_and_relatives(
         &mut self,
         listed: &[u32],
@@ -639,7 +640,16 @@ impl ProcCollector {
                 if depth >= MAX_ANCESTRY {
                     return;
                 }
-                for rel in [facts.ppid, facts.pgid].into_iter().flatten() {
+                // The supervisor a `vramguard run` cgroup names keeps the job alive: read it
+                // even where it is no ancestor (a process moved into the cgroup).
+                let supervisors = vramguard_core::job::run_cgroups(facts)
+                    .into_iter()
+                    .map(|r| r.supervisor);
+                for rel in [facts.ppid, facts.pgid]
+                    .into_iter()
+                    .flatten()
+                    .chain(supervisors)
+                {
                     if rel > 0 && rel != facts.pid {
                         q.push_back((rel, depth + 1));
                     }

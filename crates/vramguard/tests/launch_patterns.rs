@@ -463,15 +463,6 @@ fn dataloader_workers_of_a_killed_trainer_are_orphans() {
     assert_eq!(targets, t.workers.iter().copied().collect());
 }
 
-/// `reclaim --yes` with a short grace and an audit log of the world's, as JSON.
-fn reclaim_yes(world: &World) -> Value {
-    let audit = world.dir.path().join("audit.jsonl");
-    Vg::new(world, Path_::Nvml)
-        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
-        .arg_path("--audit-log", &audit)
-        .json(0)
-}
-
 /// The exited trainer `trainer` as status shows it: class, keepers, bytes, and its keepers
 /// as `hidden` holders that keep its context.
 fn assert_exited_and_kept(status: &Value, trainer: u32, workers: &[u32], gib: u64) {
@@ -515,7 +506,8 @@ fn forked_workers_keep_a_sigkilled_trainers_context_until_reclaimed() {
     let (status, targets) = look(&world);
     assert_exited_and_kept(&status, t.pid, &workers, 12);
     assert_eq!(targets, workers.iter().copied().collect());
-    let out = reclaim_yes(&world);
+    let (signalled, out) = reclaim_yes(&world);
+    assert_eq!(signalled, workers.iter().copied().collect(), "{out:#}");
     for w in &workers {
         assert!(!alive(*w), "keeper {w} survived: {out:#}");
     }
@@ -553,7 +545,8 @@ fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idl
     );
     assert!(exited["dead_job"].is_null(), "{exited:#}");
     assert_eq!(targets, workers.iter().copied().collect());
-    reclaim_yes(&world);
+    let (signalled, out) = reclaim_yes(&world);
+    assert_eq!(signalled, workers.iter().copied().collect(), "{out:#}");
     for w in &workers {
         assert!(!alive(*w), "keeper {w} survived");
     }
@@ -823,4 +816,233 @@ fn a_docker_container_is_shown_by_the_name_docker_gave_it() {
     let h = holder(&status, 0, l.pid(0));
     assert_eq!(h["job"]["label"], format!("docker:{}", &id[..12]), "{h:#}");
     assert!(h["container"].get("name").is_none(), "{h:#}");
+}
+
+// ---- jobs under a live `vramguard run` (issue 26) ----
+
+/// `reclaim --yes --json` with a short grace and the world's own audit log: the pids it
+/// signalled and its whole output.
+fn reclaim_yes(world: &World) -> (BTreeSet<u32>, Value) {
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(world, Path_::Nvml)
+        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
+        .arg_path("--audit-log", &audit)
+        .json(0);
+    let signalled = out["targets"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["pid"].as_u64().unwrap() as u32)
+                .collect()
+        })
+        .unwrap_or_default();
+    (signalled, out)
+}
+
+#[test]
+fn a_setsid_holder_of_a_live_vramguard_run_is_its_job_until_the_supervisor_dies() {
+    for isolation in ["cgroup", "group"] {
+        let world = World::new(1);
+        let mut job = SupervisedJob::start(&world, isolation);
+        let (sup, holder) = (job.run.pid(), job.holder);
+        let (status, targets) = look(&world);
+        let h = holder_of_status(&status, holder);
+        assert_eq!(h["class"], "active", "{isolation}: {h:#}");
+        assert_eq!(
+            h["job"]["label"],
+            format!("run:{sup}"),
+            "{isolation}: {h:#}"
+        );
+        assert_eq!(h["job"]["kind"], "supervised");
+        assert_eq!(h["job"]["alive"], json!(true));
+        let why = if isolation == "cgroup" {
+            format!("in vramguard run {sup}'s cgroup")
+        } else {
+            format!("re-parented to the vramguard run supervisor {sup} (vramguard), which lives")
+        };
+        assert!(
+            h["evidence"].to_string().contains(&why),
+            "{isolation}: {h:#}"
+        );
+        assert!(targets.is_empty(), "{isolation}: {targets:?}");
+
+        // `reclaim --yes` signals nothing, and says why the holder stays.
+        let (signalled, out) = reclaim_yes(&world);
+        assert!(signalled.is_empty(), "{isolation}: {out:#}");
+        let text = stdout(
+            &Vg::new(&world, Path_::Nvml)
+                .args(["reclaim", "--yes", "--grace", "2s"])
+                .arg_path("--audit-log", &world.dir.path().join("audit.jsonl"))
+                .code(0),
+        );
+        assert!(
+            text.contains(&format!("pid {holder}")) && text.contains(&why),
+            "{isolation}: {text}"
+        );
+        assert!(
+            alive(holder),
+            "{isolation}: the supervised holder was killed"
+        );
+
+        // The supervisor is gone and the holder escaped it: an idle orphan, reclaimed as
+        // before.
+        job.supervisor_dies();
+        let (status, targets) = look(&world);
+        let h = holder_of_status(&status, holder);
+        assert_eq!(h["class"], "orphan", "{isolation}: {h:#}");
+        assert_eq!(targets, BTreeSet::from([holder]), "{isolation}");
+        let (signalled, out) = reclaim_yes(&world);
+        assert_eq!(signalled, BTreeSet::from([holder]), "{isolation}: {out:#}");
+        wait_until(10, "the escaped holder to be reclaimed", || !alive(holder));
+    }
+}
+
+#[test]
+fn the_agents_automatic_reclaim_spares_the_holders_of_a_live_vramguard_run() {
+    let world = World::new(1);
+    let jobs: Vec<SupervisedJob> = ["cgroup", "group"]
+        .into_iter()
+        .map(|i| SupervisedJob::start(&world, i))
+        .collect();
+    // A control, started last: an idle orphan of a script that exited, which must die.
+    let mut control = launch(
+        &world,
+        &format!("{}exit 0\n", nohup(0, "eval.py")),
+        vec![holder_spec(&world, 2, 0, 0)],
+    );
+    control.script_exits();
+    let orphan = control.pid(0);
+    let audit = world.dir.path().join("agent-audit.jsonl");
+    let config = format!(
+        "[agent]\ninterval = \"250ms\"\n\
+         [reclaim]\nauto = true\nmin_age = \"1s\"\nsample = \"1s\"\ngrace = \"2s\"\naudit_log = \"{}\"\n",
+        audit.display()
+    );
+    let agent = Agent::start(&world, Path_::InProcess, &config);
+    wait_until(30, "the control orphan to be reclaimed", || !alive(orphan));
+    // The supervised holders were older, so as old as min_age before the control was; give
+    // the agent a dozen more collections to act on anything else it (wrongly) wanted.
+    let collections = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("vramguard_collections_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = collections(&agent.metrics());
+    wait_until(30, "a dozen more collections", || {
+        collections(&agent.metrics()) >= before + 12.0
+    });
+    for job in &jobs {
+        assert!(alive(job.holder), "the agent killed {}", job.holder);
+    }
+    // The audit log names the control as a target, and the supervised holders only as left
+    // alone, with the supervisor that keeps each.
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let about = |pid: u32| records.iter().filter(move |r| r["pid"] == json!(pid));
+    assert!(about(orphan).any(|r| r["event"] == "target"), "{log}");
+    for job in &jobs {
+        for r in about(job.holder) {
+            assert_eq!(r["event"], "left_alone", "{log}");
+            let reason = r["reason"].as_str().unwrap();
+            assert!(
+                reason.contains("vramguard run") && reason.contains(&format!(" {}", job.run.pid())),
+                "{reason}"
+            );
+        }
+    }
+}
+
+/// The holder `pid` on GPU 0 of a `status --json`.
+fn holder_of_status(status: &Value, pid: u32) -> &Value {
+    holder(status, 0, pid)
+}
+
+#[test]
+fn a_process_moved_into_a_live_vramguard_runs_cgroup_belongs_to_the_run() {
+    let world = World::new(1);
+    // A run whose job only sleeps; an idle orphan of a script that exited is then moved into
+    // the run's cgroup: the supervisor is no ancestor of it, only the cgroup names it.
+    let mark = world.dir.path().join("run-started");
+    let mut run = Reaped(
+        Command::new(BIN)
+            .args(["run", "--isolation", "cgroup", "--grace", "1s", "--"])
+            .args(["bash", "-c", "touch \"$1\"; exec sleep 300", "job"])
+            .arg(&mark)
+            .env_remove("VRAMGUARD_SIM")
+            .env_remove("VRAMGUARD_NVML_LIB")
+            .env_remove("VRAMGUARD_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("vramguard run"),
+    );
+    wait_until(10, "the run's job to start", || mark.exists());
+    let sup = run.pid();
+    let dir = vramguard_ops::cgroup::cgroup2_mount()
+        .expect("a cgroup2 mount")
+        .join(own_cgroup().trim_start_matches('/'))
+        .join(format!("vramguard-run-{sup}"));
+    let l = nohup_in_cgroup(&world, &dir.join("cgroup.procs"), 3);
+    let holder = l.pid(0);
+    assert_ne!(ppid_of(holder), Some(sup));
+    let (status, targets) = look(&world);
+    let h = holder_of_status(&status, holder);
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], format!("run:{sup}"), "{h:#}");
+    assert!(
+        h["evidence"]
+            .to_string()
+            .contains(&format!("in vramguard run {sup}'s cgroup")),
+        "{h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+    // The run ends normally: it kills its whole cgroup, the moved-in holder too.
+    send_term(sup);
+    run.0.wait().unwrap();
+    wait_until(10, "the run to end its cgroup", || !alive(holder));
+    drop(l);
+}
+
+#[test]
+fn a_holder_re_parented_to_a_live_container_init_belongs_to_its_job() {
+    let world = World::new(1);
+    // A subreaper named `tini` (`tini -s` as a container's init, here the vramguard binary
+    // installed as tini running `run`): its job's setsid holder is re-parented to it.
+    let tini = installed_copy(&world.dir.path().join("bin"), "tini");
+    let mut job = SupervisedJob::start_as(&world, &tini, "group");
+    let (init, holder) = (job.run.pid(), job.holder);
+    let (status, targets) = look(&world);
+    let h = holder_of_status(&status, holder);
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], format!("tini:{init}"), "{h:#}");
+    assert!(
+        h["evidence"].to_string().contains(&format!(
+            "re-parented to the container init {init} (tini), which lives"
+        )),
+        "{h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+    // The init is gone: the escaped idle holder is an orphan again.
+    job.supervisor_dies();
+    let (status, targets) = look(&world);
+    assert_eq!(
+        holder_of_status(&status, holder)["class"],
+        "orphan",
+        "{status:#}"
+    );
+    assert_eq!(targets, BTreeSet::from([holder]));
+}
+
+/// SIGTERM to `pid`, a process the test started.
+fn send_term(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
 }

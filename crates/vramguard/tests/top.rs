@@ -151,3 +151,61 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
     );
     drop(trainer);
 }
+
+#[test]
+fn top_r_on_a_holder_of_a_live_vramguard_run_signals_nothing() {
+    // Issue 26: a job under `vramguard run` whose helper called setsid, started an idle
+    // holder and exited; the holder was re-parented to the live supervisor.
+    let world = World::new(1);
+    let job = SupervisedJob::start(&world, "group");
+    let (sup, holder) = (job.run.pid(), job.holder);
+    let audit = world.state_path().with_file_name("audit.jsonl");
+    let (master, slave) = pty::pair(40, 200).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .env_remove("COLUMNS")
+        .env("TERM", "xterm-256color")
+        .arg("--sim")
+        .arg(world.state_path())
+        .args([
+            "top", "--delay", "0.3s", "--sample", "0.3s", "--grace", "2s",
+        ])
+        .arg("--audit-log")
+        .arg(&audit);
+    let mut child = Reaped(pty::spawn_on(&mut cmd, &slave).unwrap());
+    drop(slave);
+    let screen = Screen(pty::Collected::start(&master).unwrap());
+    let mut keys = std::fs::File::from(master);
+    screen.wait_for(0, &format!("{holder}"), 15);
+    screen.wait_for(0, &format!("run:{sup}"), 5);
+    // Its only holder is selected: ask for the plan of its job, and say yes to it.
+    let before = screen.len();
+    keys.write_all(b"r").unwrap();
+    screen.wait_for(before, "reclaim plan", 15);
+    screen.wait_for(before, "no process to signal", 5);
+    // The reason wraps in the popup (where depends on the pids' widths): its two ends.
+    screen.wait_for(
+        before,
+        "its job is alive: re-parented to the vramguard run",
+        5,
+    );
+    screen.wait_for(before, "(vramguard), which lives", 5);
+    keys.write_all(b"y").unwrap();
+    keys.write_all(b"q").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "top did not quit on q");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(alive(holder), "top's r killed the supervised holder");
+    let audit_text = std::fs::read_to_string(&audit).unwrap_or_default();
+    assert!(
+        !audit_text
+            .lines()
+            .any(|l| l.contains("\"event\":\"signal\"")),
+        "{audit_text}"
+    );
+    drop(job);
+}

@@ -418,3 +418,158 @@ impl Drop for TestCgroup {
         }
     }
 }
+
+/// The red team's case: `vramguard run --isolation ISOLATION` runs a job whose main process
+/// lives on (`sleep`) after a helper that called `setsid` started an idle holder and exited:
+/// the holder (its process group's leader gone) is re-parented to the supervisor.
+pub struct SupervisedJob {
+    /// `vramguard run`.
+    pub run: Reaped,
+    pub holder: u32,
+    /// The job's cgroup (cgroup isolation): removed on drop if the run left it behind.
+    cgroup: Option<std::path::PathBuf>,
+    _cleanup: Spawned,
+}
+
+impl SupervisedJob {
+    pub fn start(world: &World, isolation: &str) -> SupervisedJob {
+        Self::start_as(world, Path::new(BIN), isolation)
+    }
+
+    /// [`SupervisedJob::start`], with `vramguard run` run from the executable `program`.
+    pub fn start_as(world: &World, program: &Path, isolation: &str) -> SupervisedJob {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ready = world.dir.path().join(format!("ready-run-{isolation}-{n}"));
+        let spec = json!({
+            "state": world.state_path(),
+            "lifetime_ms": 120_000,
+            "holds": [{ "gpu": 0, "bytes": 4u64 << 30, "sm_util": 0 }],
+            "ready_file": ready,
+        });
+        let helper = world.dir.path().join(format!("helper-{isolation}-{n}.sh"));
+        std::fs::write(
+            &helper,
+            "VRAMGUARD_HOLDER=\"$H0\" nohup bash -c 'exec -a python3 \"$VG\" train.py' \
+             >/dev/null 2>&1 &\nexit 0\n",
+        )
+        .unwrap();
+        let run = Reaped(
+            std::process::Command::new(program)
+                .args(["run", "--isolation", isolation, "--grace", "1s", "--"])
+                .args(["bash", "-c", "setsid -f bash \"$1\"; exec sleep 300", "job"])
+                .arg(&helper)
+                .env("VG", BIN)
+                .env("H0", spec.to_string())
+                .env_remove("VRAMGUARD_SIM")
+                .env_remove("VRAMGUARD_NVML_LIB")
+                .env_remove("VRAMGUARD_CONFIG")
+                .env_remove("VRAMGUARD_HOLDER")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("vramguard run"),
+        );
+        let mut cleanup = Spawned::default();
+        let (holder, _) = wait_ready(&ready, run.pid());
+        cleanup.track(holder);
+        let sup = run.pid();
+        wait_until(10, "the holder to be re-parented to vramguard run", || {
+            ppid_of(holder) == Some(sup)
+        });
+        let cgroup = (isolation == "cgroup").then(|| {
+            vramguard_ops::cgroup::cgroup2_mount()
+                .expect("a cgroup2 mount")
+                .join(own_cgroup().trim_start_matches('/'))
+                .join(format!("vramguard-run-{sup}"))
+        });
+        if let Some(dir) = &cgroup {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(
+                procs.lines().any(|l| l == holder.to_string()),
+                "the holder is in {}",
+                dir.display()
+            );
+        }
+        SupervisedJob {
+            run,
+            holder,
+            cgroup,
+            _cleanup: cleanup,
+        }
+    }
+
+    /// SIGKILLs `vramguard run` and, first, its watchdog (which would kill the cgroup or the
+    /// job's process group): the holder in a session of its own escapes, as after an OOM kill
+    /// of both.
+    pub fn supervisor_dies(&mut self) {
+        let sup = self.run.pid();
+        let mut watchdog = Spawned::default();
+        for pid in children(sup) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.split(|b| *b == 0).any(|a| a == b"__watchdog") {
+                watchdog.track(pid);
+            }
+        }
+        watchdog.kill_all();
+        self.run.0.kill().unwrap();
+        self.run.0.wait().unwrap();
+        let holder = self.holder;
+        wait_until(10, "the holder to outlive its supervisor", || {
+            alive(holder) && ppid_of(holder) != Some(sup)
+        });
+    }
+}
+
+impl Drop for SupervisedJob {
+    fn drop(&mut self) {
+        let _ = self.run.0.kill();
+        let _ = self.run.0.wait();
+        if let Some(dir) = &self.cgroup
+            && dir.exists()
+        {
+            let cg = vramguard_ops::cgroup::JobCgroup::at(dir.clone());
+            cg.kill();
+            cg.wait_empty(Duration::from_secs(5));
+            cg.remove();
+        }
+    }
+}
+
+/// The parent of `pid` (`stat` field 4).
+pub fn ppid_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The children of `pid`, from every thread's children list.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        kids.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    kids
+}
+
+/// The test's own cgroup v2 path, which `vramguard run` makes its leaf in.
+pub fn own_cgroup() -> String {
+    std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .expect("a cgroup v2 line")
+}
