@@ -80,6 +80,7 @@ struct RawPolicy {
     system_comms: Vec<String>,
     work_cpu_percent: Option<f64>,
     gpu_busy_recent: Option<String>,
+    gpu_work_min_percent: Option<u32>,
     system_max_uid: Option<u32>,
 }
 
@@ -571,6 +572,15 @@ fn policy(c: &Checker, p: &RawPolicy) -> Result<Policy, ConfigError> {
         )?
         .as_secs()
         .max(1);
+    if let Some(pct) = p.gpu_work_min_percent {
+        if !(1..=100).contains(&pct) {
+            return Err(c.err(
+                "policy.gpu_work_min_percent",
+                format!("{pct}: expected a percentage from 1 to 100"),
+            ));
+        }
+        policy.gpu_work_min_percent = pct;
+    }
     if let Some(uid) = p.system_max_uid {
         policy.system_max_uid = uid;
     }
@@ -861,6 +871,7 @@ tolerance = "512MiB"
 idle_after = "2h"
 baseline = { "0" = "300MiB" }
 system_comms = ["my-exporter"]
+gpu_work_min_percent = 5
 
 [agent]
 listen = "0.0.0.0:9835"
@@ -903,6 +914,7 @@ include = ["orphan"]
         .unwrap();
         assert_eq!(c.policy.tolerance_bytes, 512 << 20);
         assert_eq!(c.policy.idle_after_secs, 7200);
+        assert_eq!(c.policy.gpu_work_min_percent, 5);
         assert!(c.policy.is_system_comm("my-exporter"));
         assert_eq!(c.agent.interval, Duration::from_millis(500));
         assert_eq!(c.agent.top_holders, 5);
@@ -984,6 +996,10 @@ include = ["orphan"]
             e.contains("policy.idle_after") && e.contains("ten minutes"),
             "{e}"
         );
+        let e = Config::parse(Path::new("v.toml"), "[policy]\ngpu_work_min_percent = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.gpu_work_min_percent"), "{e}");
         let e = Config::parse(
             Path::new("v.toml"),
             "[[alerts.rule]]\nname = \"x\"\nwhen = \"sunspots\"\n",

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[test]
 fn killed_trainer_leaves_orphaned_workers_and_a_hidden_dataloader_worker() {
@@ -838,6 +838,89 @@ fn sim_hold_started_as_a_session_leader_holds_its_memory() {
                 .any(|h| h["pid"] == pid && h["used_bytes"] == json!(2 * GIB))
         })
     });
+}
+
+/// The children `pid` started or forked (its main thread's `children` list).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// `sim hold` gives both launch patterns of issue 25: `--forked-workers` (DataLoader workers
+/// forked after the context exists: they keep it, and the driver keeps listing the SIGKILLed
+/// holder's pid with it) and `--workers` (spawned, as torch.multiprocessing does: each its own
+/// listed context; the holder's goes with it).
+#[test]
+fn sim_hold_forked_workers_keep_its_context_and_spawned_workers_have_their_own() {
+    let world = World::new(1);
+    let hold = |extra: &[&str]| {
+        Reaped(
+            std::process::Command::new(BIN)
+                .arg("--sim")
+                .arg(world.state_path())
+                .args(["sim", "hold", "--gpu", "0", "--bytes", "2GiB"])
+                .args(["--worker-bytes", "1GiB", "--lifetime", "30s"])
+                .args(extra)
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let used = || {
+        Vg::new(&world, Path_::InProcess)
+            .args(["status", "--json", "--sample", "0"])
+            .json(0)["gpus"][0]["memory"]["used"]
+            .clone()
+    };
+    let mut cleanup = Spawned::default();
+
+    let mut h = hold(&["--forked-workers", "1"]);
+    let pid = h.pid();
+    wait_until(10, "the forked worker and the 2 GiB", || {
+        children_of(pid).len() == 1 && used() == json!(2 * GIB)
+    });
+    let worker = children_of(pid)[0];
+    cleanup.track(worker);
+    h.0.kill().unwrap();
+    h.0.wait().unwrap();
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(report["gpus"][0]["memory"]["used"], json!(2 * GIB));
+    let dead = holder(&report, 0, pid);
+    assert_eq!(dead["listed"], json!(true), "{dead:#}");
+    assert_eq!(dead["used_bytes"], json!(2 * GIB), "{dead:#}");
+    assert_eq!(holder(&report, 0, worker)["listed"], json!(false));
+    cleanup.kill_all();
+    wait_until(10, "the memory to come back", || used() == json!(0));
+
+    let mut h = hold(&["--workers", "1"]);
+    let pid = h.pid();
+    wait_until(10, "the spawned worker's own 1 GiB", || {
+        used() == json!(3 * GIB)
+    });
+    let worker = children_of(pid)[0];
+    cleanup.track(worker);
+    h.0.kill().unwrap();
+    h.0.wait().unwrap();
+    wait_until(10, "the holder's own 2 GiB to go with it", || {
+        used() == json!(GIB)
+    });
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let listed: Vec<&Value> = report["gpus"][0]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["listed"] == json!(true))
+        .map(|h| &h["pid"])
+        .collect();
+    assert_eq!(listed, vec![&json!(worker)], "{report:#}");
 }
 
 #[test]
