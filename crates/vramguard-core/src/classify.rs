@@ -831,17 +831,7 @@ impl<'a> Context<'a> {
             return ties;
         }
         let unlisted: BTreeMap<u32, &ProcessFacts> = self
-            .snap
-            .processes
-            .iter()
-            .filter(|p| {
-                p.pid != self.snap.host.self_pid
-                    && !p.is_kernel_thread()
-                    && !self.listed_anywhere.contains(&p.pid)
-                    && self.holds_gpu_file(p, gpu)
-                    && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
-                    && !self.is_system(p)
-            })
+            .unlisted_context_holders(gpu)
             .map(|p| (p.pid, p))
             .collect();
         for (&pid, &p) in &unlisted {
@@ -910,6 +900,23 @@ impl<'a> Context<'a> {
         ties
     }
 
+    /// The processes that hold `gpu`'s device file and `/dev/nvidia-uvm` (a CUDA context, of
+    /// their own or inherited) while the driver lists them on no GPU: who can keep an exited
+    /// pid's context.
+    fn unlisted_context_holders(
+        &self,
+        gpu: &'a GpuSample,
+    ) -> impl Iterator<Item = &'a ProcessFacts> {
+        self.snap.processes.iter().filter(move |p| {
+            p.pid != self.snap.host.self_pid
+                && !p.is_kernel_thread()
+                && !self.listed_anywhere.contains(&p.pid)
+                && self.holds_gpu_file(p, gpu)
+                && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+                && !self.is_system(p)
+        })
+    }
+
     /// A listed pid that has exited, with the keepers of its context (see [`Class::Exited`]).
     fn exited_holder(
         &self,
@@ -967,13 +974,25 @@ impl<'a> Context<'a> {
             .map(|k| self.describe(*k))
             .collect::<Vec<_>>()
             .join(", ");
-        let maybe: Vec<u32> = ties
+        // Possible keepers: holders tied to no exited pid in particular, or not soundly, and
+        // unlisted holders of a context here that nothing ties to a dead parent (device files
+        // received over a socket, say).
+        let mut maybe: Vec<u32> = ties
             .iter()
             .filter(|(k, t)| {
                 t.exited.is_none() || (t.exited == Some(pid) && !keeper_pids.contains(k))
             })
             .map(|(k, _)| *k)
             .collect();
+        if keeper_pids.is_empty() {
+            maybe.extend(
+                self.unlisted_context_holders(gpu)
+                    .map(|p| p.pid)
+                    .filter(|p| !ties.contains_key(p)),
+            );
+            maybe.sort_unstable();
+            maybe.dedup();
+        }
         let stale = self.stale_teardown(pid);
         let all_go = !keepers.is_empty() && keepers.iter().all(|h| h.action.reclaimable);
         let (summary, command) = if !keepers.is_empty() {
@@ -1001,16 +1020,19 @@ impl<'a> Context<'a> {
             }
         } else if !maybe.is_empty() {
             evidence.push(format!(
-                "possibly kept alive by {}: several exited pids are listed on GPU {g}, and \
-                 nothing ties these holders to one of them",
+                "possibly kept alive by {}: they hold /dev/nvidia{} and /dev/nvidia-uvm unlisted, \
+                 but nothing ties them to it alone (several exited pids listed, files received \
+                 from another process, or a live relative listed on GPU {g})",
                 maybe
                     .iter()
                     .map(|k| self.describe(*k))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                self.minor_of(gpu)
             ));
             (
-                "ghost memory: its keepers cannot be told apart; see `vramguard diagnose`"
+                "ghost memory: it comes back when the processes that may keep it exit; ask \
+                 their owners"
                     .to_string(),
                 Some("vramguard diagnose".to_string()),
             )

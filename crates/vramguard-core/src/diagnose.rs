@@ -134,6 +134,17 @@ pub fn diagnose(report: Report) -> Diagnosis {
         );
     }
     let mut next_steps = leading_steps(&report, &reclaim_gpus, reclaim_hidden, &reset_gpus);
+    // Keepers of an exited pid's context in a live job are reclaimed by the same command; say
+    // so, as "whose job is gone" does not describe them.
+    let keepers = report
+        .holders()
+        .any(|(_, h)| h.keeps_alive.is_some() && h.dead_job.is_none() && h.action.reclaimable);
+    if keepers && let Some(first) = next_steps.first_mut() {
+        first.why = "terminate the holders whose job is gone, and the idle processes that keep an \
+                     exited process's context (SIGTERM, grace, SIGKILL; verified by pid and start \
+                     time)"
+            .into();
+    }
     next_steps.append(&mut steps);
     if let Some(host) = &report.host
         && host.orphan_shm_bytes > 0

@@ -258,6 +258,19 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// Its command line for display, else its command name; `[exited]` for an exited pid
+    /// whose command nobody saw, `?` for what cannot be read. Raw: escape it before printing.
+    pub fn shown_command(&self) -> &str {
+        self.command
+            .as_deref()
+            .or(self.comm.as_deref())
+            .unwrap_or(if self.class == Class::Exited {
+                "[exited]"
+            } else {
+                "?"
+            })
+    }
+
     /// Whether this holder's memory is ghost memory: its class is a ghost class and, for an
     /// exited pid, processes were seen keeping its context (one that no process keeps is a
     /// context the driver is tearing down, or residue counted as unaccounted memory).

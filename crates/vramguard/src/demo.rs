@@ -233,28 +233,29 @@ fn start_incident(demo: &mut Demo, state: &Path) -> Result<Incident> {
     let kernel_pid = demo.start(&kernel_argv, kernel)?.pid;
 
     let train_argv = argv(&["python3", "train.py", "--epochs", "10"]);
-    let mut trainer = spec(state, "python3", vec![hold(0, 16, 90)]);
-    trainer.group_leader = true;
-    // The workers' contexts take 800 ms to tear down once they exit, as big contexts do.
+    // Contexts take 800 ms to tear down once their last holder exits, as big contexts do.
     let lagging = |gib| Hold {
         after_exit: Some(AfterExit::ReleaseAfterMs(800)),
         ..hold(0, gib, 0)
     };
+    let mut trainer = spec(
+        state,
+        "python3",
+        vec![Hold {
+            sm_util: 90,
+            ..lagging(16)
+        }],
+    );
+    trainer.group_leader = true;
     let worker = |comm: &str, h: Hold| Worker {
         argv: train_argv.clone(),
         spec: spec(state, comm, vec![h]),
     };
-    trainer.workers = vec![
-        worker("python3", lagging(8)),
-        worker("python3", lagging(8)),
-        worker(
-            "pt_data_worker",
-            Hold {
-                listed: false,
-                ..lagging(2)
-            },
-        ),
-    ];
+    // Two rank workers with contexts of their own, and a DataLoader worker fork()ed after
+    // cuInit: it inherits the trainer's context, which outlives the trainer while it lives
+    // (the real driver then still lists the dead trainer with its 16 GiB).
+    trainer.workers = vec![worker("python3", lagging(8)), worker("python3", lagging(8))];
+    trainer.forked_workers = 1;
     let trainer_ready = demo.start(&train_argv, trainer)?;
 
     let mut bench = spec(

@@ -359,15 +359,7 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         | Class::Idle => h.evidence.first(),
         _ => None,
     };
-    let command =
-        h.command
-            .as_deref()
-            .or(h.comm.as_deref())
-            .unwrap_or(if h.class == Class::Exited {
-                "[exited]"
-            } else {
-                "?"
-            });
+    let command = h.shown_command();
     let (command, why) = match evidence {
         Some(e) if evidence_width >= 24 => (
             format!("{:<command_width$}", truncate(command, command_width)),

@@ -138,14 +138,15 @@ fn a_pid_the_driver_lists_after_its_exit_is_named_as_a_context_being_torn_down()
             .cloned();
         last = status;
         found.is_some_and(|h| {
-            h["class"] == "foreign"
+            h["class"] == "exited"
                 && h["evidence"][0].as_str().is_some_and(|e| {
                     e.contains(&format!("pid {leader} (python3) exited"))
                         && e.contains("the driver still lists it")
                 })
         })
     });
-    // Not ghost memory: it comes back on its own.
+    // No process keeps it (its workers have contexts of their own): not ghost memory, it
+    // comes back on its own.
     let m = agent.metrics();
     let ghost = sample(&m, "vramguard_gpu_ghost_bytes", &["gpu=\"0\""]).unwrap();
     assert_eq!(ghost, (4 * GIB) as f64, "the orphans' only: {last:#}");

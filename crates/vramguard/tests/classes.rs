@@ -660,7 +660,7 @@ fn bad_inputs_give_one_clear_line_and_exit_2() {
 fn the_demo_with_reclaim_frees_the_orphans_then_clears_the_blocker_and_resets() {
     let text = stdout(&Vg::bare().args(["demo", "--reclaim"]).code(0));
     assert!(
-        text.contains("GPU 0: 18.0 GiB freed; the driver released it"),
+        text.contains("GPU 0: 32.0 GiB freed; the driver released it"),
         "{text}"
     );
     // The default reclaim leaves the idle kernel, so the reset is refused; diagnose named
@@ -985,11 +985,18 @@ fn dataloader_workers_forked_without_exec_keep_the_dead_trainers_memory_as_hidde
         "the context outlives the trainer"
     );
     // As a real driver does (H200, driver 580.159.04), the dead trainer's pid stays listed
-    // with the whole context while its workers keep it. How vramguard classifies that pid is
-    // issue 25's first item, not asserted here.
+    // with the whole context while its workers keep it: exited, kept by its workers, ghost.
     let dead = holder(&report, 0, leader);
     assert_eq!(dead["listed"], json!(true), "{dead:#}");
     assert_eq!(dead["used_bytes"], json!(4 * GIB), "{dead:#}");
+    assert_eq!(dead["class"], "exited", "{dead:#}");
+    let mut workers = trainer.workers.clone();
+    workers.sort_unstable();
+    assert_eq!(dead["keepers"], json!(workers), "{dead:#}");
+    assert_eq!(g0["ghost_bytes"], json!(4 * GIB), "{g0:#}");
+    for &w in &trainer.workers {
+        assert_eq!(holder(&report, 0, w)["keeps_alive"], json!(leader));
+    }
     // Once the workers are gone too, the memory is back.
     for &w in &trainer.workers {
         let _ = std::process::Command::new("kill")
@@ -1040,6 +1047,16 @@ fn device_files_received_over_a_unix_socket_keep_the_senders_memory() {
     let dead = holder(&report, 0, sender.pid);
     assert_eq!(dead["listed"], json!(true), "{dead:#}");
     assert_eq!(dead["used_bytes"], json!(3 * GIB), "{dead:#}");
+    // Nothing ties the receiver to the sender but the files: a possible keeper, named, and
+    // never reclaimed by default (its own job lives).
+    assert_eq!(dead["class"], "exited", "{dead:#}");
+    assert_eq!(dead["keepers"], json!([receiver.pid]), "{dead:#}");
+    assert!(
+        dead["evidence"]
+            .to_string()
+            .contains("possibly kept alive by"),
+        "{dead:#}"
+    );
     drop(receiver);
     wait_until(10, "the memory to come back", || {
         Vg::new(&world, Path_::InProcess)

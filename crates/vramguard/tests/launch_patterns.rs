@@ -483,6 +483,9 @@ fn assert_exited_and_kept(status: &Value, trainer: u32, workers: &[u32], gib: u6
         let h = holder(status, 0, *w);
         assert_eq!(h["class"], "hidden", "{h:#}");
         assert_eq!(h["keeps_alive"], json!(trainer), "{h:#}");
+        // Its verdict rests on work: it was watched over the sampling window.
+        assert!(h["cpu_millicores"].as_u64().is_some(), "{h:#}");
+        assert_eq!(h["work"]["state"], "idle", "{h:#}");
     }
     assert_eq!(
         status["gpus"][0]["ghost_bytes"],

@@ -325,10 +325,7 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool, host_columns: bool) -> Row<'
         Cell::from(format!(
             "{}{}",
             if tree { "└ " } else { "" },
-            fit(
-                h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
-                200
-            )
+            fit(h.shown_command(), 200)
         )),
     ]);
     Row::new(cells)
@@ -497,10 +494,7 @@ fn dialog(frame: &mut Frame, app: &App, paint: &Paint) {
                         r.gpu,
                         h.class.as_str()
                     )),
-                    Line::from(fit(
-                        h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?"),
-                        500,
-                    )),
+                    Line::from(fit(h.shown_command(), 500)),
                     Line::from(host_memory_line(h)),
                     Line::from(""),
                 ];
