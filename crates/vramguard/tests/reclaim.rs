@@ -313,7 +313,7 @@ fn sigkill_in_the_middle_of_a_reclaim_leaves_a_whole_audit_log() {
     let job = crashed_job(&world, json!("release"), true);
     let audit = world.dir.path().join("audit.jsonl");
     let mut reclaim = Reaped(
-        std::process::Command::new(BIN)
+        vg_command()
             .env_remove("VRAMGUARD_SIM")
             .args(["--sim".as_ref(), world.state_path().as_os_str()])
             .args([
