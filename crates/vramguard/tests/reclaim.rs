@@ -379,7 +379,7 @@ fn without_root_other_users_orphans_are_left_alone_and_it_says_why() {
     let world = World::new(1);
     let job = crashed_job_open_to_everyone(&world);
     let audit = world.dir.path().join("audit.jsonl");
-    let out = std::process::Command::new("setpriv")
+    let out = vg_wrapped("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -415,7 +415,7 @@ fn as_nobody_with_caps(
     caps: &str,
     args: &[&std::ffi::OsStr],
 ) -> std::process::Output {
-    std::process::Command::new("setpriv")
+    vg_wrapped("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(format!("--inh-caps={caps}"))
         .arg(format!("--ambient-caps={caps}"))

@@ -413,7 +413,7 @@ fn as_pid_1(isolation: &str) {
         made = made.display()
     );
     let mut unshare = Reaped(
-        Command::new("unshare")
+        vg_wrapped("unshare")
             .args([
                 "--pid",
                 "--fork",

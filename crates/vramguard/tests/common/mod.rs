@@ -24,6 +24,14 @@ pub fn vg_command() -> Command {
     cmd
 }
 
+/// A wrapper (`setpriv`, `unshare`, `setsid`) that runs the binary: [`vg_command`]'s
+/// environment, so that the binary it starts reads no host config either.
+pub fn vg_wrapped(wrapper: &str) -> Command {
+    let mut cmd = Command::new(wrapper);
+    cmd.env("VRAMGUARD_CONFIG", "none");
+    cmd
+}
+
 /// How the binary reads the GPUs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Path_ {
