@@ -27,6 +27,8 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertman
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # The host-memory tests run small Python workers that map shared memory and lock pages.
 [ -x /usr/bin/python3 ] || need+=(python3)
+# The audit log's fsync before each signal is observed in the binary's system calls.
+command -v strace >/dev/null 2>&1 || need+=(strace)
 # The systemd unit in deploy/ is checked with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then

@@ -15,6 +15,11 @@ use vramguard_core::units::{parse_bytes, parse_duration};
 /// The default config path, read when it exists.
 pub const DEFAULT_CONFIG: &str = "/etc/vramguard/config.toml";
 
+/// The config path that means "no file: the defaults", even where [`DEFAULT_CONFIG`] exists
+/// (`--config none`, `VRAMGUARD_CONFIG=none`): what the test suite runs with, so that a node
+/// with vramguard installed runs it as any other does. A file of that name is `./none`.
+pub const NO_CONFIG: &str = "none";
+
 /// A config that cannot be used: the file, and what is wrong where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("config {path}: {message}")]
@@ -377,9 +382,11 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads `path`, or the default path when it exists, or nothing.
+    /// Reads `path`, or the default path when it exists, or nothing; [`NO_CONFIG`] is
+    /// nothing, whatever exists.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let path = match path {
+            Some(p) if p.as_os_str() == NO_CONFIG => return Ok(Config::default()),
             Some(p) => p.to_path_buf(),
             None if Path::new(DEFAULT_CONFIG).exists() => PathBuf::from(DEFAULT_CONFIG),
             None => return Ok(Config::default()),
@@ -831,6 +838,14 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `none` is the defaults and reads no file, not even /etc/vramguard/config.toml.
+    #[test]
+    fn none_is_the_defaults_whatever_is_installed() {
+        let c = Config::load(Some(Path::new(NO_CONFIG))).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.path, None);
+    }
 
     /// The example packages install as /etc/vramguard/config.toml lists the defaults: a
     /// default changed in code and not in the file (or a typo in the file) fails here.

@@ -76,6 +76,17 @@ mod tests {
         assert_eq!(escape("del\x7f nul\0"), "del\\x7f nul\\x00");
         assert_eq!(escape("c1 \u{9b}31m"), "c1 \\u{9b}31m");
         assert_eq!(escape("rtl \u{202e}gpj.exe"), "rtl \\u{202e}gpj.exe");
+        // Every direction embedding, override, isolate and mark.
+        for c in ['\u{200e}', '\u{200f}']
+            .into_iter()
+            .chain('\u{202a}'..='\u{202e}')
+            .chain('\u{2066}'..='\u{2069}')
+        {
+            assert_eq!(
+                escape(&format!("a{c}b")),
+                format!("a\\u{{{:x}}}b", c as u32)
+            );
+        }
         assert_eq!(escape(&escape("\x1b\n")), "\\e\\n", "idempotent");
         assert!(matches!(
             escape("python3 train.py ünïcode"),
@@ -93,9 +104,12 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn nothing_unsafe_survives(s in "\\PC*|[\\x00-\\x20\\x7f-\\u{9f}\\u{202a}-\\u{202e}a-z]{0,40}") {
+        fn nothing_unsafe_survives(s in "\\PC*|[\\x00-\\x20\\x7f-\\u{9f}\\u{200e}\\u{200f}\\u{202a}-\\u{202e}\\u{2066}-\\u{2069}a-z]{0,40}") {
             let e = escape(&s);
-            let leaked = e.chars().any(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}'));
+            let leaked = e.chars().any(|c| {
+                c.is_control()
+                    || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            });
             proptest::prop_assert!(!leaked, "{:?} escaped to {:?}", s, e);
         }
     }

@@ -195,6 +195,117 @@ fn job_of_keeps_one_dead_job_and_nothing_else() {
     assert!(plan_of(&s, &opts(999)).is_empty());
 }
 
+/// `--job LABEL` keeps the holders of that job and nothing else: a label that is a prefix of
+/// another job's (`slurm:42` of `slurm:421`, `slurm:42.1` of `slurm:42.10`, a pod UID or a
+/// container name of a longer one) never reaches the longer one.
+#[test]
+fn a_job_label_never_matches_another_job_that_shares_its_prefix() {
+    let slurm = |pid: u32, cgroup: &str| {
+        let mut q = p(pid, 1, pid, "python", &[0]);
+        q.cgroup = Some(cgroup.into());
+        q
+    };
+    let pod = |pid: u32, uid: &str| {
+        let mut q = p(pid, 1, pid, "python", &[0]);
+        q.cgroup = Some(format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{pid:064}.scope",
+            uid.replace('-', "_")
+        ));
+        q.pod_uid = Some(uid.into());
+        q
+    };
+    let docker = |pid: u32, name: &str| {
+        let id = format!("{pid:064}");
+        let mut q = p(pid, 1, pid, "python", &[0]);
+        q.cgroup = Some(format!("/system.slice/docker-{id}.scope"));
+        q.container = Some(ContainerRef {
+            runtime: "docker".into(),
+            id,
+            name: Some(name.into()),
+        });
+        q
+    };
+    let v2 = "/system.slice/slurmstepd.scope";
+    let holders = vec![
+        (201, slurm(201, &format!("{v2}/job_42/step_0/user/task_0"))),
+        (202, slurm(202, &format!("{v2}/job_42/step_1/user/task_0"))),
+        (203, slurm(203, &format!("{v2}/job_42/step_10/user/task_0"))),
+        (204, slurm(204, &format!("{v2}/job_421/step_0/user/task_0"))),
+        (205, slurm(205, &format!("{v2}/job_421"))),
+        (206, slurm(206, &format!("{v2}/job_4/step_1/user/task_0"))),
+        (207, slurm(207, "/slurm/uid_1000/job_4210/step_1/task_0")),
+        (301, pod(301, "0b7c9a52-1d7e-4a34-9d6c-4f0a8c2b1e10")),
+        (302, pod(302, "0b7c9a52-1d7e-4a34-9d6c-4f0a8c2b1e101")),
+        (401, docker(401, "train")),
+        (402, docker(402, "train-2")),
+        (403, docker(403, "train2")),
+    ];
+    let listed: Vec<(u32, u64)> = holders.iter().map(|(pid, _)| (*pid, GIB)).collect();
+    let mut procs = vec![init()];
+    procs.extend(holders.into_iter().map(|(_, q)| q));
+    let s = snap(vec![gpu(0, 12 * GIB, &listed)], procs);
+    let report = classify(&s, &Policy::default());
+    let label_of = |pid: u32| {
+        report
+            .gpus
+            .iter()
+            .flat_map(|g| &g.holders)
+            .find(|h| h.pid == pid)
+            .and_then(|h| h.job.as_ref().map(|j| j.label.clone()))
+    };
+    // The labels are what `status` shows; the cases below rely on them.
+    assert_eq!(label_of(203).as_deref(), Some("slurm:42.10"));
+    assert_eq!(label_of(205).as_deref(), Some("slurm:421"));
+    assert_eq!(label_of(402).as_deref(), Some("docker:train-2"));
+    assert_eq!(
+        label_of(302).as_deref(),
+        Some("pod:0b7c9a52-1d7e-4a34-9d6c-4f0a8c2b1e101")
+    );
+    let considered = |label: &str| {
+        let plan = plan_reclaim(
+            &s,
+            &report,
+            &ReclaimOptions {
+                job_label: Some(label.into()),
+                include: Class::ALL.iter().copied().collect(),
+                ..Default::default()
+            },
+        );
+        let mut pids: Vec<u32> = plan
+            .targets()
+            .map(|t| t.pid)
+            .chain(plan.left_alone.iter().map(|l| l.pid))
+            .collect();
+        pids.sort();
+        pids.dedup();
+        pids
+    };
+    for (label, pids) in [
+        ("slurm:42", vec![201, 202, 203]),
+        ("slurm:42.1", vec![202]),
+        ("slurm:42.10", vec![203]),
+        ("slurm:421", vec![204, 205]),
+        ("slurm:421.0", vec![204]),
+        ("slurm:4", vec![206]),
+        ("slurm:4210", vec![207]),
+        ("pod:0b7c9a52-1d7e-4a34-9d6c-4f0a8c2b1e10", vec![301]),
+        ("pod:0b7c9a52-1d7e-4a34-9d6c-4f0a8c2b1e101", vec![302]),
+        ("docker:train", vec![401]),
+        ("docker:train-2", vec![402]),
+        ("docker:train2", vec![403]),
+    ] {
+        assert_eq!(
+            considered(label),
+            pids,
+            "--job {label} considered holders of other jobs (or missed its own); labels: {:?}",
+            considered(label)
+                .iter()
+                .map(|p| (*p, label_of(*p)))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
 #[test]
 fn hidden_holders_only_when_their_job_is_gone_and_their_memory_is_expected_back() {
     let s = snap(
@@ -471,6 +582,18 @@ const COMMS: &[&str] = &[
     "kworker",
 ];
 
+/// Slurm cgroups whose labels share prefixes (`slurm:42` and `slurm:421`, `slurm:42.1` and
+/// `slurm:42.10`), for the `--job` property.
+const SLURM_CGROUPS: &[&str] = &[
+    "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0",
+    "/system.slice/slurmstepd.scope/job_42/step_1/user/task_0",
+    "/system.slice/slurmstepd.scope/job_42/step_10/user/task_0",
+    "/slurm/uid_1000/job_42/step_batch/task_0",
+    "/system.slice/slurmstepd.scope/job_421/step_0/user/task_0",
+    "/system.slice/slurmstepd.scope/job_421",
+    "/system.slice/slurmstepd.scope/job_4/step_1/user/task_0",
+];
+
 /// [`arb_plain_process`], sometimes a job supervisor or another adopter (by name and command
 /// line), in a cgroup of a few shapes, `vramguard run` leaves naming random pids among them.
 fn arb_process() -> impl Strategy<Value = ProcessFacts> {
@@ -487,7 +610,7 @@ fn arb_process() -> impl Strategy<Value = ProcessFacts> {
             ]),
         ),
         prop::sample::select(vec![0u8, 1, 2]),
-        prop::sample::select(vec![0u8, 1, 2, 3, 4, 5]),
+        prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6]),
         1u32..40,
     )
         .prop_map(|(mut p, comm, cmdline, cgroup, run_pid)| {
@@ -506,7 +629,8 @@ fn arb_process() -> impl Strategy<Value = ProcessFacts> {
                 2 => Some(format!("/s/vramguard-run-{run_pid}")),
                 3 => Some(format!("/s/vramguard-run-{run_pid}/w")),
                 4 => Some(format!("/vramguard-run-{run_pid}")),
-                _ => Some("/t".into()),
+                5 => Some("/t".into()),
+                _ => Some(SLURM_CGROUPS[run_pid as usize % SLURM_CGROUPS.len()].into()),
             };
             p
         })
@@ -749,6 +873,21 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
         )
 }
 
+/// Whether `label` is of the job `want` names, by its parts: the same kind and id, and the
+/// same Slurm step when `want` names one (`slurm:42` is every step of job 42).
+fn same_job(want: &str, label: &str) -> bool {
+    match (want.strip_prefix("slurm:"), label.strip_prefix("slurm:")) {
+        (Some(w), Some(l)) => {
+            let (l_job, l_step) = l.split_once('.').map_or((l, None), |(j, s)| (j, Some(s)));
+            match w.split_once('.') {
+                Some((w_job, w_step)) => w_job == l_job && Some(w_step) == l_step,
+                None => w == l_job,
+            }
+        }
+        _ => want == label,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(4000))]
     #[test]
@@ -783,7 +922,11 @@ proptest! {
     }
 
     #[test]
-    fn narrowing_to_a_job_label_only_removes_targets((s, opts) in arb_snapshot(), pick in 0usize..64) {
+    fn narrowing_to_a_job_label_only_removes_targets_and_never_reaches_another_job(
+        (s, opts) in arb_snapshot(),
+        pick in 0usize..64,
+        whole_job in any::<bool>(),
+    ) {
         let policy = Policy { idle_after_secs: 60, ..Policy::default() };
         let report = classify(&s, &policy);
         let all: BTreeSet<u32> = plan_reclaim(&s, &report, &opts).targets().map(|t| t.pid).collect();
@@ -793,22 +936,32 @@ proptest! {
             .flat_map(|g| &g.holders)
             .filter_map(|h| h.job.as_ref().map(|j| j.label.clone()))
             .collect();
-        if let Some(label) = labels.get(pick % labels.len().max(1)) {
+        // A holder's label, and (for a Slurm step) its whole job's: `slurm:42.1` and `slurm:42`.
+        let picked = labels.get(pick % labels.len().max(1)).map(|label| {
+            match label.split_once('.').filter(|_| whole_job && label.starts_with("slurm:")) {
+                Some((job, _)) => job.to_string(),
+                None => label.clone(),
+            }
+        });
+        if let Some(label) = picked.as_ref() {
             let narrowed = plan_reclaim(
                 &s,
                 &report,
                 &ReclaimOptions { job_label: Some(label.clone()), ..opts.clone() },
             );
+            let of_the_job = |pid: u32| {
+                report.gpus.iter().flat_map(|g| &g.holders).any(|h| {
+                    h.pid == pid && h.job.as_ref().is_some_and(|j| same_job(label, &j.label))
+                })
+            };
             for t in narrowed.targets() {
                 prop_assert!(all.contains(&t.pid), "narrowing added {}", t.pid);
                 let h = report.gpus.iter().flat_map(|g| &g.holders).find(|h| h.pid == t.pid).unwrap();
-                prop_assert_eq!(h.job.as_ref().map(|j| &j.label), Some(label));
+                prop_assert!(
+                    of_the_job(t.pid),
+                    "--job {} targeted {} of job {:?}", label, t.pid, h.job.as_ref().map(|j| &j.label)
+                );
             }
-            let of_the_job = |pid: u32| {
-                report.gpus.iter().flat_map(|g| &g.holders).any(|h| {
-                    h.pid == pid && h.job.as_ref().map(|j| &j.label) == Some(label)
-                })
-            };
             for l in &narrowed.left_alone {
                 prop_assert!(of_the_job(l.pid), "{} is not of {}", l.pid, label);
             }

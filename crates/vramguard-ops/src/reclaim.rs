@@ -1232,6 +1232,72 @@ mod tests {
         assert!(node.signals().is_empty(), "{:?}", node.signals());
     }
 
+    /// Write-ahead for every signal the executor sends: the log is made to fail at each record
+    /// of the run in turn (SIGTERMs, the exits, the SIGKILLs), and whatever the node received
+    /// by then is exactly what the log holds a `signal` record for.
+    #[test]
+    fn every_signal_sent_has_its_record_written_first_wherever_the_log_fails() {
+        let node = || {
+            let n = demo();
+            n.behave(16521, Behaviour::IgnoresTerm)
+                .behave(16522, Behaviour::IgnoresTerm);
+            n
+        };
+        let signal_records = |audit: &str| -> Vec<(u32, String)> {
+            let mut v: Vec<(u32, String)> = audit
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|r| r["event"] == "signal")
+                .map(|r| {
+                    (
+                        r["pid"].as_u64().unwrap() as u32,
+                        r["signal"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let received = |n: &FakeNode| -> Vec<(u32, String)> {
+            let mut v: Vec<(u32, String)> = n
+                .signals()
+                .iter()
+                .map(|s| (s.pid, s.signal.to_string()))
+                .collect();
+            v.sort();
+            v
+        };
+        let whole = node();
+        let ran = reclaim(&whole, &opts(ResetMode::Never), None);
+        assert!(ran.outcome.is_ok(), "{:?}", ran.outcome);
+        let all = received(&whole);
+        assert_eq!(
+            all.iter().filter(|(_, s)| s == "KILL").count(),
+            2,
+            "the two SIGTERM ignorers are SIGKILLed: {all:?}"
+        );
+        // The sweep below passes every one of them: each SIGTERM's and each SIGKILL's record
+        // is, at some budget, the one that fails.
+        assert_eq!(signal_records(&ran.audit), all, "{}", ran.audit);
+        let records = ran.audit.lines().count();
+        for budget in 0..records {
+            let n = node();
+            let ran = reclaim(&n, &opts(ResetMode::Never), Some(budget));
+            assert!(
+                ran.outcome.is_err(),
+                "with room for {budget} records: {:?}",
+                ran.outcome
+            );
+            assert_eq!(
+                received(&n),
+                signal_records(&ran.audit),
+                "with room for {budget} records, the node received a signal whose record was \
+                 never written (audit log:\n{})",
+                ran.audit
+            );
+        }
+    }
+
     #[test]
     fn a_failed_record_after_sigterm_stops_and_names_what_got_no_sigkill() {
         let node = demo();

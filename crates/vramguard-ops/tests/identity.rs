@@ -99,6 +99,236 @@ fn a_pid_reused_by_a_new_process_is_never_signalled() {
     panic!("could not get the kernel to reuse a pid in 50 attempts");
 }
 
+// ---- The node's signals, with the kernel made to reuse the planned pid ----
+//
+// Each test below runs itself again as PID 1 of a fresh PID (and mount) namespace, with its
+// own /proc: nothing else forks there, so `ns_last_pid` hands the planned pid to the newcomer
+// every time, and the newcomer's start time is steered into the planned one's clock tick or a
+// later one. The real [`MachineNode`] pins and signals; the newcomer blocks SIGTERM, so a
+// signal that reached it is seen at once (pending, or a zombie for SIGKILL) and no test waits
+// for "nothing to happen".
+//
+// What guards what: a pid reused *after* pinning is out of reach of the pidfd whatever its
+// start time (`MachineNode::signal` must go through it, not `kill(pid)`); a pid reused
+// *before* pinning, in a later tick, is refused by the start-time check. A pid reused before
+// pinning in the same tick cannot be told apart by anything in /proc: that is why pinning
+// follows planning at once.
+
+use vramguard_node::{MachineNode, Node, ResetBackend};
+
+/// Runs the calling test (`name`) as PID 1 of a fresh PID namespace; returns whether this
+/// process is that one (then the caller goes on with the test's body).
+fn in_a_fresh_pid_namespace(name: &str) -> bool {
+    if std::process::id() == 1 {
+        return true;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "--"])
+        .arg(&exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare (util-linux) runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name} in a fresh PID namespace: {}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
+}
+
+/// A GPU source with no GPU: these tests only pin and signal.
+struct NoGpus;
+
+impl vramguard_gpu::GpuSource for NoGpus {
+    fn sample(
+        &mut self,
+        _: Duration,
+    ) -> Result<vramguard_gpu::DriverSample, vramguard_gpu::SourceError> {
+        Ok(vramguard_gpu::DriverSample {
+            driver: vramguard_core::snapshot::DriverFacts {
+                source: vramguard_core::snapshot::DriverSource::Simulated,
+                library: None,
+                driver_version: None,
+                nvml_version: None,
+            },
+            gpus: Vec::new(),
+        })
+    }
+    fn memory_used(&mut self, _: u32) -> Result<u64, vramguard_core::snapshot::CallError> {
+        Ok(0)
+    }
+}
+
+fn machine() -> MachineNode {
+    let proc_root = Path::new("/proc");
+    MachineNode::new(
+        Box::new(NoGpus),
+        vramguard_proc::ProcCollector::new(proc_root, "/dev").unwrap(),
+        vramguard_core::Policy::default(),
+        ResetBackend::Command(vec!["false".into()]),
+        proc_root,
+    )
+}
+
+/// The current clock tick (USER_HZ, as in `stat`'s start time), from /proc/uptime.
+fn ticks_now() -> u64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let secs = uptime.split_whitespace().next().unwrap();
+    let (whole, frac) = secs.split_once('.').unwrap();
+    let hz = rustix::param::clock_ticks_per_second();
+    assert_eq!(hz, 100, "/proc/uptime counts hundredths; USER_HZ is {hz}");
+    whole.parse::<u64>().unwrap() * 100 + frac.parse::<u64>().unwrap()
+}
+
+/// Waits until the clock tick is past `ticks`.
+fn wait_for_a_tick_after(ticks: u64) {
+    wait_until(5, "the next clock tick", || ticks_now() > ticks);
+}
+
+/// A process that takes `pid` (the kernel's next pid is steered there) and blocks SIGTERM.
+fn newcomer_at(pid: u32) -> Reaped {
+    std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pid - 1)).unwrap();
+    let mut cmd = Command::new("sleep");
+    cmd.arg("60").stdin(Stdio::null());
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let newcomer = Reaped(cmd.spawn().unwrap());
+    assert_eq!(
+        newcomer.pid(),
+        pid,
+        "nothing else forks in this PID namespace: the newcomer takes the planned pid"
+    );
+    newcomer
+}
+
+/// Panics if `pid` (a child not yet reaped) got SIGTERM or SIGKILL: a signal that reached it
+/// is pending (it blocks SIGTERM; SIGKILL is pending until it dies) or it is a zombie.
+fn assert_untouched(pid: u32, case: &str) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+            .trim()
+            .to_string()
+    };
+    let mask = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+    let pending = mask("SigPnd:") | mask("ShdPnd:");
+    let term_or_kill = (1 << (15 - 1)) | (1 << (9 - 1));
+    assert!(
+        pending & term_or_kill == 0 && !field("State:").starts_with('Z'),
+        "{case}: the newcomer with the reused pid {pid} was signalled (State {}, pending \
+         signals {pending:#x})",
+        field("State:")
+    );
+}
+
+/// The planned process: `sleep`, its identity read as a plan reads it.
+fn planned() -> (Reaped, Identity) {
+    let victim = sleeper();
+    let id = identity_of(victim.pid());
+    (victim, id)
+}
+
+fn end(mut victim: Reaped) {
+    victim.0.kill().unwrap();
+    victim.0.wait().unwrap();
+}
+
+/// Sends SIGTERM and SIGKILL to `id` through `node`: neither may reach `newcomer`, and the
+/// node must say it sent nothing.
+fn signal_both(node: &mut MachineNode, id: Identity, newcomer: &Reaped, case: &str) {
+    for sig in [Signal::TERM, Signal::KILL] {
+        let sent = node.signal(id, sig);
+        assert_untouched(newcomer.pid(), &format!("{case}, {sig:?} ({sent:?})"));
+        assert!(sent.is_err(), "{case}: {sig:?} to {id:?} was sent");
+    }
+}
+
+#[test]
+fn a_pid_reused_after_pinning_in_the_same_tick_is_out_of_the_nodes_reach() {
+    if !in_a_fresh_pid_namespace(
+        "a_pid_reused_after_pinning_in_the_same_tick_is_out_of_the_nodes_reach",
+    ) {
+        return;
+    }
+    let mut node = machine();
+    // The whole dance must fit in one 10 ms tick: start right after a tick begins, and try
+    // again when it did not fit.
+    for _attempt in 0..200 {
+        wait_for_a_tick_after(ticks_now());
+        let (victim, id) = planned();
+        assert_eq!(node.pin(&[id]), vec![Ok(())]);
+        end(victim);
+        let newcomer = newcomer_at(id.pid);
+        if start_ticks(Path::new("/proc"), id.pid) != Some(id.start_ticks) {
+            continue;
+        }
+        let case = "pinned, then reused in the same tick";
+        signal_both(&mut node, id, &newcomer, case);
+        return;
+    }
+    panic!("could not start the newcomer in the planned process's clock tick in 200 attempts");
+}
+
+#[test]
+fn a_pid_reused_after_pinning_in_a_later_tick_is_out_of_the_nodes_reach() {
+    if !in_a_fresh_pid_namespace(
+        "a_pid_reused_after_pinning_in_a_later_tick_is_out_of_the_nodes_reach",
+    ) {
+        return;
+    }
+    let mut node = machine();
+    let (victim, id) = planned();
+    assert_eq!(node.pin(&[id]), vec![Ok(())]);
+    end(victim);
+    wait_for_a_tick_after(id.start_ticks);
+    let newcomer = newcomer_at(id.pid);
+    assert_ne!(
+        start_ticks(Path::new("/proc"), id.pid),
+        Some(id.start_ticks)
+    );
+    let case = "pinned, then reused in a later tick";
+    signal_both(&mut node, id, &newcomer, case);
+}
+
+#[test]
+fn a_pid_reused_before_pinning_in_a_later_tick_is_refused_by_its_start_time() {
+    if !in_a_fresh_pid_namespace(
+        "a_pid_reused_before_pinning_in_a_later_tick_is_refused_by_its_start_time",
+    ) {
+        return;
+    }
+    let mut node = machine();
+    let (victim, id) = planned();
+    end(victim);
+    wait_for_a_tick_after(id.start_ticks);
+    let newcomer = newcomer_at(id.pid);
+    let pinned = node.pin(&[id]);
+    let case = "reused in a later tick, then pinned";
+    signal_both(&mut node, id, &newcomer, case);
+    assert!(
+        matches!(pinned[..], [Err(Refusal::Reused { .. })]),
+        "pinning a pid reused in a later tick: {pinned:?}"
+    );
+}
+
 #[test]
 fn a_process_ignoring_sigterm_is_still_alive_at_the_deadline() {
     let ignorer = Reaped(

@@ -8,6 +8,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use vramguard_core::sanitize::shown;
 use vramguard_core::units::format_bytes;
 
 /// The GPU measured.
@@ -105,19 +106,21 @@ pub fn markdown(r: &ProbeReport) -> String {
         }
     );
     let _ = writeln!(out);
-    let _ = writeln!(out, "- command: `{}`", r.command);
+    // Text from the command line and the driver, escaped: the summary is printed on a
+    // terminal (JSON keeps it exact).
+    let _ = writeln!(out, "- command: `{}`", shown(&r.command));
     let _ = writeln!(
         out,
         "- GPU {}: {} ({}), driver {}",
         r.gpu.index,
-        r.gpu.name.as_deref().unwrap_or("?"),
-        r.gpu.uuid.as_deref().unwrap_or("?"),
-        r.driver_version.as_deref().unwrap_or("?")
+        shown(r.gpu.name.as_deref().unwrap_or("?")),
+        shown(r.gpu.uuid.as_deref().unwrap_or("?")),
+        shown(r.driver_version.as_deref().unwrap_or("?"))
     );
     let _ = writeln!(
         out,
         "- holder: {}, {} each",
-        r.holder,
+        shown(&r.holder),
         format_bytes(r.bytes)
     );
     let _ = writeln!(

@@ -93,6 +93,13 @@ pub struct HolderSpec {
     /// `comm` to take (15 bytes at most).
     #[serde(default)]
     pub comm: Option<String>,
+    /// `comm` as raw bytes, in place of `comm` (hostile-input tests: not UTF-8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_bytes: Option<Vec<u8>>,
+    /// For a worker: its argv as raw bytes, in place of the worker's `argv` (hostile-input
+    /// tests: not UTF-8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv_bytes: Option<Vec<Vec<u8>>>,
     /// Allocations to make.
     #[serde(default)]
     pub holds: Vec<Hold>,
@@ -174,6 +181,8 @@ impl HolderSpec {
         HolderSpec {
             state,
             comm: None,
+            comm_bytes: None,
+            argv_bytes: None,
             holds: vec![],
             open_gpus: vec![],
             group_leader: false,
@@ -204,7 +213,11 @@ pub use vramguard_ops::spawn::with_default_signals;
 
 /// Starts a holder as a child process with a cosmetic argv: `exe` (the vramguard binary,
 /// whose `main` runs [`run`] when it finds [`HOLDER_ENV`]) under the name `argv[0]`.
-pub fn spawn_with(exe: &Path, argv: &[String], spec: &HolderSpec) -> Result<std::process::Child> {
+pub fn spawn_with<A: AsRef<std::ffi::OsStr>>(
+    exe: &Path,
+    argv: &[A],
+    spec: &HolderSpec,
+) -> Result<std::process::Child> {
     let mut cmd = std::process::Command::new(exe);
     if let Some((first, rest)) = argv.split_first() {
         cmd.arg0(first).args(rest);
@@ -220,7 +233,10 @@ pub fn spawn_with(exe: &Path, argv: &[String], spec: &HolderSpec) -> Result<std:
 }
 
 /// [`spawn_with`] the current executable.
-pub fn spawn(argv: &[String], spec: &HolderSpec) -> Result<std::process::Child> {
+pub fn spawn<A: AsRef<std::ffi::OsStr>>(
+    argv: &[A],
+    spec: &HolderSpec,
+) -> Result<std::process::Child> {
     let exe = std::env::current_exe().context("locating the vramguard executable")?;
     spawn_with(&exe, argv, spec)
 }
@@ -244,9 +260,9 @@ pub fn wait_ready(path: &Path, timeout: Duration) -> Result<Ready> {
     }
 }
 
-fn set_comm(name: &str) {
+fn set_comm(name: &[u8]) {
     let mut buf = [0u8; 16];
-    for (d, s) in buf.iter_mut().zip(name.bytes().take(15)) {
+    for (d, s) in buf.iter_mut().zip(name.iter().copied().take(15)) {
         *d = s;
     }
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
@@ -334,8 +350,10 @@ fn take_identity(spec: &HolderSpec) -> Result<()> {
                 .to_string()
         })
         .filter(|a| !a.is_empty());
-    if let Some(comm) = spec.comm.as_ref().or(argv0.as_ref()) {
+    if let Some(comm) = spec.comm_bytes.as_deref() {
         set_comm(comm);
+    } else if let Some(comm) = spec.comm.as_ref().or(argv0.as_ref()) {
+        set_comm(comm.as_bytes());
     }
     if spec.new_session {
         rustix::process::setsid().context("setsid")?;
@@ -447,7 +465,15 @@ fn start_workers(spec: &HolderSpec, own_pid: u32) -> Result<(Vec<u32>, Vec<std::
                 std::env::temp_dir().join(format!("vramguard-holder-{own_pid}.w{i}"))
             });
         ws.ready_file = Some(ready.clone());
-        let child = spawn(&w.argv, &ws)?;
+        let child = match &w.spec.argv_bytes {
+            Some(raw) => {
+                use std::os::unix::ffi::OsStrExt;
+                let argv: Vec<&std::ffi::OsStr> =
+                    raw.iter().map(|a| std::ffi::OsStr::from_bytes(a)).collect();
+                spawn(&argv, &ws)?
+            }
+            None => spawn(&w.argv, &ws)?,
+        };
         worker_pids.push(wait_ready(&ready, Duration::from_secs(20))?.pid);
         children.push(child);
     }

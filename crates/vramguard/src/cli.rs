@@ -57,7 +57,8 @@ pub struct Global {
     #[arg(long, global = true, value_name = "DIR")]
     pub dev_dir: Option<PathBuf>,
 
-    /// Config file [default: /etc/vramguard/config.toml when it exists]
+    /// Config file [default: /etc/vramguard/config.toml when it exists; `none`: no file, the
+    /// defaults]
     #[arg(long, global = true, env = "VRAMGUARD_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 

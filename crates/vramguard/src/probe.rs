@@ -88,7 +88,11 @@ pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
     };
     let rep = ProbeReport {
         schema_version: vramguard_core::SCHEMA_VERSION,
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        // args_os: an argument that is not UTF-8 (a --report directory) is shown, not a panic.
+        command: std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
         hostname: vramguard_proc::ProcFs::own()
             .ok()
             .and_then(|fs| fs.hostname()),
@@ -242,7 +246,10 @@ fn publish(common: &ProbeCommon, rep: &ProbeReport) -> Result<()> {
     if let Some(dir) = &common.report {
         let files = report::write(dir, rep)?;
         if !common.json {
-            let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            let names: Vec<String> = files
+                .iter()
+                .map(|f| vramguard_core::sanitize::shown(&f.display().to_string()))
+                .collect();
             crate::print(&format!("\nreport: {}\n", names.join(", ")))?;
         }
     }
@@ -275,7 +282,7 @@ fn sim_holders(
             ready_file: Some(ready.clone()),
             ..HolderSpec::new(state.clone(), lifetime_ms)
         };
-        let child = spawn_with(&exe, &["probe-holder".into()], &spec)
+        let child = spawn_with(&exe, &["probe-holder"], &spec)
             .map_err(|e| HolderError::Spawner(e.to_string()))?;
         let r = wait_ready(&ready, Duration::from_secs(20))
             .map_err(|e| HolderError::Spawner(e.to_string()))?;

@@ -9,7 +9,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
-use vramguard_core::sanitize::{fit, shown};
+use vramguard_core::sanitize::{escape, fit, shown};
 use vramguard_core::units::{format_bytes, format_duration};
 use vramguard_ops::reclaim::{ReclaimOutcome, SegmentResult, TargetResult};
 use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
@@ -249,7 +249,7 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
                 "ignored SIGTERM; SIGKILLed, exited {} after SIGTERM",
                 format_duration(Duration::from_millis(ms))
             ),
-            (r, _) => format!("{r}: {}", t.detail.clone().unwrap_or_default()),
+            (r, _) => format!("{r}: {}", escape(t.detail.as_deref().unwrap_or_default())),
         };
         let _ = writeln!(
             out,
@@ -280,7 +280,7 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
     for r in &o.resets {
         let _ = writeln!(out, "  reset GPU {}: {}", r.gpu, r.result);
         for b in &r.blockers {
-            let _ = writeln!(out, "    blocker: {b}");
+            let _ = writeln!(out, "    blocker: {}", escape(b));
         }
     }
     render_segment_outcomes(&mut out, o);
@@ -298,11 +298,16 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
                 format_bytes(r.ghost_bytes)
             );
             for w in &r.why {
-                let _ = writeln!(out, "    {w}");
+                let _ = writeln!(out, "    {}", escape(w));
             }
         }
     }
-    let _ = writeln!(out, "audit: {} (run {})", audit.display(), o.run_id);
+    let _ = writeln!(
+        out,
+        "audit: {} (run {})",
+        escape(&audit.display().to_string()),
+        o.run_id
+    );
     crate::render::wrap_lines(&out, crate::render::output_width())
 }
 

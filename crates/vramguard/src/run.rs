@@ -132,8 +132,10 @@ fn summary_line(
     release_timeout: Duration,
     gpu_check: Option<&str>,
 ) -> String {
+    // The job's command line is shown escaped: it may carry what a job's author put there.
     let mut line = format!(
-        "vramguard run: `{command}` {} after {} ({})",
+        "vramguard run: `{}` {} after {} ({})",
+        vramguard_core::sanitize::shown(command),
         match job.end {
             vramguard_ops::supervise::JobEnd::Exited(c) => format!("exited with {c}"),
             vramguard_ops::supervise::JobEnd::Signaled(s) => format!(
@@ -258,7 +260,10 @@ pub fn run(settings: &Settings, args: &RunArgs) -> Result<i32> {
             .expect("job_tracker fails without one");
         match pick_for_job(node.as_mut(), spec, &args.choice)? {
             Some(value) => {
-                eprintln!("vramguard run: CUDA_VISIBLE_DEVICES={value}");
+                eprintln!(
+                    "vramguard run: CUDA_VISIBLE_DEVICES={}",
+                    vramguard_core::sanitize::escape(&value)
+                );
                 env.push(("CUDA_VISIBLE_DEVICES".into(), value.clone().into()));
                 visible = Some(value);
             }
@@ -281,7 +286,10 @@ pub fn run(settings: &Settings, args: &RunArgs) -> Result<i32> {
             cause,
             code,
         }) => {
-            eprintln!("vramguard run: cannot execute {program}: {cause}");
+            eprintln!(
+                "vramguard run: cannot execute {}: {cause}",
+                vramguard_core::sanitize::shown(&program)
+            );
             return Ok(code);
         }
         Err(e) => return Err(e.into()),

@@ -1636,7 +1636,7 @@ fn orphaned_shared_memory_fires_its_alert_and_resolves_when_removed() {
             shm.display()
         ),
     );
-    let mut cmd = Command::new("unshare");
+    let mut cmd = vg_wrapped("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child", BIN])
         .arg("--sim")
         .arg(world.state_path())

@@ -90,3 +90,89 @@ fn the_use_cases_reach_the_machine_only_through_the_node() {
         );
     }
 }
+
+#[test]
+fn tests_run_the_binary_without_the_hosts_config() {
+    // A node with the package installed has /etc/vramguard/config.toml: every test runs the
+    // binary through `vg_command` (VRAMGUARD_CONFIG=none) or with its own `--config`.
+    // Packaging tests run the installed artifacts as an admin would, config included.
+    let direct = ["Command::new(", "BIN)"].concat();
+    let unset = ["env_remove(\"VRAMGUARD_", "CONFIG\")"].concat();
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut offenders = Vec::new();
+    for (path, text) in rust_files(&tests) {
+        let name = path
+            .strip_prefix(&tests)
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        for (n, line) in text.lines().enumerate() {
+            let spawns_directly = line.contains(&direct) && name != "common/mod.rs";
+            // (and this file's test below, which shows what the variable guards against).
+            let unsets =
+                line.contains(&unset) && name != "packaging.rs" && name != "architecture.rs";
+            if spawns_directly || unsets {
+                offenders.push(format!("{name}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "run the binary with common::vg_command():\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// What `vg_command` guards against, for real: in a private mount namespace whose /etc holds
+/// a broken /etc/vramguard/config.toml, the binary as tests run it replays a snapshot, while
+/// the same command without `VRAMGUARD_CONFIG=none` is stopped by that file.
+#[test]
+fn a_broken_host_config_does_not_reach_the_tests() {
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        "../../tests/incidents/a_container_sharing_the_host_pid_namespace_is_taken_as_alive.json",
+    );
+    let script = "mount -t tmpfs vramguard-test-etc /etc && mkdir /etc/vramguard \
+                  && printf 'garbage = [' > /etc/vramguard/config.toml \
+                  && exec \"$0\" --replay \"$1\" status";
+    let run = |hermetic: bool| {
+        let mut unshare = std::process::Command::new("unshare");
+        unshare
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .arg(common::BIN)
+            .arg(&snapshot)
+            .env_remove("VRAMGUARD_CONFIG");
+        if hermetic {
+            // The environment tests run the binary with.
+            for (k, v) in common::vg_command().get_envs() {
+                match v {
+                    Some(v) => unshare.env(k, v),
+                    None => unshare.env_remove(k),
+                };
+            }
+        }
+        unshare.output().expect("unshare (util-linux) runs")
+    };
+    let broken = run(false);
+    let err = String::from_utf8_lossy(&broken.stderr);
+    assert!(
+        broken.status.code() == Some(2) && err.contains("/etc/vramguard/config.toml"),
+        "without VRAMGUARD_CONFIG=none the broken file is read ({}): {err}",
+        broken.status
+    );
+    let hermetic = run(true);
+    assert!(
+        hermetic.status.code() == Some(0),
+        "as tests run it, the host's config is not read ({}):\n{}\n{}",
+        hermetic.status,
+        String::from_utf8_lossy(&hermetic.stdout),
+        String::from_utf8_lossy(&hermetic.stderr)
+    );
+}

@@ -253,7 +253,7 @@ fn vramguard_in_a_container_sees_host_pids_as_foreign() {
         s = world.state_path().display(),
         lib = sim_nvml_lib().display()
     );
-    let out = std::process::Command::new("unshare")
+    let out = vg_wrapped("unshare")
         .args([
             "--pid",
             "--fork",
@@ -724,7 +724,7 @@ fn without_root_the_missing_facts_are_named() {
     // to an unprivileged user.
     Vg::new(&world, Path_::InProcess).args(["status"]).code(0);
     world.open_to_everyone();
-    let out = std::process::Command::new("setpriv")
+    let out = vg_wrapped("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -929,7 +929,7 @@ fn sim_hold_whose_session_leader_is_outside_its_pid_namespace_holds_and_exits_cl
     // runners and containers start processes so): taking the process group must not trip on
     // it.
     let world = World::new(1);
-    let out = std::process::Command::new("unshare")
+    let out = vg_wrapped("unshare")
         .args(["--pid", "--fork", "--kill-child"])
         .arg(BIN)
         .arg("--sim")

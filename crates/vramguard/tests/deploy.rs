@@ -53,6 +53,7 @@ fn epilog(world: &World, gpus: &str) -> Epilog {
             format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()),
         )
         .env("VRAMGUARD", BIN)
+        .env("VRAMGUARD_CONFIG", "none")
         .env("VRAMGUARD_SIM", world.state_path())
         .env("VRAMGUARD_EPILOG_LOG", &log)
         .env("VRAMGUARD_AUDIT_LOG", dir.join("audit.jsonl"))
@@ -218,7 +219,7 @@ fn the_systemd_unit_verifies() {
 /// Starts `vramguard ARGS` (on the simulated driver of `world`) and checks that it is an agent
 /// that collects and serves its metrics.
 fn agent_serves(world: &World, args: &[String]) {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = vg_command();
     cmd.env("VRAMGUARD_SIM", world.state_path()).args(args);
     let agent = Agent::spawn(cmd, true);
     let (code, body) = agent.get("/metrics");

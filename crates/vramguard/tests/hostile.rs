@@ -1,26 +1,262 @@
 //! Text other users control never reaches root's terminal raw: a process whose command line
 //! carries terminal escapes (OSC 52 writes the clipboard; `\r\e[2K\e[1A` rewrites the line
 //! above a prompt), whose command name carries a newline, and whose argument is 100 KB long,
-//! as an orphan in a reclaim plan.
+//! as an orphan in a reclaim plan; and the same, with direction overrides and isolates and
+//! bytes that are not UTF-8, through every line `reclaim --yes`, `run` and `probe` print.
 
 mod common;
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const OSC52: &str = "\x1b]52;c;aGVsbG8=\x07";
 const REWRITE: &str = "\r\x1b[2K\x1b[1A";
 
-/// Bytes a terminal would act on: C0 controls other than newline, DEL, and C1 controls
-/// (U+0080–U+009F, encoded C2 80–C2 9F).
+/// Bytes a terminal would act on: C0 controls other than newline, DEL, C1 controls
+/// (U+0080–U+009F, encoded C2 80–C2 9F), and the direction marks, embeddings, overrides and
+/// isolates that reorder what the reader sees (U+200E/F, U+202A–U+202E, U+2066–U+2069,
+/// encoded E2 80 8E/8F, E2 80 AA–AE, E2 81 A6–A9).
 fn terminal_controls(bytes: &[u8]) -> Vec<(usize, u8)> {
     let mut found = Vec::new();
     for (i, b) in bytes.iter().enumerate() {
-        let c1 = *b == 0xc2 && bytes.get(i + 1).is_some_and(|n| (0x80..=0x9f).contains(n));
-        if (*b < 0x20 && *b != b'\n') || *b == 0x7f || c1 {
+        let next = |k: usize| bytes.get(i + k).copied().unwrap_or(0);
+        let c1 = *b == 0xc2 && (0x80..=0x9f).contains(&next(1));
+        let bidi = *b == 0xe2
+            && ((next(1) == 0x80 && matches!(next(2), 0x8e | 0x8f | 0xaa..=0xae))
+                || (next(1) == 0x81 && (0xa6..=0xa9).contains(&next(2))));
+        if (*b < 0x20 && *b != b'\n') || *b == 0x7f || c1 || bidi {
             found.push((i, *b));
         }
     }
     found
+}
+
+/// Neither stream of `out` carries anything a terminal would act on, nor a line of 1000
+/// characters.
+fn assert_safe_for_a_terminal(shown: &str, out: &std::process::Output) {
+    for (name, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+        let bad = terminal_controls(bytes);
+        assert!(
+            bad.is_empty(),
+            "{shown} ({}): {name} carries terminal controls at {:?}:\n{}\n--- the other stream\n{}",
+            out.status,
+            &bad[..bad.len().min(5)],
+            String::from_utf8_lossy(bytes),
+            String::from_utf8_lossy(if name == "stdout" {
+                &out.stderr
+            } else {
+                &out.stdout
+            })
+        );
+        let longest = String::from_utf8_lossy(bytes)
+            .lines()
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(0);
+        assert!(
+            longest < 1000,
+            "{shown}: a {longest}-character line in {name}"
+        );
+    }
+}
+
+/// Every kind of hostile text, as raw bytes: OSC 52, a line rewrite, a C1 CSI, a direction
+/// override, a direction isolate, and bytes that are not UTF-8 (with an ESC among them).
+fn hostile_args() -> Vec<Vec<u8>> {
+    vec![
+        OSC52.as_bytes().to_vec(),
+        REWRITE.as_bytes().to_vec(),
+        "\u{9b}31m".as_bytes().to_vec(),
+        "\u{202e}txt.exe".as_bytes().to_vec(),
+        "\u{2066}iso\u{2069}".as_bytes().to_vec(),
+        b"\xff\xfe\x1b[2J".to_vec(),
+    ]
+}
+
+/// A short OSC 52 that fits a command name (15 bytes).
+const OSC52_COMM: &str = "\x1b]52;c;aGk=\x07";
+
+/// A crashed job whose orphans carry hostile command names and command lines (one ignores
+/// SIGTERM, so both result lines of `reclaim --yes` are printed); returns it and, per
+/// orphan, how its command name is shown escaped.
+fn hostile_orphans(world: &World) -> (Holding, Vec<(u32, &'static str)>) {
+    let mut leader = spec(world, json!([hold(0, 1)]));
+    leader["group_leader"] = json!(true);
+    let mut argv = vec![b"python3".to_vec()];
+    argv.extend(hostile_args());
+    let worker = |comm: Value, ignore_term: bool| {
+        let mut spec = spec(world, json!([hold(0, 1)]));
+        spec["ignore_term"] = json!(ignore_term);
+        spec["argv_bytes"] = json!(argv);
+        for (k, v) in comm.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        json!({ "argv": ["python3"], "spec": spec })
+    };
+    leader["workers"] = json!([
+        worker(json!({ "comm": OSC52_COMM }), false),
+        worker(
+            json!({ "comm_bytes": b"\xff\x1b[2J\xc2\x9bx".to_vec() }),
+            true
+        ),
+        worker(json!({ "comm": "\u{202e}gpj\u{2066}" }), false),
+        worker(json!({ "comm": "\r\x1b[2Kok" }), false),
+    ]);
+    let mut job = start(world, &["python3", "train.py"], leader);
+    job.crash();
+    let shown = vec![
+        (job.workers[0], "\\e]52;c;aGk=\\a"),
+        (job.workers[1], "\\e[2J\\u{9b}x"),
+        (job.workers[2], "\\u{202e}gpj"),
+        (job.workers[3], "\\r\\e[2Kok"),
+    ];
+    (job, shown)
+}
+
+/// `reclaim --yes`: the plan above and every result line below it (exited after SIGTERM, and
+/// SIGKILLed) show the names escaped.
+#[test]
+fn reclaim_yes_shows_hostile_names_escaped_in_every_line_it_prints() {
+    let world = World::new(1);
+    let (job, names) = hostile_orphans(&world);
+    let audit = world.dir.path().join("audit.jsonl");
+    let (out, shown) = Vg::new(&world, Path_::InProcess)
+        .args(["reclaim", "--yes", "--grace", "300ms"])
+        .arg_path("--audit-log", &audit)
+        .output();
+    assert_safe_for_a_terminal(&shown, &out);
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{shown}\n{text}\n--- stderr\n{}",
+        stderr(&out)
+    );
+    for (pid, name) in &names {
+        let result = text
+            .lines()
+            .find(|l| l.starts_with(&format!("  pid {pid} ")) && l.contains("after SIGTERM"))
+            .unwrap_or_else(|| panic!("{shown}: no result line for pid {pid}:\n{text}"));
+        assert!(
+            result.contains(name),
+            "{shown}: the result line shows {name}: {result}"
+        );
+    }
+    assert!(text.contains("ignored SIGTERM; SIGKILLed"), "{text}");
+    for w in &job.workers {
+        assert!(!alive(*w));
+    }
+}
+
+/// `run`: the job's command line in the summary, a program that cannot be executed, and the
+/// holders named when the memory is not released, all escaped.
+#[test]
+fn run_shows_hostile_command_lines_and_names_escaped() {
+    use std::os::unix::ffi::OsStrExt;
+    let world = World::new(1);
+    let (_job, names) = hostile_orphans(&world);
+    let holder = json!({
+        "state": world.state_path(), "lifetime_ms": 600, "comm": OSC52_COMM,
+        "holds": [{ "gpu": 0, "bytes": 2 * GIB, "after_exit": "leak" }],
+    });
+    // The job is a simulated holder whose command line carries the hostile arguments (the
+    // shell's $0, $1…, unused); its spec and path come through the environment, so the
+    // command line stays short enough to be shown whole.
+    let (out, shown) = Vg::new(&world, Path_::InProcess)
+        .env("HOSTILE_SPEC", holder.to_string())
+        .env("HOSTILE_EXE", BIN)
+        .args([
+            "run",
+            "--release-timeout",
+            "500ms",
+            "--",
+            "sh",
+            "-c",
+            "VRAMGUARD_HOLDER=$HOSTILE_SPEC exec \"$HOSTILE_EXE\"",
+        ])
+        .args(
+            hostile_args()
+                .iter()
+                .map(|a| std::ffi::OsStr::from_bytes(a)),
+        )
+        .output();
+    assert_safe_for_a_terminal(&shown, &out);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{shown}\n{err}");
+    assert!(
+        err.contains(
+            "\\e]52;c;aGVsbG8=\\a \\r\\e[2K\\e[1A \\u{9b}31m \\u{202e}txt.exe \\u{2066}iso\\u{2069}"
+        ),
+        "{shown}: the command line is shown escaped:\n{err}"
+    );
+    assert!(err.contains("NOT released"), "{shown}:\n{err}");
+    let (orphan, name) = names[0];
+    assert!(
+        err.contains(&format!("pid {orphan} ({name}, orphan)")),
+        "{shown}: what still holds the GPU is named, escaped:\n{err}"
+    );
+
+    for program in [OSC52.as_bytes(), b"\xff\x1b[2J\xe2\x80\xae"] {
+        let (out, shown) = Vg::new(&world, Path_::InProcess)
+            .args(["run", "--"])
+            .args([std::ffi::OsStr::from_bytes(program)])
+            .output();
+        assert_safe_for_a_terminal(&shown, &out);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(127), "{shown}\n{err}");
+        assert!(
+            err.contains("cannot execute ") && err.contains("\\e"),
+            "{shown}: {err}"
+        );
+    }
+}
+
+/// `probe`: its own command line (a `--holder-cmd`, a `--report` directory that is not
+/// UTF-8) in the summary and the report's file names, escaped.
+#[test]
+fn probe_shows_hostile_arguments_escaped() {
+    use std::os::unix::ffi::OsStrExt;
+    let world = World::new(1);
+    let mut dir = world.dir.path().as_os_str().as_bytes().to_vec();
+    dir.extend_from_slice(b"/report-");
+    dir.extend_from_slice(OSC52_COMM.as_bytes());
+    dir.extend_from_slice(b"\xff\xe2\x81\xa6");
+    let dir = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&dir));
+    let (out, shown) = Vg::new(&world, Path_::InProcess)
+        .args([
+            "probe",
+            "release",
+            "--size",
+            "1GiB",
+            "--signals",
+            "TERM",
+            "--repeat",
+            "1",
+        ])
+        .args(["--timeout", "5s", "--holder-cmd"])
+        .args([format!("{OSC52}{REWRITE}\u{202e}x")])
+        .arg_path("--report", &dir)
+        .output();
+    assert_safe_for_a_terminal(&shown, &out);
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{shown}\n{text}\n--- stderr\n{}",
+        stderr(&out)
+    );
+    assert!(
+        text.contains("\\e]52;c;aGVsbG8=\\a\\r\\e[2K\\e[1A\\u{202e}x"),
+        "{shown}: the command line is shown escaped:\n{text}"
+    );
+    let report = text
+        .lines()
+        .find(|l| l.starts_with("report: "))
+        .unwrap_or_else(|| panic!("{shown}: no report line:\n{text}"));
+    assert!(
+        report.contains("report-\\e]52;c;aGk=\\a") && report.contains("\\u{2066}"),
+        "{shown}: {report}"
+    );
+    assert!(dir.join("report.md").exists(), "{}", dir.display());
 }
 
 #[test]

@@ -208,13 +208,112 @@ fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
     }
 }
 
+/// The write-ahead log, observed in the real binary's system calls (`strace`): before every
+/// SIGTERM and SIGKILL it sends, its record was written to the audit log and `fdatasync`ed,
+/// and nothing was written to the log after that sync.
+#[test]
+fn every_signal_follows_its_record_written_and_fsynced() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("audit.jsonl");
+    let trace = world.dir.path().join("strace.out");
+    let vg = Vg::new(&world, Path_::InProcess)
+        .args([
+            "reclaim".as_ref(),
+            "--yes".as_ref(),
+            "--grace".as_ref(),
+            "300ms".as_ref(),
+            "--json".as_ref(),
+            "--audit-log".as_ref(),
+            audit.as_os_str(),
+        ])
+        .command();
+    let mut cmd = std::process::Command::new("strace");
+    cmd.args(["-f", "-qq", "-y", "-o"])
+        .arg(&trace)
+        .args([
+            "-e",
+            "trace=write,writev,pwrite64,pwritev,fsync,fdatasync,sync_file_range,\
+             pidfd_send_signal,kill,tgkill",
+            "--",
+        ])
+        .arg(vg.get_program())
+        .args(vg.get_args());
+    for (k, v) in vg.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "strace could not be run ({e}); scripts/test.sh installs it (apt-get install strace)"
+        )
+    });
+    let trace = std::fs::read_to_string(&trace).unwrap_or_default();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "vramguard under strace: {}\n--- stdout\n{}\n--- stderr\n{}\n--- trace\n{trace}",
+        out.status,
+        stdout(&out),
+        stderr(&out)
+    );
+    let log = format!("<{}>", audit.display());
+    // Per signal: the audit log's calls since the previous signal, in order.
+    let (mut since, mut signals) = (Vec::<&str>::new(), Vec::<&str>::new());
+    for line in trace.lines() {
+        let call = line
+            .split_once(' ')
+            .map_or(line, |(_, rest)| rest.trim_start());
+        let name = call.split('(').next().unwrap_or("");
+        if matches!(name, "pidfd_send_signal" | "kill" | "tgkill")
+            && (call.contains("SIGTERM") || call.contains("SIGKILL"))
+        {
+            let sig = if call.contains("SIGTERM") {
+                "TERM"
+            } else {
+                "KILL"
+            };
+            assert!(
+                since.iter().any(|c| c.starts_with("write")),
+                "SIG{sig} sent with no record written to the audit log before it: {call}\n--- trace\n{trace}"
+            );
+            assert!(
+                since
+                    .last()
+                    .is_some_and(|c| *c == "fdatasync" || *c == "fsync"),
+                "SIG{sig} sent after its record was written but before it was synced \
+                 (audit log calls since the previous signal: {since:?}): {call}\n--- trace\n{trace}"
+            );
+            signals.push(sig);
+            since.clear();
+        } else if call.contains(&log) {
+            since.push(name);
+        }
+    }
+    assert_eq!(
+        signals.iter().filter(|s| **s == "TERM").count(),
+        job.workers.len(),
+        "one SIGTERM per worker, seen by strace: {signals:?}\n--- trace\n{trace}"
+    );
+    assert_eq!(
+        signals.iter().filter(|s| **s == "KILL").count(),
+        job.workers.len(),
+        "the workers ignore SIGTERM: one SIGKILL each, seen by strace: {signals:?}"
+    );
+    for w in &job.workers {
+        assert!(!alive(*w));
+    }
+}
+
 #[test]
 fn sigkill_in_the_middle_of_a_reclaim_leaves_a_whole_audit_log() {
     let world = World::new(1);
     let job = crashed_job(&world, json!("release"), true);
     let audit = world.dir.path().join("audit.jsonl");
     let mut reclaim = Reaped(
-        std::process::Command::new(BIN)
+        vg_command()
             .env_remove("VRAMGUARD_SIM")
             .args(["--sim".as_ref(), world.state_path().as_os_str()])
             .args([
@@ -280,7 +379,7 @@ fn without_root_other_users_orphans_are_left_alone_and_it_says_why() {
     let world = World::new(1);
     let job = crashed_job_open_to_everyone(&world);
     let audit = world.dir.path().join("audit.jsonl");
-    let out = std::process::Command::new("setpriv")
+    let out = vg_wrapped("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -316,7 +415,7 @@ fn as_nobody_with_caps(
     caps: &str,
     args: &[&std::ffi::OsStr],
 ) -> std::process::Output {
-    std::process::Command::new("setpriv")
+    vg_wrapped("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(format!("--inh-caps={caps}"))
         .arg(format!("--ambient-caps={caps}"))

@@ -61,7 +61,7 @@ fn run_job(isolation: &str, script: &str, mark: &str) -> Output {
 
 fn run_job_with_grace(isolation: &str, script: &str, mark: &str, grace: &str) -> Output {
     let (k, v) = mark.split_once('=').unwrap();
-    Command::new(BIN)
+    vg_command()
         .args([
             "run",
             "--grace",
@@ -123,7 +123,7 @@ fn nothing_left_behind(isolation: &str) {
         let _sweep = Sweep(mark.clone());
         let (k, v) = mark.split_once('=').unwrap();
         let t = Instant::now();
-        let out = Command::new(BIN)
+        let out = vg_command()
             .args(["run", "--grace", "1500ms", "--isolation", isolation])
             .args(["--", "sh", "-c", script])
             .env(k, v)
@@ -223,7 +223,7 @@ fn exit_codes_pass_through() {
             "{script}"
         );
     }
-    let out = Command::new(BIN)
+    let out = vg_command()
         .args(["run", "--", "/nonexistent/program"])
         .output()
         .unwrap();
@@ -236,7 +236,7 @@ fn exit_codes_pass_through() {
     let dir = tempfile::tempdir().unwrap();
     let not_executable = dir.path().join("data.txt");
     std::fs::write(&not_executable, "not a program").unwrap();
-    let out = Command::new(BIN)
+    let out = vg_command()
         .arg("run")
         .arg("--")
         .arg(&not_executable)
@@ -255,7 +255,7 @@ fn recorder(world: &World, isolation: &str, mark: &str) -> (Reaped, std::path::P
         log = log.display()
     );
     let (k, v) = mark.split_once('=').unwrap();
-    let child = Command::new(BIN)
+    let child = vg_command()
         .args([
             "run",
             "--grace",
@@ -321,7 +321,7 @@ fn sigint_to_vramguard_ends_the_job_with_130() {
     let _sweep = Sweep(mark.clone());
     let (k, v) = mark.split_once('=').unwrap();
     let mut vg = Reaped(
-        Command::new(BIN)
+        vg_command()
             .args(["run", "--", "sleep", "60"])
             .env(k, v)
             .env_remove("VRAMGUARD_SIM")
@@ -343,7 +343,7 @@ fn sigkill_of_vramguard_does_not_leave_the_job_running() {
         let _sweep = Sweep(mark.clone());
         let (k, v) = mark.split_once('=').unwrap();
         let mut vg = Reaped(
-            Command::new(BIN)
+            vg_command()
                 .args([
                     "run",
                     "--isolation",
@@ -413,7 +413,7 @@ fn as_pid_1(isolation: &str) {
         made = made.display()
     );
     let mut unshare = Reaped(
-        Command::new("unshare")
+        vg_wrapped("unshare")
             .args([
                 "--pid",
                 "--fork",
@@ -484,7 +484,7 @@ fn sigint_reaches_the_job_when_started_as_a_background_job() {
         "grep ^SigIgn: /proc/self/status > {f}.tmp; mv {f}.tmp {f}; exec sleep 60",
         f = ignored.display()
     );
-    let mut cmd = Command::new(BIN);
+    let mut cmd = vg_command();
     cmd.args(["run", "--grace", "30s", "--", "sh", "-c", &script])
         .env(k, v)
         .env_remove("VRAMGUARD_SIM")
@@ -527,7 +527,7 @@ fn the_summary_reports_the_drivers_release_lag() {
         "holds": [{ "gpu": 1, "bytes": 4 * GIB, "after_exit": { "release_after_ms": 1000 } }],
     });
     let holder_env = format!("VRAMGUARD_HOLDER={spec}");
-    let out = Command::new(BIN)
+    let out = vg_command()
         .args([
             "--sim".as_ref(),
             world.state_path().as_os_str(),
@@ -573,7 +573,7 @@ fn strict_mode_fails_when_the_memory_is_not_released() {
         "holds": [{ "gpu": 0, "bytes": 4 * GIB, "after_exit": "leak" }],
     });
     let holder_env = format!("VRAMGUARD_HOLDER={spec}");
-    let out = Command::new(BIN)
+    let out = vg_command()
         .args(["--sim".as_ref(), world.state_path().as_os_str()])
         .args([
             "run",

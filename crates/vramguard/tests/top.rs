@@ -5,7 +5,6 @@
 mod common;
 use common::*;
 use std::io::Write;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use vramguard_testkit::pty;
 
@@ -78,10 +77,9 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
     let (master, slave) = pty::pair(40, 160).unwrap();
     let terminal = slave.try_clone().unwrap();
     let modes_before = rustix::termios::tcgetattr(&terminal).unwrap().local_modes;
-    let mut cmd = Command::new(BIN);
+    let mut cmd = vg_command();
     cmd.env_remove("VRAMGUARD_SIM")
         .env_remove("VRAMGUARD_NVML_LIB")
-        .env_remove("VRAMGUARD_CONFIG")
         .env_remove("COLUMNS")
         .env("TERM", "xterm-256color")
         .arg("--sim")

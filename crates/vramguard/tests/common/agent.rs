@@ -32,7 +32,7 @@ impl Agent {
             .path()
             .join(format!("agent-{}.toml", std::process::id()));
         std::fs::write(&cfg, config).unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = vg_command();
         cmd.env_remove("VRAMGUARD_SIM")
             .args(["--sim".as_ref(), world.state_path().as_os_str()]);
         if path == Path_::Nvml {

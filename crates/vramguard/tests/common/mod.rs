@@ -15,6 +15,23 @@ pub use vramguard_testkit::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
 
+/// The binary with no config file (`VRAMGUARD_CONFIG=none`): a test never reads the host's
+/// /etc/vramguard/config.toml (a node with the package installed runs the suite as any other
+/// does); a test that wants a config passes `--config`, which wins over the variable.
+pub fn vg_command() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("VRAMGUARD_CONFIG", "none");
+    cmd
+}
+
+/// A wrapper (`setpriv`, `unshare`, `setsid`) that runs the binary: [`vg_command`]'s
+/// environment, so that the binary it starts reads no host config either.
+pub fn vg_wrapped(wrapper: &str) -> Command {
+    let mut cmd = Command::new(wrapper);
+    cmd.env("VRAMGUARD_CONFIG", "none");
+    cmd
+}
+
 /// How the binary reads the GPUs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Path_ {
@@ -31,10 +48,9 @@ pub struct Vg {
 
 impl Vg {
     pub fn new(world: &World, path: Path_) -> Vg {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = vg_command();
         cmd.env_remove("VRAMGUARD_SIM")
             .env_remove("VRAMGUARD_NVML_LIB")
-            .env_remove("VRAMGUARD_CONFIG")
             // Wide enough that no line wraps: tests of the width set their own.
             .env("COLUMNS", "1000")
             .env("NO_COLOR", "1")
@@ -50,7 +66,7 @@ impl Vg {
     }
 
     pub fn bare() -> Vg {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = vg_command();
         cmd.env_remove("VRAMGUARD_SIM")
             .env_remove("VRAMGUARD_NVML_LIB")
             .env("COLUMNS", "1000")
