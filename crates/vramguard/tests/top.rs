@@ -159,10 +159,9 @@ fn top_r_on_a_holder_of_a_live_vramguard_run_signals_nothing() {
     let (sup, holder) = (job.run.pid(), job.holder);
     let audit = world.state_path().with_file_name("audit.jsonl");
     let (master, slave) = pty::pair(40, 200).unwrap();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = vg_command();
     cmd.env_remove("VRAMGUARD_SIM")
         .env_remove("VRAMGUARD_NVML_LIB")
-        .env_remove("VRAMGUARD_CONFIG")
         .env_remove("COLUMNS")
         .env("TERM", "xterm-256color")
         .arg("--sim")
