@@ -858,7 +858,7 @@ fn sim_hold_forked_workers_keep_its_context_and_spawned_workers_have_their_own()
     let world = World::new(1);
     let hold = |extra: &[&str]| {
         Reaped(
-            std::process::Command::new(BIN)
+            vg_command()
                 .arg("--sim")
                 .arg(world.state_path())
                 .args(["sim", "hold", "--gpu", "0", "--bytes", "2GiB"])

@@ -100,7 +100,7 @@ fn python_explain(scratch: &Path, snapshot: &Path, config: &Path) -> String {
         .env("PYTHONPATH", &module)
         .env("VRAMGUARD_BINARY", &wrapper)
         .env("VG_REPLAY", snapshot)
-        .env_remove("VRAMGUARD_CONFIG")
+        .env("VRAMGUARD_CONFIG", "none")
         .stdin(std::process::Stdio::null())
         .output()
         .expect("python3 runs (scripts/test.sh installs it)");

@@ -971,13 +971,12 @@ fn a_process_moved_into_a_live_vramguard_runs_cgroup_belongs_to_the_run() {
     // the run's cgroup: the supervisor is no ancestor of it, only the cgroup names it.
     let mark = world.dir.path().join("run-started");
     let mut run = Reaped(
-        Command::new(BIN)
+        vg_command()
             .args(["run", "--isolation", "cgroup", "--grace", "1s", "--"])
             .args(["bash", "-c", "touch \"$1\"; exec sleep 300", "job"])
             .arg(&mark)
             .env_remove("VRAMGUARD_SIM")
             .env_remove("VRAMGUARD_NVML_LIB")
-            .env_remove("VRAMGUARD_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
