@@ -6,8 +6,21 @@ use std::fmt::Write as _;
 use vramguard_core::report::{Class, GpuReport, Report};
 use vramguard_core::units::format_bytes;
 
-/// Escapes text for HTML.
+/// Makes text another user may control safe for the page: the shared sanitiser first (the
+/// page is fetched with `curl` to terminals too: an OSC 52 in a command name must arrive as
+/// `\e]52…`, not as an escape sequence), then HTML escaping.
 pub fn escape(s: &str) -> String {
+    html(&vramguard_core::sanitize::escape(s))
+}
+
+/// [`escape`], cut to the sanitiser's `MAX_SHOWN` characters: a 1 MB command line is not sent
+/// on every refresh.
+fn escape_cut(s: &str) -> String {
+    html(&vramguard_core::sanitize::shown(s))
+}
+
+/// Escapes text for HTML.
+fn html(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -113,8 +126,8 @@ fn gpu_card(out: &mut String, g: &GpuReport, tl: Option<&Timeline>) {
                     },
                     format_bytes
                 ),
-                cmd = escape(h.command.as_deref().or(h.comm.as_deref()).unwrap_or("?")),
-                why = escape(h.evidence.first().map(String::as_str).unwrap_or(""))
+                cmd = escape_cut(h.shown_command()),
+                why = escape_cut(h.evidence.first().map(String::as_str).unwrap_or(""))
             );
         }
         out.push_str("</tbody></table>");

@@ -325,6 +325,28 @@ fn escapes_in_command_lines_and_names_are_shown_not_obeyed() {
     );
     assert!(plan.contains(&format!("pid {victim}")), "{plan}");
 
+    // The agent's status page: fetched with curl to a terminal as often as in a browser, so
+    // the same escapes (then HTML escaping), and the 100,000-character command line cut.
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    let mut page = String::new();
+    wait_until(20, "the page to show the orphan", || {
+        page = agent.get("/").1;
+        page.contains(&format!("<td>{victim}</td>"))
+    });
+    let bad = terminal_controls(page.as_bytes());
+    assert!(
+        bad.is_empty(),
+        "the page carries terminal controls at {:?}",
+        &bad[..bad.len().min(5)]
+    );
+    // Command names only on the agent's HTTP side.
+    assert!(
+        page.contains("ev\\nl\\e[31m"),
+        "the escape is shown as text"
+    );
+    assert!(page.len() < 50_000, "the page is {} bytes", page.len());
+    drop(agent);
+
     // JSON keeps the exact bytes.
     let report = Vg::new(&world, Path_::Nvml)
         .args(["status", "--json"])
