@@ -194,24 +194,6 @@ impl SimGpu {
     }
 }
 
-/// The pids of live process `pid` in each of its PID namespaces (`NSpid` of its status),
-/// `None` when it cannot be read (gone): then nothing is checked against it.
-fn namespace_pids(proc_root: &Path, pid: u32) -> Option<Vec<u32>> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(proc_root.join(format!("{pid}/status")))
-        .ok()?
-        .take(64 * 1024)
-        .read_to_string(&mut text)
-        .ok()?;
-    let line = text.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    Some(
-        line.split_whitespace()
-            .filter_map(|n| n.parse().ok())
-            .collect(),
-    )
-}
-
 /// Checks the faults of the state (or of one GPU, `prefix` naming it): known calls, real
 /// error codes, bounded stalls.
 fn check_faults(path: &Path, prefix: &str, faults: &[Fault]) -> Result<(), StateError> {
@@ -572,7 +554,8 @@ impl SimState {
                 ));
             }
             if let Some(reported) = a.reported_pid
-                && let Some(nspid) = namespace_pids(&self.proc_root, a.pid)
+                && let Some(nspid) =
+                    crate::namespace::namespace_pids(&self.proc_root.join(a.pid.to_string()))
                 && !nspid.contains(&reported)
             {
                 return Err(invalid(
