@@ -922,3 +922,113 @@ fn mig_device_handles_answer_as_nvml_does() {
         lib.nvmlShutdown();
     }
 }
+
+/// Not a test: the body of [`a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths`]'s
+/// caller, this binary re-executed inside a PID namespace, when `PARITY_PROBE_OUT` names where
+/// to write what both paths answered there.
+#[test]
+fn namespaced_caller_probe() {
+    let Some(out) = std::env::var_os("PARITY_PROBE_OUT") else {
+        return;
+    };
+    let state = std::path::PathBuf::from(std::env::var_os("VRAMGUARD_SIM").unwrap());
+    let mut source = NvmlSource::open(Some(&sim_nvml_lib())).unwrap();
+    let via_nvml = source.sample(Duration::from_secs(600)).unwrap();
+    let in_process = SimSource::open(&state)
+        .unwrap()
+        .sample(Duration::from_secs(600))
+        .unwrap();
+    let both = (normalized(via_nvml.gpus), normalized(in_process.gpus));
+    std::fs::write(out, serde_json::to_vec(&both).unwrap()).unwrap();
+}
+
+#[test]
+fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(1);
+    // A host process, and a "pod": a PID namespace whose init (pid 1 there) holds the GPU.
+    let host = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let script = format!(
+        "exec 3<{} 4<{} 5<{}; exec sleep 60",
+        world.dev("nvidiactl").display(),
+        world.dev("nvidia-uvm").display(),
+        world.dev("nvidia0").display()
+    );
+    let pod = Reaped(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sh", "-c", &script])
+            .spawn()
+            .unwrap(),
+    );
+    let children = format!("/proc/{0}/task/{0}/children", pod.pid());
+    let mut inner = None;
+    for _ in 0..200 {
+        inner = std::fs::read_to_string(&children)
+            .ok()
+            .and_then(|c| c.split_whitespace().next()?.parse::<u32>().ok())
+            .filter(|p| {
+                std::fs::read_link(format!("/proc/{p}/exe"))
+                    .is_ok_and(|e| e.to_string_lossy().contains("sleep"))
+            });
+        if inner.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let inner = inner.expect("the pod's init started");
+    let mut busy = allocation(0, host.pid(), 8 * GIB);
+    busy.sm_util = 70;
+    world.allocate(busy);
+    let mut served = allocation(0, inner, 3 * GIB);
+    served.sm_util = 40;
+    world.allocate(served);
+
+    let out = world.dir.path().join("namespaced-probe.json");
+    let probe = std::process::Command::new("nsenter")
+        .args(["--target", &inner.to_string(), "--pid"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "namespaced_caller_probe", "--test-threads", "1"])
+        .env("PARITY_PROBE_OUT", &out)
+        .env("VRAMGUARD_SIM", world.state_path())
+        .output()
+        .unwrap();
+    assert!(
+        probe.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&probe.stdout),
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let (a, b): (Vec<GpuSample>, Vec<GpuSample>) =
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(a, b, "both paths, seen from the namespace");
+    let g0 = &a[0];
+    assert_eq!(g0.memory.unwrap().used, 11 * GIB, "used is the GPU's");
+    let pids: Vec<u32> = g0.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(
+        pids,
+        vec![1],
+        "the pod's init by its pid there; the host's is not seen"
+    );
+    assert_eq!(g0.processes[0].used_bytes, Some(3 * GIB));
+    let sampled: Vec<u32> = g0
+        .utilization
+        .as_ref()
+        .unwrap()
+        .samples
+        .iter()
+        .map(|s| s.pid)
+        .collect();
+    assert_eq!(sampled, vec![1], "utilization samples follow the same rule");
+
+    // From the host, the same two by their host pids.
+    let mut on_host: Vec<u32> = nvml_sample(&world).unwrap().gpus[0]
+        .processes
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    on_host.sort_unstable();
+    let mut expected = vec![host.pid(), inner];
+    expected.sort_unstable();
+    assert_eq!(on_host, expected);
+    drop(pod);
+}
