@@ -436,6 +436,13 @@ impl Sim {
         Ok(sim)
     }
 
+    /// The pid in `proc_root`'s namespace of the process the caller knows as `pid` (the same
+    /// number for a caller in that namespace), `None` when the caller has no such process: a
+    /// driver looks up the pids its callers pass in their own namespace.
+    pub fn proc_root_pid(&self, pid: u32) -> Option<u32> {
+        self.caller.root_pid_of(&self.state.proc_root, pid)
+    }
+
     /// The state file.
     pub fn path(&self) -> &Path {
         &self.path

@@ -88,6 +88,24 @@ impl CallerNamespace {
         let m = std::fs::File::from(ns).metadata().ok()?;
         ((m.dev(), m.ino()) == caller).then_some(inner)
     }
+
+    /// The reverse of [`CallerNamespace::pid_of`]: the pid in `proc_root`'s namespace of the
+    /// process the caller knows as `caller_pid`, `None` when the caller has no such process.
+    /// Scans `proc_root` (a name query, rare) for the one whose `NSpid` has `caller_pid` at
+    /// the caller's depth in the caller's namespace.
+    pub fn root_pid_of(&self, proc_root: &Path, caller_pid: u32) -> Option<u32> {
+        if self.is_root() {
+            return Some(caller_pid);
+        }
+        let dir = std::fs::read_dir(proc_root).ok()?;
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|&pid| {
+                namespace_pids(&proc_root.join(pid.to_string()))
+                    .is_some_and(|n| n.get(self.depth) == Some(&caller_pid))
+                    && self.pid_of(proc_root, pid) == Some(caller_pid)
+            })
+    }
 }
 
 /// Each holder's pid in the caller's namespace, remembered while it lived: a dead creator

@@ -938,7 +938,33 @@ fn namespaced_caller_probe() {
         .unwrap()
         .sample(Duration::from_secs(600))
         .unwrap();
-    let both = (normalized(via_nvml.gpus), normalized(in_process.gpus));
+    // The names the driver gives the pids the caller asks about: pid 1 of the namespace,
+    // and the host holder's pid, which means nothing here.
+    let host: u32 = std::env::var("PARITY_PROBE_HOST_PID")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    let names: Vec<(u32, String)> = unsafe {
+        let lib = nvml_wrapper_sys::bindings::NvmlLib::new(sim_nvml_lib()).unwrap();
+        assert_eq!(lib.nvmlInit_v2(), 0);
+        let names = [1, host]
+            .into_iter()
+            .map(|pid| {
+                let mut buf = [0 as std::ffi::c_char; 64];
+                let r = lib.nvmlSystemGetProcessName(pid, buf.as_mut_ptr(), 64);
+                let name = std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy();
+                (r, name.into_owned())
+            })
+            .collect();
+        lib.nvmlShutdown();
+        names
+    };
+    let both = (
+        normalized(via_nvml.gpus),
+        normalized(in_process.gpus),
+        names,
+    );
     std::fs::write(out, serde_json::to_vec(&both).unwrap()).unwrap();
 }
 
@@ -989,6 +1015,7 @@ fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", "namespaced_caller_probe", "--test-threads", "1"])
         .env("PARITY_PROBE_OUT", &out)
+        .env("PARITY_PROBE_HOST_PID", host.pid().to_string())
         .env("VRAMGUARD_SIM", world.state_path())
         .output()
         .unwrap();
@@ -998,8 +1025,13 @@ fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
         String::from_utf8_lossy(&probe.stdout),
         String::from_utf8_lossy(&probe.stderr)
     );
-    let (a, b): (Vec<GpuSample>, Vec<GpuSample>) =
+    let (a, b, names): (Vec<GpuSample>, Vec<GpuSample>, Vec<(u32, String)>) =
         serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(
+        names,
+        vec![(0, "sleep".to_string()), (6, String::new())],
+        "pid 1 there is the pod's sleep; the host's pid is NOT_FOUND there"
+    );
     assert_eq!(a, b, "both paths, seen from the namespace");
     let g0 = &a[0];
     assert_eq!(g0.memory.unwrap().used, 11 * GIB, "used is the GPU's");
