@@ -971,8 +971,10 @@ fn namespaced_caller_probe() {
 #[test]
 fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
     let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
-    let world = World::new(1);
-    // A host process, and a "pod": a PID namespace whose init (pid 1 there) holds the GPU.
+    let world = World::new(2);
+    world.enable_mig(1, &[1, 2]);
+    // A host process, and a "pod": a PID namespace whose init (pid 1 there) holds the GPU,
+    // and each one a MIG device of GPU 1.
     let host = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
     let script = format!(
         "exec 3<{} 4<{} 5<{}; exec sleep 60",
@@ -1008,6 +1010,11 @@ fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
     let mut served = allocation(0, inner, 3 * GIB);
     served.sm_util = 40;
     world.allocate(served);
+    for (pid, mig_device, gib) in [(host.pid(), 0, 4), (inner, 1, 2)] {
+        let mut a = allocation(1, pid, gib * GIB);
+        a.mig_device = Some(mig_device);
+        world.allocate(a);
+    }
 
     let out = world.dir.path().join("namespaced-probe.json");
     let probe = std::process::Command::new("nsenter")
@@ -1051,6 +1058,25 @@ fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
         .map(|s| s.pid)
         .collect();
     assert_eq!(sampled, vec![1], "utilization samples follow the same rule");
+    let g1 = &a[1];
+    assert_eq!(g1.memory.unwrap().used, 6 * GIB);
+    let pids: Vec<u32> = g1.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![1], "MIG mode: the whole GPU's list too");
+    let [host_mig, pod_mig] = &g1.mig_devices[..] else {
+        panic!("two MIG devices: {:?}", g1.mig_devices)
+    };
+    assert_eq!(
+        host_mig.memory.unwrap().used,
+        4 * GIB,
+        "its memory is its own"
+    );
+    assert!(host_mig.processes.is_empty(), "{:?}", host_mig.processes);
+    let listed: Vec<(u32, Option<u64>)> = pod_mig
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.used_bytes))
+        .collect();
+    assert_eq!(listed, vec![(1, Some(2 * GIB))]);
 
     // From the host, the same two by their host pids.
     let mut on_host: Vec<u32> = nvml_sample(&world).unwrap().gpus[0]
