@@ -189,6 +189,17 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_that_cannot_be_identified_is_the_host_namespace() {
+        // NSpid says "one level down", but its ns/pid cannot be read: nothing to compare
+        // holders' namespaces with, so no holder is hidden.
+        let p = fake_proc("NSpid:\t4121\t1\n");
+        let c = CallerNamespace::of_self(p.path());
+        assert!(c.is_root());
+        assert_eq!(c.pid_of(p.path(), 77), Some(77));
+        assert_eq!(c.root_pid_of(p.path(), 77), Some(77));
+    }
+
+    #[test]
     fn the_real_caller_on_the_host_is_in_the_host_namespace() {
         // The test runs on the host (or wherever /proc is its own): its NSpid has one entry.
         let c = CallerNamespace::of_self(Path::new("/proc"));
