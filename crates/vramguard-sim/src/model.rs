@@ -558,7 +558,11 @@ impl Sim {
                         a.pid,
                         *start_ticks,
                     ),
-                    _ => self.caller_pids.gone(a.pid),
+                    _ => self.caller_pids.gone(a.pid).or_else(|| {
+                        a.namespace
+                            .as_ref()
+                            .and_then(|n| self.caller.recorded_pid(n))
+                    }),
                 }
             };
             shown.push(pid);

@@ -14,6 +14,7 @@
 //! `NS_GET_PARENT`, ioctl_ns(2), which refuses to climb past the caller's namespace), and its
 //! pid there is its `NSpid` entry at the caller's depth.
 
+use crate::state::HolderNamespace;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -87,6 +88,15 @@ impl CallerNamespace {
         }
         let m = std::fs::File::from(ns).metadata().ok()?;
         ((m.dev(), m.ino()) == caller).then_some(inner)
+    }
+
+    /// The pid a holder that is gone had in the caller's namespace, from what it recorded
+    /// when it registered: only for a holder of the caller's own namespace (its namespace
+    /// inode is the caller's), since the ancestry of a namespace nested deeper cannot be
+    /// checked once it may be gone.
+    pub fn recorded_pid(&self, ns: &HolderNamespace) -> Option<u32> {
+        let (_, caller) = self.ns?;
+        (ns.nspid.len() == self.depth + 1 && ns.pid_ns == caller).then(|| ns.nspid[self.depth])
     }
 
     /// The reverse of [`CallerNamespace::pid_of`]: the pid in `proc_root`'s namespace of the

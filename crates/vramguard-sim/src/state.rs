@@ -284,6 +284,16 @@ pub enum AllocationKind {
     Mps,
 }
 
+/// A holder's place in the PID namespaces (see [`SimAllocation::namespace`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderNamespace {
+    /// Its pid in each PID namespace from `proc_root`'s inward (`NSpid`, proc(5)).
+    pub nspid: Vec<u32>,
+    /// The inode of its own PID namespace (`/proc/PID/ns/pid` reads `pid:[inode]`).
+    pub pid_ns: u64,
+}
+
 /// Memory one process holds on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -331,6 +341,12 @@ pub struct SimAllocation {
     /// hand), `pid` and `held_by` decide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_lock: Option<u64>,
+    /// Set by simulated holders: where the holder sits in the PID namespaces, as it was when
+    /// it registered. A real driver keeps a creator's `struct pid`, so it still names a dead
+    /// creator (kept by its forked children) in a caller's namespace; the simulator can read
+    /// `/proc` only while the process lives, and uses this afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<HolderNamespace>,
 }
 
 /// An error or a stall injected into one NVML call.

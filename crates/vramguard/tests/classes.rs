@@ -424,6 +424,90 @@ fn a_holder_in_the_callers_own_namespace_is_listed_by_its_pid_there() {
 }
 
 #[test]
+fn a_dead_trainer_in_the_callers_namespace_is_listed_by_its_pid_there_with_its_keeper() {
+    let world = World::new(1);
+    let inner_proc = world.dir.path().join("container-proc");
+    std::fs::create_dir_all(&inner_proc).unwrap();
+    // A pod whose init outlives the trainer (and dies with the test: --kill-child).
+    let pod_init = format!(
+        "mount -t proc proc {} && \"$0\" \"$@\"; exec sleep 120",
+        inner_proc.display()
+    );
+    let mut s = spec(&world, json!([hold(0, 4)]));
+    s["group_leader"] = json!(true);
+    s["forked_workers"] = json!(1);
+    let trainer = start_wrapped(
+        &world,
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &pod_init,
+        ],
+        &["python3", "train.py"],
+        s,
+    );
+    let inner = |pid: u32| -> u32 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap()
+    };
+    let (leader, worker) = (trainer.pid, trainer.workers[0]);
+    assert_ne!(leader, worker);
+    let (inner_leader, inner_worker) = (inner(leader), inner(worker));
+    assert_ne!(
+        inner_worker, worker,
+        "the worker is reported by its host pid"
+    );
+    // SIGKILL the trainer (a process this test started, by its pid); the pod's init reaps it.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &leader.to_string()])
+        .status();
+    wait_until(10, "the trainer to be reaped", || {
+        !std::path::Path::new(&format!("/proc/{leader}")).exists()
+    });
+    for path in [Path_::Nvml, Path_::InProcess] {
+        // A fresh vramguard in the pod never saw the trainer alive: the driver still names it.
+        let out = vramguard_in_namespace(&world, path, Some(worker), "status --json");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dead = holder(&report, 0, inner_leader);
+        assert_eq!(dead["listed"], json!(true), "{dead:#}");
+        assert_eq!(dead["used_bytes"], json!(4 * GIB), "{dead:#}");
+        // Which class a listed pid missing from a container's /proc gets is the core's
+        // call (`foreign` today: vramguard in a container cannot tell it from another
+        // namespace's pid); the simulator's part is that it is listed, by its pid here.
+        assert_ne!(dead["class"], "active", "{dead:#}");
+        let keeper = holder(&report, 0, inner_worker);
+        assert_eq!(keeper["listed"], json!(false), "{keeper:#}");
+        let g0 = &report["gpus"][0];
+        assert_eq!(g0["unaccounted"]["bytes"], json!(0), "{g0:#}");
+        // From another namespace, nothing of the pod is listed.
+        let out = vramguard_in_namespace(&world, path, None, "status --json");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let g0 = &report["gpus"][0];
+        assert!(
+            g0["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|h| h["listed"] != json!(true)),
+            "{g0:#}"
+        );
+        assert_eq!(g0["unaccounted"]["cause"], "other_namespace", "{g0:#}");
+    }
+}
+
+#[test]
 fn a_pid_reported_from_inside_a_namespace_maps_back_through_nspid() {
     let world = World::new(1);
     let mut s = spec(
