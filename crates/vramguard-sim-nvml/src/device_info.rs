@@ -359,7 +359,8 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
 }
 
 /// The name of a process, as the driver knows it: its argv[0] (its `comm` when the command
-/// line is empty), or `NOT_FOUND` when no such process exists. Monitoring tools ask this when
+/// line is empty), or `NOT_FOUND` when no such process exists in the caller's PID namespace
+/// (the pid is the caller's, as in the process lists). Monitoring tools ask this when
 /// they cannot see the process themselves (another PID namespace, `hidepid`).
 ///
 /// # Safety
@@ -372,6 +373,10 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
 ) -> c_uint {
     use std::io::Read;
     crate::with_sim(|sim| {
+        // The pid is the caller's: one its PID namespace does not have names nothing.
+        let Some(pid) = sim.proc_root_pid(pid) else {
+            return crate::NOT_FOUND;
+        };
         let dir = sim.state().proc_root.join(pid.to_string());
         let mut cmdline = Vec::new();
         let argv0 = std::fs::File::open(dir.join("cmdline"))

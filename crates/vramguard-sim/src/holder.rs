@@ -290,7 +290,7 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     let lock = crate::context::lock_offset(pid, start_ticks);
     let mut files = open_device_files(&spec, &state, lock)?;
     if !spec.holds.is_empty() {
-        register_allocations(&spec, pid, own_pid, lock)?;
+        register_allocations(&spec, &state.proc_root, pid, own_pid, lock)?;
     }
     if let Some(path) = &spec.share_fds_on {
         let dups = files
@@ -307,7 +307,14 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     let (mut worker_pids, children) = start_workers(&spec, own_pid)?;
     // Forked children share the device files' open file descriptions, and with them the
     // context locks: nothing to register.
-    worker_pids.extend(fork_workers(spec.forked_workers, spec.lifetime_ms)?);
+    // Reported as `proc_root` numbers them, as the holder's own pid is: in a PID namespace,
+    // fork() gives the number there.
+    let forked = fork_workers(spec.forked_workers, spec.lifetime_ms)?;
+    worker_pids.extend(
+        forked
+            .into_iter()
+            .map(|inner| pid_in_proc_root(&state.proc_root, pid, inner)),
+    );
     let deadline = Instant::now() + Duration::from_millis(spec.lifetime_ms);
     if let Some(ready) = &spec.ready_file {
         let text = serde_json::to_string(&Ready {
@@ -419,7 +426,14 @@ fn open_device_files(spec: &HolderSpec, state: &SimState, lock: u64) -> Result<V
 }
 
 /// Registers the spec's allocations with the model, as `pid`, each with its context's lock.
-fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32, lock: u64) -> Result<()> {
+fn register_allocations(
+    spec: &HolderSpec,
+    proc_root: &Path,
+    pid: u32,
+    own_pid: u32,
+    lock: u64,
+) -> Result<()> {
+    let namespace = own_namespace(proc_root);
     store::update_state(&spec.state, |s| {
         for h in &spec.holds {
             let gpu_default = s
@@ -444,6 +458,7 @@ fn register_allocations(spec: &HolderSpec, pid: u32, own_pid: u32, lock: u64) ->
                 held_by: vec![],
                 mig_device: h.mig_device,
                 context_lock: Some(lock),
+                namespace: namespace.clone(),
             });
         }
     })
@@ -516,6 +531,38 @@ fn fork_workers(count: u32, lifetime_ms: u64) -> Result<Vec<u32>> {
         }
     }
     Ok(pids)
+}
+
+/// This process's place in the PID namespaces, from `proc_root/self`; `None` when unreadable.
+fn own_namespace(proc_root: &Path) -> Option<crate::state::HolderNamespace> {
+    let own = proc_root.join("self");
+    let nspid = crate::namespace::namespace_pids(&own)?;
+    let link = std::fs::read_link(own.join("ns/pid")).ok()?;
+    let pid_ns = link
+        .to_str()?
+        .strip_prefix("pid:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    Some(crate::state::HolderNamespace { nspid, pid_ns })
+}
+
+/// The pid in `proc_root`'s namespace of this process's child `inner` (its pid in our
+/// namespace), found among our children as `proc_root` lists them; `inner` itself when not
+/// found (in `proc_root`'s namespace the two are the same).
+fn pid_in_proc_root(proc_root: &Path, own: u32, inner: u32) -> u32 {
+    let children = proc_root.join(format!("{own}/task/{own}/children"));
+    std::fs::read_to_string(children)
+        .ok()
+        .and_then(|list| {
+            list.split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+                .find(|c| {
+                    crate::namespace::namespace_pids(&proc_root.join(c.to_string()))
+                        .is_some_and(|n| n.last() == Some(&inner))
+                })
+        })
+        .unwrap_or(inner)
 }
 
 /// Spins for `busy` out of every 100 ms until the deadline.

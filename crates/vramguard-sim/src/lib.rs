@@ -20,8 +20,10 @@
 //!   `/proc` has lost it); `"leak"` never frees it until a reset of its GPU, and it is never
 //!   listed (driver residue).
 //! - Listed processes are those alive (or in their teardown lag) with `listed: true`;
-//!   `reported_pid` replaces the pid in
-//!   every list (a driver reporting a pid from another namespace). A context inherited by a
+//!   pids are reported as the **calling** process's PID namespace numbers them, and holders
+//!   it cannot see are listed nowhere (see [`namespace`]); for a caller in `proc_root`'s
+//!   namespace `reported_pid` replaces the pid in every list (a driver reporting a pid from
+//!   another namespace). A context inherited by a
 //!   forked child is modelled as the child's own allocation with `listed: false`: memory held,
 //!   no process listed, exactly how it looks on a real driver.
 //! - Liveness is keyed by pid **and** start time: a reused pid is not the holder. "Gone" is
@@ -44,6 +46,7 @@ pub mod context;
 mod fdpass;
 pub mod holder;
 pub mod model;
+pub mod namespace;
 pub mod node;
 pub mod quirks;
 pub mod source;

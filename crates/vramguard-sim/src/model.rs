@@ -1,5 +1,6 @@
 //! The simulation: evaluates the state file against the live process table.
 
+use crate::namespace::{CallerNamespace, CallerPids};
 use crate::state::{AfterExit, AllocationKind, Quirk, SimHealth, SimState, StateError};
 use rustix::process::{Pid, PidfdFlags};
 use serde::{Deserialize, Serialize};
@@ -368,6 +369,11 @@ pub struct Sim {
     /// `proc_root` shows this process's PID namespace, so a pidfd names the same process as
     /// `proc_root/PID`.
     pidfds_usable: bool,
+    /// The calling process's PID namespace, below `proc_root`'s: the driver reports pids as
+    /// the caller's namespace numbers them, and leaves out those it cannot see.
+    caller: CallerNamespace,
+    /// Holders' pids in the caller's namespace, remembered while they lived.
+    caller_pids: CallerPids,
 }
 
 /// Whether a context's open file description is still open somewhere.
@@ -421,10 +427,20 @@ impl Sim {
             cache_ttl: Duration::from_millis(1),
             tracked: HashMap::new(),
             pidfds_usable: false,
+            caller: CallerNamespace::default(),
+            caller_pids: CallerPids::default(),
         };
         sim.pidfds_usable = proc_root_is_ours(&sim.state.proc_root);
+        sim.caller = CallerNamespace::of_self(&sim.state.proc_root);
         sim.reload_runtime()?;
         Ok(sim)
+    }
+
+    /// The pid in `proc_root`'s namespace of the process the caller knows as `pid` (the same
+    /// number for a caller in that namespace), `None` when the caller has no such process: a
+    /// driver looks up the pids its callers pass in their own namespace.
+    pub fn proc_root_pid(&self, pid: u32) -> Option<u32> {
+        self.caller.root_pid_of(&self.state.proc_root, pid)
     }
 
     /// The state file.
@@ -460,6 +476,8 @@ impl Sim {
             if state.proc_root != self.state.proc_root {
                 self.tracked.clear();
                 self.pidfds_usable = proc_root_is_ours(&state.proc_root);
+                self.caller = CallerNamespace::of_self(&state.proc_root);
+                self.caller_pids = CallerPids::default();
             }
             self.state = state;
             self.state_stamp = now;
@@ -516,9 +534,45 @@ impl Sim {
         // a dead creator's for that instant, which is what the driver shows then too.
         let contexts = self.update_contexts(now)?;
         let lives = self.update_lives(now)?;
-        let obs = self.evaluate(now, &lives, &contexts);
+        let shown = self.caller_pids(&lives);
+        let obs = self.evaluate(now, &lives, &contexts, &shown);
         self.cache = Some((Instant::now(), obs.clone()));
         Ok(obs)
+    }
+
+    /// The pid each allocation's process has in the caller's PID namespace (`None`: the caller
+    /// cannot see it, and the driver lists it nowhere). A caller in `proc_root`'s namespace
+    /// sees every pid as the state names it, or its `reported_pid` (a driver that reports a
+    /// pid from the holder's own namespace); a caller in a namespace below sees a holder only
+    /// in its namespace or one nested in it, by its pid there, whatever `reported_pid` says.
+    fn caller_pids(&mut self, lives: &HashMap<u32, Life>) -> Vec<Option<u32>> {
+        let mut shown = Vec::with_capacity(self.state.allocations.len());
+        for a in &self.state.allocations {
+            let pid = if self.caller.is_root() {
+                Some(a.reported_pid.unwrap_or(a.pid))
+            } else {
+                match lives.get(&a.pid) {
+                    Some(Life::Alive { start_ticks }) => self.caller_pids.alive(
+                        &self.caller,
+                        &self.state.proc_root,
+                        a.pid,
+                        *start_ticks,
+                    ),
+                    _ => self.caller_pids.gone(a.pid).or_else(|| {
+                        a.namespace
+                            .as_ref()
+                            .and_then(|n| self.caller.recorded_pid(n))
+                    }),
+                }
+            };
+            shown.push(pid);
+        }
+        if !self.caller.is_root() {
+            let state = &self.state;
+            self.caller_pids
+                .retain(|p| state.allocations.iter().any(|a| a.pid == p));
+        }
+        shown
     }
 
     /// The tracked pids whose pidfd says the process finished exiting.
@@ -803,9 +857,15 @@ impl Sim {
             .collect()
     }
 
-    fn evaluate(&self, now: u64, lives: &HashMap<u32, Life>, contexts: &Contexts) -> Observation {
+    fn evaluate(
+        &self,
+        now: u64,
+        lives: &HashMap<u32, Life>,
+        contexts: &Contexts,
+        shown: &[Option<u32>],
+    ) -> Observation {
         let mut gpus = self.idle_gpus();
-        for a in &self.state.allocations {
+        for (i, a) in self.state.allocations.iter().enumerate() {
             let gpu = &mut gpus[a.gpu as usize];
             let alive = matches!(lives.get(&a.pid), Some(Life::Alive { .. }));
             let context = a
@@ -854,7 +914,10 @@ impl Sim {
             if !(a.listed && (kept || tearing_down)) {
                 continue;
             }
-            let pid = a.reported_pid.unwrap_or(a.pid);
+            // Memory is the GPU's; the pid is the caller's to see (or not).
+            let Some(pid) = shown.get(i).copied().flatten() else {
+                continue;
+            };
             let mig = gpu.mig;
             let mig_ids = instance
                 .as_ref()

@@ -194,24 +194,6 @@ impl SimGpu {
     }
 }
 
-/// The pids of live process `pid` in each of its PID namespaces (`NSpid` of its status),
-/// `None` when it cannot be read (gone): then nothing is checked against it.
-fn namespace_pids(proc_root: &Path, pid: u32) -> Option<Vec<u32>> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(proc_root.join(format!("{pid}/status")))
-        .ok()?
-        .take(64 * 1024)
-        .read_to_string(&mut text)
-        .ok()?;
-    let line = text.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    Some(
-        line.split_whitespace()
-            .filter_map(|n| n.parse().ok())
-            .collect(),
-    )
-}
-
 /// Checks the faults of the state (or of one GPU, `prefix` naming it): known calls, real
 /// error codes, bounded stalls.
 fn check_faults(path: &Path, prefix: &str, faults: &[Fault]) -> Result<(), StateError> {
@@ -302,6 +284,16 @@ pub enum AllocationKind {
     Mps,
 }
 
+/// A holder's place in the PID namespaces (see [`SimAllocation::namespace`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderNamespace {
+    /// Its pid in each PID namespace from `proc_root`'s inward (`NSpid`, proc(5)).
+    pub nspid: Vec<u32>,
+    /// The inode of its own PID namespace (`/proc/PID/ns/pid` reads `pid:[inode]`).
+    pub pid_ns: u64,
+}
+
 /// Memory one process holds on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -349,6 +341,12 @@ pub struct SimAllocation {
     /// hand), `pid` and `held_by` decide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_lock: Option<u64>,
+    /// Set by simulated holders: where the holder sits in the PID namespaces, as it was when
+    /// it registered. A real driver keeps a creator's `struct pid`, so it still names a dead
+    /// creator (kept by its forked children) in a caller's namespace; the simulator can read
+    /// `/proc` only while the process lives, and uses this afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<HolderNamespace>,
 }
 
 /// An error or a stall injected into one NVML call.
@@ -572,7 +570,8 @@ impl SimState {
                 ));
             }
             if let Some(reported) = a.reported_pid
-                && let Some(nspid) = namespace_pids(&self.proc_root, a.pid)
+                && let Some(nspid) =
+                    crate::namespace::namespace_pids(&self.proc_root.join(a.pid.to_string()))
                 && !nspid.contains(&reported)
             {
                 return Err(invalid(

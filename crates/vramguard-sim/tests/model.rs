@@ -38,6 +38,7 @@ fn gpu(i: u32) -> SimGpu {
 
 fn alloc(gpu: u32, pid: u32, bytes: u64, after_exit: AfterExit) -> SimAllocation {
     SimAllocation {
+        namespace: None,
         gpu,
         pid,
         bytes,

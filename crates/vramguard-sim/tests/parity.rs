@@ -922,3 +922,171 @@ fn mig_device_handles_answer_as_nvml_does() {
         lib.nvmlShutdown();
     }
 }
+
+/// Not a test: the body of [`a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths`]'s
+/// caller, this binary re-executed inside a PID namespace, when `PARITY_PROBE_OUT` names where
+/// to write what both paths answered there.
+#[test]
+fn namespaced_caller_probe() {
+    let Some(out) = std::env::var_os("PARITY_PROBE_OUT") else {
+        return;
+    };
+    let state = std::path::PathBuf::from(std::env::var_os("VRAMGUARD_SIM").unwrap());
+    let mut source = NvmlSource::open(Some(&sim_nvml_lib())).unwrap();
+    let via_nvml = source.sample(Duration::from_secs(600)).unwrap();
+    let in_process = SimSource::open(&state)
+        .unwrap()
+        .sample(Duration::from_secs(600))
+        .unwrap();
+    // The names the driver gives the pids the caller asks about: pid 1 of the namespace,
+    // and the host holder's pid, which means nothing here.
+    let host: u32 = std::env::var("PARITY_PROBE_HOST_PID")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: the simulator's library, loaded for its C ABI; every pointer is valid.
+    let names: Vec<(u32, String)> = unsafe {
+        let lib = nvml_wrapper_sys::bindings::NvmlLib::new(sim_nvml_lib()).unwrap();
+        assert_eq!(lib.nvmlInit_v2(), 0);
+        let names = [1, host]
+            .into_iter()
+            .map(|pid| {
+                let mut buf = [0 as std::ffi::c_char; 64];
+                let r = lib.nvmlSystemGetProcessName(pid, buf.as_mut_ptr(), 64);
+                let name = std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy();
+                (r, name.into_owned())
+            })
+            .collect();
+        lib.nvmlShutdown();
+        names
+    };
+    let both = (
+        normalized(via_nvml.gpus),
+        normalized(in_process.gpus),
+        names,
+    );
+    std::fs::write(out, serde_json::to_vec(&both).unwrap()).unwrap();
+}
+
+#[test]
+fn a_caller_in_a_pid_namespace_gets_its_own_pids_on_both_paths() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let world = World::new(2);
+    world.enable_mig(1, &[1, 2]);
+    // A host process, and a "pod": a PID namespace whose init (pid 1 there) holds the GPU,
+    // and each one a MIG device of GPU 1.
+    let host = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
+    let script = format!(
+        "exec 3<{} 4<{} 5<{}; exec sleep 60",
+        world.dev("nvidiactl").display(),
+        world.dev("nvidia-uvm").display(),
+        world.dev("nvidia0").display()
+    );
+    let pod = Reaped(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sh", "-c", &script])
+            .spawn()
+            .unwrap(),
+    );
+    let children = format!("/proc/{0}/task/{0}/children", pod.pid());
+    let mut inner = None;
+    for _ in 0..200 {
+        inner = std::fs::read_to_string(&children)
+            .ok()
+            .and_then(|c| c.split_whitespace().next()?.parse::<u32>().ok())
+            .filter(|p| {
+                std::fs::read_link(format!("/proc/{p}/exe"))
+                    .is_ok_and(|e| e.to_string_lossy().contains("sleep"))
+            });
+        if inner.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let inner = inner.expect("the pod's init started");
+    let mut busy = allocation(0, host.pid(), 8 * GIB);
+    busy.sm_util = 70;
+    world.allocate(busy);
+    let mut served = allocation(0, inner, 3 * GIB);
+    served.sm_util = 40;
+    world.allocate(served);
+    for (pid, mig_device, gib) in [(host.pid(), 0, 4), (inner, 1, 2)] {
+        let mut a = allocation(1, pid, gib * GIB);
+        a.mig_device = Some(mig_device);
+        world.allocate(a);
+    }
+
+    let out = world.dir.path().join("namespaced-probe.json");
+    let probe = std::process::Command::new("nsenter")
+        .args(["--target", &inner.to_string(), "--pid"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "namespaced_caller_probe", "--test-threads", "1"])
+        .env("PARITY_PROBE_OUT", &out)
+        .env("PARITY_PROBE_HOST_PID", host.pid().to_string())
+        .env("VRAMGUARD_SIM", world.state_path())
+        .output()
+        .unwrap();
+    assert!(
+        probe.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&probe.stdout),
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let (a, b, names): (Vec<GpuSample>, Vec<GpuSample>, Vec<(u32, String)>) =
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(
+        names,
+        vec![(0, "sleep".to_string()), (6, String::new())],
+        "pid 1 there is the pod's sleep; the host's pid is NOT_FOUND there"
+    );
+    assert_eq!(a, b, "both paths, seen from the namespace");
+    let g0 = &a[0];
+    assert_eq!(g0.memory.unwrap().used, 11 * GIB, "used is the GPU's");
+    let pids: Vec<u32> = g0.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(
+        pids,
+        vec![1],
+        "the pod's init by its pid there; the host's is not seen"
+    );
+    assert_eq!(g0.processes[0].used_bytes, Some(3 * GIB));
+    let sampled: Vec<u32> = g0
+        .utilization
+        .as_ref()
+        .unwrap()
+        .samples
+        .iter()
+        .map(|s| s.pid)
+        .collect();
+    assert_eq!(sampled, vec![1], "utilization samples follow the same rule");
+    let g1 = &a[1];
+    assert_eq!(g1.memory.unwrap().used, 6 * GIB);
+    let pids: Vec<u32> = g1.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![1], "MIG mode: the whole GPU's list too");
+    let [host_mig, pod_mig] = &g1.mig_devices[..] else {
+        panic!("two MIG devices: {:?}", g1.mig_devices)
+    };
+    assert_eq!(
+        host_mig.memory.unwrap().used,
+        4 * GIB,
+        "its memory is its own"
+    );
+    assert!(host_mig.processes.is_empty(), "{:?}", host_mig.processes);
+    let listed: Vec<(u32, Option<u64>)> = pod_mig
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.used_bytes))
+        .collect();
+    assert_eq!(listed, vec![(1, Some(2 * GIB))]);
+
+    // From the host, the same two by their host pids.
+    let mut on_host: Vec<u32> = nvml_sample(&world).unwrap().gpus[0]
+        .processes
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    on_host.sort_unstable();
+    let mut expected = vec![host.pid(), inner];
+    expected.sort_unstable();
+    assert_eq!(on_host, expected);
+    drop(pod);
+}

@@ -134,6 +134,7 @@ pub struct World {
 /// An allocation that follows the process (listed, released at exit).
 pub fn allocation(gpu: u32, pid: u32, bytes: u64) -> SimAllocation {
     SimAllocation {
+        namespace: None,
         gpu,
         pid,
         bytes,

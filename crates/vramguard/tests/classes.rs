@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::{Value, json};
+use std::process::Output;
 
 #[test]
 fn killed_trainer_leaves_orphaned_workers_and_a_hidden_dataloader_worker() {
@@ -236,25 +237,135 @@ fn a_thread_stuck_in_d_state_is_reported_and_not_killable() {
     assert!(stdout(&d).contains("uninterruptible"), "{}", stdout(&d));
 }
 
-#[test]
-fn vramguard_in_a_container_sees_host_pids_as_foreign() {
-    let world = World::new(1);
-    let mut s = spec(&world, json!([hold(0, 5)]));
-    s["new_session"] = json!(true);
-    let h = start(&world, &["python3", "serve.py"], s);
-    // vramguard in its own PID namespace, with a /proc of that namespace; the simulated
-    // driver keeps reading the host's /proc, as the kernel driver would.
+/// Runs vramguard (`args`, through `path`) in a new PID namespace with a /proc of its own at
+/// a private mount, as in a container without `hostPID`; the simulated driver keeps reading
+/// the host's /proc, as the kernel driver would. With `join`, it enters the PID and mount
+/// namespaces of that (host) pid instead, whose /proc of its own is at the same place.
+fn vramguard_in_namespace(world: &World, path: Path_, join: Option<u32>, args: &str) -> Output {
     let inner_proc = world.dir.path().join("container-proc");
     std::fs::create_dir_all(&inner_proc).unwrap();
+    let lib = match path {
+        Path_::Nvml => format!("--nvml-lib {}", sim_nvml_lib().display()),
+        Path_::InProcess => String::new(),
+    };
+    let mount = match join {
+        Some(_) => String::new(),
+        None => format!("mount -t proc proc {} && ", inner_proc.display()),
+    };
     let script = format!(
-        "mount -t proc proc {p} && exec {bin} --proc-root {p} --sim {s} --nvml-lib {lib} status --json",
+        "{mount}exec {bin} --proc-root {p} --sim {s} {lib} {args}",
         p = inner_proc.display(),
         bin = BIN,
         s = world.state_path().display(),
-        lib = sim_nvml_lib().display()
     );
-    let out = vg_wrapped("unshare")
-        .args([
+    let mut cmd = match join {
+        Some(pid) => {
+            let mut c = vg_wrapped("nsenter");
+            c.args(["--target", &pid.to_string(), "--pid", "--mount"]);
+            c
+        }
+        None => {
+            let mut c = vg_wrapped("unshare");
+            c.args(["--pid", "--fork", "--mount", "--propagation", "private"]);
+            c
+        }
+    };
+    cmd.args(["sh", "-c", &script])
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "1000")
+        .env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn vramguard_in_a_container_sees_no_host_pid_and_calls_the_memory_unexplained() {
+    let world = World::new(1);
+    let mut s = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 5 * GIB, "sm_util": 40 }]),
+    );
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "serve.py"], s);
+    // Another container's holder: a sibling PID namespace at the caller's depth, whose pid
+    // there is a number the caller's namespace may have too; it is not the caller's to see.
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let sibling = start_wrapped(
+        &world,
+        &["unshare", "--pid", "--fork"],
+        &["python3", "other.py"],
+        s,
+    );
+    for path in [Path_::Nvml, Path_::InProcess] {
+        // As the real driver does (an H200 on 580.159.04 listed no process to a caller in a
+        // new PID namespace while the host's used 20 GiB): the host's pid is not reported.
+        let out = vramguard_in_namespace(&world, path, None, "status --json");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["pid_namespace_is_host"], json!(false));
+        let g0 = &report["gpus"][0];
+        let listed: Vec<&Value> = g0["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["listed"] == json!(true))
+            .collect();
+        assert!(listed.is_empty(), "the driver listed {listed:#?}");
+        assert!(
+            g0["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|x| x["pid"] != json!(h.pid)),
+            "{g0:#}"
+        );
+        assert_eq!(
+            g0["memory"]["used"],
+            json!(7 * GIB),
+            "used is the GPU's: {g0:#}"
+        );
+        assert_eq!(g0["unaccounted"]["bytes"], json!(7 * GIB), "{g0:#}");
+        assert_eq!(g0["unaccounted"]["significant"], json!(true));
+        assert_eq!(g0["unaccounted"]["cause"], "other_namespace");
+        assert_eq!(g0["ghost_bytes"], json!(0));
+
+        let out = vramguard_in_namespace(&world, path, None, "status");
+        let text = stdout(&out);
+        assert!(text.contains("unexplained:"), "{text}");
+        assert!(!text.contains("accounted for by a live job"), "{text}");
+    }
+    // On the host, the same holders are listed, by their host pids.
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(holder(&report, 0, h.pid)["class"], "active");
+    assert_eq!(
+        holder(&report, 0, sibling.pid)["used_bytes"],
+        json!(2 * GIB)
+    );
+}
+
+#[test]
+fn a_holder_in_the_callers_own_namespace_is_listed_by_its_pid_there() {
+    let world = World::new(1);
+    let inner_proc = world.dir.path().join("container-proc");
+    std::fs::create_dir_all(&inner_proc).unwrap();
+    // A "pod": a PID namespace whose init (sh, pid 1) starts the holder and waits; vramguard then joins that namespace, as a monitor in the same pod would.
+    let pod_init = format!(
+        "mount -t proc proc {} && \"$0\" \"$@\"; :",
+        inner_proc.display()
+    );
+    let mut s = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 3 * GIB, "sm_util": 40 }]),
+    );
+    s["new_session"] = json!(true);
+    let inner = start_wrapped(
+        &world,
+        &[
+            "unshare",
             "--pid",
             "--fork",
             "--mount",
@@ -262,23 +373,138 @@ fn vramguard_in_a_container_sees_host_pids_as_foreign() {
             "private",
             "sh",
             "-c",
-            &script,
-        ])
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["pid_namespace_is_host"], json!(false));
-    let f = holder(&report, 0, h.pid);
-    assert_eq!(f["class"], "foreign", "{f:#}");
-    assert!(
-        f["evidence"][0]
-            .as_str()
-            .unwrap()
-            .contains("runs in a container")
+            &pod_init,
+        ],
+        &["python3", "serve.py"],
+        s,
     );
-    assert!(f["action"]["summary"].as_str().unwrap().contains("hostPID"));
+    let mut s = spec(&world, json!([hold(0, 5)]));
+    s["new_session"] = json!(true);
+    let host = start(&world, &["python3", "train.py"], s);
+    let nspid = std::fs::read_to_string(format!("/proc/{}/status", inner.pid)).unwrap();
+    let inner_pid: u32 = nspid
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap();
+    assert_ne!(inner_pid, inner.pid, "{nspid}");
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let out = vramguard_in_namespace(&world, path, Some(inner.pid), "status --json");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["pid_namespace_is_host"], json!(false));
+        let h = holder(&report, 0, inner_pid);
+        assert_eq!(h["class"], "active", "{h:#}");
+        assert_eq!(h["listed"], json!(true));
+        assert_eq!(h["used_bytes"], json!(3 * GIB));
+        assert!(
+            h["command"].as_str().unwrap().ends_with("serve.py"),
+            "{h:#}"
+        );
+        let g0 = &report["gpus"][0];
+        let pids: Vec<&Value> = g0["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| &x["pid"])
+            .collect();
+        assert!(!pids.contains(&&json!(host.pid)), "{pids:?}");
+        assert!(!pids.contains(&&json!(inner.pid)), "a host pid: {pids:?}");
+        // The host's train.py is outside: its 5 GiB are unexplained, not ghost.
+        assert_eq!(g0["unaccounted"]["bytes"], json!(5 * GIB), "{g0:#}");
+        assert_eq!(g0["unaccounted"]["cause"], "other_namespace");
+        assert_eq!(g0["ghost_bytes"], json!(0));
+    }
+    // The host sees both by their host pids.
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(holder(&report, 0, inner.pid)["class"], "active");
+    assert_eq!(holder(&report, 0, host.pid)["used_bytes"], json!(5 * GIB));
+}
+
+#[test]
+fn a_dead_trainer_in_the_callers_namespace_is_listed_by_its_pid_there_with_its_keeper() {
+    let world = World::new(1);
+    let inner_proc = world.dir.path().join("container-proc");
+    std::fs::create_dir_all(&inner_proc).unwrap();
+    // A pod whose init outlives the trainer (and dies with the test: --kill-child).
+    let pod_init = format!(
+        "mount -t proc proc {} && \"$0\" \"$@\"; exec sleep 120",
+        inner_proc.display()
+    );
+    let mut s = spec(&world, json!([hold(0, 4)]));
+    s["group_leader"] = json!(true);
+    s["forked_workers"] = json!(1);
+    let trainer = start_wrapped(
+        &world,
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &pod_init,
+        ],
+        &["python3", "train.py"],
+        s,
+    );
+    let inner = |pid: u32| -> u32 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap()
+    };
+    let (leader, worker) = (trainer.pid, trainer.workers[0]);
+    assert_ne!(leader, worker);
+    let (inner_leader, inner_worker) = (inner(leader), inner(worker));
+    assert_ne!(
+        inner_worker, worker,
+        "the worker is reported by its host pid"
+    );
+    // SIGKILL the trainer (a process this test started, by its pid); the pod's init reaps it.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &leader.to_string()])
+        .status();
+    wait_until(10, "the trainer to be reaped", || {
+        !std::path::Path::new(&format!("/proc/{leader}")).exists()
+    });
+    for path in [Path_::Nvml, Path_::InProcess] {
+        // A fresh vramguard in the pod never saw the trainer alive: the driver still names it.
+        let out = vramguard_in_namespace(&world, path, Some(worker), "status --json");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dead = holder(&report, 0, inner_leader);
+        assert_eq!(dead["listed"], json!(true), "{dead:#}");
+        assert_eq!(dead["used_bytes"], json!(4 * GIB), "{dead:#}");
+        // Which class a listed pid missing from a container's /proc gets is the core's
+        // call (`foreign` today: vramguard in a container cannot tell it from another
+        // namespace's pid); the simulator's part is that it is listed, by its pid here.
+        assert_ne!(dead["class"], "active", "{dead:#}");
+        let keeper = holder(&report, 0, inner_worker);
+        assert_eq!(keeper["listed"], json!(false), "{keeper:#}");
+        let g0 = &report["gpus"][0];
+        assert_eq!(g0["unaccounted"]["bytes"], json!(0), "{g0:#}");
+        // From another namespace, nothing of the pod is listed.
+        let out = vramguard_in_namespace(&world, path, None, "status --json");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let g0 = &report["gpus"][0];
+        assert!(
+            g0["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|h| h["listed"] != json!(true)),
+            "{g0:#}"
+        );
+        assert_eq!(g0["unaccounted"]["cause"], "other_namespace", "{g0:#}");
+    }
 }
 
 #[test]

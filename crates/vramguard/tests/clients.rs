@@ -135,6 +135,62 @@ n.nvmlShutdown()
     assert_eq!(v["mig"], serde_json::json!([0, 0]));
 }
 
+/// nvidia-ml-py in a container without `hostPID` (`unshare --pid --fork --mount-proc`), as
+/// on a real H200 (driver 580.159.04): the memory the host's process uses is there, the
+/// process is not, in any list or utilization sample.
+#[test]
+fn nvidias_bindings_in_a_new_pid_namespace_see_the_memory_and_no_process() {
+    let (world, holder) = busy_world();
+    // The simulated driver reads the host's /proc, which `--mount-proc` covers: a bind mount
+    // of it made first, in a mount namespace of the test's own, stays reachable there, and a
+    // copy of the state names it.
+    let host_proc = world.dir.path().join("host-proc");
+    std::fs::create_dir_all(&host_proc).unwrap();
+    let mut state: Value =
+        serde_json::from_slice(&std::fs::read(world.state_path()).unwrap()).unwrap();
+    state["proc_root"] = serde_json::json!(host_proc);
+    let ns_state = world.dir.path().join("state-in-namespace.json");
+    std::fs::write(&ns_state, serde_json::to_vec(&state).unwrap()).unwrap();
+    let script = r#"
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+try:
+    samples = [s.pid for s in n.nvmlDeviceGetProcessUtilization(h, 0)]
+except n.NVMLError_NotFound:
+    samples = []
+print(json.dumps({
+    "used": n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).used,
+    "compute": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+    "graphics": [p.pid for p in n.nvmlDeviceGetGraphicsRunningProcesses(h)],
+    "samples": samples,
+    "self": open("/proc/self/status").read().split("NSpid:")[1].split()[0],
+}))
+n.nvmlShutdown()
+"#;
+    let lib = sim_nvml_lib();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind /proc \"$0\" && exec unshare --pid --fork --mount-proc \"$@\"")
+        .arg(&host_proc)
+        .arg(client("python"))
+        .args(["-c", script])
+        .env("VRAMGUARD_SIM", &ns_state)
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["self"], "1", "the client is pid 1 of its namespace: {v}");
+    assert_eq!(v["used"], 3 * GIB, "the GPU's memory is the GPU's: {v}");
+    assert_eq!(v["compute"], serde_json::json!([]), "{v}");
+    assert_eq!(v["graphics"], serde_json::json!([]), "{v}");
+    assert_eq!(v["samples"], serde_json::json!([]), "{v}");
+    // From the host, the same process is listed.
+    let host = bindings_view(&world);
+    assert_eq!(host["procs"], serde_json::json!([[holder.pid(), 3 * GIB]]));
+}
+
 /// What nvidia-ml-py's process list and memory info say about GPU 0.
 fn bindings_view(world: &World) -> Value {
     let script = r#"
