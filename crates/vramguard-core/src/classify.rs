@@ -158,6 +158,17 @@ pub fn work_watch_list(snapshot: &Snapshot, policy: &Policy, report: &Report) ->
     pids.into_iter().collect()
 }
 
+/// Whether the driver is seen reporting the pids of vramguard's own PID namespace: a pid it
+/// lists is a process here that holds an NVIDIA device file. Current drivers number the
+/// processes they list as the caller's namespace does and leave out those it cannot see (a
+/// container without `hostPID` is listed none of the host's); older ones listed host pids.
+fn driver_reports_our_pids(snap: &Snapshot) -> bool {
+    snap.gpus.iter().flat_map(|g| &g.processes).any(|listed| {
+        snap.process(listed.pid)
+            .is_some_and(|p| !p.is_kernel_thread() && p.device_files.holds_any() == Some(true))
+    })
+}
+
 /// How a driver-reported pid maps onto a process of ours.
 enum Resolution<'a> {
     /// The pid is this process (possibly via `NSpid`, then `reported` differs).
@@ -257,7 +268,9 @@ impl<'a> Context<'a> {
             tree: Default::default(),
             children: BTreeMap::new(),
             own_work: Default::default(),
-            pids_complete: snap.host.pid_namespace_is_host == Some(true)
+            pids_complete: (snap.host.pid_namespace_is_host == Some(true)
+                || (snap.host.pid_namespace_is_host == Some(false)
+                    && driver_reports_our_pids(snap)))
                 && (snap.host.privileges().sees_every_process()
                     || snap
                         .processes

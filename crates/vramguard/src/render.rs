@@ -459,7 +459,16 @@ fn gpu_block(out: &mut String, st: &Style, g: &vramguard_core::GpuReport) {
         );
     }
     if g.holders.is_empty() {
-        let _ = writeln!(out, "  {}", st.dim("no processes hold this GPU"));
+        let unseen = g.unaccounted.as_ref().is_some_and(|u| u.is_unexplained());
+        let _ = writeln!(
+            out,
+            "  {}",
+            st.dim(if unseen {
+                "no process vramguard can see holds this GPU"
+            } else {
+                "no processes hold this GPU"
+            })
+        );
     } else {
         let _ = writeln!(
             out,
