@@ -519,6 +519,7 @@ impl Agent {
             job_label: None,
             // The agent never removes files on its own: shared memory goes by `reclaim --include shm`.
             include_shm: None,
+            include_keepers: false,
         };
         let plan = plan_reclaim(snap, report, &opts);
         let now = self.now();
@@ -699,6 +700,7 @@ fn auto_reclaim(
         job_of: None,
         job_label: None,
         include_shm: None,
+        include_keepers: false,
     };
     let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {
         let mut plan = plan_reclaim(snap, report, &opts);

@@ -2203,7 +2203,7 @@ fn keeper_action(
     } else {
         format!(
             "it keeps exited pid {exited}'s context, but its job {} is alive: ask its owner, \
-             or name the job to reclaim it",
+             or reclaim that job's keepers by name",
             shown(&job.label)
         )
     };
@@ -2216,7 +2216,10 @@ fn keeper_action(
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"@._:-/".contains(&b));
         if plain {
-            format!("vramguard reclaim --gpu {gpu} --job {}", job.label)
+            format!(
+                "vramguard reclaim --gpu {gpu} --job {} --include keepers",
+                job.label
+            )
         } else {
             format!("kill -TERM {pid}")
         }

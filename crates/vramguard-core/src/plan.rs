@@ -40,6 +40,12 @@ pub struct ReclaimOptions {
     /// Also remove orphaned shared-memory segments (`--include shm`), judged by this policy.
     #[serde(default)]
     pub include_shm: Option<crate::host::ShmPolicy>,
+    /// Also idle keepers of an exited pid's context inside a live job that something else
+    /// owns (a unit, a Slurm step, a pod or container, `vramguard run`): asked for by name
+    /// (`--include keepers`), never by default nor by the agent. Keepers in a plain process
+    /// group are default targets already.
+    #[serde(default)]
+    pub include_keepers: bool,
 }
 
 impl Default for ReclaimOptions {
@@ -52,6 +58,7 @@ impl Default for ReclaimOptions {
             job_of: None,
             job_label: None,
             include_shm: None,
+            include_keepers: false,
         }
     }
 }
@@ -210,13 +217,13 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
         }
         // A keeper of an exited pid's context in a live job: by default only in a plain
         // process-group job; in a job something else owns (unit, Slurm step, pod, container,
-        // `vramguard run`) only when that job was named with --job.
+        // `vramguard run`) only with --include keepers: narrowing (--job) only ever removes.
         Class::Hidden
-            if h.dead_job.is_none() && !keeper_in_plain_job(h) && opts.job_label.is_none() =>
+            if h.dead_job.is_none() && !keeper_in_plain_job(h) && !opts.include_keepers =>
         {
             return Some(format!(
                 "it keeps exited pid {}'s context, but its job {} is alive and not a plain \
-                 process group: name the job with --job to reclaim it",
+                 process group: add --include keepers (with --job for that job alone)",
                 h.keeps_alive.unwrap_or_default(),
                 h.job
                     .as_ref()

@@ -1638,7 +1638,8 @@ fn a_keeper_in_a_live_cgroup_job_is_named_but_not_reclaimed_by_default() {
     assert_eq!(k.keeps_alive, Some(446));
     assert!(!k.action.reclaimable);
     assert!(
-        k.action.command.as_deref() == Some("vramguard reclaim --gpu 0 --job unit:train.service"),
+        k.action.command.as_deref()
+            == Some("vramguard reclaim --gpu 0 --job unit:train.service --include keepers"),
         "{:?}",
         k.action
     );

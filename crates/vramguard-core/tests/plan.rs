@@ -867,6 +867,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         job_of: None,
                         job_label: None,
                         include_shm: None,
+                        include_keepers: idle_for % 2 == 0,
                     },
                 )
             },
@@ -1044,7 +1045,7 @@ proptest! {
                 prop_assert!(holder.is_some(), "target {} does not hold GPU {}", t.pid, tg.gpu);
                 let h = holder.unwrap();
                 if h.class == Class::Hidden && h.dead_job.is_none() {
-                    keeper_rules(&s, h, proc_, tg.gpu)?;
+                    keeper_rules(&s, h, proc_, tg.gpu, opts.include_keepers)?;
                 }
                 if h.class == Class::Idle {
                     prop_assert!(h.idle_secs.unwrap_or(0) >= opts.idle_for_secs);
@@ -1176,13 +1177,15 @@ proptest! {
 
 /// What a hidden target of a live job must be: the keeper of an exited pid listed on its GPU
 /// (no process here, or a reused pid holding no device file), with no context of its own,
-/// holding /dev/nvidia-uvm, inside a plain process-group job, and sharing no process group or
+/// holding /dev/nvidia-uvm, inside a plain process-group job (any job with `--include
+/// keepers`), and sharing no process group or
 /// session with a live process listed there unless that group or session is the exited pid's.
 fn keeper_rules(
     s: &Snapshot,
     h: &vramguard_core::report::Holder,
     proc_: &ProcessFacts,
     gpu: u32,
+    include_keepers: bool,
 ) -> Result<(), TestCaseError> {
     let exited = h.keeps_alive;
     prop_assert!(
@@ -1204,9 +1207,10 @@ fn keeper_rules(
     );
     let uvm = matches!(&proc_.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm));
     prop_assert!(uvm);
+    // Outside a plain process group only when keepers were asked for by name.
     let label = &h.job.as_ref().unwrap().label;
     prop_assert!(
-        label.starts_with("pgid:") || label.starts_with("pid:"),
+        include_keepers || label.starts_with("pgid:") || label.starts_with("pid:"),
         "{}",
         label
     );
@@ -1264,7 +1268,7 @@ fn arb_inheritors() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
         prop::collection::vec(holder, 1..5),
         any::<bool>(),
         prop::option::of(prop::sample::select(vec![436u32, 446])),
-        any::<bool>(),
+        0u8..4,
     )
         .prop_map(|(holders, script_alive, kin_group, job_label)| {
             let mut procs = vec![init()];
@@ -1310,7 +1314,8 @@ fn arb_inheritors() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                 }
             }
             let opts = ReclaimOptions {
-                job_label: job_label.then(|| "unit:train.service".to_string()),
+                job_label: (job_label % 2 == 1).then(|| "unit:train.service".to_string()),
+                include_keepers: job_label >= 2,
                 ..ReclaimOptions::default()
             };
             (s, opts)
@@ -1333,11 +1338,11 @@ proptest! {
                 continue;
             }
             if h.job.as_ref().is_some_and(|j| j.label == "unit:train.service") {
-                // Inside a job something else owns: only when it was named.
-                prop_assert!(opts.job_label.is_some());
+                // Inside a job something else owns: only when keepers were asked for.
+                prop_assert!(opts.include_keepers);
                 prop_assert!(h.keeps_alive.is_some());
             } else {
-                keeper_rules(&s, h, proc_, 0)?;
+                keeper_rules(&s, h, proc_, 0, opts.include_keepers)?;
             }
         }
         // The exited pid is never a target, and what comes back includes it only when all

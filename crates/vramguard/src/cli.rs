@@ -258,12 +258,15 @@ pub enum Included {
     Class(vramguard_core::Class),
     /// Orphaned shared-memory segments.
     Shm,
+    /// Idle keepers of exited pids inside live jobs that something else owns.
+    Keepers,
 }
 
 /// Parses one `--include` value.
 pub fn included(s: &str) -> Result<Included, vramguard_core::report::UnknownClass> {
     match s.trim() {
         "shm" => Ok(Included::Shm),
+        "keepers" => Ok(Included::Keepers),
         other => class(other).map(Included::Class),
     }
 }
@@ -416,9 +419,11 @@ pub struct ReclaimArgs {
     /// 0,3 [default: all]
     #[arg(long, value_delimiter = ',', value_name = "GPU", value_parser = gpu_selector)]
     pub gpu: Vec<GpuSelector>,
-    /// Classes to target: orphan, hidden (only when its job is gone), zombie, idle, detached
-    /// (working processes whose launcher is gone: only when named, with a warning); shm adds
-    /// orphaned shared-memory segments ([shm] in the config says which)
+    /// Classes to target: orphan, hidden (only when its job is gone, or it keeps an exited
+    /// pid's context in a plain process group), zombie, idle, detached (working processes
+    /// whose launcher is gone: only when named, with a warning); shm adds orphaned
+    /// shared-memory segments ([shm] in the config says which); keepers adds idle keepers of
+    /// exited pids inside live jobs a unit, Slurm, a container or vramguard run owns
     #[arg(
         long,
         value_delimiter = ',',

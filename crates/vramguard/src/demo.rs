@@ -334,6 +334,7 @@ fn reclaim_incident(state: &Path, policy: &Policy, dir: &Path) -> Result<()> {
         job_of: None,
         job_label: None,
         include_shm: None,
+        include_keepers: false,
     };
     let shown = format!(
         "vramguard reclaim --yes --gpu 1 --include idle --idle-for {} --reset=auto",

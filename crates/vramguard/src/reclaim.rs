@@ -17,11 +17,18 @@ use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
 fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
     let mut include = BTreeSet::new();
     let mut include_shm = None;
+    let mut include_keepers = false;
     for &item in &args.include {
         let class = match item {
             Included::Class(class) => class,
             Included::Shm => {
                 include_shm = Some(settings.policy().shm.clone());
+                continue;
+            }
+            Included::Keepers => {
+                // Keepers are hidden holders: asking for them asks for that class too.
+                include_keepers = true;
+                include.insert(Class::Hidden);
                 continue;
             }
         };
@@ -43,6 +50,7 @@ fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
         job_of: None,
         job_label: args.job.clone(),
         include_shm,
+        include_keepers,
     })
 }
 

@@ -283,6 +283,7 @@ pub(crate) fn plan_options(report: &Report, pid: u32) -> ReclaimOptions {
         job_of: Some(pid),
         job_label: None,
         include_shm: None,
+        include_keepers: false,
     }
 }
 
