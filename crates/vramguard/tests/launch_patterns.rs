@@ -561,6 +561,64 @@ fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idl
 }
 
 #[test]
+fn keepers_inside_a_live_unit_are_reclaimed_only_with_include_keepers() {
+    // A unit's script (alive) ran a trainer that forked a worker and was SIGKILLed: the
+    // worker keeps the trainer's context inside a job systemd owns.
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let procs = cg.leaf("system.slice/train-keep.service");
+    let mut trainer = holder_spec(&world, 3, 0, 0);
+    trainer["forked_workers"] = json!(1);
+    let script = format!(
+        "echo $$ > {}\n{}while :; do sleep 0.2; done\n",
+        procs.display(),
+        nohup(0, "train.py")
+    );
+    let l = launch(&world, &script, vec![trainer]);
+    let (pid, workers) = l.holders[0].clone();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_until(10, "the trainer to die", || !alive(pid));
+    let (status, targets) = look(&world);
+    assert_exited_and_kept(&status, pid, &workers, 3);
+    let k = holder(&status, 0, workers[0]);
+    assert_eq!(k["job"]["label"], "unit:train-keep.service", "{k:#}");
+    assert_eq!(
+        k["action"]["command"],
+        "vramguard reclaim --gpu 0 --job unit:train-keep.service --include keepers",
+        "{k:#}"
+    );
+    assert!(targets.is_empty(), "not by default: {targets:?}");
+    // Naming the job alone only narrows: still nothing.
+    let plan = Vg::new(&world, Path_::Nvml)
+        .args([
+            "reclaim",
+            "--dry-run",
+            "--json",
+            "--job",
+            "unit:train-keep.service",
+        ])
+        .json(0);
+    assert_eq!(plan["plan"]["jobs"], json!([]), "{plan:#}");
+    // Asked for by name: the keeper goes, the unit's script stays, the memory comes back.
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--yes", "--json", "--grace", "2s"])
+        .args(["--job", "unit:train-keep.service", "--include", "keepers"])
+        .arg_path("--audit-log", &audit)
+        .json(0);
+    assert!(!alive(workers[0]), "the keeper survived: {out:#}");
+    assert!(alive(l.script.pid()), "the unit's script was touched");
+    let status = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(status["gpus"][0]["memory"]["used"], json!(0), "{status:#}");
+}
+
+#[test]
 fn a_spawn_worker_of_a_busy_trainer_whose_launcher_exited_is_protected_by_the_job() {
     let world = World::new(1);
     // launch.sh starts the trainer in the background and exits; the trainer (busy) started a
