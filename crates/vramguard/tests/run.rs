@@ -397,20 +397,29 @@ fn children_of(pid: u32) -> Vec<(u32, char)> {
 /// reap the orphans that exit while the job runs, and clean up before it exits itself. When
 /// PID 1 exits the kernel SIGKILLs whatever is left in the namespace, so "nothing left
 /// afterwards" proves nothing: the leftover here records the SIGTERM only vramguard sends.
+///
+/// The job runs until the test has looked (it waits for `go`), not for a fixed time: a job
+/// that slept 2 s could end, and vramguard with it, before a loaded machine let the test see
+/// vramguard at all ("timed out waiting for vramguard to start as PID 1").
 fn as_pid_1(isolation: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (made, cleaned) = (dir.path().join("made"), dir.path().join("cleaned"));
+    let (made, cleaned, go) = (
+        dir.path().join("made"),
+        dir.path().join("cleaned"),
+        dir.path().join("go"),
+    );
     let mark = marker();
     let _sweep = Sweep(mark.clone());
     let (k, v) = mark.split_once('=').unwrap();
     // Ten orphans that exit at once (each re-parented to PID 1, a zombie until reaped), a
-    // daemon that answers SIGTERM by writing a file, then the job runs on for a while.
+    // daemon that answers SIGTERM by writing a file, then the job runs on until told.
     let script = format!(
         "for i in 1 2 3 4 5 6 7 8 9 10; do ( /bin/true & ) ; done; \
          ( ( trap 'echo TERM > {cleaned}; exit 0' TERM; while :; do sleep 0.05; done ) & ) ; \
-         touch {made}; sleep 2; exit 5",
+         touch {made}; while [ ! -e {go} ]; do sleep 0.02; done; exit 5",
         cleaned = cleaned.display(),
-        made = made.display()
+        made = made.display(),
+        go = go.display(),
     );
     let mut unshare = Reaped(
         vg_wrapped("unshare")
@@ -431,35 +440,70 @@ fn as_pid_1(isolation: &str) {
             .spawn()
             .unwrap(),
     );
-    let mut vg = 0;
-    wait_until(10, "vramguard to start as PID 1", || {
-        vg = children_of(unshare.pid()).first().map_or(0, |c| c.0);
+    let (mut vg, outer) = (0, unshare.pid());
+    wait_or_show(&mut unshare, 60, "vramguard to start as PID 1", || {
+        vg = children_of(outer).first().map_or(0, |c| c.0);
         vg != 0
     });
-    wait_until(10, "the job to make its orphans", || made.exists());
+    wait_or_show(&mut unshare, 60, "the job to make its orphans", || {
+        made.exists()
+    });
     // The orphans have exited: none of vramguard's children may stay a zombie.
     let mut zombies = Vec::new();
-    wait_until(1, "vramguard to reap the orphans", || {
+    wait_or_show(&mut unshare, 10, "vramguard to reap the orphans", || {
         zombies = children_of(vg)
             .into_iter()
             .filter(|(_, s)| *s == 'Z')
             .collect();
         zombies.is_empty()
     });
+    let kids = children_of(vg);
+    std::fs::write(&go, "").unwrap();
+    let out = output_of(&mut unshare);
+    let err = stderr(&out);
     assert!(
-        children_of(vg).len() >= 2,
-        "the job and the daemon run under vramguard: {:?}",
-        children_of(vg)
+        kids.len() >= 2,
+        "the job and the daemon run under vramguard: {kids:?}\n{err}"
     );
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut unshare.0.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(unshare.0.wait().unwrap().code(), Some(5), "{err}");
+    assert_eq!(out.status.code(), Some(5), "{}\n{err}", out.status);
     assert_eq!(
         std::fs::read_to_string(&cleaned).unwrap_or_default().trim(),
         "TERM",
         "the daemon got SIGTERM from vramguard before it exited ({isolation}): {err}"
     );
     assert!(marked(&mark).is_empty());
+}
+
+/// [`wait_until`] on a condition about `child` (started with its stderr piped): when the time
+/// is up, or the child has exited, it fails with the child's exit status and its stderr.
+fn wait_or_show(child: &mut Reaped, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if cond() {
+            return;
+        }
+        let exited = child.0.try_wait().unwrap();
+        if exited.is_some() || Instant::now() >= deadline {
+            let status = match exited {
+                Some(s) => format!("it exited: {s}"),
+                None => {
+                    let _ = child.0.kill();
+                    "it was still running (killed now)".to_string()
+                }
+            };
+            let out = output_of(child);
+            panic!(
+                "waiting for {what}, {}; {status}\nits stderr:\n{}",
+                if exited.is_some() {
+                    "the child exited first".to_string()
+                } else {
+                    format!("timed out after {secs}s")
+                },
+                stderr(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -679,17 +723,58 @@ fn gpus_auto_picks_the_freest_and_waits_when_none_is_free() {
         ])
         .code(124);
 
-    // A GPU frees up while it waits.
-    let t = Instant::now();
-    let freer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(800));
-        drop(d);
+    // A GPU frees up while it waits: freed once `pick` is seen waiting (asleep between two
+    // looks at the GPUs), so the waiting path is the one taken, however slow the machine.
+    let mut pick = Reaped(
+        Vg::new(&world, Path_::InProcess)
+            .args(["pick", "1", "--min-free", "100GiB", "--wait", "60s"])
+            .command()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(30, "pick to wait for a GPU", || {
+        asleep_in_nanosleep(pick.pid())
     });
-    let out = Vg::new(&world, Path_::InProcess)
-        .args(["pick", "1", "--min-free", "100GiB", "--wait", "20s"])
-        .code(0);
+    assert!(
+        pick.0.try_wait().unwrap().is_none(),
+        "pick answered while every GPU was busy: {}",
+        stderr(&output_of(&mut pick))
+    );
+    drop(d);
+    let out = output_of(&mut pick);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "3");
-    assert!(t.elapsed() >= Duration::from_millis(700));
-    freer.join().unwrap();
     drop((a, b, c));
+}
+
+/// Whether the main thread of `pid` sleeps in `nanosleep`/`clock_nanosleep` (its kernel wait
+/// channel, or its current system call where the kernel hides the wait channel): `pick`'s
+/// main thread sleeps there only between two looks at the GPUs.
+fn asleep_in_nanosleep(pid: u32) -> bool {
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    let nr: Option<libc::c_long> = syscall
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok());
+    wchan.contains("nanosleep") || nr == Some(libc::SYS_clock_nanosleep)
+}
+
+/// Waits for a child started with piped stdout and stderr, and returns what it wrote.
+fn output_of(child: &mut Reaped) -> Output {
+    use std::io::Read;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    if let Some(mut o) = child.0.stdout.take() {
+        o.read_to_end(&mut out).unwrap();
+    }
+    if let Some(mut e) = child.0.stderr.take() {
+        e.read_to_end(&mut err).unwrap();
+    }
+    Output {
+        status: child.0.wait().unwrap(),
+        stdout: out,
+        stderr: err,
+    }
 }
