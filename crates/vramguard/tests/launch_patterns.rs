@@ -775,10 +775,7 @@ fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
     // a loaded machine stretches the window instead of shortening it), then read what it did
     // in the audit log, where each signal is recorded before it is sent, so a survivor still
     // in its grace period shows there too.
-    let done = collections(&agent.metrics());
-    wait_until(60, "the agent to collect 12 more times", || {
-        collections(&agent.metrics()) >= done + 12.0
-    });
+    agent.wait_collections(12);
     assert_only_idle_orphans_died(&inc);
     let records: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
         .unwrap_or_else(|e| panic!("the agent's audit log {}: {e}", audit.display()))
@@ -793,15 +790,6 @@ fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
     assert_eq!(signalled, inc.idle_orphans, "{records:#?}");
     let m = agent.metrics();
     assert!(m.contains("class=\"detached\""), "{m}");
-}
-
-/// The agent's collections so far, of every depth.
-fn collections(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("vramguard_collections_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The first child of `pid`, once it has one.
