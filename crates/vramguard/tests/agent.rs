@@ -1034,7 +1034,8 @@ fn at_the_connection_cap_a_scrape_closes_a_silent_connection_and_is_served() {
     });
     assert!(
         !closed_by_peer(&silent[15]),
-        "the 16th silent connection was closed before the scrape (header timeout?)"
+        "the 16th silent connection was closed before the scrape: the oldest were cut by the \
+         header timeout, not closed to make room"
     );
     let t = Instant::now();
     let mut s = std::net::TcpStream::connect(agent.addr).unwrap();

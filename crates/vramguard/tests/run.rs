@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn marker() -> String {
@@ -440,32 +441,62 @@ fn as_pid_1(isolation: &str) {
             .spawn()
             .unwrap(),
     );
+    // Read as it comes (vramguard as PID 1 outlives a killed unshare, and keeps the pipe
+    // open), so that a failure can show it without waiting for an end that may not come.
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let (mut pipe, err) = (unshare.0.stderr.take().unwrap(), err.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut buf) {
+                err.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
     let (mut vg, outer) = (0, unshare.pid());
-    wait_or_show(&mut unshare, 60, "vramguard to start as PID 1", || {
-        vg = children_of(outer).first().map_or(0, |c| c.0);
-        vg != 0
-    });
-    wait_or_show(&mut unshare, 60, "the job to make its orphans", || {
-        made.exists()
-    });
+    wait_or_show(
+        &mut unshare,
+        &err,
+        60,
+        "vramguard to start as PID 1",
+        || {
+            vg = children_of(outer).first().map_or(0, |c| c.0);
+            vg != 0
+        },
+    );
+    wait_or_show(
+        &mut unshare,
+        &err,
+        60,
+        "the job to make its orphans",
+        || made.exists(),
+    );
     // The orphans have exited: none of vramguard's children may stay a zombie.
     let mut zombies = Vec::new();
-    wait_or_show(&mut unshare, 10, "vramguard to reap the orphans", || {
-        zombies = children_of(vg)
-            .into_iter()
-            .filter(|(_, s)| *s == 'Z')
-            .collect();
-        zombies.is_empty()
-    });
+    wait_or_show(
+        &mut unshare,
+        &err,
+        10,
+        "vramguard to reap the orphans",
+        || {
+            zombies = children_of(vg)
+                .into_iter()
+                .filter(|(_, s)| *s == 'Z')
+                .collect();
+            zombies.is_empty()
+        },
+    );
     let kids = children_of(vg);
     std::fs::write(&go, "").unwrap();
-    let out = output_of(&mut unshare);
-    let err = stderr(&out);
+    let status = unshare.0.wait().unwrap();
+    // The pipe ends when PID 1 has exited and the kernel has killed the namespace.
+    reader.join().unwrap();
+    let err = String::from_utf8_lossy(&err.lock().unwrap()).to_string();
     assert!(
         kids.len() >= 2,
         "the job and the daemon run under vramguard: {kids:?}\n{err}"
     );
-    assert_eq!(out.status.code(), Some(5), "{}\n{err}", out.status);
+    assert_eq!(status.code(), Some(5), "{status}\n{err}");
     assert_eq!(
         std::fs::read_to_string(&cleaned).unwrap_or_default().trim(),
         "TERM",
@@ -474,9 +505,16 @@ fn as_pid_1(isolation: &str) {
     assert!(marked(&mark).is_empty());
 }
 
-/// [`wait_until`] on a condition about `child` (started with its stderr piped): when the time
-/// is up, or the child has exited, it fails with the child's exit status and its stderr.
-fn wait_or_show(child: &mut Reaped, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+/// [`wait_until`] on a condition about `child`, whose stderr is read into `err`: when the
+/// time is up, or the child has exited first, it fails with the child's exit status and what
+/// it wrote to stderr so far (the test's sweep then ends what is left).
+fn wait_or_show(
+    child: &mut Reaped,
+    err: &Mutex<Vec<u8>>,
+    secs: u64,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if cond() {
@@ -484,22 +522,17 @@ fn wait_or_show(child: &mut Reaped, secs: u64, what: &str, mut cond: impl FnMut(
         }
         let exited = child.0.try_wait().unwrap();
         if exited.is_some() || Instant::now() >= deadline {
-            let status = match exited {
-                Some(s) => format!("it exited: {s}"),
+            let why = match exited {
+                Some(s) => format!("it exited first: {s}"),
                 None => {
                     let _ = child.0.kill();
-                    "it was still running (killed now)".to_string()
+                    let _ = child.0.wait();
+                    format!("timed out after {secs}s while it still ran (killed now)")
                 }
             };
-            let out = output_of(child);
             panic!(
-                "waiting for {what}, {}; {status}\nits stderr:\n{}",
-                if exited.is_some() {
-                    "the child exited first".to_string()
-                } else {
-                    format!("timed out after {secs}s")
-                },
-                stderr(&out)
+                "waiting for {what}: {why}\nits stderr so far:\n{}",
+                String::from_utf8_lossy(&err.lock().unwrap())
             );
         }
         std::thread::sleep(Duration::from_millis(10));
