@@ -82,38 +82,45 @@ fn run_job_with_grace(isolation: &str, script: &str, mark: &str, grace: &str) ->
 }
 
 /// Job shapes that leave processes behind: (what, script, escapers at least). Each escaper
-/// runs `$ESCAPE`, which records its pid in `$ESCAPED`, ignores SIGTERM and sleeps, so the
+/// runs `$ESCAPE`, which ignores SIGTERM, then records its pid in `$ESCAPED` and sleeps, so the
 /// test knows the shape really made it (a failing `setsid` would otherwise pass unseen) and
-/// vramguard has to wait out the grace period and SIGKILL it.
+/// vramguard has to wait out the grace period and SIGKILL it. The job exits once its escapers
+/// are recorded (`$AWAIT n`), not after a fixed time a loaded machine may not give them.
 const SHAPES: &[(&str, &str, usize)] = &[
     (
         "children that ignore SIGTERM",
-        "sh -c \"$ESCAPE\" & sh -c \"$ESCAPE\" & sleep 0.2; exit 0",
+        "sh -c \"$ESCAPE\" & sh -c \"$ESCAPE\" & sh -c \"$AWAIT\" await 2; exit 0",
         2,
     ),
     (
         "a double-forked daemonized grandchild",
-        "( sh -c \"$ESCAPE\" & ) ; sleep 0.2; exit 0",
+        "( sh -c \"$ESCAPE\" & ) ; sh -c \"$AWAIT\" await 1; exit 0",
         1,
     ),
     (
         "a child that calls setsid",
-        "setsid sh -c \"$ESCAPE\" & sleep 0.2; exit 0",
+        "setsid sh -c \"$ESCAPE\" & sh -c \"$AWAIT\" await 1; exit 0",
         1,
     ),
     (
         "a child stuck forking in a loop",
-        "(trap '' TERM; while :; do ( sh -c \"$ESCAPE\" & ) ; sleep 0.01; done) & sleep 0.3; exit 0",
+        "(trap '' TERM; while :; do ( sh -c \"$ESCAPE\" & ) ; sleep 0.01; done) & sh -c \"$AWAIT\" await 2; exit 0",
         2,
     ),
     (
         "a child that calls setpgrp (new group via setsid -f)",
-        "setsid -f sh -c \"$ESCAPE\"; sleep 0.2; exit 0",
+        "setsid -f sh -c \"$ESCAPE\"; sh -c \"$AWAIT\" await 1; exit 0",
         1,
     ),
 ];
 
-const ESCAPE: &str = "echo $$ >> \"$ESCAPED\"; trap '' TERM; exec sleep 60";
+/// The trap is set before the pid is recorded: a recorded escaper ignores SIGTERM.
+const ESCAPE: &str = "trap '' TERM; echo $$ >> \"$ESCAPED\"; exec sleep 60";
+
+/// Waits until `$ESCAPED` lists `$1` escapers (10 s at most: a shape that made fewer is then
+/// reported by the test, which counts them).
+const AWAIT: &str = "i=0; while [ \"$(cat \"$ESCAPED\" 2>/dev/null | wc -l)\" -lt \"$1\" ] \
+     && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done";
 
 fn nothing_left_behind(isolation: &str) {
     let grace = Duration::from_millis(1500);
@@ -129,6 +136,7 @@ fn nothing_left_behind(isolation: &str) {
             .args(["--", "sh", "-c", script])
             .env(k, v)
             .env("ESCAPE", ESCAPE)
+            .env("AWAIT", AWAIT)
             .env("ESCAPED", &escaped)
             .env("NO_COLOR", "1")
             .env_remove("VRAMGUARD_SIM")
