@@ -292,8 +292,14 @@ fn health_and_xid_events_agree_and_count_only_what_came_after_open() {
         s.gpus[2].health.xid_events.extend([94, 94]);
     });
     // The library answers from one observation per millisecond (one instant of the driver):
-    // let the one made at registration expire.
-    let settle = || std::thread::sleep(Duration::from_millis(5));
+    // after a change, time must pass beyond that millisecond (on the clock) for the next
+    // answer to come from an observation made after it.
+    let settle = || {
+        let changed = Instant::now();
+        while changed.elapsed() <= Duration::from_millis(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
     settle();
     let window = Duration::from_secs(60);
     let (a, b) = (
