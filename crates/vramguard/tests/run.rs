@@ -775,14 +775,19 @@ fn gpus_auto_picks_the_freest_and_waits_when_none_is_free() {
             .spawn()
             .unwrap(),
     );
+    let mut answered = None;
     wait_until(30, "pick to wait for a GPU", || {
-        asleep_in_nanosleep(pick.pid())
+        answered = pick.0.try_wait().unwrap();
+        answered.is_some() || asleep_in_nanosleep(pick.pid())
     });
-    assert!(
-        pick.0.try_wait().unwrap().is_none(),
-        "pick answered while every GPU was busy: {}",
-        stderr(&output_of(&mut pick))
-    );
+    if let Some(status) = answered {
+        let out = output_of(&mut pick);
+        panic!(
+            "pick answered ({status}) while every GPU was busy: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
     drop(d);
     let out = output_of(&mut pick);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
