@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use vramguard_ops::identity::{Identity, Refusal, start_ticks, verify, wait_all};
-use vramguard_testkit::{Reaped, alive, wait_until};
+use vramguard_testkit::{Reaped, wait_until};
 
 fn sleeper() -> Reaped {
     Reaped(
@@ -40,15 +40,15 @@ fn libc_sigterm() -> i32 {
 
 #[test]
 fn a_changed_start_time_is_refused_and_nothing_is_sent() {
-    let p = sleeper();
+    let p = deaf_sleeper();
     let mut id = identity_of(p.pid());
     id.start_ticks += 1;
     match verify(Path::new("/proc"), id) {
         Err(Refusal::Reused { .. }) => {}
         other => panic!("expected a refusal, got {other:?}"),
     }
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(alive(p.pid()));
+    // A signal sent would be seen at once (pending, or a zombie): no window to wait out.
+    assert_untouched(p.pid(), "a changed start time");
 }
 
 #[test]
@@ -74,18 +74,15 @@ fn a_pid_reused_by_a_new_process_is_never_signalled() {
         victim.0.kill().unwrap();
         victim.0.wait().unwrap();
         std::fs::write(last_pid, format!("{}", planned.pid - 1)).unwrap();
-        let newcomer = sleeper();
+        let newcomer = deaf_sleeper();
         if newcomer.pid() != planned.pid {
             continue;
         }
         let handle = pinned[0].handle.as_ref().expect("pinned while alive");
         assert_eq!(handle.signal(Signal::KILL), Err(Refusal::Gone));
         assert!(handle.has_exited());
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            alive(newcomer.pid()),
-            "the newcomer must not have been signalled"
-        );
+        // Seen at once if it had been signalled (pending, or a zombie): no window to wait out.
+        assert_untouched(newcomer.pid(), "the newcomer with the reused pid");
         // Verifying afresh by pid and start time refuses too, unless the newcomer started in
         // the very same clock tick, which is why pinning happens at plan time.
         if start_ticks(Path::new("/proc"), newcomer.pid()) != Some(planned.start_ticks) {
@@ -192,6 +189,18 @@ fn wait_for_a_tick_after(ticks: u64) {
 /// A process that takes `pid` (the kernel's next pid is steered there) and blocks SIGTERM.
 fn newcomer_at(pid: u32) -> Reaped {
     std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pid - 1)).unwrap();
+    let newcomer = deaf_sleeper();
+    assert_eq!(
+        newcomer.pid(),
+        pid,
+        "nothing else forks in this PID namespace: the newcomer takes the planned pid"
+    );
+    newcomer
+}
+
+/// A `sleep` that blocks SIGTERM: a SIGTERM sent to it stays pending, where
+/// [`assert_untouched`] sees it at once.
+fn deaf_sleeper() -> Reaped {
     let mut cmd = Command::new("sleep");
     cmd.arg("60").stdin(Stdio::null());
     use std::os::unix::process::CommandExt;
@@ -207,13 +216,7 @@ fn newcomer_at(pid: u32) -> Reaped {
             Ok(())
         });
     }
-    let newcomer = Reaped(cmd.spawn().unwrap());
-    assert_eq!(
-        newcomer.pid(),
-        pid,
-        "nothing else forks in this PID namespace: the newcomer takes the planned pid"
-    );
-    newcomer
+    Reaped(cmd.spawn().unwrap())
 }
 
 /// Panics if `pid` (a child not yet reaped) got SIGTERM or SIGKILL: a signal that reached it

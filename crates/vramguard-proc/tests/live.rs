@@ -247,8 +247,8 @@ fn the_steady_state_finds_a_listed_pid_it_never_saw() {
             .any(|p| p.pid == pid && p.device_files.holds_any() == Some(true))
     });
     // Unlisted new processes are not the steady state's business.
+    // `holder` returns once its files are open: a scan now would see them.
     let other = holder(dev.path(), &["nvidia1"]);
-    std::thread::sleep(Duration::from_millis(200));
     let got = c.collect(&[pid], ScanDepth::Holders, 0).unwrap();
     assert!(got.processes.iter().all(|p| p.pid != other.0.id()));
     let got = c.collect(&[pid], ScanDepth::NewProcesses, 0).unwrap();

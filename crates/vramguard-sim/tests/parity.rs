@@ -2,7 +2,7 @@
 //! `libnvidia-ml.so.1`) must give identical GPU samples for the same state.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vramguard_core::snapshot::{GpuSample, ProcessKind, ProcessListState};
 use vramguard_gpu::{GpuSource, NvmlSource, SourceError};
 use vramguard_sim::SimSource;
@@ -292,8 +292,14 @@ fn health_and_xid_events_agree_and_count_only_what_came_after_open() {
         s.gpus[2].health.xid_events.extend([94, 94]);
     });
     // The library answers from one observation per millisecond (one instant of the driver):
-    // let the one made at registration expire.
-    let settle = || std::thread::sleep(Duration::from_millis(5));
+    // after a change, time must pass beyond that millisecond (on the clock) for the next
+    // answer to come from an observation made after it.
+    let settle = || {
+        let changed = Instant::now();
+        while changed.elapsed() <= Duration::from_millis(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
     settle();
     let window = Duration::from_secs(60);
     let (a, b) = (
@@ -616,12 +622,19 @@ fn the_properties_monitoring_tools_read_first_are_answered() {
             assert_eq!(lib.nvmlDeviceGetTotalEnergyConsumption(dev, &mut mj), 0);
             mj
         };
+        // Energy accrues with time: at least 75 W (idle) over 3/4 of the time measured between
+        // the two reads (the library answers from observations up to a millisecond old; time
+        // must pass for it: 200 ms on the clock).
         let e0 = energy(h200);
-        std::thread::sleep(Duration::from_millis(200));
+        let between = Instant::now();
+        while between.elapsed() < Duration::from_millis(200) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ms = between.elapsed().as_millis() as u64;
         let e1 = energy(h200);
         assert!(
-            e1 >= e0 + 75_000 * 150 / 1000,
-            "75 W idle over 0.2 s: {e0} → {e1}"
+            e1 >= e0 + 75_000 * ms * 3 / 4 / 1000,
+            "75 W idle over {ms} ms: {e0} → {e1}"
         );
         let (mut width, mut cores, mut min, mut max) = (0, 0, 0, 0);
         assert_eq!(lib.nvmlDeviceGetMemoryBusWidth(h200, &mut width), 0);

@@ -689,8 +689,7 @@ fn an_idle_holder_past_the_configured_threshold() {
     busy["new_session"] = json!(true);
     let b = start(&world, &["python3", "train.py"], busy);
     let cfg = config(&world, "[policy]\nidle_after = \"1s\"\n");
-    sleep_ms(1200);
-    let report = status_with_config(&world, &cfg);
+    let report = status_once_idle(&world, &cfg, 0, h.pid, 1);
     let idle = holder(&report, 0, h.pid);
     assert_eq!(idle["class"], "idle", "{idle:#}");
     assert!(idle["idle_secs"].as_u64().unwrap() >= 1);
@@ -963,8 +962,11 @@ fn without_root_the_missing_facts_are_named() {
         .env("NO_COLOR", "1")
         .output()
         .unwrap();
-    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    // The one holder serves: the verdict is clean (0); what an unprivileged user cannot see
+    // is a warning of the check-list, not something that needs attention.
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["verdict"]["clean"], true, "{:#}", d["verdict"]);
     let limits = d["report"]["limitations"].to_string();
     assert!(limits.contains("run as root"), "{limits}");
     let vis = d["checks"]

@@ -82,11 +82,14 @@ mkfifo "$SHM/torch_fifo"
 head -c 4096 /dev/zero > "$SHM/torch_owner_busy"
 {bin} --sim {state} sim hold --gpu 0 --bytes 1GiB --lifetime 120s &
 for i in $(seq 100); do grep -q mapped "$SHM/../mapped.txt" 2>/dev/null && break; sleep 0.05; done
-sleep 1.3
+# The orphan must be older than min_age (1 s) when judged: wait on its age itself (its last
+# change, as the judge reads it), not for a fixed time.
+{py} -c '{older}' "$SHM/torch_orphan" 1.05
 # Too young (written just now).
 head -c 4096 /dev/zero > "$SHM/torch_young"; chown 4242 "$SHM/torch_young"
 {bin} --sim {state} --config {cfg} status --json > {dir}/status.json
-NO_COLOR=1 COLUMNS=200 {bin} --sim {state} --config {cfg} reclaim --include shm --yes --json --audit-log {audit} > {dir}/outcome.json || true
+rc=0; NO_COLOR=1 COLUMNS=200 {bin} --sim {state} --config {cfg} reclaim --include shm --yes --json --audit-log {audit} > {dir}/outcome.json || rc=$?
+echo $rc > {dir}/reclaim.rc
 ls -A "$SHM" | sort
 test "$(cat {outside}/victim)" = "keep me"
 "#,
@@ -97,6 +100,7 @@ test "$(cat {outside}/victim)" = "keep me"
         cfg = cfg.display(),
         dir = dir.display(),
         audit = audit.display(),
+        older = OLDER_THAN,
     );
     let left = in_namespace(&script);
     let left: Vec<&str> = left.lines().collect();
@@ -146,6 +150,15 @@ test "$(cat {outside}/victim)" = "keep me"
 
     let outcome: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("outcome.json")).unwrap()).unwrap();
+    // Nothing it was asked for is left: 0, said both ways.
+    assert_eq!(outcome["exit_code"], 0, "{outcome}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("reclaim.rc"))
+            .unwrap()
+            .trim(),
+        "0",
+        "{outcome}"
+    );
     let segments = outcome["segments"].as_array().expect("segment outcomes");
     assert_eq!(segments.len(), 1, "{outcome}");
     assert_eq!(segments[0]["name"], "torch_orphan");
@@ -281,6 +294,18 @@ time.sleep(120)
     started.kill_all();
 }
 
+/// A Python program: waits until the file `argv[1]` was last changed (modified or its inode
+/// changed, whichever is later, as the segment judge reads it) at least `argv[2]` seconds ago;
+/// 30 s at most. A test of `min_age` waits on the age itself, never a fixed time.
+const OLDER_THAN: &str = "import os, sys, time
+deadline = time.time() + 30
+def age():
+    st = os.stat(sys.argv[1])
+    return time.time() - max(st.st_mtime, st.st_ctime)
+while age() < float(sys.argv[2]):
+    assert time.time() < deadline, \"timed out waiting for \" + sys.argv[1] + \" to age\"
+    time.sleep(0.01)";
+
 /// A file this test made, removed however the test ends.
 struct RemovedOnDrop(std::path::PathBuf);
 
@@ -323,9 +348,12 @@ setsid bash -c '{py} {dir}/worker.py {shm}/torch_7_1 {dir}/ready {dev0} {ctl} > 
 for i in $(seq 200); do test -e {dir}/ready && break; sleep 0.05; done
 touch {dir}/need-allocation
 for i in $(seq 200); do test -e {dir}/allocated && break; sleep 0.05; done
-sleep 1.2
+# The segment (last written by the worker) must be older than min_age (1 s) once the worker
+# is gone: wait on its age itself, not for a fixed time.
+{py} -c '{older}' {shm}/torch_7_1 1.05
 {bin} --sim {state} --config {cfg} status --json > {dir}/status.json
-NO_COLOR=1 {bin} --sim {state} --config {cfg} reclaim --include orphan,hidden,shm --yes --json --grace 2s --audit-log {dir}/audit.jsonl > {dir}/outcome.json || true
+rc=0; NO_COLOR=1 {bin} --sim {state} --config {cfg} reclaim --include orphan,hidden,shm --yes --json --grace 2s --audit-log {dir}/audit.jsonl > {dir}/outcome.json || rc=$?
+echo $rc > {dir}/reclaim.rc
 ls -A {shm}
 "#,
         shm = shm.display(),
@@ -335,6 +363,7 @@ ls -A {shm}
         bin = BIN,
         state = world.state_path().display(),
         cfg = cfg.display(),
+        older = OLDER_THAN,
     );
     let child = Command::new("unshare")
         .args([
@@ -398,6 +427,15 @@ ls -A {shm}
         .map(|t| t["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(targets, [u64::from(pid)], "{outcome}");
+    // The worker and the segment are both gone: nothing asked for is left.
+    assert_eq!(outcome["exit_code"], 0, "{outcome}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("reclaim.rc"))
+            .unwrap()
+            .trim(),
+        "0",
+        "{outcome}\n{err}"
+    );
     assert_eq!(
         outcome["plan"]["segments"][0]["after_targets"],
         serde_json::json!([pid])

@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn marker() -> String {
@@ -81,38 +82,45 @@ fn run_job_with_grace(isolation: &str, script: &str, mark: &str, grace: &str) ->
 }
 
 /// Job shapes that leave processes behind: (what, script, escapers at least). Each escaper
-/// runs `$ESCAPE`, which records its pid in `$ESCAPED`, ignores SIGTERM and sleeps, so the
+/// runs `$ESCAPE`, which ignores SIGTERM, then records its pid in `$ESCAPED` and sleeps, so the
 /// test knows the shape really made it (a failing `setsid` would otherwise pass unseen) and
-/// vramguard has to wait out the grace period and SIGKILL it.
+/// vramguard has to wait out the grace period and SIGKILL it. The job exits once its escapers
+/// are recorded (`$AWAIT n`), not after a fixed time a loaded machine may not give them.
 const SHAPES: &[(&str, &str, usize)] = &[
     (
         "children that ignore SIGTERM",
-        "sh -c \"$ESCAPE\" & sh -c \"$ESCAPE\" & sleep 0.2; exit 0",
+        "sh -c \"$ESCAPE\" & sh -c \"$ESCAPE\" & sh -c \"$AWAIT\" await 2; exit 0",
         2,
     ),
     (
         "a double-forked daemonized grandchild",
-        "( sh -c \"$ESCAPE\" & ) ; sleep 0.2; exit 0",
+        "( sh -c \"$ESCAPE\" & ) ; sh -c \"$AWAIT\" await 1; exit 0",
         1,
     ),
     (
         "a child that calls setsid",
-        "setsid sh -c \"$ESCAPE\" & sleep 0.2; exit 0",
+        "setsid sh -c \"$ESCAPE\" & sh -c \"$AWAIT\" await 1; exit 0",
         1,
     ),
     (
         "a child stuck forking in a loop",
-        "(trap '' TERM; while :; do ( sh -c \"$ESCAPE\" & ) ; sleep 0.01; done) & sleep 0.3; exit 0",
+        "(trap '' TERM; while :; do ( sh -c \"$ESCAPE\" & ) ; sleep 0.01; done) & sh -c \"$AWAIT\" await 2; exit 0",
         2,
     ),
     (
         "a child that calls setpgrp (new group via setsid -f)",
-        "setsid -f sh -c \"$ESCAPE\"; sleep 0.2; exit 0",
+        "setsid -f sh -c \"$ESCAPE\"; sh -c \"$AWAIT\" await 1; exit 0",
         1,
     ),
 ];
 
-const ESCAPE: &str = "echo $$ >> \"$ESCAPED\"; trap '' TERM; exec sleep 60";
+/// The trap is set before the pid is recorded: a recorded escaper ignores SIGTERM.
+const ESCAPE: &str = "trap '' TERM; echo $$ >> \"$ESCAPED\"; exec sleep 60";
+
+/// Waits until `$ESCAPED` lists `$1` escapers (10 s at most: a shape that made fewer is then
+/// reported by the test, which counts them).
+const AWAIT: &str = "i=0; while [ \"$(cat \"$ESCAPED\" 2>/dev/null | wc -l)\" -lt \"$1\" ] \
+     && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done";
 
 fn nothing_left_behind(isolation: &str) {
     let grace = Duration::from_millis(1500);
@@ -128,6 +136,7 @@ fn nothing_left_behind(isolation: &str) {
             .args(["--", "sh", "-c", script])
             .env(k, v)
             .env("ESCAPE", ESCAPE)
+            .env("AWAIT", AWAIT)
             .env("ESCAPED", &escaped)
             .env("NO_COLOR", "1")
             .env_remove("VRAMGUARD_SIM")
@@ -397,20 +406,29 @@ fn children_of(pid: u32) -> Vec<(u32, char)> {
 /// reap the orphans that exit while the job runs, and clean up before it exits itself. When
 /// PID 1 exits the kernel SIGKILLs whatever is left in the namespace, so "nothing left
 /// afterwards" proves nothing: the leftover here records the SIGTERM only vramguard sends.
+///
+/// The job runs until the test has looked (it waits for `go`), not for a fixed time: a job
+/// that slept 2 s could end, and vramguard with it, before a loaded machine let the test see
+/// vramguard at all ("timed out waiting for vramguard to start as PID 1").
 fn as_pid_1(isolation: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (made, cleaned) = (dir.path().join("made"), dir.path().join("cleaned"));
+    let (made, cleaned, go) = (
+        dir.path().join("made"),
+        dir.path().join("cleaned"),
+        dir.path().join("go"),
+    );
     let mark = marker();
     let _sweep = Sweep(mark.clone());
     let (k, v) = mark.split_once('=').unwrap();
     // Ten orphans that exit at once (each re-parented to PID 1, a zombie until reaped), a
-    // daemon that answers SIGTERM by writing a file, then the job runs on for a while.
+    // daemon that answers SIGTERM by writing a file, then the job runs on until told.
     let script = format!(
         "for i in 1 2 3 4 5 6 7 8 9 10; do ( /bin/true & ) ; done; \
          ( ( trap 'echo TERM > {cleaned}; exit 0' TERM; while :; do sleep 0.05; done ) & ) ; \
-         touch {made}; sleep 2; exit 5",
+         touch {made}; while [ ! -e {go} ]; do sleep 0.02; done; exit 5",
         cleaned = cleaned.display(),
-        made = made.display()
+        made = made.display(),
+        go = go.display(),
     );
     let mut unshare = Reaped(
         vg_wrapped("unshare")
@@ -431,35 +449,102 @@ fn as_pid_1(isolation: &str) {
             .spawn()
             .unwrap(),
     );
-    let mut vg = 0;
-    wait_until(10, "vramguard to start as PID 1", || {
-        vg = children_of(unshare.pid()).first().map_or(0, |c| c.0);
-        vg != 0
-    });
-    wait_until(10, "the job to make its orphans", || made.exists());
+    // Read as it comes (vramguard as PID 1 outlives a killed unshare, and keeps the pipe
+    // open), so that a failure can show it without waiting for an end that may not come.
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let (mut pipe, err) = (unshare.0.stderr.take().unwrap(), err.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut buf) {
+                err.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    let (mut vg, outer) = (0, unshare.pid());
+    wait_or_show(
+        &mut unshare,
+        &err,
+        60,
+        "vramguard to start as PID 1",
+        || {
+            vg = children_of(outer).first().map_or(0, |c| c.0);
+            vg != 0
+        },
+    );
+    wait_or_show(
+        &mut unshare,
+        &err,
+        60,
+        "the job to make its orphans",
+        || made.exists(),
+    );
     // The orphans have exited: none of vramguard's children may stay a zombie.
     let mut zombies = Vec::new();
-    wait_until(1, "vramguard to reap the orphans", || {
-        zombies = children_of(vg)
-            .into_iter()
-            .filter(|(_, s)| *s == 'Z')
-            .collect();
-        zombies.is_empty()
-    });
-    assert!(
-        children_of(vg).len() >= 2,
-        "the job and the daemon run under vramguard: {:?}",
-        children_of(vg)
+    wait_or_show(
+        &mut unshare,
+        &err,
+        10,
+        "vramguard to reap the orphans",
+        || {
+            zombies = children_of(vg)
+                .into_iter()
+                .filter(|(_, s)| *s == 'Z')
+                .collect();
+            zombies.is_empty()
+        },
     );
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut unshare.0.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(unshare.0.wait().unwrap().code(), Some(5), "{err}");
+    let kids = children_of(vg);
+    std::fs::write(&go, "").unwrap();
+    let status = unshare.0.wait().unwrap();
+    // The pipe ends when PID 1 has exited and the kernel has killed the namespace.
+    reader.join().unwrap();
+    let err = String::from_utf8_lossy(&err.lock().unwrap()).to_string();
+    assert!(
+        kids.len() >= 2,
+        "the job and the daemon run under vramguard: {kids:?}\n{err}"
+    );
+    assert_eq!(status.code(), Some(5), "{status}\n{err}");
     assert_eq!(
         std::fs::read_to_string(&cleaned).unwrap_or_default().trim(),
         "TERM",
         "the daemon got SIGTERM from vramguard before it exited ({isolation}): {err}"
     );
     assert!(marked(&mark).is_empty());
+}
+
+/// [`wait_until`] on a condition about `child`, whose stderr is read into `err`: when the
+/// time is up, or the child has exited first, it fails with the child's exit status and what
+/// it wrote to stderr so far (the test's sweep then ends what is left).
+fn wait_or_show(
+    child: &mut Reaped,
+    err: &Mutex<Vec<u8>>,
+    secs: u64,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if cond() {
+            return;
+        }
+        let exited = child.0.try_wait().unwrap();
+        if exited.is_some() || Instant::now() >= deadline {
+            let why = match exited {
+                Some(s) => format!("it exited first: {s}"),
+                None => {
+                    let _ = child.0.kill();
+                    let _ = child.0.wait();
+                    format!("timed out after {secs}s while it still ran (killed now)")
+                }
+            };
+            panic!(
+                "waiting for {what}: {why}\nits stderr so far:\n{}",
+                String::from_utf8_lossy(&err.lock().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -679,17 +764,63 @@ fn gpus_auto_picks_the_freest_and_waits_when_none_is_free() {
         ])
         .code(124);
 
-    // A GPU frees up while it waits.
-    let t = Instant::now();
-    let freer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(800));
-        drop(d);
+    // A GPU frees up while it waits: freed once `pick` is seen waiting (asleep between two
+    // looks at the GPUs), so the waiting path is the one taken, however slow the machine.
+    let mut pick = Reaped(
+        Vg::new(&world, Path_::InProcess)
+            .args(["pick", "1", "--min-free", "100GiB", "--wait", "60s"])
+            .command()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut answered = None;
+    wait_until(30, "pick to wait for a GPU", || {
+        answered = pick.0.try_wait().unwrap();
+        answered.is_some() || asleep_in_nanosleep(pick.pid())
     });
-    let out = Vg::new(&world, Path_::InProcess)
-        .args(["pick", "1", "--min-free", "100GiB", "--wait", "20s"])
-        .code(0);
+    if let Some(status) = answered {
+        let out = output_of(&mut pick);
+        panic!(
+            "pick answered ({status}) while every GPU was busy: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+    drop(d);
+    let out = output_of(&mut pick);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "3");
-    assert!(t.elapsed() >= Duration::from_millis(700));
-    freer.join().unwrap();
     drop((a, b, c));
+}
+
+/// Whether the main thread of `pid` sleeps in `nanosleep`/`clock_nanosleep` (its kernel wait
+/// channel, or its current system call where the kernel hides the wait channel): `pick`'s
+/// main thread sleeps there only between two looks at the GPUs.
+fn asleep_in_nanosleep(pid: u32) -> bool {
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    let nr: Option<libc::c_long> = syscall
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok());
+    wchan.contains("nanosleep") || nr == Some(libc::SYS_clock_nanosleep)
+}
+
+/// Waits for a child started with piped stdout and stderr, and returns what it wrote.
+fn output_of(child: &mut Reaped) -> Output {
+    use std::io::Read;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    if let Some(mut o) = child.0.stdout.take() {
+        o.read_to_end(&mut out).unwrap();
+    }
+    if let Some(mut e) = child.0.stderr.take() {
+        e.read_to_end(&mut err).unwrap();
+    }
+    Output {
+        status: child.0.wait().unwrap(),
+        stdout: out,
+        stderr: err,
+    }
 }

@@ -129,8 +129,8 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
     );
     // Close the result, quit, and find the terminal restored.
     let before = screen.len();
+    // Keys are read in order: the space closes the result before the q quits.
     keys.write_all(b" ").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
     keys.write_all(b"q").unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {

@@ -188,3 +188,38 @@ pub fn sample(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
         .find(|l| labels.iter().all(|x| l.contains(x)))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
+
+/// The agent's collections so far, of every depth (`vramguard_collections_total`): a test
+/// that must let the agent act for a while counts its rounds instead of sleeping, so a
+/// loaded machine stretches the window instead of shortening it.
+pub fn collections(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("vramguard_collections_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+impl Agent {
+    /// Waits until the agent has collected `n` more times than now (60 s at most).
+    pub fn wait_collections(&self, n: u32) {
+        let from = collections(&self.metrics());
+        wait_until(60, &format!("the agent to collect {n} more times"), || {
+            collections(&self.metrics()) >= from + f64::from(n)
+        });
+    }
+}
+
+/// Whether the peer has closed `s` (end of stream or reset), without waiting: a connection
+/// the agent closed reads as closed at once, an open silent one would block.
+pub fn closed_by_peer(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1];
+    let closed = match s.peek(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).unwrap();
+    closed
+}

@@ -324,8 +324,23 @@ pub fn status_with_config(world: &World, cfg: &Path) -> Value {
         .json(0)
 }
 
-pub fn sleep_ms(ms: u64) {
-    std::thread::sleep(Duration::from_millis(ms));
+/// `status --json` under `cfg`, taken again until the holder `pid` on GPU `gpu` has had no GPU
+/// work for `idle_secs` (its `idle_secs`, as the classifier measured it in that very report):
+/// a test of the idle threshold waits for the report that has passed it, never for a fixed
+/// time that a loaded machine may not have let pass yet. 30 s at most.
+pub fn status_once_idle(world: &World, cfg: &Path, gpu: usize, pid: u32, idle_secs: u64) -> Value {
+    let mut report = Value::Null;
+    wait_until(
+        30,
+        &format!("holder {pid} to be idle for {idle_secs}s"),
+        || {
+            report = status_with_config(world, cfg);
+            holder(&report, gpu, pid)["idle_secs"]
+                .as_u64()
+                .is_some_and(|s| s >= idle_secs)
+        },
+    );
+    report
 }
 
 /// With `VRAMGUARD_CAPTURE_INCIDENTS=DIR` (scripts/capture-incidents.sh), saves a snapshot of
