@@ -63,6 +63,9 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// How much of a torn record its `repaired` record keeps.
+const TORN_KEPT: u64 = 64 * 1024;
+
 impl AuditLog {
     /// Opens (creating it and its directory) the log at `path` for appending.
     pub fn open(path: &Path, host: &str) -> Result<AuditLog, AuditError> {
@@ -92,8 +95,9 @@ impl AuditLog {
     }
 
     /// A run that died mid-record (a full disk, a crash) leaves a line without its newline;
-    /// the next record would be glued to it. End that line and say so, so that every line
-    /// stays one JSON document.
+    /// the next record would be glued to it, and a strict JSON-lines reader fails on it. Cut
+    /// the file back to its last complete line and say so in a `repaired` record that keeps
+    /// the torn bytes (as text, at most [`TORN_KEPT`] of them), so that every line parses.
     fn repair_torn_end(&mut self) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         let len = self.file.metadata()?.len();
@@ -105,12 +109,33 @@ impl AuditLog {
         if last[0] == b'\n' {
             return Ok(());
         }
-        self.file.write_all(b"\n")?;
+        // The last newline, looked for backwards a block at a time (a record is small; a
+        // file with no newline at all is one torn record).
+        let mut end = len;
+        let mut cut = 0u64;
+        let mut block = vec![0u8; 64 * 1024];
+        while end > 0 {
+            let start = end.saturating_sub(block.len() as u64);
+            let chunk = &mut block[..(end - start) as usize];
+            self.file.read_exact_at(chunk, start)?;
+            if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
+                cut = start + i as u64 + 1;
+                break;
+            }
+            end = start;
+        }
+        let torn_len = len - cut;
+        let mut torn = vec![0u8; torn_len.min(TORN_KEPT) as usize];
+        self.file.read_exact_at(&mut torn, cut)?;
+        self.file.set_len(cut)?;
+        self.file.sync_data()?;
         self.record(
             "repaired",
             serde_json::json!({
-                "reason": "the previous record was torn (the disk was full, or vramguard died while writing it); the line before this one is incomplete",
-                "offset": len,
+                "reason": "the last record was torn (the disk was full, or vramguard died while writing it); it was cut from the log and is kept here",
+                "offset": cut,
+                "torn_bytes": torn_len,
+                "torn": String::from_utf8_lossy(&torn),
             }),
         )
         .map_err(|e| e.cause)
@@ -191,24 +216,34 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_line_is_ended_and_marked_before_the_next_record() {
+    fn a_torn_last_line_is_cut_and_kept_in_a_repaired_record() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         std::fs::write(&path, b"{\"event\":\"start\"}\n{\"event\":\"sig").unwrap();
         let mut log = AuditLog::open(&path, "node1").unwrap();
         log.record("start", serde_json::json!({})).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 4, "{text}");
-        assert_eq!(lines[1], "{\"event\":\"sig", "the torn line is kept, ended");
-        for l in [lines[0], lines[2], lines[3]] {
-            serde_json::from_str::<Value>(l).unwrap();
-        }
-        assert!(lines[2].contains("\"event\":\"repaired\""), "{text}");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[1]["event"], "repaired", "{text}");
+        assert_eq!(lines[1]["torn"], "{\"event\":\"sig");
+        assert_eq!(lines[1]["torn_bytes"], 13);
+        assert_eq!(lines[1]["offset"], 18);
         // A clean end is left alone.
         drop(log);
         AuditLog::open(&path, "node1").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
+        // A file that is one torn record, with bytes that are not UTF-8.
+        std::fs::write(&path, b"{\"event\":\"x\xff").unwrap();
+        AuditLog::open(&path, "node1").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let only: Value = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(only["event"], "repaired");
+        assert_eq!(only["offset"], 0);
+        assert_eq!(only["torn"], "{\"event\":\"x\u{fffd}");
     }
 
     #[test]

@@ -538,25 +538,30 @@ fn a_disk_that_fills_mid_record_stops_the_run_and_the_next_run_repairs_the_log()
     let torn = std::fs::read_to_string(&log).unwrap();
     assert!(!torn.ends_with('\n'), "the disk filled mid-record");
 
-    // With room again, the torn record is ended and marked before anything else.
+    // With room again, the torn record is cut and kept in a `repaired` record before
+    // anything else: every line of the log parses.
     disk.grow("64k");
     let out = reclaim_logging_to(&world, &log);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(!alive(t.workers[0]));
     let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    let torn_line = lines
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("line {i} is not JSON ({e}): {l}"))
+        })
+        .collect();
+    let repaired = lines
         .iter()
-        .position(|l| serde_json::from_str::<serde_json::Value>(l).is_err());
-    let torn_line = torn_line.expect("the torn line is kept");
+        .position(|l| l["event"] == "repaired")
+        .expect("a repaired record");
     assert!(
-        lines[torn_line + 1].contains("\"event\":\"repaired\""),
-        "{text}"
+        lines[repaired]["torn_bytes"].as_u64().unwrap() > 0,
+        "{:#}",
+        lines[repaired]
     );
-    for (i, l) in lines.iter().enumerate().filter(|(i, _)| *i != torn_line) {
-        serde_json::from_str::<serde_json::Value>(l)
-            .unwrap_or_else(|e| panic!("line {i} is not JSON ({e}): {l}"));
-    }
+    assert!(torn.ends_with(lines[repaired]["torn"].as_str().unwrap()));
 }
 
 #[test]
