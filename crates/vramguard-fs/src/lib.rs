@@ -6,8 +6,13 @@
 //!   opened non-blocking (a FIFO cannot stall the open), checked with `fstat`, and read up to a
 //!   size limit (`/dev/zero` or a 2 GB file is refused, not read);
 //! - a file it **writes** (audit log, summaries) is opened with `O_NOFOLLOW` (a symlink planted
-//!   where it writes is refused, a dangling one creates nothing), must be a regular file, is
-//!   created mode 0600, and its directory may not be writable by everyone unless sticky.
+//!   where it writes is refused, a dangling one creates nothing), must be a regular file with
+//!   one link (a hard link to another file would have root write into that file) owned by the
+//!   caller or root (a file another user planted there stays theirs to read and rewrite), is
+//!   created mode 0600, and its directory may not be writable by everyone unless sticky. The
+//!   audit log's directory must also be the caller's or root's and writable by no one else. A
+//!   file replaced whole (a summary) is written to a new file created with `O_EXCL` beside it
+//!   and renamed into place, so whatever stood at that name is never written through.
 //!
 //! Every error names the file and says what was wrong, in one line.
 #![deny(missing_docs)]
@@ -50,6 +55,26 @@ pub enum FileError {
         /// Its directory.
         dir: PathBuf,
     },
+    /// It has more than one name: writing it would write the other file too.
+    #[error(
+        "{path}: has {links} hard links; vramguard does not write a file another name shares (remove the link, or name another file)"
+    )]
+    HardLinked {
+        /// The file.
+        path: PathBuf,
+        /// Its link count.
+        links: u64,
+    },
+    /// It belongs to another user, who could read and rewrite what root writes there.
+    #[error(
+        "{path}: is owned by uid {owner}, not by root or the caller; remove it or name another file"
+    )]
+    NotOwned {
+        /// The file (or directory).
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+    },
     /// It is larger than the limit.
     #[error("{path}: larger than {limit} bytes; is it the right file?")]
     TooLarge {
@@ -76,6 +101,8 @@ impl FileError {
             FileError::NotRegular { path, .. }
             | FileError::Symlink { path }
             | FileError::UnsafeDirectory { path, .. }
+            | FileError::HardLinked { path, .. }
+            | FileError::NotOwned { path, .. }
             | FileError::TooLarge { path, .. }
             | FileError::Io { path, .. } => path.display().to_string(),
         };
@@ -205,6 +232,49 @@ fn check_directory(path: &Path) -> Result<(), FileError> {
     Ok(())
 }
 
+/// A file root may write: one link, owned by the caller or root.
+fn check_ours(path: &Path, fd: &impl rustix::fd::AsFd) -> Result<(), FileError> {
+    let st = rustix::fs::fstat(fd).map_err(io(path))?;
+    if st.st_nlink > 1 {
+        return Err(FileError::HardLinked {
+            path: path.to_path_buf(),
+            links: st.st_nlink as u64,
+        });
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(FileError::NotOwned {
+            path: path.to_path_buf(),
+            owner: st.st_uid,
+        });
+    }
+    Ok(())
+}
+
+/// The audit log's directory: the caller's or root's, writable by no one else (group and
+/// others could otherwise swap the log between two records).
+fn check_private_directory(path: &Path) -> Result<(), FileError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let st = rustix::fs::stat(&dir).map_err(io(&dir))?;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(FileError::NotOwned {
+            path: dir,
+            owner: st.st_uid,
+        });
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(FileError::UnsafeDirectory {
+            path: path.to_path_buf(),
+            dir,
+        });
+    }
+    Ok(())
+}
+
 fn open_for_writing(path: &Path, flags: OFlags) -> Result<File, FileError> {
     check_directory(path)?;
     // Read-write: the audit log reads its own last byte to repair a torn record.
@@ -226,26 +296,69 @@ fn open_for_writing(path: &Path, flags: OFlags) -> Result<File, FileError> {
         e => io(path)(e),
     })?;
     check_regular(path, &fd)?;
+    check_ours(path, &fd)?;
     Ok(File::from(fd))
 }
 
-/// Opens `path` to append to it, creating it (mode 0600) if needed.
+/// Opens `path` to append to it, creating it (mode 0600) if needed. Its directory must be
+/// the caller's or root's and writable by no one else (the audit log's rule).
 pub fn open_append(path: &Path) -> Result<File, FileError> {
+    check_private_directory(path)?;
     open_for_writing(path, OFlags::APPEND)
 }
 
-/// Replaces the contents of `path` with `bytes`, creating it (mode 0600) if needed. The file
-/// is checked before it is truncated: a link or a FIFO planted there is left untouched.
+/// Replaces `path` with a file holding `bytes` (mode 0600). What stands at `path` is checked
+/// (a link, a FIFO, a file with another name or another owner is refused and left as it
+/// is), then a new file is created beside it with `O_EXCL`, written, synced and renamed over
+/// it: nothing is ever written through the old file.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     use std::io::Write;
-    let mut f = open_for_writing(path, OFlags::empty())?;
-    let io_err = |cause| FileError::Io {
-        path: path.to_path_buf(),
-        cause,
-    };
-    f.set_len(0).map_err(io_err)?;
-    f.write_all(bytes).map_err(io_err)?;
-    f.sync_all().map_err(io_err)
+    check_directory(path)?;
+    match rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => {
+            check_regular(path, &fd)?;
+            check_ours(path, &fd)?;
+        }
+        Err(Errno::NOENT) => {}
+        Err(Errno::LOOP) => {
+            return Err(FileError::Symlink {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(io(path)(e)),
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.{}.tmp",
+        name.as_deref().unwrap_or("vramguard"),
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    ));
+    let fd = rustix::fs::open(
+        &tmp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(io(&tmp))?;
+    let mut f = File::from(fd);
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(cause) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(FileError::Io {
+            path: path.to_path_buf(),
+            cause,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -354,7 +467,65 @@ mod tests {
             open_append(&open_dir.join("a")),
             Err(FileError::UnsafeDirectory { .. })
         ));
+        // Sticky (/tmp): a summary may go there, the audit log may not (group and others
+        // can write the directory).
         std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        assert!(open_append(&open_dir.join("a")).is_ok());
+        assert!(write_file(&open_dir.join("a"), b"{}").is_ok());
+        assert!(matches!(
+            open_append(&open_dir.join("log")),
+            Err(FileError::UnsafeDirectory { .. })
+        ));
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(
+            open_append(&open_dir.join("log")),
+            Err(FileError::UnsafeDirectory { .. })
+        ));
+    }
+
+    #[test]
+    fn writes_refuse_hard_links_and_other_users_files_and_never_write_through_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("summary.json");
+        std::fs::hard_link(&victim, &link).unwrap();
+        let e = open_append(&link).unwrap_err();
+        assert!(matches!(e, FileError::HardLinked { links: 2, .. }), "{e}");
+        assert!(e.to_string().contains("has 2 hard links"), "{e}");
+        let e = write_file(&link, b"{}").unwrap_err();
+        assert!(matches!(e, FileError::HardLinked { .. }), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // A file another user planted where root writes.
+        let planted = dir.path().join("audit.jsonl");
+        std::fs::write(&planted, b"").unwrap();
+        rustix::fs::chown(
+            &planted,
+            Some(rustix::process::Uid::from_raw(65534)),
+            Some(rustix::process::Gid::from_raw(65534)),
+        )
+        .unwrap();
+        let e = open_append(&planted).unwrap_err();
+        assert!(matches!(e, FileError::NotOwned { owner: 65534, .. }), "{e}");
+        assert!(matches!(
+            write_file(&planted, b"{}"),
+            Err(FileError::NotOwned { .. })
+        ));
+        assert_eq!(std::fs::read(&planted).unwrap(), b"");
+        // A file replaced whole is a new file: one opened before still reads the old bytes,
+        // and no temporary file is left behind.
+        let ours = dir.path().join("ours.json");
+        write_file(&ours, b"old").unwrap();
+        let before = std::fs::File::open(&ours).unwrap();
+        write_file(&ours, b"new").unwrap();
+        let mut old = String::new();
+        std::io::Read::read_to_string(&mut &before, &mut old).unwrap();
+        assert_eq!(old, "old");
+        assert_eq!(std::fs::read(&ours).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
     }
 }

@@ -464,6 +464,63 @@ fn the_audit_log_is_never_written_through_a_link() {
     let out = reclaim_logging_to(&world, &dangling);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(!target.exists());
+    // A hard link to another file, and a file another user planted (uid 65534): refused,
+    // the victim untouched, nothing signalled.
+    let hard = world.dir.path().join("hard.jsonl");
+    std::fs::hard_link(&victim, &hard).unwrap();
+    let out = reclaim_logging_to(&world, &hard);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("has 2 hard links"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let planted = world.dir.path().join("planted.jsonl");
+    std::fs::write(&planted, "").unwrap();
+    rustix::fs::chown(
+        &planted,
+        Some(rustix::process::Uid::from_raw(65534)),
+        Some(rustix::process::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    let out = reclaim_logging_to(&world, &planted);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("owned by uid 65534"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&planted).unwrap(), "");
+    // A directory others may write (even sticky, as /tmp is) is no place for the audit log.
+    let shared = world.dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = reclaim_logging_to(&world, &shared.join("audit.jsonl"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("writable by"), "{}", stderr(&out));
+    assert!(
+        alive(t.workers[0]),
+        "nothing is done without a safe audit trail"
+    );
+    // `run --summary-json` on a hard link: refused, the victim's contents kept.
+    let summary = world.dir.path().join("summary.json");
+    std::fs::hard_link(&victim, &summary).unwrap();
+    let (out, shown) = Vg::new(&world, Path_::InProcess)
+        .args([
+            "run".as_ref(),
+            "--summary-json".as_ref(),
+            summary.as_os_str(),
+        ])
+        .args(["--", "true"])
+        .output();
+    // (the victim has three names by now: victim, hard.jsonl, summary.json)
+    assert!(
+        stderr(&out).contains("has 3 hard links"),
+        "{shown}: {}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     // A real file is created private.
     let real = world.dir.path().join("real.jsonl");
     let out = reclaim_logging_to(&world, &real);
