@@ -4,8 +4,9 @@
 //!
 //! Each sink has a worker thread of its own behind a bounded queue, so a webhook that never
 //! answers delays neither a collection nor the other sinks (a full queue drops the newest
-//! notification, with a log line). A command runs in a process group of its own and is killed
-//! as a group on timeout. Shutdown waits at most a deadline; what is left is dropped, said in
+//! notification, with a log line). A command runs in a cgroup of its own (a process group
+//! where cgroups cannot be made) and everything in it is killed on timeout, at shutdown, and
+//! once the command has exited. Shutdown waits at most a deadline; what is left is dropped, said in
 //! the log.
 
 use crate::alerts::Notification;
@@ -233,7 +234,7 @@ pub enum DeliveryError {
     #[error("exited with {0}")]
     Failed(std::process::ExitStatus),
     /// The command outlived its timeout.
-    #[error("killed (with its process group) after {0:?}")]
+    #[error("killed (with everything it started) after {0:?}")]
     TimedOut(Duration),
     /// The agent stopped while the command ran.
     #[error("killed at shutdown")]
@@ -272,9 +273,69 @@ fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), Delivery
     }
 }
 
+/// A cgroup of its own for one alert command, where cgroup v2 is writable: `setsid` and
+/// double forks cannot leave it, and `cgroup.kill` ends everything in it. `None` where it
+/// cannot be made (no cgroup2, not root): the process group is the fallback.
+fn command_cgroup() -> Option<vramguard_ops::cgroup::JobCgroup> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    vramguard_ops::cgroup::JobCgroup::create(&format!("vramguard-alert-{}-{n}", std::process::id()))
+        .ok()
+}
+
+/// Kills what an alert command started: its cgroup when it has one (then removed), else its
+/// process group; reaps the command.
+fn kill_command(
+    child: &mut std::process::Child,
+    cgroup: Option<&vramguard_ops::cgroup::JobCgroup>,
+) {
+    if let Some(cg) = cgroup {
+        cg.kill();
+    }
+    // SAFETY: kill(2) on the process group the child leads; the child is not reaped yet,
+    // so the group id cannot have been reused.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.wait();
+}
+
 fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), DeliveryError> {
+    let cgroup = command_cgroup();
+    let result = exec_in(x, n, stop, cgroup.as_ref());
+    if let Some(cg) = &cgroup {
+        // Whatever the command left behind (a `setsid` grandchild) ends with it.
+        cg.kill();
+        cg.wait_empty(Duration::from_secs(5));
+        cg.remove();
+    }
+    result
+}
+
+fn exec_in(
+    x: &Exec,
+    n: &Notification,
+    stop: &AtomicBool,
+    cgroup: Option<&vramguard_ops::cgroup::JobCgroup>,
+) -> Result<(), DeliveryError> {
     use std::os::unix::process::CommandExt;
-    let mut child = Command::new(&x.argv[0])
+    let procs = cgroup.map(|cg| {
+        std::ffi::CString::new(cg.procs_file().into_os_string().into_encoded_bytes())
+            .expect("no NUL in a cgroup path")
+    });
+    let mut cmd = Command::new(&x.argv[0]);
+    // SAFETY: the closure runs between fork and exec and makes only async-signal-safe calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(path) = &procs {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .args(&x.argv[1..])
         .env("VRAMGUARD_ALERT_STATUS", n.status)
         .env("VRAMGUARD_ALERT_RULE", &n.rule)
@@ -297,12 +358,7 @@ fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), DeliveryErr
             cause,
         })?;
     let deadline = Instant::now() + x.timeout;
-    let kill_group = |child: &mut std::process::Child| {
-        // SAFETY: kill(2) on the process group the child leads; the child is not reaped yet,
-        // so the group id cannot have been reused.
-        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-        let _ = child.wait();
-    };
+    let kill_group = |child: &mut std::process::Child| kill_command(child, cgroup);
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
@@ -399,6 +455,37 @@ mod tests {
         let t = Instant::now();
         n.stop_within(Duration::from_millis(300));
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_setsid_grandchild_of_a_timed_out_command_is_killed_too() {
+        // A new session and process group: only the command's cgroup still holds it.
+        let (_hole, url) = black_hole();
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let argv = vec![
+            "sh".into(),
+            "-c".into(),
+            format!("setsid sleep 300 & echo $! > {}; wait", pidfile.display()),
+        ];
+        let mut n = Notifier::start(config(&url, argv, Duration::from_millis(300)));
+        n.send(notification());
+        assert!(wait_for(3, || std::fs::read_to_string(&pidfile)
+            .is_ok_and(|s| !s.trim().is_empty())));
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SAFETY: signal 0 only checks that the pid exists.
+        let gone = || unsafe { libc::kill(pid, 0) } != 0;
+        let killed = wait_for(5, gone);
+        if !killed {
+            // SAFETY: kill(2) on the pid our own command started, to clean up.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        n.stop_within(Duration::from_millis(300));
+        assert!(killed, "the setsid grandchild {pid} outlived the timeout");
     }
 
     #[test]
