@@ -599,6 +599,13 @@ fn the_status_page_renders_in_headless_chromium() {
     let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
     let mut j = job(&world, 0);
     j.crash();
+    // On GPU 1, an orphan whose command name is markup and a terminal escape.
+    let mut leader = spec(&world, json!([hold(1, 1)]));
+    leader["group_leader"] = json!(true);
+    leader["workers"] = json!([{ "argv": ["python3"], "spec": { "state": world.state_path(),
+        "lifetime_ms": 120_000, "comm": "<script>\u{1b}]52", "holds": [hold(1, 1)] } }]);
+    let mut hostile = start(&world, &["python3", "x.py"], leader);
+    hostile.crash();
     wait_until(5, "the orphans", || {
         sample(
             &agent.metrics(),
@@ -608,7 +615,8 @@ fn the_status_page_renders_in_headless_chromium() {
     });
     // The page the browser is about to load shows them (served from the same collection).
     wait_until(10, "the page to show the orphans", || {
-        agent.get("/").1.matches("class=\"holder orphan\"").count() == 2
+        let page = agent.get("/").1;
+        page.matches("class=\"holder orphan\"").count() == 3 && page.contains("&lt;script&gt;")
     });
     let profile = tempfile::tempdir().unwrap();
     let out = Command::new(chromium())
@@ -634,7 +642,11 @@ fn the_status_page_renders_in_headless_chromium() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(dom.contains("id=\"gpu-1\""));
-    assert_eq!(dom.matches("class=\"holder orphan\"").count(), 2, "{dom}");
+    assert_eq!(dom.matches("class=\"holder orphan\"").count(), 3, "{dom}");
+    // The hostile name is text in the page: no script element, no raw escape.
+    assert!(!dom.contains("<script>"), "{dom}");
+    assert!(!dom.contains('\u{1b}'), "{dom}");
+    assert!(dom.contains("&lt;script&gt;\\e]52"), "{dom}");
     assert!(dom.contains("<svg class=\"timeline\""), "a memory timeline");
     assert!(dom.contains("GiB ghost"));
     assert!(
