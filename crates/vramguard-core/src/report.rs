@@ -416,6 +416,16 @@ pub struct GpuReport {
 }
 
 impl GpuReport {
+    /// Whether this GPU could not be read well enough to tell whose its memory is: the GPU
+    /// failed (lost, timing out), or its process list could not be read.
+    pub fn is_unreadable(&self) -> bool {
+        self.failure.is_some()
+            || matches!(
+                self.process_list,
+                crate::snapshot::ProcessListState::Unavailable { .. }
+            )
+    }
+
     /// Bytes listed for exited pids that no process keeps (vramguard saw every open file):
     /// contexts the driver is tearing down, or residue once that takes too long. Not a live
     /// job's memory.

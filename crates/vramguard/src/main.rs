@@ -158,11 +158,11 @@ fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i3
 
 /// `vramguard status`.
 fn status(settings: &settings::Settings, args: &cli::StatusArgs) -> Result<i32> {
-    // A GPU that could not be read (lost, timing out) makes the run an error (exit 2) once
-    // everything that could be read is printed.
+    // A GPU that could not be read (lost, timing out, its process list unavailable) makes
+    // the run an error (exit 2) once everything that could be read is printed.
     let mut unreadable = false;
     watch::each_report(settings, args.sample, args.watch, &args.gpu, |report| {
-        unreadable = report.gpus.iter().any(|g| g.failure.is_some());
+        unreadable = report.gpus.iter().any(|g| g.is_unreadable());
         Ok(if args.json {
             json_text(&report, args.watch.is_some())?
         } else {

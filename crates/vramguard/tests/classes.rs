@@ -735,6 +735,33 @@ fn a_lost_gpu_is_reported_and_the_others_still_are() {
 }
 
 #[test]
+fn a_gpu_whose_process_list_cannot_be_read_makes_status_exit_2() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let _h = start(&world, &["python3", "serve.py"], s);
+    world.update(|st| {
+        st.gpus[0].faults.push(vramguard_sim::state::Fault {
+            call: "nvmlDeviceGetComputeRunningProcesses_v3".into(),
+            code: 15,
+            after_calls: 0,
+            times: None,
+            delay_ms: None,
+        })
+    });
+    for path in [Path_::Nvml, Path_::InProcess] {
+        // Whose memory it is cannot be told: printed, and an error (it was exit 0).
+        let report = Vg::new(&world, path).args(["status", "--json"]).json(2);
+        assert_eq!(
+            report["gpus"][0]["process_list"]["state"], "unavailable",
+            "{report:#}"
+        );
+        let text = stdout(&Vg::new(&world, path).args(["status"]).code(2));
+        assert!(!text.contains("accounted for by a live job"), "{text}");
+    }
+}
+
+#[test]
 fn a_snapshot_replays_to_the_same_report() {
     let world = World::new(1);
     let mut s = spec(&world, json!([hold(0, 2)]));
