@@ -102,10 +102,11 @@ for b in "${benches[@]}"; do
     echo "== $name ($pkg), $size size" >&2
     t=$SECONDS
     if [ "$size" = tiny ]; then
-        # The test profile: what `cargo build --all-targets` already built; no optimised build.
-        cmd=(cargo test --locked -q -p "$pkg" --bench "$name")
+        # The test profile and the workspace's features: what `cargo build --workspace
+        # --all-targets` already built (-p would resolve features anew and rebuild).
+        cmd=(cargo test --locked -q --workspace --bench "$name")
     else
-        cmd=(cargo bench --locked -q -p "$pkg" --bench "$name")
+        cmd=(cargo bench --locked -q --workspace --bench "$name")
     fi
     if "${cmd[@]}" 2>&1 | tee "$out/$name.log"; then
         echo "== $name: $((SECONDS - t)) s" >&2
