@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks (every [[bench]] of the workspace), and each figure beside its README target.
 #
-#   scripts/bench.sh                 every benchmark at full size (optimised; ~10 minutes)
+#   scripts/bench.sh                 every benchmark at full size (optimised; ~7 minutes)
 #   scripts/bench.sh agent top       only these benchmarks
 #   scripts/bench.sh --soak agent    with the agent's one-hour soak (SOAK_SECS=3600)
 #   scripts/bench.sh --tiny          every benchmark once at a tiny size, unoptimised: the
@@ -151,25 +151,25 @@ awk -F'\t' -v size="$size" -v ran="$ran" '
         for (i = 1; i <= np; i++) if (!(plist[i] in known)) {
             printf "scripts/bench.sh: a benchmark printed %s, which %s does not list\n", plist[i], ARGV[2] > "/dev/stderr"; bad = 1
         }
-        printf "%-36s %12s  %-18s %s\n", "figure", "measured", "target", (size == "tiny" ? "(tiny size: not judged)" : "verdict")
+        printf "%-36s %16s  %-22s %s\n", "figure", "measured", "target", (size == "tiny" ? "(tiny size: not judged)" : "verdict")
         for (i = 1; i <= rows; i++) {
             k = order[i]; bench = k; sub(/\..*/, "", bench)
             if (!(bench in benched)) continue
             t = (cmp[k] == "ref" ? "README " : cmp[k] " ") target[k] " " unit[k]
             if (!(k in seen)) {
-                printf "%-36s %12s  %-18s %s\n", k, "-", t, "NOT PRINTED by the " bench " benchmark"; bad = 1; continue
+                printf "%-36s %16s  %-22s %s\n", k, "-", t, "NOT PRINTED by the " bench " benchmark"; bad = 1; continue
             }
-            if (k in skip) { printf "%-36s %12s  %-18s skipped: %s\n", k, "-", t, skip[k]; skipped++; continue }
-            if (vunit[k] != unit[k]) { printf "%-36s %12s  %-18s unit %s, expected %s\n", k, value[k], t, vunit[k], unit[k]; bad = 1; continue }
+            if (k in skip) { printf "%-36s %16s  %-22s skipped: %s\n", k, "-", t, skip[k]; skipped++; continue }
+            if (vunit[k] != unit[k]) { printf "%-36s %16s  %-22s unit %s, expected %s\n", k, value[k], t, vunit[k], unit[k]; bad = 1; continue }
             v = sprintf("%.3g", value[k] + 0); if (value[k] + 0 >= 1000) v = sprintf("%.0f", value[k])
             if (size == "tiny") {
                 # Timings are not judged here, but a figure that is not a number was not measured.
-                if (value[k] != value[k] + 0 || tolower(value[k]) ~ /nan|inf/) { printf "%-36s %12s  %-18s NOT MEASURED\n", k, value[k], t; bad = 1; continue }
-                printf "%-36s %12s  %-18s\n", k, v " " unit[k], t; continue
+                if (value[k] != value[k] + 0 || tolower(value[k]) ~ /nan|inf/) { printf "%-36s %16s  %-22s NOT MEASURED\n", k, value[k], t; bad = 1; continue }
+                printf "%-36s %16s  %-22s\n", k, v " " unit[k], t; continue
             }
             verdict = judge(value[k], cmp[k], target[k])
             if (verdict == "met") met++; else if (verdict == "MISSED") missed++
-            printf "%-36s %12s  %-18s %s   (README: %s)\n", k, v " " unit[k], t, verdict, quote[k]
+            printf "%-36s %16s  %-22s %s   (README: %s)\n", k, v " " unit[k], t, verdict, quote[k]
         }
         if (size != "tiny") printf "\n%d met, %d missed, %d skipped\n", met, missed, skipped
         exit bad
