@@ -70,6 +70,10 @@ fi
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
 
+# Every benchmark once at a tiny size, unoptimised, so that none stops compiling or running
+# (docs/testing.md); their timings are not judged.
+scripts/bench.sh --tiny
+
 # The release artifacts (scripts/package.sh) installed as an admin would: the .deb with dpkg,
 # the .rpm into a scratch root, the wheel in a fresh venv, the tarball and the OCI image
 # (crates/vramguard/tests/packaging.rs). VRAMGUARD_PACKAGING=quick (the default) builds them

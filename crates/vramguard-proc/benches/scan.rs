@@ -9,6 +9,9 @@
 //! - a steady-state snapshot with the in-process simulated driver (200 allocations) and
 //!   classification, median of 50.
 //!
+//! `VRAMGUARD_BENCH_SIZE=tiny` (the suite) runs 50 processes, 10 of them holders; each figure
+//! the README quotes is also printed as a `BENCH` line (`scripts/bench.sh`).
+//!
 //! Every process it starts is killed by pid when it ends.
 
 use std::process::{Command, Stdio};
@@ -17,7 +20,8 @@ use vramguard_core::{Policy, classify};
 use vramguard_gpu::GpuSource;
 use vramguard_proc::{ProcCollector, ScanDepth};
 use vramguard_sim::SimSource;
-use vramguard_testkit::{Children, GIB, World, allocation, env_or};
+use vramguard_testkit::bench::{figure, param, skipped};
+use vramguard_testkit::{Children, GIB, World, allocation};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -73,9 +77,9 @@ fn named(text: &str, pids: &[u32]) -> usize {
 }
 
 fn main() {
-    let procs = env_or("PROCS", 2000);
-    let fds_each = env_or("FDS_EACH", 25);
-    let holders = env_or("HOLDERS", 200);
+    let procs = param("PROCS", 2000, 50);
+    let fds_each = param("FDS_EACH", 25, 25);
+    let holders = param("HOLDERS", 200, 10);
     let world = World::new(1);
     let filler = world.dir.path().join("filler");
     std::fs::write(&filler, b"").unwrap();
@@ -268,23 +272,44 @@ fn main() {
             "lsof names every holder"
         );
     }
+    figure("scan.full_scan", full.as_secs_f64() * 1000.0, "ms");
     match fuser {
-        Some((f, _)) => println!(
-            "fuser -v on the 3 device files:    {}   ({:.1}x the full scan)",
-            ms(f),
-            f.as_secs_f64() / full.as_secs_f64()
-        ),
+        Some((f, _)) => {
+            println!(
+                "fuser -v on the 3 device files:    {}   ({:.1}x the full scan)",
+                ms(f),
+                f.as_secs_f64() / full.as_secs_f64()
+            );
+            figure("scan.fuser", f.as_secs_f64() * 1000.0, "ms");
+            figure(
+                "scan.fuser_ratio",
+                f.as_secs_f64() / full.as_secs_f64(),
+                "x",
+            );
+        }
         None => {
-            println!("fuser -v:                          not installed (Debian package psmisc)")
+            println!("fuser -v:                          not installed (Debian package psmisc)");
+            for name in ["scan.fuser", "scan.fuser_ratio"] {
+                skipped(name, "fuser is not installed (Debian package psmisc)");
+            }
         }
     }
     match lsof {
-        Some((l, _)) => println!(
-            "lsof on the 3 device files:        {}   ({:.1}x the full scan)",
-            ms(l),
-            l.as_secs_f64() / full.as_secs_f64()
-        ),
-        None => println!("lsof:                              not installed (Debian package lsof)"),
+        Some((l, _)) => {
+            println!(
+                "lsof on the 3 device files:        {}   ({:.1}x the full scan)",
+                ms(l),
+                l.as_secs_f64() / full.as_secs_f64()
+            );
+            figure("scan.lsof", l.as_secs_f64(), "s");
+            figure("scan.lsof_ratio", l.as_secs_f64() / full.as_secs_f64(), "x");
+        }
+        None => {
+            println!("lsof:                              not installed (Debian package lsof)");
+            for name in ["scan.lsof", "scan.lsof_ratio"] {
+                skipped(name, "lsof is not installed (Debian package lsof)");
+            }
+        }
     }
     println!(
         "steady-state /proc collection:     {}   ({holders} listed holders, no listing of /proc)",
@@ -294,11 +319,22 @@ fn main() {
         "/proc listing + new processes:     {}   (no new processes)",
         ms(new_procs)
     );
+    let snapshot = median(snap_times);
     println!(
         "steady-state snapshot + classify:  {}   (simulated driver {}, /proc {}, classification {})",
-        ms(median(snap_times)),
+        ms(snapshot),
         ms(median(gpu_times)),
         ms(median(proc_times)),
         ms(median(classify_times))
+    );
+    figure(
+        "scan.steady_collection",
+        steady.as_secs_f64() * 1000.0,
+        "ms",
+    );
+    figure(
+        "scan.steady_snapshot",
+        snapshot.as_secs_f64() * 1000.0,
+        "ms",
     );
 }

@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod load;
 pub mod pty;
 

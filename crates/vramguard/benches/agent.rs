@@ -12,12 +12,17 @@
 //!
 //! A setup that times out stops the bench with an error.
 //!
+//! `VRAMGUARD_BENCH_SIZE=tiny` (the suite) runs 50 processes (10 holders), 4 scrapers,
+//! one-second measurements and a 3-second soak; each figure the README quotes is also printed
+//! as a `BENCH` line (`scripts/bench.sh`).
+//!
 //! Every process it starts is killed by pid when it ends.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Child;
 use std::time::{Duration, Instant};
+use vramguard_testkit::bench::{figure, param, sized, skipped};
 use vramguard_testkit::load::{
     busy_node, cpu_ns, rss_kib, rss_parts_kib, spawn_agent, spawn_sleeper,
 };
@@ -165,23 +170,28 @@ fn start_agent(world: &World, config: &str) -> AgentProc {
     AgentProc { child, addr }
 }
 
+/// KiB (as /proc gives RSS) in MB (10^6 bytes), as the README quotes them.
+fn mb(kib: u64) -> f64 {
+    kib as f64 * 1024.0 / 1e6
+}
+
 /// CPU milliseconds per collection over `secs`, and how many collections that was.
-fn per_sample(agent: &AgentProc, secs: u64) -> (f64, f64) {
+fn per_sample(agent: &AgentProc, secs: f64) -> (f64, f64) {
     let (t0, c0) = (cpu_ns(agent.child.id()), collections(agent.addr));
-    std::thread::sleep(Duration::from_secs(secs));
+    std::thread::sleep(Duration::from_secs_f64(secs));
     let (t1, c1) = (cpu_ns(agent.child.id()), collections(agent.addr));
     let samples = (c1 - c0).max(1.0);
     ((t1 - t0) as f64 / 1e6 / samples, samples)
 }
 
 fn main() {
-    let procs = env_or("PROCS", 2000);
-    let holders = env_or("HOLDERS", 200);
-    let scrapers = env_or("SCRAPERS", 50);
+    let procs = param("PROCS", 2000, 50);
+    let holders = param("HOLDERS", 200, 10);
+    let scrapers = param("SCRAPERS", 50, 4);
     let world = World::new(1);
     // The scan bench's population: FDS_EACH fds per process, the holders' first three on the
     // device files.
-    let fds_each = env_or("FDS_EACH", 25usize);
+    let fds_each = param("FDS_EACH", 25usize, 25);
     let t = Instant::now();
     let node = busy_node(&world, procs as usize, holders as usize, fds_each);
     let files = &node.holder_files;
@@ -196,28 +206,31 @@ fn main() {
             // The defaults: a sample a second, a /proc listing every 5 s, a full fd scan every
             // 60 s; measured over MEASURE_SECS (120) so the periodic work is in the mean.
             let agent = start_agent(&world, "");
-            std::thread::sleep(Duration::from_secs(3));
-            let secs = env_or("MEASURE_SECS", 120u64);
+            std::thread::sleep(Duration::from_secs_f64(sized(3.0, 0.5)));
+            let secs = param("MEASURE_SECS", 120u64, 1);
             let full0 = collections_of(agent.addr, Some("full"));
-            let (ms, n) = per_sample(&agent, secs);
+            let (ms, n) = per_sample(&agent, secs as f64);
             let full = collections_of(agent.addr, Some("full")) - full0;
+            let rss = rss_kib(agent.child.id());
             println!(
-                "at the defaults: {ms:.2} ms CPU per sample ({n:.0} samples over {secs} s, {full:.0} of them full fd scans), {:.2}% of one core, RSS {} KiB",
+                "at the defaults: {ms:.2} ms CPU per sample ({n:.0} samples over {secs} s, {full:.0} of them full fd scans), {:.2}% of one core, RSS {rss} KiB",
                 ms * n / (secs as f64 * 10.0),
-                rss_kib(agent.child.id())
             );
+            figure("agent.cpu_defaults", ms, "ms");
+            figure("agent.rss", mb(rss), "MB");
         }
         {
             let agent = start_agent(
                 &world,
                 "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n",
             );
-            std::thread::sleep(Duration::from_secs(2));
-            let (ms, n) = per_sample(&agent, 30);
+            std::thread::sleep(Duration::from_secs_f64(sized(2.0, 0.5)));
+            let (ms, n) = per_sample(&agent, sized(30.0, 1.0));
             println!(
                 "tuned (interval 250 ms, no periodic listing or full scan): {ms:.2} ms CPU per steady-state sample ({n:.0} samples), RSS {} KiB",
                 rss_kib(agent.child.id())
             );
+            figure("agent.cpu_tuned", ms, "ms");
             // Scrapers.
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let threads: Vec<_> = (0..scrapers)
@@ -241,7 +254,8 @@ fn main() {
                     })
                 })
                 .collect();
-            let (ms_loaded, _) = per_sample(&agent, 10);
+            let loaded_secs = sized(10.0, 1.0);
+            let (ms_loaded, _) = per_sample(&agent, loaded_secs);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let mut lat: Vec<f64> = threads
                 .into_iter()
@@ -250,28 +264,51 @@ fn main() {
             lat.sort_by(f64::total_cmp);
             let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
             println!(
-                "/metrics under {scrapers} concurrent keep-alive scrapers: {} scrapes in 10 s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; agent CPU per sample meanwhile {ms_loaded:.2} ms, RSS {} KiB",
+                "/metrics under {scrapers} concurrent keep-alive scrapers: {} scrapes in {loaded_secs} s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; agent CPU per sample meanwhile {ms_loaded:.2} ms, RSS {} KiB",
                 lat.len(),
                 pct(0.5),
                 pct(0.99),
                 lat[lat.len() - 1],
                 rss_kib(agent.child.id())
             );
+            figure(
+                "agent.scrapes_per_s",
+                lat.len() as f64 / loaded_secs,
+                "scrapes/s",
+            );
+            figure("agent.scrape_p50", pct(0.5), "ms");
+            figure("agent.scrape_p99", pct(0.99), "ms");
         }
         {
             let agent = start_agent(
                 &world,
                 "[agent]\ninterval = \"250ms\"\ndiscover_every = \"1ms\"\nfull_scan_every = \"1h\"\n",
             );
-            std::thread::sleep(Duration::from_secs(2));
-            let (ms, n) = per_sample(&agent, 10);
+            std::thread::sleep(Duration::from_secs_f64(sized(2.0, 0.5)));
+            let (ms, n) = per_sample(&agent, sized(10.0, 1.0));
             println!(
                 "with a /proc listing in every sample: {ms:.2} ms CPU per sample ({n:.0} samples)"
             );
+            figure("agent.cpu_listing", ms, "ms");
         }
     }
-    let soak = env_or("SOAK_SECS", 0);
+    // At tiny size the soak runs for 3 s, holders replaced every 0.5 s and RSS read each time:
+    // too short for a slope, long enough to run every line of it.
+    let soak = param("SOAK_SECS", 0, 3);
+    let soak_names = [
+        "agent.soak_rss_start",
+        "agent.soak_rss_end",
+        "agent.soak_rss_max",
+        "agent.soak_rss_slope_steady_ci_low",
+    ];
+    if soak == 0 {
+        for name in soak_names {
+            skipped(name, "the soak is off (SOAK_SECS=3600 runs it)");
+        }
+    }
     if soak > 0 {
+        let cycle = Duration::from_secs_f64(sized(5.0, 0.5));
+        let report_every = Duration::from_secs_f64(sized(15.0, 0.5));
         // SOAK_CONFIG adds lines to the soak's [agent] table (e.g. shorter windows).
         let extra = std::env::var("SOAK_CONFIG").unwrap_or_default();
         let agent = start_agent(
@@ -331,9 +368,9 @@ fn main() {
                     t.elapsed().as_secs(),
                     heap_kib.map_or("?".into(), |h| format!("{h:.0}"))
                 );
-                next_report += Duration::from_secs(15);
+                next_report += report_every;
             }
-            std::thread::sleep(Duration::from_secs(5));
+            std::thread::sleep(cycle);
         }
         for mut c in churn {
             let _ = c.kill();
@@ -349,6 +386,9 @@ fn main() {
             rss[0],
             rss[rss.len() - 1]
         );
+        figure("agent.soak_rss_start", mb(rss[0]), "MB");
+        figure("agent.soak_rss_end", mb(rss[rss.len() - 1]), "MB");
+        figure("agent.soak_rss_max", mb(*max), "MB");
         // Slopes with their 95% intervals: after the first minute (start-up allocations), and
         // in steady state, once the trend window (30 min by default) and the timeline have
         // filled (SOAK_SETTLE_SECS, by default half the run up to 30 min). A leak is a
@@ -370,21 +410,38 @@ fn main() {
             };
             let part: Vec<(f64, f64)> =
                 source.iter().copied().filter(|(m, _)| *m >= from).collect();
+            let steady_rss = series == "RSS" && what == "in steady state";
             match vramguard_core::trend::theil_sen(&part) {
-                Some(tr) => println!(
-                    "soak {soak}s: {series} slope {what} (from minute {from:.0}): {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
-                    tr.slope,
-                    tr.ci_low,
-                    tr.ci_high,
-                    tr.n,
-                    if tr.ci_low > 0.0 {
-                        ": rising"
-                    } else {
-                        ": the interval includes zero"
-                    }
-                ),
+                Some(tr) if steady_rss => {
+                    figure("agent.soak_rss_slope_steady_ci_low", tr.ci_low, "KiB/min");
+                    print_slope(soak, series, what, from, &tr);
+                }
+                None if steady_rss => {
+                    skipped(
+                        "agent.soak_rss_slope_steady_ci_low",
+                        "the soak is too short for a steady-state slope",
+                    );
+                    println!("soak {soak}s: too short for a {series} slope {what}");
+                }
+                Some(tr) => print_slope(soak, series, what, from, &tr),
                 None => println!("soak {soak}s: too short for a {series} slope {what}"),
             }
         }
     }
+}
+
+/// One slope of the soak, with its 95% interval.
+fn print_slope(soak: u64, series: &str, what: &str, from: f64, tr: &vramguard_core::trend::Trend) {
+    println!(
+        "soak {soak}s: {series} slope {what} (from minute {from:.0}): {:.1} KiB/min (95% interval {:.1} to {:.1}; {} points){}",
+        tr.slope,
+        tr.ci_low,
+        tr.ci_high,
+        tr.n,
+        if tr.ci_low > 0.0 {
+            ": rising"
+        } else {
+            ": the interval includes zero"
+        }
+    );
 }

@@ -6,14 +6,20 @@
 //! for MEASURE_SECS (default 60). Prints per node the scrape size and the series count, and
 //! Prometheus' head series and samples ingested per second, then extrapolates to 10,000 nodes.
 //!
+//! `VRAMGUARD_BENCH_SIZE=tiny` (the suite) runs 2 agents scraped every second for 1 s (and
+//! until Prometheus has scraped them twice); each node is the same as at full size, so its
+//! scrape size and series are too. Each figure the README quotes is also printed as a `BENCH`
+//! line (`scripts/bench.sh`).
+//!
 //! Every process it starts is killed by pid when it ends.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use vramguard_testkit::bench::{figure, param};
 use vramguard_testkit::load::{spawn_agent, spawn_sleeper};
-use vramguard_testkit::{Children, GIB, World, allocation, env_or};
+use vramguard_testkit::{Children, GIB, World, allocation};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
 
@@ -56,10 +62,10 @@ fn start_agent(world: &World) -> (Child, SocketAddr) {
 }
 
 fn main() {
-    let nodes = env_or("NODES", 50usize);
-    let holders = env_or("HOLDERS", 16usize);
-    let scrape = env_or("SCRAPE_SECS", 5u64);
-    let measure = env_or("MEASURE_SECS", 60u64);
+    let nodes = param("NODES", 50usize, 2);
+    let holders = param("HOLDERS", 16usize, 16);
+    let scrape = param("SCRAPE_SECS", 5u64, 1);
+    let measure = param("MEASURE_SECS", 60u64, 1);
     let mut worlds = Vec::new();
     let mut processes = Children(Vec::new());
     let mut agents: Vec<(Child, SocketAddr)> = Vec::new();
@@ -127,6 +133,22 @@ fn main() {
         "fleet: {nodes} agents (8 simulated GPUs and {holders} holders each), one Prometheus scraping every {scrape}s, measured over {measure}s"
     );
     std::thread::sleep(Duration::from_secs(measure));
+    // Prometheus applies new targets a few seconds after it is ready, and a rate needs two
+    // scrapes: a short run waits for both (a full one has them long before).
+    let t = Instant::now();
+    while prom_value(prom, "count({job=\"vramguard\"})").is_none()
+        || prom_value(
+            prom,
+            "rate(prometheus_tsdb_head_samples_appended_total[30s])",
+        )
+        .is_none()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "Prometheus scraped nothing in {measure} s and 60 s more"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 
     // Per node: what one scrape carries.
     let sizes: Vec<usize> = agents
@@ -164,6 +186,15 @@ fn main() {
         per_node * fleet / 15.0 / 1e3,
         per_node * fleet / 30.0 / 1e3,
     );
+    figure("fleet.scrape_bytes", bytes / 1e3, "KB");
+    figure("fleet.samples_per_node", per_node, "samples");
+    figure(
+        "fleet.series_per_node",
+        vram_series / nodes as f64,
+        "series",
+    );
+    figure("fleet.ingest", ingest, "samples/s");
+    figure("fleet.series_10k", per_node * fleet / 1e6, "M");
     for (mut c, _) in agents {
         let _ = c.kill();
         let _ = c.wait();
