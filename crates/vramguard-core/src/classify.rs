@@ -695,38 +695,6 @@ impl<'a> Context<'a> {
     fn foreign_holder(&self, listed: &GpuProcess, why: String) -> Holder {
         let in_container = self.snap.host.pid_namespace_is_host == Some(false);
         Holder {
-            pid: listed.pid,
-            reported_pid: None,
-            class: Class::Foreign,
-            listed: true,
-            kinds: listed.kinds.clone(),
-            used_bytes: listed.used_bytes,
-            comm: None,
-            command: None,
-            uid: None,
-            user: None,
-            state: None,
-            start_ticks: None,
-            age_secs: None,
-            rss_bytes: None,
-            host_memory: None,
-            pod: None,
-            cpu_millicores: None,
-            ppid: None,
-            pgid: None,
-            nspid: Vec::new(),
-            container: None,
-            pod_uid: None,
-            device_files: None,
-            dead_job: None,
-            job: None,
-            work: Work::Unknown {
-                why: "not a process of this PID namespace".into(),
-            },
-            idle_secs: None,
-            keepers: Vec::new(),
-            keeps_alive: None,
-            kept_by_unseen: false,
             evidence: vec![why],
             action: Action {
                 summary: if self.stale_teardown(listed.pid) {
@@ -744,6 +712,11 @@ impl<'a> Context<'a> {
                 command: Some("vramguard diagnose".into()),
                 reclaimable: false,
             },
+            ..not_a_process_here(
+                listed,
+                Class::Foreign,
+                "not a process of this PID namespace",
+            )
         }
     }
 
@@ -1098,41 +1071,15 @@ impl<'a> Context<'a> {
             _ => (None, None),
         };
         Holder {
-            pid,
-            reported_pid: None,
-            class: Class::Exited,
-            listed: true,
-            kinds: listed.kinds.clone(),
-            used_bytes: listed.used_bytes,
             comm: departed.and_then(|d| d.comm.clone()),
             command: departed.and_then(|d| d.cmdline.as_ref().map(|a| a.join(" "))),
-            uid: None,
-            user: None,
-            state: None,
-            start_ticks: None,
-            age_secs: None,
-            rss_bytes: None,
-            host_memory: None,
-            pod: None,
-            cpu_millicores: None,
-            ppid: None,
-            pgid: None,
-            nspid: Vec::new(),
-            container: None,
-            pod_uid: None,
-            device_files: None,
             dead_job,
             job,
-            work: Work::Unknown {
-                why: "it has exited".into(),
-            },
-            idle_secs: None,
             keepers: if keeper_pids.is_empty() {
                 maybe
             } else {
                 keeper_pids
             },
-            keeps_alive: None,
             kept_by_unseen: !self.files_complete,
             evidence,
             action: Action {
@@ -1140,6 +1087,7 @@ impl<'a> Context<'a> {
                 command,
                 reclaimable: false,
             },
+            ..not_a_process_here(listed, Class::Exited, "it has exited")
         }
     }
 
@@ -2126,6 +2074,51 @@ fn supervised_view(label: String, evidence: String, tree_top: Option<u32>) -> Jo
         },
         dead: None,
         tree_top,
+    }
+}
+
+/// A listed pid that is no process vramguard can describe (foreign, exited): the driver's
+/// facts, and nothing of a process; the caller sets the evidence and action.
+fn not_a_process_here(listed: &GpuProcess, class: Class, why_no_work: &str) -> Holder {
+    Holder {
+        pid: listed.pid,
+        reported_pid: None,
+        class,
+        listed: true,
+        kinds: listed.kinds.clone(),
+        used_bytes: listed.used_bytes,
+        comm: None,
+        command: None,
+        uid: None,
+        user: None,
+        state: None,
+        start_ticks: None,
+        age_secs: None,
+        rss_bytes: None,
+        host_memory: None,
+        pod: None,
+        cpu_millicores: None,
+        ppid: None,
+        pgid: None,
+        nspid: Vec::new(),
+        container: None,
+        pod_uid: None,
+        device_files: None,
+        dead_job: None,
+        job: None,
+        work: Work::Unknown {
+            why: why_no_work.into(),
+        },
+        idle_secs: None,
+        keepers: Vec::new(),
+        keeps_alive: None,
+        kept_by_unseen: false,
+        evidence: Vec::new(),
+        action: Action {
+            summary: String::new(),
+            command: None,
+            reclaimable: false,
+        },
     }
 }
 

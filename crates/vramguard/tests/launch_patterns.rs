@@ -463,6 +463,16 @@ fn dataloader_workers_of_a_killed_trainer_are_orphans() {
     assert_eq!(targets, t.workers.iter().copied().collect());
 }
 
+/// SIGKILLs `pid` (a trainer this test started) and waits until it is gone.
+fn crash_by_pid(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_until(10, "the trainer to die", || !alive(pid));
+}
+
 /// The exited trainer `trainer` as status shows it: class, keepers, bytes, and its keepers
 /// as `hidden` holders that keep its context.
 fn assert_exited_and_kept(status: &Value, trainer: u32, workers: &[u32], gib: u64) {
@@ -532,12 +542,7 @@ fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idl
     let script = format!("{}while :; do sleep 0.2; done\n", nohup(0, "train.py"));
     let l = launch(&world, &script, vec![trainer]);
     let (pid, workers) = l.holders[0].clone();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
-    wait_until(10, "the trainer to die", || !alive(pid));
+    crash_by_pid(pid);
     let (status, targets) = look(&world);
     assert_exited_and_kept(&status, pid, &workers, 6);
     let exited = holder(&status, 0, pid);
@@ -576,12 +581,7 @@ fn keepers_inside_a_live_unit_are_reclaimed_only_with_include_keepers() {
     );
     let l = launch(&world, &script, vec![trainer]);
     let (pid, workers) = l.holders[0].clone();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
-    wait_until(10, "the trainer to die", || !alive(pid));
+    crash_by_pid(pid);
     let (status, targets) = look(&world);
     assert_exited_and_kept(&status, pid, &workers, 3);
     let k = holder(&status, 0, workers[0]);
