@@ -2202,6 +2202,17 @@ fn keeper_action(
     };
     let command = if inheritor {
         format!("vramguard reclaim --gpu {gpu}")
+    } else if job.kind == JobKind::Supervised {
+        // vramguard never acts inside a job a live supervisor runs: it ends with that job.
+        return Action {
+            summary: format!(
+                "it keeps exited pid {exited}'s context inside {}, which a live supervisor \
+                 runs: it ends with that job (ask its owner to stop it)",
+                shown(&job.label)
+            ),
+            command: None,
+            reclaimable: false,
+        };
     } else {
         // A label root may paste: only one plain word, else the pid's own job-of plan.
         let plain = job

@@ -215,6 +215,23 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
         Class::Hidden if h.dead_job.is_none() && h.keeps_alive.is_none() => {
             return Some("hidden, but its job is alive: ask its owner".into());
         }
+        // Never inside a job a live supervisor runs (`vramguard run`, a container init), not
+        // even a keeper asked for by name: the supervisor ends it with its job.
+        Class::Hidden
+            if h.dead_job.is_none()
+                && h.job
+                    .as_ref()
+                    .is_some_and(|j| j.kind == crate::job::JobKind::Supervised) =>
+        {
+            return Some(format!(
+                "it keeps exited pid {}'s context, but its job {} runs under a live supervisor, \
+                 which ends it with the job: stop that job to free it",
+                h.keeps_alive.unwrap_or_default(),
+                h.job
+                    .as_ref()
+                    .map_or("?".into(), |j| crate::sanitize::shown(&j.label))
+            ));
+        }
         // A keeper of an exited pid's context in a live job: by default only in a plain
         // process-group job; in a job something else owns (unit, Slurm step, pod, container,
         // `vramguard run`) only with --include keepers: narrowing (--job) only ever removes.

@@ -1993,3 +1993,36 @@ fn vramguard_run_asking_about_its_own_ended_job_is_no_keeper_of_it() {
         assert_eq!(h.class, Class::Orphan, "cgroup {cgroup}: {h:#?}");
     }
 }
+
+#[test]
+fn a_keeper_inside_a_live_vramguard_run_is_never_reclaimed_even_by_name() {
+    // The workers sit in the run's cgroup; the run (436) lives: they end with its job.
+    let mut s = dead_trainer_with_forked_workers(436, 436);
+    for p in s
+        .processes
+        .iter_mut()
+        .filter(|p| [576, 577].contains(&p.pid))
+    {
+        p.cgroup = Some("/user.slice/vramguard-run-436".into());
+    }
+    let r = classify(&s, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.job.as_ref().unwrap().label, "run:436", "{k:#?}");
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(!k.action.reclaimable);
+    assert_eq!(k.action.command, None, "{:?}", k.action);
+    let opts = vramguard_core::plan::ReclaimOptions {
+        include_keepers: true,
+        job_label: Some("run:436".into()),
+        ..Default::default()
+    };
+    let plan = vramguard_core::plan::plan_reclaim(&s, &r, &opts);
+    assert!(plan.is_empty(), "{plan:#?}");
+    assert!(
+        plan.left_alone
+            .iter()
+            .any(|l| l.pid == 576 && l.reason.contains("live supervisor")),
+        "{:?}",
+        plan.left_alone
+    );
+}

@@ -258,7 +258,7 @@ pub enum Included {
     Class(vramguard_core::Class),
     /// Orphaned shared-memory segments.
     Shm,
-    /// Idle keepers of exited pids inside live jobs that something else owns.
+    /// Idle keepers of exited pids inside live jobs a unit, Slurm or a container owns.
     Keepers,
 }
 
@@ -423,7 +423,7 @@ pub struct ReclaimArgs {
     /// pid's context in a plain process group), zombie, idle, detached (working processes
     /// whose launcher is gone: only when named, with a warning); shm adds orphaned
     /// shared-memory segments ([shm] in the config says which); keepers adds idle keepers of
-    /// exited pids inside live jobs a unit, Slurm, a container or vramguard run owns
+    /// exited pids inside live jobs a unit, Slurm or a container owns (never a live vramguard run)
     #[arg(
         long,
         value_delimiter = ',',
