@@ -739,7 +739,7 @@ impl<'a> Context<'a> {
             evidence.push(job.info.evidence.clone());
         }
         let minor = self.minor_of(gpu);
-        let kept = tie.filter(|t| self.tie_is_sound(gpu, p, t));
+        let kept = tie.filter(|t| self.tie_is_sound(p, t));
         match (tie, kept.and_then(|t| t.exited)) {
             (Some(t), Some(exited)) => evidence.push(format!(
                 "keeps alive the context of exited pid {exited}: it holds /dev/nvidia{minor} it \
@@ -787,7 +787,7 @@ impl<'a> Context<'a> {
     /// neither leads its own process group or session (a daemon that double-forked from a
     /// live trainer would) nor shares one with a live process listed on the GPU (whose
     /// context it may have inherited instead).
-    fn tie_is_sound(&self, gpu: &GpuSample, p: &ProcessFacts, tie: &KeeperTie) -> bool {
+    fn tie_is_sound(&self, p: &ProcessFacts, tie: &KeeperTie) -> bool {
         if tie.exited.is_none() {
             return false;
         }
@@ -795,14 +795,21 @@ impl<'a> Context<'a> {
             return true;
         }
         let leads = p.pgid == Some(p.pid) || p.sid == Some(p.pid);
-        let kin_listed = gpu.processes.iter().any(|listed| {
-            self.snap.process(listed.pid).is_some_and(|q| {
-                q.pid != p.pid
-                    && q.state != Some('Z')
-                    && ((q.pgid.is_some() && q.pgid == p.pgid)
-                        || (q.sid.is_some() && q.sid == p.sid))
-            })
-        });
+        // Listed on any GPU: a worker double-forked from a live trainer on another GPU holds
+        // every GPU's device file too.
+        let kin_listed = self
+            .snap
+            .gpus
+            .iter()
+            .flat_map(|g| &g.processes)
+            .any(|listed| {
+                self.snap.process(listed.pid).is_some_and(|q| {
+                    q.pid != p.pid
+                        && q.state != Some('Z')
+                        && ((q.pgid.is_some() && q.pgid == p.pgid)
+                            || (q.sid.is_some() && q.sid == p.sid))
+                })
+            });
         !leads && !kin_listed
     }
 
@@ -1195,7 +1202,7 @@ impl<'a> Context<'a> {
             keepers: Vec::new(),
             kept_by_unseen: false,
             keeps_alive: tie
-                .filter(|t| class == Class::Hidden && self.tie_is_sound(gpu, p, t))
+                .filter(|t| class == Class::Hidden && self.tie_is_sound(p, t))
                 .and_then(|t| t.exited),
             evidence,
             action,

@@ -1610,6 +1610,19 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
     let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
     assert_eq!(exited.keepers, vec![576, 577], "possible keepers are named");
 
+    // The same live kin listed on another GPU: its workers hold every GPU's device file.
+    let mut kin2 = s.clone();
+    kin2.gpus.push(gpu(1, 10 * GIB, &[(600, Some(10 * GIB))]));
+    let mut second = proc_(600, 436, 436, "python3", &[0, 1]);
+    second.sid = Some(436);
+    kin2.processes.push(second);
+    kin2.normalize();
+    kin2.work = Some(WorkWindow::all_idle(&kin2, 2000));
+    let r = classify(&kin2, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, None, "{k:#?}");
+    assert!(!k.action.reclaimable);
+
     // A re-parented holder leading its own group (a daemon that double-forked from a live
     // trainer) is no keeper by re-parenting alone.
     let mut daemon = s.clone();

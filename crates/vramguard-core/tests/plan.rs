@@ -1233,7 +1233,7 @@ fn keeper_rules(
     }
     if !direct {
         prop_assert!(proc_.pgid != Some(proc_.pid) && proc_.sid != Some(proc_.pid));
-        for l in &g.processes {
+        for l in s.gpus.iter().flat_map(|g| &g.processes) {
             if let Some(q) = s
                 .process(l.pid)
                 .filter(|q| q.pid != h.pid && q.state != Some('Z'))
