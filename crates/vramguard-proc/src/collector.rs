@@ -76,6 +76,9 @@ struct Known {
     last: Option<ProcessFacts>,
     /// The parent seen when the process was first read.
     first_ppid: Option<u32>,
+    /// Its pid in its innermost PID namespace when that is not this one (`Some(None)`: not
+    /// nested), read once: a process never changes PID namespace.
+    inner_pid: Option<Option<u32>>,
 }
 
 const DEPARTED_KEEP: usize = 256;
@@ -705,19 +708,29 @@ impl ProcCollector {
         let candidates: Vec<u32> = self.known.keys().copied().collect();
         let mut found = Vec::new();
         for pid in candidates {
-            let cached = self
-                .known
-                .get(&pid)
-                .and_then(|k| k.facts.as_ref())
-                .map(|f| f.nspid.clone());
-            let nspid = match cached {
-                Some(n) => n,
-                None => match self.fs.status(pid) {
-                    Ok(Found::Yes(st)) => st.nspid,
-                    _ => continue,
-                },
+            let Some(k) = self.known.get(&pid) else {
+                continue;
             };
-            if nspid.len() > 1 && nspid.last().is_some_and(|inner| pids.contains(inner)) {
+            // Read once per process (the agent asks every sample while an exited pid stays
+            // listed): from its identity facts when read, else its status file.
+            let inner = match k.inner_pid {
+                Some(inner) => inner,
+                None => {
+                    let nspid = match k.facts.as_ref() {
+                        Some(f) => f.nspid.clone(),
+                        None => match self.fs.status(pid) {
+                            Ok(Found::Yes(st)) => st.nspid,
+                            _ => continue,
+                        },
+                    };
+                    let inner = (nspid.len() > 1).then(|| nspid.last().copied()).flatten();
+                    if let Some(k) = self.known.get_mut(&pid) {
+                        k.inner_pid = Some(inner);
+                    }
+                    inner
+                }
+            };
+            if inner.is_some_and(|inner| pids.contains(&inner)) {
                 found.push(pid);
             }
         }
