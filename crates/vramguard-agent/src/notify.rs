@@ -457,46 +457,17 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     }
 
-    #[test]
-    fn a_setsid_grandchild_of_a_timed_out_command_is_killed_too() {
-        // A new session and process group: only the command's cgroup still holds it.
+    /// Runs `sh -c "<start> sleep 300 & echo $! > PIDFILE; wait"` as an alert command with a
+    /// 300 ms timeout, and asserts the background sleep is gone after it (killed, then
+    /// cleaned up by pid if not).
+    fn assert_child_dies_with_a_timed_out_command(start: &str) {
         let (_hole, url) = black_hole();
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pid");
         let argv = vec![
             "sh".into(),
             "-c".into(),
-            format!("setsid sleep 300 & echo $! > {}; wait", pidfile.display()),
-        ];
-        let mut n = Notifier::start(config(&url, argv, Duration::from_millis(300)));
-        n.send(notification());
-        assert!(wait_for(3, || std::fs::read_to_string(&pidfile)
-            .is_ok_and(|s| !s.trim().is_empty())));
-        let pid: i32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        // SAFETY: signal 0 only checks that the pid exists.
-        let gone = || unsafe { libc::kill(pid, 0) } != 0;
-        let killed = wait_for(5, gone);
-        if !killed {
-            // SAFETY: kill(2) on the pid our own command started, to clean up.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        n.stop_within(Duration::from_millis(300));
-        assert!(killed, "the setsid grandchild {pid} outlived the timeout");
-    }
-
-    #[test]
-    fn a_command_that_times_out_is_killed_with_everything_it_started() {
-        let (_hole, url) = black_hole();
-        let dir = tempfile::tempdir().unwrap();
-        let pidfile = dir.path().join("pid");
-        let argv = vec![
-            "sh".into(),
-            "-c".into(),
-            format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
+            format!("{start}sleep 300 & echo $! > {}; wait", pidfile.display()),
         ];
         let mut n = Notifier::start(config(&url, argv, Duration::from_millis(300)));
         n.send(notification());
@@ -515,7 +486,21 @@ mod tests {
             // SAFETY: kill(2) on the pid our own command started, to clean up.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        assert!(killed, "the command's child {pid} outlived the timeout");
-        n.stop_within(Duration::from_millis(100));
+        n.stop_within(Duration::from_millis(300));
+        assert!(
+            killed,
+            "the command's child {pid} ({start:?}) outlived the timeout"
+        );
+    }
+
+    #[test]
+    fn a_setsid_grandchild_of_a_timed_out_command_is_killed_too() {
+        // A new session and process group: only the command's cgroup still holds it.
+        assert_child_dies_with_a_timed_out_command("setsid ");
+    }
+
+    #[test]
+    fn a_command_that_times_out_is_killed_with_everything_it_started() {
+        assert_child_dies_with_a_timed_out_command("");
     }
 }
