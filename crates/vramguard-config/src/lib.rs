@@ -48,6 +48,14 @@ struct RawConfig {
     shm: RawShm,
     #[serde(default)]
     kubernetes: RawKubernetes,
+    #[serde(default)]
+    driver: RawDriver,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDriver {
+    call_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -347,7 +355,21 @@ pub struct Config {
     pub shm: ShmConfig,
     /// The kubelet's pod-resources API.
     pub kubernetes: KubernetesConfig,
+    /// The GPU driver.
+    pub driver: DriverConfig,
 }
+
+/// `[driver]`: how vramguard talks to the GPU driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverConfig {
+    /// How long one NVML call may block before its GPU is reported as not answering (the
+    /// other GPUs are still shown, and `status` exits 2). Default 5 s: a healthy driver
+    /// answers in milliseconds; a GPU in a bad state blocks for tens of seconds.
+    pub call_timeout: Duration,
+}
+
+/// The default of `[driver] call_timeout`.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[kubernetes]`: where the kubelet serves pod-resources, and how long to wait for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -433,6 +455,13 @@ impl Config {
                     "kubernetes.timeout",
                     &raw.kubernetes.timeout,
                     Duration::from_millis(500),
+                )?,
+            },
+            driver: DriverConfig {
+                call_timeout: c.dur(
+                    "driver.call_timeout",
+                    &raw.driver.call_timeout,
+                    DEFAULT_CALL_TIMEOUT,
                 )?,
             },
             shm: ShmConfig {
@@ -871,6 +900,7 @@ mod tests {
             "[containers]",
             "[shm]",
             "[kubernetes]",
+            "[driver]",
         ] {
             assert!(text.lines().any(|l| l == table), "{table}");
         }

@@ -13,9 +13,11 @@
 #![deny(missing_docs)]
 
 pub mod codes;
+mod deadline;
 mod nvml;
 pub mod read;
 
+pub use deadline::DeadlineSource;
 pub use nvml::{NvmlSource, now_ms, unreachable_gpu};
 
 use std::time::Duration;
@@ -69,6 +71,60 @@ pub trait GpuSource: Send {
 
     /// Used memory of one GPU, and nothing else: the call a high-rate sampler makes.
     fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError>;
+}
+
+/// What a sample starts with: the driver-wide calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverHead {
+    /// The driver's identity.
+    pub driver: DriverFacts,
+    /// How many GPUs the driver counts.
+    pub count: u32,
+}
+
+/// A source whose GPUs can be read one at a time, from several threads at once, so that one
+/// GPU stuck in the driver holds up neither the others nor the caller ([`DeadlineSource`]).
+/// NVML itself is thread-safe; the simulator's model sits behind a lock that it releases
+/// while a call stalls.
+pub trait GpuReader: Send + Sync + 'static {
+    /// The driver-wide calls: versions and the device count.
+    fn head(&self) -> Result<DriverHead, SourceError>;
+
+    /// Reads GPU `index`, its Xid events included. Never fails: what could not be read is
+    /// in the sample. `now_ms`/`since_ms` bound the utilization samples asked for.
+    fn read_gpu(&self, index: u32, head: &DriverHead, now_ms: u64, since_ms: u64) -> GpuSample;
+
+    /// Used memory of one GPU, and nothing else.
+    fn memory_used(&self, gpu: u32) -> Result<u64, CallError>;
+
+    /// Called before the GPUs of one sample are read (the simulator takes one observation
+    /// for the whole sample, as one instant of a real driver).
+    fn begin_sample(&self) {}
+
+    /// Called when the sample is complete (or given up on).
+    fn end_sample(&self) {}
+}
+
+/// Reads every GPU of `reader` in turn, on the calling thread, without deadlines: what a
+/// source's own [`GpuSource::sample`] does (the parity tests compare sources this way).
+pub fn read_in_turn(
+    reader: &dyn GpuReader,
+    utilization_window: Duration,
+) -> Result<DriverSample, SourceError> {
+    reader.begin_sample();
+    let result = reader.head().map(|head| {
+        let now = now_ms();
+        let since = now.saturating_sub(utilization_window.as_millis() as u64);
+        let gpus = (0..head.count)
+            .map(|index| reader.read_gpu(index, &head, now, since))
+            .collect();
+        DriverSample {
+            driver: head.driver,
+            gpus,
+        }
+    });
+    reader.end_sample();
+    result
 }
 
 /// What to check when NVML refuses to start with `code`.

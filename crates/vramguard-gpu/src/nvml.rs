@@ -1,7 +1,10 @@
 //! NVML through `nvml-wrapper`.
 
 use crate::read::{DeviceCalls, RawProcess, RawUtilization, XidTally, read_gpu};
-use crate::{DEFAULT_NVML_LIB, DriverSample, GpuSource, SourceError, init_advice};
+use crate::{
+    DEFAULT_NVML_LIB, DriverHead, DriverSample, GpuReader, GpuSource, SourceError, init_advice,
+    read_in_turn,
+};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::RetirementCause;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -10,6 +13,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, Nvml};
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 use vramguard_core::snapshot::{
     CallError, DriverFacts, DriverSource, GpuHealth, GpuMemory, GpuProcess, GpuSample,
@@ -65,14 +69,15 @@ fn call_error(call: &str, e: &NvmlError) -> CallError {
 /// One Xid event set per GPU, registered at open; where registration failed, the error,
 /// until the first sample reports it (once: a GPU whose events cannot be had is not a fresh
 /// error at every sample). One set per GPU, because nvml-wrapper frees a set whose
-/// registration fails, and one unsupported GPU must not cost the others their events.
-type XidSets<'nvml> = Vec<Result<EventSet<'nvml>, Option<CallError>>>;
+/// registration fails, and one unsupported GPU must not cost the others their events; each
+/// behind its own lock, as each GPU is read on its own thread.
+type XidSets<'nvml> = Vec<Mutex<Result<EventSet<'nvml>, Option<CallError>>>>;
 
 self_cell::self_cell!(
     /// The library and the event sets that borrow it.
     struct Library {
         owner: Nvml,
-        #[covariant]
+        #[not_covariant]
         dependent: XidSets,
     }
 );
@@ -81,7 +86,7 @@ self_cell::self_cell!(
 pub struct NvmlSource {
     library: Library,
     lib: String,
-    xids: XidTally,
+    xids: Mutex<XidTally>,
     /// The driver writes 32-byte `_v3` process records (see [`v3_writes_32_byte_records`]).
     v3_32: bool,
 }
@@ -109,7 +114,7 @@ fn register_xid_sets(nvml: &Nvml) -> XidSets<'_> {
                 .register_events(EventTypes::CRITICAL_XID_ERROR, set)
                 .map_err(|e| call_error("nvmlDeviceRegisterEvents", &e.error))
         })
-        .map(|r| r.map_err(Some))
+        .map(|r| Mutex::new(r.map_err(Some)))
         .collect()
 }
 
@@ -147,7 +152,7 @@ impl NvmlSource {
         Ok(NvmlSource {
             library: Library::new(nvml, register_xid_sets),
             lib: lib_name,
-            xids: XidTally::default(),
+            xids: Mutex::new(XidTally::default()),
             v3_32,
         })
     }
@@ -157,11 +162,15 @@ impl NvmlSource {
     }
 
     /// Takes the Xid events waiting in `gpu`'s set (zero timeout).
-    fn receive_xids(&mut self, gpu: u32, health: &mut GpuHealth, warnings: &mut Vec<CallError>) {
-        let xids = &mut self.xids;
-        self.library
-            .with_dependent_mut(|_, sets| match sets.get_mut(gpu as usize) {
-                Some(Ok(set)) => {
+    fn receive_xids(&self, gpu: u32, health: &mut GpuHealth, warnings: &mut Vec<CallError>) {
+        let mut xids = self.xids.lock().unwrap_or_else(|e| e.into_inner());
+        self.library.with_dependent(|_, sets| {
+            let Some(slot) = sets.get(gpu as usize) else {
+                return;
+            };
+            let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *slot {
+                Ok(set) => {
                     for _ in 0..MAX_EVENTS_PER_SAMPLE {
                         match set.wait(0) {
                             Ok(event) => xids.record(
@@ -179,16 +188,16 @@ impl NvmlSource {
                         }
                     }
                 }
-                Some(Err(unreported)) => {
+                Err(unreported) => {
                     if let Some(e) = unreported.take()
                         && e.code != Some(crate::read::NOT_SUPPORTED)
                     {
                         warnings.push(e);
                     }
                 }
-                None => {}
-            });
-        health.xid_events = self.xids.counts(gpu);
+            }
+        });
+        health.xid_events = xids.counts(gpu);
     }
 }
 
@@ -532,8 +541,46 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-impl GpuSource for NvmlSource {
-    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+impl GpuReader for NvmlSource {
+    fn head(&self) -> Result<DriverHead, SourceError> {
+        let driver_version = self.nvml().sys_driver_version().ok();
+        let nvml_version = self.nvml().sys_nvml_version().ok();
+        let count = self
+            .nvml()
+            .device_count()
+            .map_err(|e| SourceError::Call(call_error("nvmlDeviceGetCount_v2", &e)))?;
+        Ok(DriverHead {
+            driver: DriverFacts {
+                source: DriverSource::Nvml,
+                library: Some(self.lib.clone()),
+                driver_version,
+                nvml_version,
+            },
+            count,
+        })
+    }
+
+    fn read_gpu(&self, index: u32, head: &DriverHead, now: u64, since: u64) -> GpuSample {
+        let mut sample = match self.nvml().device_by_index(index) {
+            Ok(device) => read_gpu(
+                index,
+                &mut NvmlDevice {
+                    device,
+                    v3_32: self.v3_32,
+                },
+                head.driver.driver_version.as_deref(),
+                now,
+                since,
+            ),
+            Err(e) => {
+                return unreachable_gpu(index, call_error("nvmlDeviceGetHandleByIndex_v2", &e));
+            }
+        };
+        self.receive_xids(index, &mut sample.health, &mut sample.warnings);
+        sample
+    }
+
+    fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
         let device = self
             .nvml()
             .device_by_index(gpu)
@@ -545,48 +592,14 @@ impl GpuSource for NvmlSource {
         .memory()
         .map(|m| m.used)
     }
+}
+
+impl GpuSource for NvmlSource {
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+        GpuReader::memory_used(self, gpu)
+    }
 
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
-        let driver_version = self.nvml().sys_driver_version().ok();
-        let nvml_version = self.nvml().sys_nvml_version().ok();
-        let count = self
-            .nvml()
-            .device_count()
-            .map_err(|e| SourceError::Call(call_error("nvmlDeviceGetCount_v2", &e)))?;
-        let now = now_ms();
-        let since = now.saturating_sub(utilization_window.as_millis() as u64);
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let mut sample = match self.nvml().device_by_index(index) {
-                Ok(device) => read_gpu(
-                    index,
-                    &mut NvmlDevice {
-                        device,
-                        v3_32: self.v3_32,
-                    },
-                    driver_version.as_deref(),
-                    now,
-                    since,
-                ),
-                Err(e) => {
-                    gpus.push(unreachable_gpu(
-                        index,
-                        call_error("nvmlDeviceGetHandleByIndex_v2", &e),
-                    ));
-                    continue;
-                }
-            };
-            self.receive_xids(index, &mut sample.health, &mut sample.warnings);
-            gpus.push(sample);
-        }
-        Ok(DriverSample {
-            driver: DriverFacts {
-                source: DriverSource::Nvml,
-                library: Some(self.lib.clone()),
-                driver_version,
-                nvml_version,
-            },
-            gpus,
-        })
+        read_in_turn(self, utilization_window)
     }
 }

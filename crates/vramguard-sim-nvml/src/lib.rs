@@ -58,6 +58,23 @@ static STATE: Mutex<Option<Loaded>> = Mutex::new(None);
 /// `NVML_STRUCT_VERSION(Memory, 2)`.
 const MEMORY_V2_VERSION: u32 = (std::mem::size_of::<nvmlMemory_v2_t>() as u32) | (2 << 24);
 
+thread_local! {
+    /// The stall of the fault the current call met, taken after the model's lock is
+    /// released: one GPU's stalled call must not hold up calls to the others from other
+    /// threads.
+    static STALL: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// Counts a call of `call` (on `gpu`) for fault injection: the code to return, if any. A
+/// stall is served when the call leaves [`with_sim`].
+fn fault(sim: &mut Sim, call: &str, gpu: Option<u32>) -> Option<u32> {
+    let hit = sim.fault_hit(call, gpu)?;
+    if let Some(stall) = hit.stall {
+        STALL.with(|s| s.set(Some(s.get().unwrap_or_default() + stall)));
+    }
+    hit.code
+}
+
 /// Runs `f` on the loaded simulator, or returns `UNINITIALIZED`. Never unwinds into C.
 fn with_sim(f: impl FnOnce(&mut Sim) -> u32) -> u32 {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -67,6 +84,9 @@ fn with_sim(f: impl FnOnce(&mut Sim) -> u32) -> u32 {
             None => UNINITIALIZED,
         }
     }));
+    if let Some(stall) = STALL.with(|s| s.take()) {
+        std::thread::sleep(stall);
+    }
     result.unwrap_or(UNKNOWN)
 }
 
@@ -94,7 +114,7 @@ fn with_gpu_counted(
             return INVALID_ARGUMENT;
         }
         if let Some(call) = call
-            && let Some(code) = sim.fault(call, Some(index as u32))
+            && let Some(code) = fault(sim, call, Some(index as u32))
         {
             return code;
         }
@@ -178,12 +198,15 @@ fn init() -> u32 {
             Ok(sim) => sim,
             Err(_) => return DRIVER_NOT_LOADED,
         };
-        if let Some(code) = sim.fault("nvmlInit_v2", None) {
+        if let Some(code) = fault(&mut sim, "nvmlInit_v2", None) {
             return code;
         }
         *guard = Some(Loaded { sim, refcount: 1 });
         SUCCESS
     });
+    if let Some(stall) = STALL.with(|s| s.take()) {
+        std::thread::sleep(stall);
+    }
     result.unwrap_or(UNKNOWN)
 }
 
@@ -230,7 +253,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     length: c_uint,
 ) -> c_uint {
     with_sim(|sim| {
-        if let Some(code) = sim.fault("nvmlSystemGetDriverVersion", None) {
+        if let Some(code) = fault(sim, "nvmlSystemGetDriverVersion", None) {
             return code;
         }
         let v = sim.state().driver_version.clone();
@@ -243,7 +266,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> c_uint {
     with_sim(|sim| {
-        if let Some(code) = sim.fault("nvmlSystemGetNVMLVersion", None) {
+        if let Some(code) = fault(sim, "nvmlSystemGetNVMLVersion", None) {
             return code;
         }
         let v = sim.state().nvml_version();
@@ -279,7 +302,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> c_uint {
         if count.is_null() {
             return INVALID_ARGUMENT;
         }
-        if let Some(code) = sim.fault("nvmlDeviceGetCount_v2", None) {
+        if let Some(code) = fault(sim, "nvmlDeviceGetCount_v2", None) {
             return code;
         }
         unsafe { *count = sim.state().gpus.len() as c_uint };
@@ -298,7 +321,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         if device.is_null() || index as usize >= sim.state().gpus.len() {
             return INVALID_ARGUMENT;
         }
-        if let Some(code) = sim.fault("nvmlDeviceGetHandleByIndex_v2", Some(index)) {
+        if let Some(code) = fault(sim, "nvmlDeviceGetHandleByIndex_v2", Some(index)) {
             return code;
         }
         unsafe { *device = handle_of(index as usize) };

@@ -53,6 +53,6 @@ pub mod source;
 pub mod state;
 pub mod store;
 
-pub use model::{Observation, ObservedGpu, ObservedProcess, Sim, SimError};
+pub use model::{FaultHit, Observation, ObservedGpu, ObservedProcess, Sim, SimError};
 pub use source::SimSource;
 pub use state::{AfterExit, AllocationKind, SimAllocation, SimGpu, SimState};

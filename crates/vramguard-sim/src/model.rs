@@ -353,6 +353,15 @@ pub(crate) fn state_and_start(stat: &[u8]) -> Option<(char, Option<u64>)> {
     Some((state, start))
 }
 
+/// A fault a call met: the code to return, after stalling this long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultHit {
+    /// The `nvmlReturn_t` to return; `None`: the call succeeds (after its stall).
+    pub code: Option<u32>,
+    /// How long the call blocks first.
+    pub stall: Option<Duration>,
+}
+
 /// The simulated driver.
 #[derive(Debug)]
 pub struct Sim {
@@ -364,6 +373,8 @@ pub struct Sim {
     calls: HashMap<(String, Option<u32>), u64>,
     cache: Option<(Instant, Observation)>,
     cache_ttl: Duration,
+    /// The lifetime to restore when a held instant ends ([`Sim::hold_instant`]).
+    held_ttl: Option<Duration>,
     /// How each allocation pid seen alive is followed between observations.
     tracked: HashMap<u32, Tracked>,
     /// `proc_root` shows this process's PID namespace, so a pidfd names the same process as
@@ -425,6 +436,7 @@ impl Sim {
             calls: HashMap::new(),
             cache: None,
             cache_ttl: Duration::from_millis(1),
+            held_ttl: None,
             tracked: HashMap::new(),
             pidfds_usable: false,
             caller: CallerNamespace::default(),
@@ -464,6 +476,22 @@ impl Sim {
         self.cache = None;
     }
 
+    /// Takes a fresh observation at the next call and keeps it until [`Sim::release_instant`]:
+    /// every call of one sample sees one instant, as a real driver's usually do.
+    pub fn hold_instant(&mut self) {
+        self.invalidate();
+        self.held_ttl.get_or_insert(self.cache_ttl);
+        self.cache_ttl = Duration::from_secs(3600);
+    }
+
+    /// Ends [`Sim::hold_instant`]: the next call observes afresh.
+    pub fn release_instant(&mut self) {
+        if let Some(ttl) = self.held_ttl.take() {
+            self.cache_ttl = ttl;
+        }
+        self.invalidate();
+    }
+
     /// The observation cache's lifetime.
     pub fn cache_ttl(&self) -> Duration {
         self.cache_ttl
@@ -499,6 +527,21 @@ impl Sim {
     /// Counts a call of `call` (on `gpu`) and returns the error code to inject, if any, after
     /// the fault's stall, if it has one.
     pub fn fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
+        let hit = self.fault_hit(call, gpu)?;
+        if let Some(stall) = hit.stall {
+            std::thread::sleep(stall);
+        }
+        hit.code
+    }
+
+    /// Counts a call of `call` (on `gpu`) and says which fault it meets, if any, without
+    /// stalling: a caller that holds the model behind a lock sleeps after releasing it, so
+    /// that one stalled GPU does not hold up calls to the others. The state file is read
+    /// again first (when it changed), so that a fault removed from it stops at once, as a
+    /// driver that recovers does.
+    pub fn fault_hit(&mut self, call: &str, gpu: Option<u32>) -> Option<FaultHit> {
+        // A state file that cannot be read now keeps the faults last read.
+        let _ = self.reload_state();
         let count = self.calls.entry((call.to_string(), gpu)).or_insert(0);
         let n = *count;
         *count += 1;
@@ -514,10 +557,10 @@ impl Sim {
                 && n >= f.after_calls
                 && f.times.is_none_or(|t| n < f.after_calls.saturating_add(t))
         })?;
-        if let Some(ms) = fault.delay_ms {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-        }
-        (fault.code != 0).then_some(fault.code)
+        Some(FaultHit {
+            code: (fault.code != 0).then_some(fault.code),
+            stall: fault.delay_ms.map(Duration::from_millis),
+        })
     }
 
     /// What the driver would report now.

@@ -4,7 +4,9 @@ use crate::codes::{self, VALUE_NOT_AVAILABLE_U64};
 use crate::state::Quirk;
 use crate::{AllocationKind, ObservedGpu, Sim, SimError};
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+use vramguard_core::snapshot::GpuSample;
 use vramguard_core::snapshot::{
     CallError, DriverFacts, DriverSource, GpuMemory, GpuProcess, MigDeviceSample, ProcessKind,
     RemappedRows, RetiredPages,
@@ -12,21 +14,39 @@ use vramguard_core::snapshot::{
 use vramguard_gpu::read::{
     DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, XidTally, read_gpu,
 };
-use vramguard_gpu::{DriverSample, GpuSource, SourceError, init_advice, now_ms, unreachable_gpu};
+use vramguard_gpu::{
+    DriverHead, DriverSample, GpuReader, GpuSource, SourceError, init_advice, read_in_turn,
+    unreachable_gpu,
+};
 
 fn backend(e: SimError) -> SourceError {
     SourceError::Backend(Box::new(e))
 }
 
 /// Reads the simulated GPUs directly from the model, answering exactly what the
-/// simulator's NVML library would.
+/// simulator's NVML library would. The model sits behind a lock, released while a call
+/// stalls, so that GPUs read on several threads stall one by one as a real driver's do.
 #[derive(Debug)]
 pub struct SimSource {
-    sim: Sim,
+    sim: Mutex<Sim>,
     /// Per GPU, how many of its Xid events were already received (the event set registered
     /// at open, as [`vramguard_gpu::NvmlSource`]'s does), or why registering failed, until reported.
-    xid_seen: Vec<Result<usize, Option<CallError>>>,
-    xids: XidTally,
+    xid_seen: Mutex<Vec<Result<usize, Option<CallError>>>>,
+    xids: Mutex<XidTally>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Meets the fault of `call` on the model behind `sim`, stalling with the lock released;
+/// the code to return, if any.
+fn meet_fault(sim: &Mutex<Sim>, call: &str, gpu: Option<u32>) -> Option<u32> {
+    let hit = lock(sim).fault_hit(call, gpu)?;
+    if let Some(stall) = hit.stall {
+        std::thread::sleep(stall);
+    }
+    hit.code
 }
 
 impl SimSource {
@@ -66,15 +86,15 @@ impl SimSource {
                 .collect(),
         };
         Ok(SimSource {
-            sim,
-            xid_seen,
-            xids: XidTally::default(),
+            sim: Mutex::new(sim),
+            xid_seen: Mutex::new(xid_seen),
+            xids: Mutex::new(XidTally::default()),
         })
     }
 
     /// The model, for resets and tests.
     pub fn sim_mut(&mut self) -> &mut Sim {
-        &mut self.sim
+        self.sim.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -87,7 +107,7 @@ fn fault_error(call: &str, code: u32) -> CallError {
 }
 
 struct SimDevice<'a> {
-    sim: &'a mut Sim,
+    sim: &'a Mutex<Sim>,
     index: u32,
 }
 
@@ -98,11 +118,10 @@ impl SimDevice<'_> {
         call: &str,
         f: impl FnOnce(&ObservedGpu) -> Result<T, u32>,
     ) -> Result<T, CallError> {
-        if let Some(code) = self.sim.fault(call, Some(self.index)) {
+        if let Some(code) = meet_fault(self.sim, call, Some(self.index)) {
             return Err(fault_error(call, code));
         }
-        let obs = self
-            .sim
+        let obs = lock(self.sim)
             .observe()
             .map_err(|_| fault_error(call, codes::UNKNOWN))?;
         let gpu = obs
@@ -148,7 +167,7 @@ impl DeviceCalls for SimDevice<'_> {
     }
     fn v3_writes_32_byte_records(&self) -> bool {
         // The in-process source knows the driver only by its version, as NVML's callers do.
-        vramguard_gpu::read::driver_has_32_byte_v3_records(&self.sim.state().driver_version)
+        vramguard_gpu::read::driver_has_32_byte_v3_records(&lock(self.sim).state().driver_version)
     }
     fn uuid(&mut self) -> Result<String, CallError> {
         self.call("nvmlDeviceGetUUID", |g| Ok(g.uuid.clone()))
@@ -328,35 +347,91 @@ impl DeviceCalls for SimDevice<'_> {
     }
 }
 
-impl GpuSource for SimSource {
-    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+impl GpuReader for SimSource {
+    fn head(&self) -> Result<DriverHead, SourceError> {
+        let state = lock(&self.sim).state().clone();
+        let driver_version = match meet_fault(&self.sim, "nvmlSystemGetDriverVersion", None) {
+            None => Some(state.driver_version.clone()),
+            Some(_) => None,
+        };
+        let nvml_version = match meet_fault(&self.sim, "nvmlSystemGetNVMLVersion", None) {
+            None => Some(state.nvml_version()),
+            Some(_) => None,
+        };
+        if let Some(code) = meet_fault(&self.sim, "nvmlDeviceGetCount_v2", None) {
+            return Err(SourceError::Call(fault_error(
+                "nvmlDeviceGetCount_v2",
+                code,
+            )));
+        }
+        let count = lock(&self.sim).observe().map_err(backend)?.gpus.len() as u32;
+        Ok(DriverHead {
+            driver: DriverFacts {
+                source: DriverSource::Simulated,
+                library: None,
+                driver_version,
+                nvml_version,
+            },
+            count,
+        })
+    }
+
+    fn read_gpu(&self, index: u32, head: &DriverHead, now: u64, since: u64) -> GpuSample {
+        if let Some(code) = meet_fault(&self.sim, "nvmlDeviceGetHandleByIndex_v2", Some(index)) {
+            return unreachable_gpu(index, fault_error("nvmlDeviceGetHandleByIndex_v2", code));
+        }
+        let mut dev = SimDevice {
+            sim: &self.sim,
+            index,
+        };
+        let mut sample = read_gpu(
+            index,
+            &mut dev,
+            head.driver.driver_version.as_deref(),
+            now,
+            since,
+        );
+        self.receive_xids(index, &mut sample.warnings);
+        sample.health.xid_events = lock(&self.xids).counts(index);
+        sample
+    }
+
+    fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
         SimDevice {
-            sim: &mut self.sim,
+            sim: &self.sim,
             index: gpu,
         }
         .memory()
         .map(|m| m.used)
     }
 
+    fn begin_sample(&self) {
+        // One observation for the whole reading, as one instant of a real driver: fresh at
+        // the start, then reused by every call of this sample.
+        lock(&self.sim).hold_instant();
+    }
+
+    fn end_sample(&self) {
+        lock(&self.sim).release_instant();
+    }
+}
+
+impl GpuSource for SimSource {
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+        GpuReader::memory_used(self, gpu)
+    }
+
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
-        // One observation for the whole reading, as one instant of a real driver: fresh at the
-        // start, then reused by every call of this sample.
-        let ttl = self.sim.cache_ttl();
-        self.sim.invalidate();
-        self.sim.set_cache_ttl(Duration::from_secs(3600));
-        let result = self.sample_once(utilization_window);
-        self.sim.set_cache_ttl(ttl);
-        self.sim.invalidate();
-        result
+        read_in_turn(self, utilization_window)
     }
 }
 
 impl SimSource {
     /// Takes the Xid events raised on `gpu` since the last sample, as `nvmlEventSetWait_v2`
     /// with a zero timeout would deliver them.
-    fn receive_xids(&mut self, gpu: u32, warnings: &mut Vec<CallError>) {
+    fn receive_xids(&self, gpu: u32, warnings: &mut Vec<CallError>) {
         const CALL: &str = "nvmlEventSetWait_v2";
-        let seen = match self.xid_seen.get_mut(gpu as usize) {
+        let seen = match lock(&self.xid_seen).get_mut(gpu as usize) {
             Some(Ok(seen)) => *seen,
             Some(Err(unreported)) => {
                 if let Some(e) = unreported.take()
@@ -368,65 +443,20 @@ impl SimSource {
             }
             None => return,
         };
-        if let Some(code) = self.sim.fault(CALL, Some(gpu)) {
+        if let Some(code) = meet_fault(&self.sim, CALL, Some(gpu)) {
             warnings.push(fault_error(CALL, code));
             return;
         }
-        let Ok(obs) = self.sim.observe() else { return };
+        let Ok(obs) = lock(&self.sim).observe() else {
+            return;
+        };
         let Some(g) = obs.gpus.get(gpu as usize) else {
             return;
         };
+        let mut xids = lock(&self.xids);
         for &xid in g.health.xid_events.iter().skip(seen) {
-            self.xids.record(gpu, xid);
+            xids.record(gpu, xid);
         }
-        self.xid_seen[gpu as usize] = Ok(g.health.xid_events.len().max(seen));
-    }
-
-    fn sample_once(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
-        let state = self.sim.state().clone();
-        let driver_version = match self.sim.fault("nvmlSystemGetDriverVersion", None) {
-            None => Some(state.driver_version.clone()),
-            Some(_) => None,
-        };
-        let nvml_version = match self.sim.fault("nvmlSystemGetNVMLVersion", None) {
-            None => Some(state.nvml_version()),
-            Some(_) => None,
-        };
-        if let Some(code) = self.sim.fault("nvmlDeviceGetCount_v2", None) {
-            return Err(SourceError::Call(fault_error(
-                "nvmlDeviceGetCount_v2",
-                code,
-            )));
-        }
-        let count = self.sim.observe().map_err(backend)?.gpus.len() as u32;
-        let now = now_ms();
-        let since = now.saturating_sub(utilization_window.as_millis() as u64);
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            if let Some(code) = self.sim.fault("nvmlDeviceGetHandleByIndex_v2", Some(index)) {
-                gpus.push(unreachable_gpu(
-                    index,
-                    fault_error("nvmlDeviceGetHandleByIndex_v2", code),
-                ));
-                continue;
-            }
-            let mut dev = SimDevice {
-                sim: &mut self.sim,
-                index,
-            };
-            let mut sample = read_gpu(index, &mut dev, driver_version.as_deref(), now, since);
-            self.receive_xids(index, &mut sample.warnings);
-            sample.health.xid_events = self.xids.counts(index);
-            gpus.push(sample);
-        }
-        Ok(DriverSample {
-            driver: DriverFacts {
-                source: DriverSource::Simulated,
-                library: None,
-                driver_version,
-                nvml_version,
-            },
-            gpus,
-        })
+        lock(&self.xid_seen)[gpu as usize] = Ok(g.health.xid_events.len().max(seen));
     }
 }

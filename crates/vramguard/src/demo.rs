@@ -279,6 +279,16 @@ fn start_incident(demo: &mut Demo, state: &Path) -> Result<Incident> {
     })
 }
 
+/// The node on the demo's simulated driver, at the default settings.
+fn demo_node(state: &Path, policy: &Policy) -> Result<vramguard_node::MachineNode> {
+    Ok(vramguard_sim::node::open(
+        state,
+        Path::new(OWN_PROC),
+        policy,
+        vramguard_config::DEFAULT_CALL_TIMEOUT,
+    )?)
+}
+
 /// `status` and `diagnose` of the incident, as the commands print them (or the diagnosis as
 /// JSON with `--json`).
 fn look(
@@ -286,7 +296,7 @@ fn look(
     policy: &Policy,
     args: &DemoArgs,
 ) -> Result<vramguard_core::diagnose::Diagnosis> {
-    let mut node = vramguard_sim::node::open(state, Path::new(OWN_PROC), policy)?;
+    let mut node = demo_node(state, policy)?;
     // As `vramguard status` does: watch the processes work for half a second.
     let snap = node.sampled_snapshot(ScanDepth::Full, Duration::from_millis(500))?;
     let report = vramguard_core::classify(&snap, policy);
@@ -355,7 +365,7 @@ fn reclaim_demo(
 ) -> Result<()> {
     use crate::reclaim::{render_outcome, render_plan};
     use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
-    let mut node = vramguard_sim::node::open(state, Path::new(OWN_PROC), policy)?;
+    let mut node = demo_node(state, policy)?;
     let prepared =
         vramguard_ops::prepare(&mut node, policy, Duration::from_secs(1), |snap, report| {
             vramguard_core::plan::plan_reclaim(snap, report, opts)

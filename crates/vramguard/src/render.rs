@@ -594,7 +594,22 @@ pub fn status(r: &Report, st: &Style) -> String {
             gpus.join(",")
         );
     }
-    if ghost == 0 && unexplained == 0 && unkept == 0 {
+    let unreadable: Vec<String> = r
+        .gpus
+        .iter()
+        .filter(|g| g.is_unreadable())
+        .map(|g| g.index.to_string())
+        .collect();
+    if !unreadable.is_empty() {
+        // A GPU that could not be read is never "accounted for".
+        let _ = writeln!(
+            out,
+            "{} GPU {} could not be read (the error is above): whose memory it holds cannot \
+             be told",
+            st.yellow("unread:"),
+            unreadable.join(",")
+        );
+    } else if ghost == 0 && unexplained == 0 && unkept == 0 {
         let unsplit: Vec<String> = r
             .gpus
             .iter()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use vramguard_config::Config;
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, Report, classify};
-use vramguard_gpu::{GpuSource, NvmlSource};
+use vramguard_gpu::{DeadlineSource, GpuSource, NvmlSource};
 use vramguard_node::{MachineNode, Node, NodeFactory, ResetBackend};
 use vramguard_proc::{ProcCollector, ScanDepth};
 use vramguard_sim::SimSource;
@@ -105,7 +105,7 @@ impl Settings {
 
     /// The GPU source the driver setting selects.
     pub fn gpu_source(&self) -> Result<Box<dyn GpuSource>> {
-        Ok(open_source(&self.driver)?)
+        Ok(open_source(&self.driver, self.config.driver.call_timeout)?)
     }
 
     /// How GPUs are reset: `command` (a `--reset-command`, split on whitespace, with
@@ -146,10 +146,11 @@ impl Settings {
         let containers = self.container_state();
         let shm_dirs = self.config.shm.dirs.clone();
         let kubelet = self.config.kubernetes.clone();
+        let call_timeout = self.config.driver.call_timeout;
         Ok(std::sync::Arc::new(move |policy: &Policy| {
             let node: Box<dyn Node> = Box::new(
                 MachineNode::new(
-                    open_source(&driver)?,
+                    open_source(&driver, call_timeout)?,
                     ProcCollector::new(&proc_root, &dev_dir)?
                         .with_container_state(containers.clone())
                         .with_shm_dirs(shm_dirs.clone()),
@@ -198,12 +199,30 @@ impl Settings {
     }
 }
 
-/// Opens the GPU source of `driver`.
-fn open_source(driver: &Driver) -> Result<Box<dyn GpuSource>, vramguard_gpu::SourceError> {
+/// Opens the GPU source of `driver`, every call of which waits at most `call_timeout`.
+fn open_source(
+    driver: &Driver,
+    call_timeout: Duration,
+) -> Result<Box<dyn GpuSource>, vramguard_gpu::SourceError> {
     Ok(match driver {
-        Driver::Sim { state } => Box::new(SimSource::open(state)?),
-        Driver::Nvml { lib } => Box::new(NvmlSource::open(lib.as_deref())?),
-        Driver::SimThroughNvml { lib, .. } => Box::new(NvmlSource::open(Some(lib))?),
+        Driver::Sim { state } => {
+            let state = state.clone();
+            Box::new(DeadlineSource::open(call_timeout, move || {
+                SimSource::open(&state)
+            })?)
+        }
+        Driver::Nvml { lib } => {
+            let lib = lib.clone();
+            Box::new(DeadlineSource::open(call_timeout, move || {
+                NvmlSource::open(lib.as_deref())
+            })?)
+        }
+        Driver::SimThroughNvml { lib, .. } => {
+            let lib = lib.clone();
+            Box::new(DeadlineSource::open(call_timeout, move || {
+                NvmlSource::open(Some(&lib))
+            })?)
+        }
     })
 }
 

@@ -212,13 +212,9 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
     );
     // Then GPU 1 is lost for good: it is reported down, GPU 0 is still read.
     world.update(|s| {
-        s.gpus[1].faults.push(vramguard_sim::state::Fault {
-            call: "nvmlDeviceGetMemoryInfo_v2".into(),
-            code: 15,
-            after_calls: 0,
-            times: None,
-            delay_ms: None,
-        });
+        s.gpus[1]
+            .faults
+            .push(fault("nvmlDeviceGetMemoryInfo_v2", 15, None));
     });
     wait_until(10, "GPU 1 to be reported down", || {
         sample(&agent.metrics(), "vramguard_up", &["gpu=\"1\""]) == Some(0.0)
@@ -232,6 +228,56 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
         "GPU 0 still read"
     );
     assert_eq!(agent.get("/healthz").0, 200);
+}
+
+/// Issue 26: a whole-driver fault (the device count failing, as when the kernel module is
+/// in trouble) must not outlive its cause in a running agent. The simulator used to check
+/// the fault before re-reading its state, so a cleared fault never cleared and recovery was
+/// never tested. Both library paths: NVML through the simulator's library, and in-process.
+/// A driver that stalls instead is covered too: every GPU reported down after the call
+/// timeout, then read again once the driver answers.
+#[test]
+fn the_agent_recovers_after_a_whole_driver_fault() {
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let world = World::new(1);
+        let h = world.holder(&["nvidia0"], 120);
+        world.allocate(allocation(0, h.pid(), GIB));
+        let agent = Agent::start(
+            &world,
+            path,
+            "[agent]\ninterval = \"100ms\"\n[driver]\ncall_timeout = \"1s\"\n",
+        );
+        let up = |m: &str| sample(m, "vramguard_up", &["gpu=\"0\""]);
+        let source_errors = |m: &str| {
+            sample(m, "vramguard_collection_errors_total", &["kind=\"source\""]).unwrap_or(0.0)
+        };
+        wait_until(20, "GPU 0 up", || up(&agent.metrics()) == Some(1.0));
+        for (code, delay_ms) in [(999, None), (0, Some(4_000))] {
+            world.update(|s| {
+                s.faults
+                    .push(fault("nvmlDeviceGetCount_v2", code, delay_ms))
+            });
+            let before = source_errors(&agent.metrics());
+            wait_until(20, "the driver fault to be seen", || {
+                let m = agent.metrics();
+                up(&m) == Some(0.0) && source_errors(&m) > before
+            });
+            world.update(|s| s.faults.clear());
+            // A holder that starts after the fault cleared: seen only if the agent reads the
+            // driver again.
+            let late = world.holder(&["nvidia0"], 120);
+            world.allocate(allocation(0, late.pid(), GIB));
+            wait_until(40, "the agent to read the driver again", || {
+                let m = agent.metrics();
+                up(&m) == Some(1.0)
+                    && sample(&m, "vramguard_gpu_memory_used_bytes", &["gpu=\"0\""])
+                        .is_some_and(|b| b >= (2 * GIB) as f64)
+            });
+            assert_eq!(agent.get("/healthz").0, 200);
+            world.update(|s| s.allocations.retain(|a| a.pid != late.pid()));
+            drop(late);
+        }
+    }
 }
 
 /// Issue 25: a real SXM H200 answers `nvmlDeviceGetFanSpeed` with Invalid Argument, and the
@@ -1792,7 +1838,10 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
     let agent = Agent::start(
         &world,
         Path_::Nvml,
-        "[agent]\ninterval = \"250ms\"\ntrend_window = \"20s\"\n",
+        // A call timeout above the 15 s stall below: that stall must hold the collection
+        // up for the stall alert to fire (at the default 5 s, a stalled GPU is reported
+        // down after 5 s and collection goes on).
+        "[agent]\ninterval = \"250ms\"\ntrend_window = \"20s\"\n[driver]\ncall_timeout = \"60s\"\n",
     );
     let dir = tempfile::tempdir().unwrap();
     let (_prom, prom) = scraping_prometheus(dir.path(), agent.addr);
@@ -1882,13 +1931,9 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
         "VramguardGpuLost",
         || {
             world.update(|s| {
-                s.gpus[0].faults.push(vramguard_sim::state::Fault {
-                    call: "nvmlDeviceGetMemoryInfo_v2".into(),
-                    code: 15,
-                    after_calls: 0,
-                    times: None,
-                    delay_ms: None,
-                })
+                s.gpus[0]
+                    .faults
+                    .push(fault("nvmlDeviceGetMemoryInfo_v2", 15, None))
             })
         },
         || world.update(|s| s.gpus[0].faults.clear()),
@@ -1979,13 +2024,9 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
         "VramguardCollectionStalled",
         || {
             world.update(|s| {
-                s.gpus[0].faults.push(vramguard_sim::state::Fault {
-                    call: "nvmlDeviceGetMemoryInfo_v2".into(),
-                    code: 0,
-                    after_calls: 0,
-                    times: None,
-                    delay_ms: Some(15_000),
-                })
+                s.gpus[0]
+                    .faults
+                    .push(fault("nvmlDeviceGetMemoryInfo_v2", 0, Some(15_000)))
             });
             wait_until(20, "/healthz to report the stall", || {
                 agent.get("/healthz").0 == 503

@@ -708,13 +708,9 @@ fn a_lost_gpu_is_reported_and_the_others_still_are() {
     s["new_session"] = json!(true);
     let h = start(&world, &["python3", "serve.py"], s);
     world.update(|st| {
-        st.gpus[1].faults.push(vramguard_sim::state::Fault {
-            call: "nvmlDeviceGetMemoryInfo_v2".into(),
-            code: 15,
-            after_calls: 0,
-            times: None,
-            delay_ms: None,
-        })
+        st.gpus[1]
+            .faults
+            .push(fault("nvmlDeviceGetMemoryInfo_v2", 15, None))
     });
     capture_incident(&world, Path_::Nvml);
     for path in [Path_::Nvml, Path_::InProcess] {
@@ -741,13 +737,9 @@ fn a_gpu_whose_process_list_cannot_be_read_makes_status_exit_2() {
     s["new_session"] = json!(true);
     let _h = start(&world, &["python3", "serve.py"], s);
     world.update(|st| {
-        st.gpus[0].faults.push(vramguard_sim::state::Fault {
-            call: "nvmlDeviceGetComputeRunningProcesses_v3".into(),
-            code: 15,
-            after_calls: 0,
-            times: None,
-            delay_ms: None,
-        })
+        st.gpus[0]
+            .faults
+            .push(fault("nvmlDeviceGetComputeRunningProcesses_v3", 15, None))
     });
     for path in [Path_::Nvml, Path_::InProcess] {
         // Whose memory it is cannot be told: printed, and an error (it was exit 0).
@@ -758,6 +750,74 @@ fn a_gpu_whose_process_list_cannot_be_read_makes_status_exit_2() {
         );
         let text = stdout(&Vg::new(&world, path).args(["status"]).code(2));
         assert!(!text.contains("accounted for by a live job"), "{text}");
+    }
+}
+
+/// Issue 26: a GPU whose driver calls block (30 s in `nvmlDeviceGetMemoryInfo_v2`) held
+/// `status` for 20-30 s with no deadline. Now each call waits at most `[driver]
+/// call_timeout`: the stalled GPU is reported as not answering, the other is shown, and
+/// `status` and `diagnose` exit non-zero; through the simulator's NVML library (whose stall
+/// holds no lock other GPUs' calls need, as a real driver's per-GPU stall) and in-process.
+#[test]
+fn a_stalled_gpu_is_reported_as_not_answering_and_the_others_still_are() {
+    let world = World::new(2);
+    let mut s = spec(&world, json!([hold(0, 2)]));
+    s["new_session"] = json!(true);
+    let h = start(&world, &["python3", "serve.py"], s);
+    world.update(|st| {
+        st.gpus[1]
+            .faults
+            .push(fault("nvmlDeviceGetMemoryInfo_v2", 0, Some(30_000)))
+    });
+    let cfg = config(&world, "[driver]\ncall_timeout = \"1s\"\n");
+    let with_config = |path, args: &[&str]| {
+        Vg::new(&world, path)
+            .arg_path("--config", &cfg)
+            .args(args.iter().copied())
+    };
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let started = std::time::Instant::now();
+        let report = with_config(path, &["status", "--json", "--sample", "0s"]).json(2);
+        let took = started.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(15),
+            "status waited {took:?} for a stalled GPU"
+        );
+        assert_eq!(holder(&report, 0, h.pid)["class"], "active", "{report:#}");
+        let failure = &report["gpus"][1]["failure"];
+        assert!(
+            failure["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not answering")),
+            "{report:#}"
+        );
+        let text = stdout(&with_config(path, &["status", "--sample", "0s"]).code(2));
+        assert!(text.contains("not answering"), "{text}");
+        assert!(!text.contains("accounted for by a live job"), "{text}");
+        let (d, _) = with_config(path, &["diagnose", "--sample", "0s"]).output();
+        assert_ne!(d.status.code(), Some(0), "diagnose of a stalled GPU");
+    }
+}
+
+/// A driver whose every call blocks (the device count, here) is one clear error and exit
+/// 2 after the timeout, not a hang.
+#[test]
+fn a_driver_that_does_not_answer_is_an_error_after_the_call_timeout() {
+    let world = World::new(1);
+    world.update(|st| {
+        st.faults
+            .push(fault("nvmlDeviceGetCount_v2", 0, Some(30_000)))
+    });
+    let cfg = config(&world, "[driver]\ncall_timeout = \"1s\"\n");
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let started = std::time::Instant::now();
+        let out = Vg::new(&world, path)
+            .args(["--config".as_ref(), cfg.as_os_str(), "status".as_ref()])
+            .code(2);
+        assert!(started.elapsed() < std::time::Duration::from_secs(15));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not answering"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
 }
 

@@ -305,6 +305,18 @@ fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A fault of the simulated driver: `call` returns `code` (0: succeeds) after `delay_ms`,
+/// from its first call on, forever.
+pub fn fault(call: &str, code: u32, delay_ms: Option<u64>) -> vramguard_sim::state::Fault {
+    vramguard_sim::state::Fault {
+        call: call.into(),
+        code,
+        after_calls: 0,
+        times: None,
+        delay_ms,
+    }
+}
+
 /// A config file with the given TOML.
 pub fn config(world: &World, toml: &str) -> PathBuf {
     let p = world.dir.path().join(format!("config-{}.toml", unique()));

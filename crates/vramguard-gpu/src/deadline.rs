@@ -1,0 +1,450 @@
+//! A deadline on every driver call.
+//!
+//! A GPU in a bad state can block an NVML call for tens of seconds (calls that hang before
+//! `GPU_IS_LOST` or `TIMEOUT`), and a driver in trouble can block every call. vramguard must
+//! still answer: `status` in a failing job's OOM hook, the agent's next sample. So the calls
+//! run on worker threads ("lanes"): one for the driver-wide calls and one per GPU. The caller
+//! waits for each at most the call timeout; a GPU that has not answered by then is reported
+//! as not answering (its last known identity kept) while the others are shown. A lane whose
+//! call is still blocked gets no new call: until it comes back, that GPU is reported at once
+//! as still not answering, so a stuck GPU costs one timeout, not one per sample, and never a
+//! pile of blocked threads.
+
+use crate::{DriverSample, GpuReader, GpuSource, SourceError, now_ms, unreachable_gpu};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+use vramguard_core::snapshot::{CallError, GpuSample};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One worker thread, and how many of the calls given to it have come back.
+struct Lane {
+    jobs: Sender<Job>,
+    given: u64,
+    finished: Arc<AtomicU64>,
+    /// When the last call was given.
+    given_at: Instant,
+    /// Set when a wait for the last call timed out: it is blocked since then.
+    stalled: bool,
+}
+
+impl Lane {
+    fn start(name: String) -> Option<Lane> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let finished = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&finished);
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                for job in queue {
+                    job();
+                    count.fetch_add(1, Ordering::AcqRel);
+                }
+            })
+            .ok()?;
+        Some(Lane {
+            jobs,
+            given: 0,
+            finished,
+            given_at: Instant::now(),
+            stalled: false,
+        })
+    }
+
+    /// When the call that timed out was given, while it is still blocked.
+    fn still_blocked(&mut self) -> Option<Instant> {
+        if self.finished.load(Ordering::Acquire) >= self.given {
+            self.stalled = false;
+        }
+        self.stalled.then_some(self.given_at)
+    }
+
+    /// Gives `call` to the thread; its answer arrives on the returned receiver.
+    fn submit<T: Send + 'static>(
+        &mut self,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<Receiver<T>> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            // The caller may have given up waiting: then the answer has nobody to go to.
+            let _ = tx.send(call());
+        });
+        self.jobs.send(job).ok()?;
+        self.given += 1;
+        self.given_at = Instant::now();
+        Some(rx)
+    }
+}
+
+/// Wraps a [`GpuReader`] so that no driver call holds the caller longer than the timeout.
+pub struct DeadlineSource<R: GpuReader> {
+    reader: Arc<R>,
+    timeout: Duration,
+    driver: Option<Lane>,
+    gpus: Vec<Option<Lane>>,
+    /// The last good sample's identity of each GPU, to name a GPU that stopped answering.
+    known: Vec<Option<GpuSample>>,
+}
+
+impl<R: GpuReader> std::fmt::Debug for DeadlineSource<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadlineSource")
+            .field("timeout", &self.timeout)
+            .field("gpus", &self.gpus.len())
+            .finish()
+    }
+}
+
+/// The error of a call that did not come back within `timeout`, or that is still blocked
+/// since an earlier sample.
+fn not_answering(what: &str, timeout: Duration, since: Option<Instant>) -> CallError {
+    let message = match since {
+        Some(at) => format!(
+            "not answering: a driver call made {:.0?} ago is still blocked",
+            at.elapsed()
+        ),
+        None => format!("not answering: no reply within {timeout:?}"),
+    };
+    CallError {
+        call: what.to_string(),
+        code: None,
+        message: format!(
+            "{message} (a GPU in a bad state; see `dmesg | grep -iE 'xid|nvrm'`, and `nvidia-smi -q -i` for it)"
+        ),
+    }
+}
+
+impl<R: GpuReader> DeadlineSource<R> {
+    /// Reads through `reader`, waiting at most `timeout` for any driver call.
+    pub fn new(reader: R, timeout: Duration) -> Self {
+        DeadlineSource {
+            reader: Arc::new(reader),
+            timeout,
+            driver: None,
+            gpus: Vec::new(),
+            known: Vec::new(),
+        }
+    }
+
+    /// Opens the reader with `open` (`nvmlInit_v2`, which can block like any call) and reads
+    /// through it, waiting at most `timeout` for the opening or any later call.
+    pub fn open(
+        timeout: Duration,
+        open: impl FnOnce() -> Result<R, SourceError> + Send + 'static,
+    ) -> Result<Self, SourceError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("nvml-init".into())
+            .spawn(move || {
+                let _ = tx.send(open());
+            })
+            .map_err(|e| SourceError::Backend(Box::new(e)))?;
+        match rx.recv_timeout(timeout) {
+            Ok(reader) => Ok(DeadlineSource::new(reader?, timeout)),
+            Err(_) => Err(SourceError::Init {
+                error: not_answering("nvmlInit_v2", timeout, None),
+                advice: crate::init_advice(None),
+            }),
+        }
+    }
+
+    /// The reader, for calls that are not made through the deadline (resets, tests).
+    pub fn reader(&self) -> &R {
+        &self.reader
+    }
+
+    fn lane(&mut self, gpu: Option<u32>) -> Option<&mut Lane> {
+        let slot = match gpu {
+            None => &mut self.driver,
+            Some(i) => {
+                let i = i as usize;
+                if self.gpus.len() <= i {
+                    self.gpus.resize_with(i + 1, || None);
+                }
+                &mut self.gpus[i]
+            }
+        };
+        if slot.is_none() {
+            let name = match gpu {
+                None => "nvml-driver".to_string(),
+                Some(i) => format!("nvml-gpu{i}"),
+            };
+            *slot = Lane::start(name);
+        }
+        slot.as_mut()
+    }
+
+    /// Runs `call` on `gpu`'s lane (the driver's with `None`) and waits until `deadline`.
+    fn call_until<T: Send + 'static>(
+        &mut self,
+        gpu: Option<u32>,
+        what: &str,
+        deadline: Instant,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, CallError> {
+        let timeout = self.timeout;
+        let rx = self.start_call(gpu, what, call)?;
+        self.wait(gpu, what, timeout, deadline, rx)
+    }
+
+    fn start_call<T: Send + 'static>(
+        &mut self,
+        gpu: Option<u32>,
+        what: &str,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Receiver<T>, CallError> {
+        let timeout = self.timeout;
+        let Some(lane) = self.lane(gpu) else {
+            return Err(CallError {
+                call: what.to_string(),
+                code: None,
+                message: "no thread could be started to make the call".into(),
+            });
+        };
+        if let Some(since) = lane.still_blocked() {
+            return Err(not_answering(what, timeout, Some(since)));
+        }
+        lane.submit(call)
+            .ok_or_else(|| not_answering(what, timeout, None))
+    }
+
+    fn wait<T>(
+        &mut self,
+        gpu: Option<u32>,
+        what: &str,
+        timeout: Duration,
+        deadline: Instant,
+        rx: Receiver<T>,
+    ) -> Result<T, CallError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(answer) => Ok(answer),
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(lane) = self.lane(gpu) {
+                    lane.stalled = true;
+                }
+                Err(not_answering(what, timeout, None))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(CallError {
+                call: what.to_string(),
+                code: None,
+                message: "the call panicked".into(),
+            }),
+        }
+    }
+
+    /// A sample for a GPU that did not answer, named as it was last seen.
+    fn silent_gpu(&self, index: u32, error: CallError) -> GpuSample {
+        let mut sample = unreachable_gpu(index, error);
+        if let Some(Some(known)) = self.known.get(index as usize) {
+            sample.uuid = known.uuid.clone();
+            sample.name = known.name.clone();
+            sample.pci_bus_id = known.pci_bus_id.clone();
+            sample.minor_number = known.minor_number;
+        }
+        sample
+    }
+}
+
+impl<R: GpuReader> GpuSource for DeadlineSource<R> {
+    fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
+        let reader = Arc::clone(&self.reader);
+        let deadline = Instant::now() + self.timeout;
+        let head = self
+            .call_until(None, "nvmlDeviceGetCount_v2", deadline, move || {
+                reader.head()
+            })
+            .map_err(SourceError::Call)??;
+        self.reader.begin_sample();
+        let now = now_ms();
+        let since = now.saturating_sub(utilization_window.as_millis() as u64);
+        // Every GPU's read starts before any is waited for: they run side by side, and the
+        // whole sample waits at most one timeout.
+        let started: Vec<_> = (0..head.count)
+            .map(|index| {
+                let reader = Arc::clone(&self.reader);
+                let h = head.clone();
+                (
+                    index,
+                    self.start_call(Some(index), "reading the GPU", move || {
+                        reader.read_gpu(index, &h, now, since)
+                    }),
+                )
+            })
+            .collect();
+        let deadline = Instant::now() + self.timeout;
+        let mut gpus = Vec::with_capacity(started.len());
+        for (index, rx) in started {
+            let timeout = self.timeout;
+            let answer =
+                rx.and_then(|rx| self.wait(Some(index), "reading the GPU", timeout, deadline, rx));
+            gpus.push(match answer {
+                Ok(sample) => {
+                    let i = index as usize;
+                    if self.known.len() <= i {
+                        self.known.resize(i + 1, None);
+                    }
+                    if sample.uuid.is_some() {
+                        self.known[i] = Some(sample.clone());
+                    }
+                    sample
+                }
+                Err(error) => self.silent_gpu(index, error),
+            });
+        }
+        self.reader.end_sample();
+        Ok(DriverSample {
+            driver: head.driver,
+            gpus,
+        })
+    }
+
+    fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+        let reader = Arc::clone(&self.reader);
+        let deadline = Instant::now() + self.timeout;
+        self.call_until(
+            Some(gpu),
+            "nvmlDeviceGetMemoryInfo_v2",
+            deadline,
+            move || reader.memory_used(gpu),
+        )?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DriverHead;
+    use std::sync::Mutex;
+    use vramguard_core::snapshot::{DriverFacts, DriverSource};
+
+    /// A reader whose GPUs answer after a scripted delay.
+    struct Slow {
+        delays: Mutex<Vec<Duration>>,
+        reads: Mutex<Vec<u32>>,
+    }
+
+    impl GpuReader for Slow {
+        fn head(&self) -> Result<DriverHead, SourceError> {
+            Ok(DriverHead {
+                driver: DriverFacts {
+                    source: DriverSource::Simulated,
+                    library: None,
+                    driver_version: None,
+                    nvml_version: None,
+                },
+                count: self.delays.lock().unwrap().len() as u32,
+            })
+        }
+        fn read_gpu(&self, index: u32, _: &DriverHead, _: u64, _: u64) -> GpuSample {
+            self.reads.lock().unwrap().push(index);
+            let delay = self.delays.lock().unwrap()[index as usize];
+            std::thread::sleep(delay);
+            let mut s = unreachable_gpu(
+                index,
+                CallError {
+                    call: "x".into(),
+                    code: None,
+                    message: "y".into(),
+                },
+            );
+            s.failure = None;
+            s.uuid = Some(format!("GPU-{index}"));
+            s
+        }
+        fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
+            std::thread::sleep(self.delays.lock().unwrap()[gpu as usize]);
+            Ok(7)
+        }
+    }
+
+    fn slow(delays: &[u64]) -> DeadlineSource<Slow> {
+        DeadlineSource::new(
+            Slow {
+                delays: Mutex::new(delays.iter().map(|&ms| Duration::from_millis(ms)).collect()),
+                reads: Mutex::new(Vec::new()),
+            },
+            Duration::from_millis(300),
+        )
+    }
+
+    #[test]
+    fn a_stalled_gpu_is_reported_as_not_answering_and_the_others_are_read() {
+        let mut source = slow(&[0, 5_000, 0]);
+        let started = Instant::now();
+        let sample = source.sample(Duration::from_secs(1)).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "waited for the stall"
+        );
+        assert_eq!(sample.gpus.len(), 3);
+        assert!(sample.gpus[0].failure.is_none());
+        assert!(sample.gpus[2].failure.is_none());
+        let failure = sample.gpus[1].failure.as_ref().expect("GPU 1 stalled");
+        assert!(failure.message.contains("not answering"), "{failure}");
+    }
+
+    #[test]
+    fn a_gpu_still_blocked_gets_no_second_call_and_is_named_as_last_seen() {
+        let mut source = slow(&[0, 0]);
+        source.sample(Duration::from_secs(1)).unwrap();
+        source.reader.delays.lock().unwrap()[1] = Duration::from_secs(5);
+        source.sample(Duration::from_secs(1)).unwrap();
+        let started = Instant::now();
+        let third = source.sample(Duration::from_secs(1)).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "a GPU known to be blocked was waited for again: {:?}",
+            started.elapsed()
+        );
+        let failure = third.gpus[1].failure.as_ref().expect("still blocked");
+        assert!(failure.message.contains("still blocked"), "{failure}");
+        assert_eq!(third.gpus[1].uuid.as_deref(), Some("GPU-1"));
+        let reads = source.reader.reads.lock().unwrap().clone();
+        assert_eq!(reads.iter().filter(|&&i| i == 1).count(), 2, "{reads:?}");
+    }
+
+    #[test]
+    fn a_gpu_that_comes_back_is_read_again() {
+        let mut source = slow(&[400]);
+        let first = source.sample(Duration::from_secs(1)).unwrap();
+        assert!(first.gpus[0].failure.is_some());
+        source.reader.delays.lock().unwrap()[0] = Duration::ZERO;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = source.sample(Duration::from_secs(1)).unwrap();
+            if s.gpus[0].failure.is_none() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "GPU 0 never read again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn an_init_that_blocks_is_an_error_after_the_timeout() {
+        let started = Instant::now();
+        let error = DeadlineSource::open(Duration::from_millis(200), || {
+            std::thread::sleep(Duration::from_secs(5));
+            Ok(Slow {
+                delays: Mutex::new(Vec::new()),
+                reads: Mutex::new(Vec::new()),
+            })
+        })
+        .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(error.to_string().contains("nvmlInit_v2"), "{error}");
+        assert!(error.to_string().contains("not answering"), "{error}");
+    }
+
+    #[test]
+    fn memory_used_has_the_deadline_too() {
+        let mut source = slow(&[2_000]);
+        let started = Instant::now();
+        let error = source.memory_used(0).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(error.message.contains("not answering"), "{error}");
+    }
+}
