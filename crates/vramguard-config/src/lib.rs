@@ -20,6 +20,30 @@ pub const DEFAULT_CONFIG: &str = "/etc/vramguard/config.toml";
 /// with vramguard installed runs it as any other does. A file of that name is `./none`.
 pub const NO_CONFIG: &str = "none";
 
+/// Defaults that a command-line flag shares with a config key: written once, here, and used
+/// by the config ([`Config::default`]) and by the flags (`--grace`, `--release-timeout`, …),
+/// whose default at run time is the config file's value where it sets one.
+pub mod defaults {
+    /// `[reclaim] grace`, `--grace`: SIGTERM, then this long, then SIGKILL.
+    pub const GRACE: &str = "10s";
+    /// `[reclaim] release_timeout`, `--release-timeout`.
+    pub const RELEASE_TIMEOUT: &str = "1m";
+    /// `[reclaim] reset`, `reclaim --reset`.
+    pub const RESET: &str = "never";
+    /// `[reclaim] sample`, `reclaim --sample`.
+    pub const RECLAIM_SAMPLE: &str = "2s";
+    /// `[reclaim] include`, `reclaim --include`.
+    pub const INCLUDE: &str = "orphan,hidden";
+    /// `[reclaim] audit_log`, `--audit-log`.
+    pub const AUDIT_LOG: &str = vramguard_ops::DEFAULT_AUDIT_LOG;
+    /// `[driver] call_timeout`.
+    pub const CALL_TIMEOUT: &str = "5s";
+}
+
+/// The shipped example config, `deploy/config.toml`: every key at its default (a test holds
+/// it to [`Config::default`]); `vramguard config show` lists its keys.
+pub const DEFAULTS_DOCUMENT: &str = include_str!("../../../deploy/config.toml");
+
 /// A config that cannot be used: the file, and what is wrong where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("config {path}: {message}")]
@@ -357,6 +381,39 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     /// The GPU driver.
     pub driver: DriverConfig,
+    /// The file as written (absent with no file): which values it sets, for `vramguard
+    /// config show` and `--help`'s defaults.
+    pub document: Option<toml::Table>,
+}
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "path")]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// The config file.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// One effective setting, for `vramguard config show`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Setting {
+    /// `section.key`.
+    pub key: String,
+    /// Its value, as TOML writes it.
+    pub value: String,
+    /// Where it came from.
+    pub source: Source,
 }
 
 /// `[driver]`: how vramguard talks to the GPU driver.
@@ -367,9 +424,6 @@ pub struct DriverConfig {
     /// answers in milliseconds; a GPU in a bad state blocks for tens of seconds.
     pub call_timeout: Duration,
 }
-
-/// The default of `[driver] call_timeout`.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[kubernetes]`: where the kubelet serves pod-resources, and how long to wait for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -421,13 +475,63 @@ impl Config {
         Config::parse(&path, &text)
     }
 
+    /// The file's value of `section.key`, when the file sets it.
+    pub fn set_in_file(&self, section: &str, key: &str) -> Option<&toml::Value> {
+        self.document.as_ref()?.get(section)?.as_table()?.get(key)
+    }
+
+    /// Where `section.key`'s value comes from.
+    pub fn source_of(&self, section: &str, key: &str) -> Source {
+        match (self.set_in_file(section, key), &self.path) {
+            (Some(_), Some(path)) => Source::File(path.clone()),
+            _ => Source::Default,
+        }
+    }
+
+    /// Every setting with its effective value and where it came from: each key of the
+    /// shipped defaults ([`DEFAULTS_DOCUMENT`]), then what the file sets beyond them
+    /// (baselines, alert rules).
+    pub fn settings(&self) -> Vec<Setting> {
+        let defaults: toml::Table =
+            toml::from_str(DEFAULTS_DOCUMENT).expect("the shipped defaults parse");
+        let empty = toml::Table::new();
+        let document = self.document.as_ref().unwrap_or(&empty);
+        let mut sections: Vec<&String> = defaults.keys().collect();
+        sections.extend(document.keys().filter(|k| !defaults.contains_key(*k)));
+        let mut out = Vec::new();
+        for section in sections {
+            let shipped = defaults.get(section).and_then(|t| t.as_table());
+            let written = document.get(section).and_then(|t| t.as_table());
+            let mut keys: Vec<&String> = shipped.map(|t| t.keys().collect()).unwrap_or_default();
+            if let Some(w) = written {
+                keys.extend(
+                    w.keys()
+                        .filter(|k| !shipped.is_some_and(|t| t.contains_key(*k))),
+                );
+            }
+            for key in keys {
+                let value = written
+                    .and_then(|t| t.get(key))
+                    .or_else(|| shipped.and_then(|t| t.get(key)));
+                if let Some(value) = value {
+                    out.push(Setting {
+                        key: format!("{section}.{key}"),
+                        value: value.to_string(),
+                        source: self.source_of(section, key),
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// Parses a config document; `path` names it in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
             path: path.display().to_string(),
             message: e.to_string().trim_end().replace('\n', " "),
         })?;
-        Config::from_raw(Some(path), raw).map_err(|mut e| {
+        let mut config = Config::from_raw(Some(path), raw).map_err(|mut e| {
             // Name the line of the offending key, where it can be found.
             if let Some(key) = e.message.split(": ").next()
                 && let Some(line) = line_of(text, key)
@@ -435,7 +539,9 @@ impl Config {
                 e.message = format!("line {line}: {}", e.message);
             }
             e
-        })
+        })?;
+        config.document = toml::from_str(text).ok();
+        Ok(config)
     }
 
     fn from_raw(path: Option<&Path>, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -457,11 +563,12 @@ impl Config {
                     Duration::from_millis(500),
                 )?,
             },
+            document: None,
             driver: DriverConfig {
-                call_timeout: c.dur(
+                call_timeout: c.dur_or(
                     "driver.call_timeout",
                     &raw.driver.call_timeout,
-                    DEFAULT_CALL_TIMEOUT,
+                    defaults::CALL_TIMEOUT,
                 )?,
             },
             shm: ShmConfig {
@@ -519,6 +626,20 @@ impl Checker {
                 Err(e) => Err(self.err(key, e.to_string())),
             },
         }
+    }
+
+    /// Like [`Checker::dur`], with the default written as the file would write it.
+    fn dur_or(
+        &self,
+        key: &str,
+        v: &Option<String>,
+        default: &str,
+    ) -> Result<Duration, ConfigError> {
+        self.dur(
+            key,
+            &Some(v.clone().unwrap_or_else(|| default.to_string())),
+            Duration::ZERO,
+        )
     }
 
     fn size(&self, key: &str, s: &str) -> Result<u64, ConfigError> {
@@ -803,62 +924,63 @@ fn alerts(c: &Checker, raw: &RawAlerts) -> Result<AlertsConfig, ConfigError> {
 
 /// `[reclaim]`.
 fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
-    let include = match &rc.include {
-        None => vec![Class::Orphan, Class::Hidden],
-        Some(list) => list
-            .iter()
-            .map(|name| {
-                let class: Class =
-                    name.parse()
-                        .map_err(|e: vramguard_core::report::UnknownClass| {
-                            c.err("reclaim.include", e.to_string())
-                        })?;
-                if matches!(
-                    class,
-                    Class::Active | Class::System | Class::Foreign | Class::Exited
-                ) {
-                    return Err(c.err(
-                        "reclaim.include",
-                        format!("{class} holders are never reclaimed"),
-                    ));
-                }
-                if class == Class::Detached {
-                    return Err(c.err(
-                        "reclaim.include",
-                        "detached holders are working: they are never reclaimed \
+    let default_include: Vec<String> = defaults::INCLUDE.split(',').map(str::to_string).collect();
+    let include = rc
+        .include
+        .as_ref()
+        .unwrap_or(&default_include)
+        .iter()
+        .map(|name| {
+            let class: Class =
+                name.parse()
+                    .map_err(|e: vramguard_core::report::UnknownClass| {
+                        c.err("reclaim.include", e.to_string())
+                    })?;
+            if matches!(
+                class,
+                Class::Active | Class::System | Class::Foreign | Class::Exited
+            ) {
+                return Err(c.err(
+                    "reclaim.include",
+                    format!("{class} holders are never reclaimed"),
+                ));
+            }
+            if class == Class::Detached {
+                return Err(c.err(
+                    "reclaim.include",
+                    "detached holders are working: they are never reclaimed \
                          automatically (use `vramguard reclaim --include detached` by hand)"
-                            .to_string(),
-                    ));
-                }
-                Ok(class)
-            })
-            .collect::<Result<_, _>>()?,
-    };
+                        .to_string(),
+                ));
+            }
+            Ok(class)
+        })
+        .collect::<Result<_, _>>()?;
     let reset = rc
         .reset
         .as_deref()
-        .unwrap_or("never")
+        .unwrap_or(defaults::RESET)
         .parse::<vramguard_ops::ResetMode>()
         .map_err(|e| c.err("reclaim.reset", e.to_string()))?;
     let reclaim = ReclaimConfig {
         auto: rc.auto,
         min_age: c.dur("reclaim.min_age", &rc.min_age, Duration::from_secs(300))?,
         include,
-        grace: c.dur("reclaim.grace", &rc.grace, Duration::from_secs(10))?,
-        release_timeout: c.dur(
+        grace: c.dur_or("reclaim.grace", &rc.grace, defaults::GRACE)?,
+        release_timeout: c.dur_or(
             "reclaim.release_timeout",
             &rc.release_timeout,
-            Duration::from_secs(60),
+            defaults::RELEASE_TIMEOUT,
         )?,
         reset,
-        sample: c.dur("reclaim.sample", &rc.sample, Duration::from_secs(2))?,
+        sample: c.dur_or("reclaim.sample", &rc.sample, defaults::RECLAIM_SAMPLE)?,
         audit_log: match rc.audit_log.as_deref() {
             Some("") => return Err(c.err("reclaim.audit_log", "empty: name a file".into())),
             _ => rc
                 .audit_log
                 .as_deref()
                 .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(vramguard_ops::DEFAULT_AUDIT_LOG)),
+                .unwrap_or_else(|| PathBuf::from(defaults::AUDIT_LOG)),
         },
     };
     Ok(reclaim)
@@ -887,10 +1009,13 @@ mod tests {
         let text = std::fs::read_to_string(path).unwrap();
         let mut shipped = Config::parse(path, &text).unwrap();
         shipped.path = None;
+        shipped.document = None;
         let defaults = Config::parse(Path::new("empty.toml"), "").unwrap();
         let mut defaults = defaults;
         defaults.path = None;
+        defaults.document = None;
         assert_eq!(shipped, defaults);
+        assert_eq!(DEFAULTS_DOCUMENT, text, "the embedded copy is the file");
         // Every section is there, so an admin edits a value rather than guessing a name.
         for table in [
             "[policy]",
@@ -904,6 +1029,46 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == table), "{table}");
         }
+    }
+
+    /// `config show`: every shipped key once, each with its source; what the file adds goes
+    /// in its own section (a second `[policy]` header would not be TOML).
+    #[test]
+    fn the_effective_settings_name_their_source() {
+        let path = Path::new("/etc/x.toml");
+        let c = Config::parse(
+            path,
+            "[reclaim]\ngrace = \"30s\"\n[policy]\nbaseline = { \"0\" = \"300MiB\" }\n",
+        )
+        .unwrap();
+        let all = c.settings();
+        let find = |k: &str| all.iter().find(|s| s.key == k).unwrap();
+        assert_eq!(find("reclaim.grace").value, "\"30s\"");
+        assert_eq!(find("reclaim.grace").source, Source::File(path.into()));
+        assert_eq!(find("reclaim.release_timeout").source, Source::Default);
+        assert_eq!(find("policy.baseline").source, Source::File(path.into()));
+        let keys: Vec<&str> = all.iter().map(|s| s.key.as_str()).collect();
+        let mut unique = keys.clone();
+        unique.dedup();
+        assert_eq!(keys, unique, "each key once");
+        let sections: Vec<&str> = keys.iter().map(|k| k.split('.').next().unwrap()).collect();
+        let mut runs = sections.clone();
+        runs.dedup();
+        let mut distinct = runs.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            runs.len(),
+            distinct.len(),
+            "each section in one run: {runs:?}"
+        );
+        // The defaults alone: every source is the default.
+        assert!(
+            Config::default()
+                .settings()
+                .iter()
+                .all(|s| s.source == Source::Default)
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Command-line definitions. Only this crate knows about the command line.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
+use vramguard_config::{Config, ConfigError, defaults};
 use vramguard_core::units::UnitError;
 
 /// Explain, reclaim and prevent GPU memory held by processes whose job is gone.
@@ -182,6 +184,118 @@ pub enum Command {
         after_help = "Examples:\n  vramguard sim init --dir ./sim --gpus 2\n  vramguard --sim ./sim/state.json sim hold --gpu 0 --bytes 8GiB --workers 2 &\n  vramguard --sim ./sim/state.json status\n  vramguard --sim ./sim/state.json sim reset --gpu 1"
     )]
     Sim(SimCommand),
+    /// The settings in effect: every config key, its value and where it came from
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  vramguard config show\n  vramguard --config ./node.toml config show --json"
+    )]
+    Config(ConfigCommand),
+}
+
+/// `vramguard config`.
+#[derive(Debug, Subcommand, Clone)]
+pub enum ConfigCommand {
+    /// Every setting: the config file merged with the defaults, each with its source
+    Show {
+        /// Print JSON: a list of {key, value, source}
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The flags whose default is a config key: (command, flag's argument id, section, key).
+/// Where the config file sets the key, the flag's default is the file's value, and `--help`
+/// says so; an explicit flag still wins.
+const FLAGS_FROM_CONFIG: &[(&str, &str, &str, &str)] = &[
+    ("reclaim", "grace", "reclaim", "grace"),
+    ("reclaim", "release_timeout", "reclaim", "release_timeout"),
+    ("reclaim", "reset", "reclaim", "reset"),
+    ("reclaim", "sample", "reclaim", "sample"),
+    ("reclaim", "include", "reclaim", "include"),
+    ("reclaim", "audit_log", "reclaim", "audit_log"),
+    ("top", "grace", "reclaim", "grace"),
+    ("top", "release_timeout", "reclaim", "release_timeout"),
+    ("top", "audit_log", "reclaim", "audit_log"),
+    ("run", "grace", "reclaim", "grace"),
+    ("run", "release_timeout", "reclaim", "release_timeout"),
+];
+
+/// A config value as a flag would spell it: strings as they are, lists joined with commas.
+fn flag_text(value: &toml::Value) -> Option<String> {
+    match value {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.join(",")),
+        _ => None,
+    }
+}
+
+/// `cmd` with the defaults of [`FLAGS_FROM_CONFIG`] taken from `config` where it sets them.
+pub fn with_config_defaults(mut cmd: clap::Command, config: &Config) -> clap::Command {
+    for &(sub, arg, section, key) in FLAGS_FROM_CONFIG {
+        let (Some(value), Some(path)) = (config.set_in_file(section, key), &config.path) else {
+            continue;
+        };
+        let Some(text) = flag_text(value) else {
+            continue;
+        };
+        let note = format!(
+            "[default: {text}, from [{section}] {key} in {}]",
+            path.display()
+        );
+        // clap keeps defaults as &'static str; a handful, once per run.
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        cmd = cmd.mut_subcommand(sub, |c| {
+            c.mut_arg(arg, |a| {
+                let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                a.default_value(text)
+                    .hide_default_value(true)
+                    .help(format!("{help} {note}"))
+            })
+        });
+    }
+    cmd
+}
+
+/// The config file the command line names (`--config`, else `VRAMGUARD_CONFIG`), read
+/// before the command line is parsed in full, so that the flags' defaults can be its values.
+fn config_path(argv: &[OsString]) -> Option<PathBuf> {
+    if let Ok(m) = Cli::command()
+        .ignore_errors(true)
+        .try_get_matches_from(argv)
+    {
+        return m.get_one::<PathBuf>("config").cloned();
+    }
+    // `--help` and `--version` end the first pass: then only the help's defaults depend on
+    // this, and the plain spellings before `--` are looked for.
+    let mut words = argv.iter().skip(1).take_while(|w| *w != "--");
+    while let Some(w) = words.next() {
+        let w = w.to_string_lossy();
+        if w == "--config" {
+            return words.next().map(PathBuf::from);
+        }
+        if let Some(path) = w.strip_prefix("--config=") {
+            return Some(PathBuf::from(path));
+        }
+    }
+    std::env::var_os("VRAMGUARD_CONFIG").map(PathBuf::from)
+}
+
+/// Parses `argv` with the config file's values as the defaults of the flags that share a key
+/// with it ([`FLAGS_FROM_CONFIG`]); the config is read once, here, and returned (an error is
+/// reported by the commands that need the config, not by `demo` or `completions`).
+pub fn parse_with_config(argv: Vec<OsString>) -> (Cli, Result<Config, ConfigError>) {
+    let config = Config::load(config_path(&argv).as_deref());
+    let mut cmd = Cli::command();
+    if let Ok(c) = &config {
+        cmd = with_config_defaults(cmd, c);
+    }
+    let matches = cmd.get_matches_from(argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    (cli, config)
 }
 
 /// A `--gpu` of `reclaim`: an index, or a `GPU-…` or `MIG-…` UUID.
@@ -363,15 +477,15 @@ pub struct TopArgs {
     #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
     pub sample: std::time::Duration,
     /// Reclaim: time between SIGTERM and SIGKILL
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = defaults::GRACE, value_name = "DURATION", value_parser = duration)]
     pub grace: std::time::Duration,
     /// Reclaim: how long to wait for the driver to release the memory
-    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = defaults::RELEASE_TIMEOUT, value_name = "DURATION", value_parser = duration)]
     pub release_timeout: std::time::Duration,
     /// Reclaim: the audit log every action is written to first
     #[arg(
         long,
-        default_value = "/var/log/vramguard/audit.jsonl",
+        default_value = defaults::AUDIT_LOG,
         value_name = "FILE"
     )]
     pub audit_log: std::path::PathBuf,
@@ -427,7 +541,7 @@ pub struct ReclaimArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "orphan,hidden",
+        default_value = defaults::INCLUDE,
         value_name = "CLASS",
         value_parser = included
     )]
@@ -440,14 +554,14 @@ pub struct ReclaimArgs {
     #[arg(long, default_value = "2h", value_name = "DURATION", value_parser = duration)]
     pub idle_for: Duration,
     /// Time between SIGTERM and SIGKILL
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = defaults::GRACE, value_name = "DURATION", value_parser = duration)]
     pub grace: Duration,
     /// Time to wait for the driver to release the memory
-    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = defaults::RELEASE_TIMEOUT, value_name = "DURATION", value_parser = duration)]
     pub release_timeout: Duration,
     /// Reset GPUs where memory no process holds remains: never, auto (only proven residue,
     /// nothing holding the device), force (any unaccounted memory, nothing holding the device)
-    #[arg(long, default_value = "never", value_name = "WHEN", value_parser = reset_mode)]
+    #[arg(long, default_value = defaults::RESET, value_name = "WHEN", value_parser = reset_mode)]
     pub reset: vramguard_ops::ResetMode,
     /// Reset command, run without a shell; {index}, {uuid} and {pci_bus_id} are replaced
     /// [default: nvidia-smi --gpu-reset -i {index}; the simulator's reset with --sim]
@@ -456,7 +570,7 @@ pub struct ReclaimArgs {
     /// Audit log (JSON lines, fsynced per record)
     #[arg(
         long,
-        default_value = "/var/log/vramguard/audit.jsonl",
+        default_value = defaults::AUDIT_LOG,
         value_name = "FILE"
     )]
     pub audit_log: std::path::PathBuf,
@@ -471,17 +585,17 @@ pub struct ReclaimArgs {
     pub json: bool,
     /// Watch every candidate's CPU use and running threads this long before deciding: a
     /// process that shows any work is left alone
-    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_sample)]
+    #[arg(long, default_value = defaults::RECLAIM_SAMPLE, value_name = "DURATION", value_parser = parse_sample)]
     pub sample: std::time::Duration,
 }
 
 #[derive(Debug, Args, Clone)]
 pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL for what remains when the job ends or is stopped
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = defaults::GRACE, value_name = "DURATION", value_parser = duration)]
     pub grace: Duration,
     /// Time to wait for the driver to release the job's GPU memory after it ended
-    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = defaults::RELEASE_TIMEOUT, value_name = "DURATION", value_parser = duration)]
     pub release_timeout: Duration,
     /// Forward signals to the main process only (default: to its whole group or cgroup)
     #[arg(long)]

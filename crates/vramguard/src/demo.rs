@@ -285,7 +285,7 @@ fn demo_node(state: &Path, policy: &Policy) -> Result<vramguard_node::MachineNod
         state,
         Path::new(OWN_PROC),
         policy,
-        vramguard_config::DEFAULT_CALL_TIMEOUT,
+        vramguard_config::Config::default().driver.call_timeout,
     )?)
 }
 

@@ -17,7 +17,6 @@ mod top;
 mod watch;
 
 use anyhow::Result;
-use clap::Parser;
 use std::io::Write;
 
 fn main() {
@@ -35,8 +34,8 @@ fn main() {
         };
         std::process::exit(code);
     }
-    let cli = cli::Cli::parse();
-    let code = match run(cli) {
+    let (cli, config) = cli::parse_with_config(std::env::args_os().collect());
+    let code = match run(cli, config) {
         Ok(code) => code,
         Err(e) => {
             // A closed pipe (`vramguard status | head`) is not a failure.
@@ -79,6 +78,37 @@ fn man_pages(dir: &std::path::Path) -> Result<i32> {
     Ok(0)
 }
 
+/// `vramguard config show`: every setting, its value and its source.
+fn config_show(config: &vramguard_config::Config, json: bool) -> Result<i32> {
+    let settings = config.settings();
+    if json {
+        print_json(&settings)?;
+        return Ok(0);
+    }
+    let mut out = String::new();
+    match &config.path {
+        Some(p) => out.push_str(&format!(
+            "# {}, merged with the defaults\n",
+            vramguard_core::sanitize::escape(&p.display().to_string())
+        )),
+        None => out.push_str("# no config file: the defaults\n"),
+    }
+    let mut section = "";
+    for s in &settings {
+        let (sec, key) = s.key.split_once('.').unwrap_or(("", &s.key));
+        if sec != section {
+            out.push_str(&format!("\n[{sec}]\n"));
+            section = sec;
+        }
+        let line = format!("{key} = {}", s.value);
+        let source = s.source.to_string();
+        let source = vramguard_core::sanitize::escape(&source);
+        out.push_str(&format!("{line:<46} # {source}\n"));
+    }
+    print(&out)?;
+    Ok(0)
+}
+
 fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
@@ -92,7 +122,10 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     print(&text)
 }
 
-fn run(cli: cli::Cli) -> Result<i32> {
+fn run(
+    cli: cli::Cli,
+    config: Result<vramguard_config::Config, vramguard_config::ConfigError>,
+) -> Result<i32> {
     use cli::Command;
     match cli.command {
         Command::CudaHold {
@@ -123,8 +156,9 @@ fn run(cli: cli::Cli) -> Result<i32> {
         }
         Command::Man { dir } => man_pages(&dir),
         Command::Sim(cmd) => simcmd::run(&cli.global, cmd),
+        Command::Config(cli::ConfigCommand::Show { json }) => config_show(&config?, json),
         // Every command that looks at a node: the options and the config, read once.
-        command => run_on_node(settings::Settings::new(cli.global)?, command),
+        command => run_on_node(settings::Settings::new(cli.global, config?)?, command),
     }
 }
 
@@ -150,6 +184,7 @@ fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i3
         | Command::Demo(_)
         | Command::Completions { .. }
         | Command::Man { .. }
+        | Command::Config(_)
         | Command::Sim(_) => {
             unreachable!("handled without a node")
         }

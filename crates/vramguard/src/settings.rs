@@ -64,9 +64,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Reads the config and prepares the environment for the NVML library.
-    pub fn new(global: Global) -> Result<Settings> {
-        let config = Config::load(global.config.as_deref())?;
+    /// The global options and the config read with them, with the environment prepared for
+    /// the NVML library.
+    pub fn new(global: Global, config: Config) -> Result<Settings> {
         let driver = match (global.sim, global.nvml_lib) {
             (Some(state), Some(lib)) => {
                 // The simulator's NVML library reads its state from the environment.

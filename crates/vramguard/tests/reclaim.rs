@@ -40,6 +40,11 @@ fn live_job(world: &World, gib: u64) -> Holding {
     start(world, &["python3", "serve.py"], s)
 }
 
+/// `text` with every run of whitespace made one space (help text wraps where it likes).
+fn squash(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn audit_lines(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -206,6 +211,112 @@ fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
     for w in &job.workers {
         assert!(!alive(*w));
     }
+}
+
+/// Issue 29: `reclaim` never read `[reclaim]`: an admin's `grace = "30s"` or `audit_log =
+/// ...` in the config gave 10 s and /var/log/vramguard/audit.jsonl. The config's values are
+/// now the flags' defaults (and `--help` says so); a flag given still wins.
+#[test]
+fn the_config_files_reclaim_section_sets_what_reclaim_does() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("from-config.jsonl");
+    let cfg = config(
+        &world,
+        &format!(
+            "[reclaim]\ngrace = \"1500ms\"\naudit_log = \"{}\"\n",
+            audit.display()
+        ),
+    );
+    let help = stdout(
+        &Vg::new(&world, Path_::InProcess)
+            .arg_path("--config", &cfg)
+            .args(["reclaim", "--help"])
+            .code(0),
+    );
+    assert!(
+        squash(&help).contains("[default: 1500ms, from [reclaim] grace in"),
+        "{help}"
+    );
+    let out = Vg::new(&world, Path_::InProcess)
+        .arg_path("--config", &cfg)
+        .args(["reclaim", "--yes", "--json"])
+        .json(0);
+    let targets = out["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 3, "{out:#}");
+    for t in targets {
+        assert_eq!(t["signals"], json!(["TERM", "KILL"]), "{t:#}");
+        let after = t["exited_after_ms"].as_u64().unwrap();
+        assert!(
+            after >= 1500,
+            "SIGKILL after the config's grace: {after} ms"
+        );
+    }
+    for w in &job.workers {
+        assert!(!alive(*w));
+    }
+    let events: Vec<Value> = audit_lines(&audit);
+    assert!(
+        events.iter().any(|l| l["event"] == "signal"),
+        "the config's audit log was written: {events:?}"
+    );
+    // A flag given wins over the config.
+    let job = crashed_job(&world, json!("release"), true);
+    let flagged = world.dir.path().join("from-flag.jsonl");
+    let out = Vg::new(&world, Path_::InProcess)
+        .arg_path("--config", &cfg)
+        .args(["reclaim", "--yes", "--json", "--grace", "200ms"])
+        .arg_path("--audit-log", &flagged)
+        .json(0);
+    for t in out["targets"].as_array().unwrap() {
+        let after = t["exited_after_ms"].as_u64().unwrap();
+        assert!(after < 1500, "the flag's grace: {after} ms");
+    }
+    assert!(!audit_lines(&flagged).is_empty());
+    drop(job);
+}
+
+/// `vramguard config show`: each setting once, its effective value and where it came from.
+#[test]
+fn config_show_names_the_source_of_every_value() {
+    let world = World::new(1);
+    let cfg = config(&world, "[reclaim]\ngrace = \"30s\"\n");
+    let text = stdout(
+        &Vg::new(&world, Path_::InProcess)
+            .arg_path("--config", &cfg)
+            .args(["config", "show"])
+            .code(0),
+    );
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("{key} missing:\n{text}"))
+            .to_string()
+    };
+    assert!(
+        line("grace").contains("\"30s\"") && line("grace").contains(&cfg.display().to_string())
+    );
+    assert!(line("release_timeout").ends_with("# default"), "{text}");
+    let json = Vg::new(&world, Path_::InProcess)
+        .arg_path("--config", &cfg)
+        .args(["config", "show", "--json"])
+        .json(0);
+    let grace = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["key"] == "reclaim.grace")
+        .unwrap()
+        .clone();
+    assert_eq!(grace["source"]["kind"], "file", "{grace:#}");
+    // No file: every value is the default.
+    let text = stdout(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["config", "show"])
+            .code(0),
+    );
+    assert!(text.starts_with("# no config file"), "{text}");
+    assert!(!text.contains(".toml\n"), "{text}");
 }
 
 /// The write-ahead log, observed in the real binary's system calls (`strace`): before every

@@ -74,6 +74,14 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
     let trainer = crashed_trainer(&world);
     let orphan = trainer.workers[0];
     let audit = world.state_path().with_file_name("audit.jsonl");
+    // The audit log and the grace come from the config's [reclaim] (issue 29: top ignored it).
+    let cfg = config(
+        &world,
+        &format!(
+            "[reclaim]\ngrace = \"2s\"\naudit_log = \"{}\"\n",
+            audit.display()
+        ),
+    );
     let (master, slave) = pty::pair(40, 160).unwrap();
     let terminal = slave.try_clone().unwrap();
     let modes_before = rustix::termios::tcgetattr(&terminal).unwrap().local_modes;
@@ -84,11 +92,9 @@ fn top_shows_the_orphan_reclaims_it_on_confirmation_and_restores_the_terminal() 
         .env("TERM", "xterm-256color")
         .arg("--sim")
         .arg(world.state_path())
-        .args([
-            "top", "--delay", "0.3s", "--sample", "0.3s", "--grace", "2s",
-        ])
-        .arg("--audit-log")
-        .arg(&audit);
+        .arg("--config")
+        .arg(&cfg)
+        .args(["top", "--delay", "0.3s", "--sample", "0.3s"]);
     let mut child = Reaped(pty::spawn_on(&mut cmd, &slave).unwrap());
     drop(slave);
     let screen = Screen(pty::Collected::start(&master).unwrap());
