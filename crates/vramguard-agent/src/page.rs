@@ -3,7 +3,7 @@
 
 use crate::history::{Timeline, Timelines};
 use std::fmt::Write as _;
-use vramguard_core::report::{Class, GpuReport, Report};
+use vramguard_core::report::{Class, GpuReport, Report, Tone};
 use vramguard_core::units::format_bytes;
 
 /// Makes text another user may control safe for the page: the shared sanitiser first (the
@@ -36,12 +36,12 @@ fn html(s: &str) -> String {
 }
 
 fn class_color(c: Class) -> &'static str {
-    match c {
-        Class::Active | Class::Detached => "#2e7d32",
-        Class::Idle => "#00838f",
-        Class::Orphan | Class::Zombie | Class::Exited => "#c62828",
-        Class::Foreign | Class::Hidden => "#ef6c00",
-        Class::System => "#616161",
+    match c.info().tone {
+        Tone::Working => "#2e7d32",
+        Tone::Unused => "#00838f",
+        Tone::Ghost => "#c62828",
+        Tone::Unexplained => "#ef6c00",
+        Tone::Service => "#616161",
     }
 }
 

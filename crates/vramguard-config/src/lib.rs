@@ -32,8 +32,6 @@ pub mod defaults {
     pub const RESET: &str = "never";
     /// `[reclaim] sample`, `reclaim --sample`.
     pub const RECLAIM_SAMPLE: &str = "2s";
-    /// `[reclaim] include`, `reclaim --include`.
-    pub const INCLUDE: &str = "orphan,hidden";
     /// `[reclaim] audit_log`, `--audit-log`.
     pub const AUDIT_LOG: &str = vramguard_ops::DEFAULT_AUDIT_LOG;
     /// `[driver] call_timeout`.
@@ -924,7 +922,9 @@ fn alerts(c: &Checker, raw: &RawAlerts) -> Result<AlertsConfig, ConfigError> {
 
 /// `[reclaim]`.
 fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
-    let default_include: Vec<String> = defaults::INCLUDE.split(',').map(str::to_string).collect();
+    let default_include: Vec<String> = Class::default_targets()
+        .map(|c| c.as_str().to_string())
+        .collect();
     let include = rc
         .include
         .as_ref()
@@ -936,23 +936,9 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
                     .map_err(|e: vramguard_core::report::UnknownClass| {
                         c.err("reclaim.include", e.to_string())
                     })?;
-            if matches!(
-                class,
-                Class::Active | Class::System | Class::Foreign | Class::Exited
-            ) {
-                return Err(c.err(
-                    "reclaim.include",
-                    format!("{class} holders are never reclaimed"),
-                ));
-            }
-            if class == Class::Detached {
-                return Err(c.err(
-                    "reclaim.include",
-                    "detached holders are working: they are never reclaimed \
-                         automatically (use `vramguard reclaim --include detached` by hand)"
-                        .to_string(),
-                ));
-            }
+            class
+                .check_target(true)
+                .map_err(|e| c.err("reclaim.include", e.to_string()))?;
             Ok(class)
         })
         .collect::<Result<_, _>>()?;

@@ -52,7 +52,7 @@ impl Default for ReclaimOptions {
     fn default() -> Self {
         ReclaimOptions {
             gpus: None,
-            include: [Class::Orphan, Class::Hidden].into_iter().collect(),
+            include: Class::default_targets().collect(),
             idle_for_secs: 2 * 3600,
             mig_devices: None,
             job_of: None,

@@ -42,38 +42,218 @@ pub enum Class {
     System,
 }
 
+/// How a view paints a class: each view maps a tone to its own colours, so a new class
+/// needs no change in any view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tone {
+    /// A job that works or lives (green).
+    Working,
+    /// Alive but unused (cyan).
+    Unused,
+    /// Ghost memory: no live job's (red, bold where a view can).
+    Ghost,
+    /// Not explained by what vramguard can see (yellow).
+    Unexplained,
+    /// A system service (dim).
+    Service,
+}
+
+/// Whether and how `reclaim` may target a class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimRule {
+    /// Never: a live job's, a system service's, another namespace's, or no process at all.
+    Never,
+    /// Only when named with `reclaim --include` by hand (working processes), never by the
+    /// agent's automatic reclaim.
+    ByHandOnly,
+    /// A target when included, by hand or in `[reclaim] include`; the planner's own checks
+    /// (job gone, no work, idle long enough) still apply to each holder.
+    WhenIncluded,
+}
+
+/// Everything about a class that is not the classification itself: its name, what it
+/// means, how views show and sort it, and whether reclaim may target it. The renderers,
+/// `top`, the agent's page, the config's validation and the planner read this table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassInfo {
+    /// The class.
+    pub class: Class,
+    /// The lowercase name used in output, JSON, metrics and `--include`.
+    pub name: &'static str,
+    /// What it means, in one line.
+    pub meaning: &'static str,
+    /// How views paint it.
+    pub tone: Tone,
+    /// Attention order: reclaimable first (0), services last.
+    pub rank: u8,
+    /// Its memory belongs to no live job ("ghost" memory).
+    pub ghost: bool,
+    /// In `reclaim`'s (and `[reclaim] include`'s) default list.
+    pub default_target: bool,
+    /// Whether reclaim may target it.
+    pub reclaim: ReclaimRule,
+}
+
+/// The class table, in display order.
+pub const CLASSES: [ClassInfo; 9] = [
+    ClassInfo {
+        class: Class::Active,
+        name: "active",
+        meaning: "live, its job is alive",
+        tone: Tone::Working,
+        rank: 7,
+        ghost: false,
+        default_target: false,
+        reclaim: ReclaimRule::Never,
+    },
+    ClassInfo {
+        class: Class::Idle,
+        name: "idle",
+        meaning: "live, its job is alive, no GPU utilization for the idle time",
+        tone: Tone::Unused,
+        rank: 4,
+        ghost: false,
+        default_target: false,
+        reclaim: ReclaimRule::WhenIncluded,
+    },
+    ClassInfo {
+        class: Class::Orphan,
+        name: "orphan",
+        meaning: "live, its job is gone, and it did no work through the sampling window",
+        tone: Tone::Ghost,
+        rank: 0,
+        ghost: true,
+        default_target: true,
+        reclaim: ReclaimRule::WhenIncluded,
+    },
+    ClassInfo {
+        class: Class::Detached,
+        name: "detached",
+        meaning: "live, its launcher or leader gone, but working",
+        tone: Tone::Working,
+        rank: 6,
+        ghost: false,
+        default_target: false,
+        reclaim: ReclaimRule::ByHandOnly,
+    },
+    ClassInfo {
+        class: Class::Zombie,
+        name: "zombie",
+        meaning: "its main thread is a zombie or exiting while threads hold the device",
+        tone: Tone::Ghost,
+        rank: 1,
+        ghost: true,
+        default_target: false,
+        reclaim: ReclaimRule::WhenIncluded,
+    },
+    ClassInfo {
+        class: Class::Exited,
+        name: "exited",
+        meaning: "the driver lists a pid that has exited; processes it forked keep its context",
+        tone: Tone::Ghost,
+        rank: 2,
+        ghost: true,
+        default_target: false,
+        reclaim: ReclaimRule::Never,
+    },
+    ClassInfo {
+        class: Class::Foreign,
+        name: "foreign",
+        meaning: "the driver reports a pid this PID namespace does not have",
+        tone: Tone::Unexplained,
+        rank: 5,
+        ghost: false,
+        default_target: false,
+        reclaim: ReclaimRule::Never,
+    },
+    ClassInfo {
+        class: Class::Hidden,
+        name: "hidden",
+        meaning: "holds the GPU's device file, but the driver does not list it",
+        tone: Tone::Unexplained,
+        rank: 3,
+        ghost: false,
+        default_target: true,
+        reclaim: ReclaimRule::WhenIncluded,
+    },
+    ClassInfo {
+        class: Class::System,
+        name: "system",
+        meaning: "a system service (persistence daemon, DCGM, X, MPS): never killed",
+        tone: Tone::Service,
+        rank: 8,
+        ghost: false,
+        default_target: false,
+        reclaim: ReclaimRule::Never,
+    },
+];
+
+/// A class that `reclaim` (or the agent's automatic reclaim) may not target.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotATarget {
+    /// A class reclaim never targets.
+    #[error(
+        "{0} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace; an exited pid is freed by reclaiming its keepers)"
+    )]
+    Never(Class),
+    /// A working class named for automatic reclaim.
+    #[error(
+        "{0} holders are working: they are never reclaimed automatically (use `vramguard reclaim --include {0}` by hand)"
+    )]
+    ByHandOnly(Class),
+}
+
 impl Class {
     /// Every class, in display order.
-    pub const ALL: [Class; 9] = [
-        Class::Active,
-        Class::Idle,
-        Class::Orphan,
-        Class::Detached,
-        Class::Zombie,
-        Class::Exited,
-        Class::Foreign,
-        Class::Hidden,
-        Class::System,
-    ];
+    pub const ALL: [Class; 9] = {
+        let mut all = [Class::Active; 9];
+        let mut i = 0;
+        while i < CLASSES.len() {
+            all[i] = CLASSES[i].class;
+            i += 1;
+        }
+        all
+    };
+
+    /// This class's row of [`CLASSES`].
+    pub fn info(self) -> &'static ClassInfo {
+        CLASSES
+            .iter()
+            .find(|i| i.class == self)
+            .expect("every class has a row")
+    }
 
     /// The lowercase name used in output, JSON and metrics.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Class::Active => "active",
-            Class::Idle => "idle",
-            Class::Orphan => "orphan",
-            Class::Detached => "detached",
-            Class::Zombie => "zombie",
-            Class::Foreign => "foreign",
-            Class::Exited => "exited",
-            Class::Hidden => "hidden",
-            Class::System => "system",
-        }
+        self.info().name
     }
 
     /// Whether memory of this class belongs to no live job (it is "ghost" memory).
     pub fn is_ghost(self) -> bool {
-        matches!(self, Class::Orphan | Class::Zombie | Class::Exited)
+        self.info().ghost
+    }
+
+    /// Whether reclaim may target this class: by hand (`automatic` false) or by the agent.
+    pub fn check_target(self, automatic: bool) -> Result<(), NotATarget> {
+        match self.info().reclaim {
+            ReclaimRule::Never => Err(NotATarget::Never(self)),
+            ReclaimRule::ByHandOnly if automatic => Err(NotATarget::ByHandOnly(self)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The classes reclaim targets when none are named.
+    pub fn default_targets() -> impl Iterator<Item = Class> {
+        CLASSES.iter().filter(|i| i.default_target).map(|i| i.class)
+    }
+
+    /// Every class, most urgent first (the attention order of `top` and the page).
+    pub fn by_rank() -> [Class; 9] {
+        let mut all = Class::ALL;
+        all.sort_by_key(|c| c.info().rank);
+        all
     }
 }
 
@@ -85,10 +265,17 @@ impl std::fmt::Display for Class {
 
 /// A class name that is not one of [`Class::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown class {0:?} (expected one of: active, idle, orphan, detached, zombie, exited, foreign, hidden, system)"
-)]
+#[error("unknown class {0:?} (expected one of: {names})", names = class_names())]
 pub struct UnknownClass(pub String);
+
+/// The names of every class, comma-separated.
+fn class_names() -> String {
+    CLASSES
+        .iter()
+        .map(|i| i.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 impl std::str::FromStr for Class {
     type Err = UnknownClass;
@@ -598,5 +785,58 @@ impl Report {
         self.gpus
             .iter()
             .flat_map(|g| g.holders.iter().map(move |h| (g.index, h)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The class table has one row per class, in the order of [`Class::ALL`], with unique
+    /// names and ranks. The match below fails to compile when a class is added: give it a
+    /// row in [`CLASSES`] (and a rule in the planner).
+    #[test]
+    fn the_class_table_has_one_row_per_class() {
+        fn every_class_listed_here(c: Class) -> usize {
+            match c {
+                Class::Active
+                | Class::Idle
+                | Class::Orphan
+                | Class::Detached
+                | Class::Zombie
+                | Class::Exited
+                | Class::Foreign
+                | Class::Hidden
+                | Class::System => 9,
+            }
+        }
+        assert_eq!(CLASSES.len(), every_class_listed_here(Class::Active));
+        let mut names: Vec<&str> = CLASSES.iter().map(|i| i.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), CLASSES.len());
+        let mut ranks: Vec<u8> = CLASSES.iter().map(|i| i.rank).collect();
+        ranks.sort();
+        assert_eq!(ranks, (0..CLASSES.len() as u8).collect::<Vec<_>>());
+        for (i, c) in Class::ALL.iter().enumerate() {
+            assert_eq!(CLASSES[i].class, *c);
+            assert_eq!(c.as_str().parse::<Class>(), Ok(*c));
+        }
+        // Ghost memory is never a live job's, and what is never reclaimed is no default.
+        for info in CLASSES {
+            assert!(!(info.ghost && info.tone == Tone::Working), "{}", info.name);
+            assert!(
+                !(info.default_target && info.reclaim != ReclaimRule::WhenIncluded),
+                "{}",
+                info.name
+            );
+        }
+        assert_eq!(
+            Class::default_targets().collect::<Vec<_>>(),
+            vec![Class::Orphan, Class::Hidden]
+        );
+        assert!(Class::Detached.check_target(false).is_ok());
+        assert!(Class::Detached.check_target(true).is_err());
+        assert!(Class::Exited.check_target(false).is_err());
     }
 }

@@ -233,8 +233,16 @@ fn flag_text(value: &toml::Value) -> Option<String> {
     }
 }
 
-/// `cmd` with the defaults of [`FLAGS_FROM_CONFIG`] taken from `config` where it sets them.
+/// `cmd` with the defaults of [`FLAGS_FROM_CONFIG`] taken from `config` where it sets them,
+/// and `reclaim --include`'s from the class table.
 pub fn with_config_defaults(mut cmd: clap::Command, config: &Config) -> clap::Command {
+    let targets: Vec<&str> = vramguard_core::Class::default_targets()
+        .map(|c| c.as_str())
+        .collect();
+    let targets: &'static str = Box::leak(targets.join(",").into_boxed_str());
+    cmd = cmd.mut_subcommand("reclaim", |c| {
+        c.mut_arg("include", |a| a.default_value(targets))
+    });
     for &(sub, arg, section, key) in FLAGS_FROM_CONFIG {
         let (Some(value), Some(path)) = (config.set_in_file(section, key), &config.path) else {
             continue;
@@ -258,6 +266,11 @@ pub fn with_config_defaults(mut cmd: clap::Command, config: &Config) -> clap::Co
         });
     }
     cmd
+}
+
+/// The command line's definition at the built-in defaults (man pages, completions).
+pub fn command() -> clap::Command {
+    with_config_defaults(Cli::command(), &Config::default())
 }
 
 /// The config file the command line names (`--config`, else `VRAMGUARD_CONFIG`), read
@@ -289,10 +302,10 @@ fn config_path(argv: &[OsString]) -> Option<PathBuf> {
 /// reported by the commands that need the config, not by `demo` or `completions`).
 pub fn parse_with_config(argv: Vec<OsString>) -> (Cli, Result<Config, ConfigError>) {
     let config = Config::load(config_path(&argv).as_deref());
-    let mut cmd = Cli::command();
-    if let Ok(c) = &config {
-        cmd = with_config_defaults(cmd, c);
-    }
+    let cmd = with_config_defaults(
+        Cli::command(),
+        config.as_ref().unwrap_or(&Config::default()),
+    );
     let matches = cmd.get_matches_from(argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     (cli, config)
@@ -541,7 +554,6 @@ pub struct ReclaimArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = defaults::INCLUDE,
         value_name = "CLASS",
         value_parser = included
     )]

@@ -57,7 +57,7 @@ fn main() {
 fn man_pages(dir: &std::path::Path) -> Result<i32> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let cmd = <cli::Cli as clap::CommandFactory>::command();
+    let cmd = cli::command();
     let mut pages = vec![("vramguard".to_string(), cmd.clone())];
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
         let name = format!("vramguard-{}", sub.get_name());
@@ -148,7 +148,7 @@ fn run(
         Command::Demo(args) => demo::run(&cli.global, &args),
         Command::Completions { shell } => {
             // Into a buffer first: clap_complete panics on a closed pipe, print() does not.
-            let mut cmd = <cli::Cli as clap::CommandFactory>::command();
+            let mut cmd = cli::command();
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut cmd, "vramguard", &mut script);
             print(&String::from_utf8_lossy(&script))?;

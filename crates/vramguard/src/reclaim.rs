@@ -32,14 +32,9 @@ fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
                 continue;
             }
         };
-        if matches!(
-            class,
-            Class::Active | Class::System | Class::Foreign | Class::Exited
-        ) {
-            bail!(
-                "--include {class}: {class} holders are never reclaimed (their job is alive, they are system services, or they are not processes of this namespace; an exited pid is freed by reclaiming its keepers)"
-            );
-        }
+        class
+            .check_target(false)
+            .map_err(|e| anyhow::anyhow!("--include {class}: {e}"))?;
         include.insert(class);
     }
     Ok(ReclaimOptions {

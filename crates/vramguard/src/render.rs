@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use vramguard_core::diagnose::{CheckStatus, Diagnosis};
 use vramguard_core::health::Severity;
 use vramguard_core::host::{HostReport, SegmentReport, SegmentVerdict};
-use vramguard_core::report::{Class, GpuReport, Holder, Report};
+use vramguard_core::report::{Class, GpuReport, Holder, Report, Tone};
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::snapshot::{DriverSource, GpuTelemetry, ProcessListState};
 use vramguard_core::units::format_bytes;
@@ -176,12 +176,12 @@ impl Style {
     }
     fn class(&self, c: Class) -> String {
         let padded = format!("{:<8}", c.as_str());
-        match c {
-            Class::Active | Class::Detached => self.green(&padded),
-            Class::Idle => self.paint("36", &padded),
-            Class::Orphan | Class::Zombie | Class::Exited => self.red(&padded),
-            Class::Foreign | Class::Hidden => self.yellow(&padded),
-            Class::System => self.dim(&padded),
+        match c.info().tone {
+            Tone::Working => self.green(&padded),
+            Tone::Unused => self.paint("36", &padded),
+            Tone::Ghost => self.red(&padded),
+            Tone::Unexplained => self.yellow(&padded),
+            Tone::Service => self.dim(&padded),
         }
     }
 }
@@ -351,13 +351,9 @@ fn holder_line(st: &Style, h: &Holder) -> String {
             .iter()
             .find(|e| e.starts_with("working:"))
             .or(h.evidence.first()),
-        Class::Orphan
-        | Class::Hidden
-        | Class::Zombie
-        | Class::Foreign
-        | Class::Exited
-        | Class::Idle => h.evidence.first(),
-        _ => None,
+        // A live job's holder and a service need no evidence; every other class shows why.
+        Class::Active | Class::System => None,
+        _ => h.evidence.first(),
     };
     let command = h.shown_command();
     let (command, why) = match evidence {

@@ -47,19 +47,10 @@ impl SortKey {
     }
 }
 
-/// How urgent a class is, for [`SortKey::Attention`]: reclaimable ones first.
+/// How urgent a class is, for [`SortKey::Attention`]: reclaimable ones first (the class
+/// table's rank).
 fn attention(c: Class) -> u8 {
-    match c {
-        Class::Orphan => 0,
-        Class::Zombie => 1,
-        Class::Exited => 2,
-        Class::Hidden => 3,
-        Class::Idle => 4,
-        Class::Foreign => 5,
-        Class::Detached => 6,
-        Class::Active => 7,
-        Class::System => 8,
-    }
+    c.info().rank
 }
 
 /// One row of the holders table: a holder on one GPU, or in the tree view the heading of
@@ -210,18 +201,18 @@ fn grouped(rows: Vec<Row>) -> Vec<Row> {
     out
 }
 
-/// Classes `c` cycles through: all, then each class that can need attention.
-const CLASS_CYCLE: [Option<Class>; 9] = [
-    None,
-    Some(Class::Orphan),
-    Some(Class::Zombie),
-    Some(Class::Exited),
-    Some(Class::Hidden),
-    Some(Class::Idle),
-    Some(Class::Foreign),
-    Some(Class::Detached),
-    Some(Class::Active),
-];
+/// Classes `c` cycles through: all, then each class that can need attention, most urgent
+/// first (services are never the question).
+fn class_cycle() -> Vec<Option<Class>> {
+    std::iter::once(None)
+        .chain(
+            Class::by_rank()
+                .into_iter()
+                .filter(|c| c.info().tone != vramguard_core::report::Tone::Service)
+                .map(Some),
+        )
+        .collect()
+}
 
 impl App {
     /// An empty screen, waiting for the first report.
@@ -394,11 +385,12 @@ impl App {
                 self.refresh_rows();
             }
             Key::Char('c') => {
-                let i = CLASS_CYCLE
+                let cycle = class_cycle();
+                let i = cycle
                     .iter()
                     .position(|c| *c == self.class_filter)
                     .unwrap_or(0);
-                self.class_filter = CLASS_CYCLE[(i + 1) % CLASS_CYCLE.len()];
+                self.class_filter = cycle[(i + 1) % cycle.len()];
                 self.refresh_rows();
             }
             Key::Char('u') => {

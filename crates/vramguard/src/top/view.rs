@@ -7,7 +7,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
-use vramguard_core::report::{Class, GpuReport};
+use vramguard_core::report::{Class, GpuReport, Tone};
 use vramguard_core::sanitize::{escape, fit};
 use vramguard_core::units::format_bytes;
 
@@ -25,14 +25,12 @@ impl Paint {
         }
     }
     fn class(&self, c: Class) -> Style {
-        match c {
-            Class::Orphan | Class::Zombie | Class::Exited => {
-                self.fg(Color::Red).add_modifier(Modifier::BOLD)
-            }
-            Class::Hidden | Class::Foreign => self.fg(Color::Yellow),
-            Class::Idle => self.fg(Color::Cyan),
-            Class::Active | Class::Detached => self.fg(Color::Green),
-            Class::System => self.fg(Color::DarkGray),
+        match c.info().tone {
+            Tone::Ghost => self.fg(Color::Red).add_modifier(Modifier::BOLD),
+            Tone::Unexplained => self.fg(Color::Yellow),
+            Tone::Unused => self.fg(Color::Cyan),
+            Tone::Working => self.fg(Color::Green),
+            Tone::Service => self.fg(Color::DarkGray),
         }
     }
 }
