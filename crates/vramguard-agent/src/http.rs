@@ -293,38 +293,6 @@ async fn serve(
     let mut live: Vec<Live> = Vec::new();
     let (mut refused, mut evicted): (u64, u64) = (0, 0);
     loop {
-        live.retain(|c| !c.abort.is_finished());
-        if live.len() >= MAX_CONNECTIONS {
-            // Room is made before accepting: a newcomer waits in the accept queue meanwhile.
-            let room = tokio::select! {
-                r = make_room(&mut live) => r,
-                _ = stopped.wait_for(|s| *s) => return,
-            };
-            if room == Room::Evicted {
-                evicted += 1;
-                if evicted.is_power_of_two() {
-                    tracing::warn!(
-                        "{evicted} HTTP connection(s) closed to make room: {MAX_CONNECTIONS} were open"
-                    );
-                }
-            }
-            if room == Room::None {
-                // Every connection is inside a handler: take the newcomer and refuse it, so
-                // that the accept queue does not grow while they finish.
-                if let Ok(Ok((stream, _))) =
-                    tokio::time::timeout(Duration::ZERO, listener.accept()).await
-                {
-                    drop(stream);
-                    refused += 1;
-                    if refused.is_power_of_two() {
-                        tracing::warn!(
-                            "{refused} HTTP connection(s) refused: {MAX_CONNECTIONS} are inside a handler"
-                        );
-                    }
-                }
-                continue;
-            }
-        }
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = stopped.wait_for(|s| *s) => return,
@@ -338,6 +306,35 @@ async fn serve(
                 continue;
             }
         };
+        live.retain(|c| !c.abort.is_finished());
+        if live.len() >= MAX_CONNECTIONS {
+            // Meanwhile nothing else is accepted: later newcomers wait in the accept queue.
+            let room = tokio::select! {
+                r = make_room(&mut live) => r,
+                _ = stopped.wait_for(|s| *s) => return,
+            };
+            match room {
+                Room::Freed => {}
+                Room::Evicted => {
+                    evicted += 1;
+                    if evicted.is_power_of_two() {
+                        tracing::warn!(
+                            "{evicted} HTTP connection(s) closed to make room: {MAX_CONNECTIONS} were open"
+                        );
+                    }
+                }
+                Room::None => {
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(
+                            "{refused} HTTP connection(s) refused: {MAX_CONNECTIONS} are inside a handler"
+                        );
+                    }
+                    drop(stream);
+                    continue;
+                }
+            }
+        }
         let state = Arc::new(ConnState::new(Peer::of(peer.ip())));
         let app = app.clone();
         let tls = tls.clone();

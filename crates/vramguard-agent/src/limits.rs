@@ -7,10 +7,9 @@
 //!
 //! - **The cap is never a reason to turn a newcomer away.** At [`MAX_CONNECTIONS`], the server
 //!   closes a connection already held to make room (evicts it) instead of refusing the new
-//!   one. Only connections held for at least [`MIN_HOLD`] may be evicted, and none that is
-//!   inside a request handler (for at most [`BUSY_LIMIT`]); when none qualifies, accepting
-//!   waits (the newcomer stays in the kernel's accept queue) until one does, at most
-//!   [`ADMIT_WAIT`]. So every admitted connection, an honest scraper's included, has
+//!   one. None inside a request handler is evicted (for at most [`BUSY_LIMIT`]), and the one
+//!   first in line is evicted only once it has been held for [`MIN_HOLD`]; until then the
+//!   newcomer waits (later ones wait in the kernel's accept queue), at most [`ADMIT_WAIT`]. So every admitted connection, an honest scraper's included, has
 //!   [`MIN_HOLD`] to send its request (a local scraper needs well under a millisecond), and a
 //!   burst of honest scrapers larger than the cap waits instead of evicting itself.
 //! - **The victim** is chosen by [`victim`]: from the peer holding the most connections (a
@@ -100,6 +99,8 @@ pub struct ConnState {
     pub peer: Peer,
     /// When it was accepted ([`now_ms`]).
     pub accepted: u64,
+    /// Its place in the order of acceptance (ties within a millisecond).
+    pub seq: u64,
     /// Whether a request on it has been admitted (the password, or no users configured).
     pub admitted: AtomicBool,
     /// When the last admitted request started ([`now_ms`]; 0: none yet).
@@ -111,9 +112,11 @@ pub struct ConnState {
 impl ConnState {
     /// A connection from `peer`, accepted now.
     pub fn new(peer: Peer) -> ConnState {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         ConnState {
             peer,
             accepted: now_ms(),
+            seq: SEQ.fetch_add(1, Ordering::Relaxed),
             admitted: AtomicBool::new(false),
             last_admitted: AtomicU64::new(0),
             busy_since: AtomicU64::new(0),
@@ -133,9 +136,9 @@ impl ConnState {
     }
 }
 
-/// The connection to close to make room for a newcomer, at `now` ([`now_ms`]): None when no
-/// connection may be closed yet (all held for less than [`MIN_HOLD`], or in a handler). See
-/// the module's documentation for the order.
+/// The connection to close to make room for a newcomer, at `now` ([`now_ms`]): the first in
+/// the order the module's documentation gives, of those not in a handler; None while that one
+/// has been held for less than [`MIN_HOLD`] (or all are in a handler).
 pub fn victim(conns: &[&ConnState], now: u64) -> Option<usize> {
     let mut per_peer: HashMap<Peer, usize> = HashMap::new();
     for c in conns {
@@ -146,7 +149,6 @@ pub fn victim(conns: &[&ConnState], now: u64) -> Option<usize> {
     conns
         .iter()
         .enumerate()
-        .filter(|(_, c)| now.saturating_sub(c.accepted) >= min_hold)
         .filter(|(_, c)| {
             let busy = c.busy_since.load(Ordering::Relaxed);
             busy == 0 || now.saturating_sub(busy) >= busy_limit
@@ -156,8 +158,11 @@ pub fn victim(conns: &[&ConnState], now: u64) -> Option<usize> {
                 per_peer[&c.peer],
                 !c.admitted.load(Ordering::Relaxed),
                 std::cmp::Reverse(c.recent()),
+                std::cmp::Reverse(c.seq),
             )
         })
+        // The first in line, once it has had its time: never a better-placed one instead.
+        .filter(|(_, c)| now.saturating_sub(c.accepted) >= min_hold)
         .map(|(i, _)| i)
 }
 
@@ -262,9 +267,10 @@ mod tests {
         let all = [&scraper, &local_admitted];
         // One each: the never-admitted rule ties, the older standing goes.
         assert_eq!(victim(&all, now), Some(0));
-        // Too young to close, or in a handler: none.
+        // The first in line too young to close: none, not the next one.
         let young = conn(Peer::Loopback, now - 10, None);
         assert_eq!(victim(&[&young], now), None);
+        assert_eq!(victim(&[&scraper, &young], now), None);
         let busy = conn(Peer::Loopback, 100, None);
         busy.busy_since.store(now - 100, Ordering::Relaxed);
         assert_eq!(victim(&[&busy], now), None);
