@@ -120,15 +120,15 @@ impl Hostile {
                                 held.fetch_sub(1, Ordering::Relaxed);
                             }
                         }
-                        if slot.is_none() {
-                            if let Some(mut s) = connect(addr) {
-                                opened.fetch_add(1, Ordering::Relaxed);
-                                if slow {
-                                    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n");
-                                }
-                                *slot = Some(s);
-                                held.fetch_add(1, Ordering::Relaxed);
+                        if slot.is_none()
+                            && let Some(mut s) = connect(addr)
+                        {
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            if slow {
+                                let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n");
                             }
+                            *slot = Some(s);
+                            held.fetch_add(1, Ordering::Relaxed);
                         }
                         if stop.load(Ordering::Relaxed) {
                             break;
@@ -158,12 +158,12 @@ impl Hostile {
                 let mut conns: Vec<Option<BufReader<TcpStream>>> = (0..n).map(|_| None).collect();
                 while !stop.load(Ordering::Relaxed) {
                     for slot in conns.iter_mut() {
-                        if slot.is_none() {
-                            if let Some(s) = connect(addr) {
-                                opened.fetch_add(1, Ordering::Relaxed);
-                                *slot = Some(BufReader::new(s));
-                                held.fetch_add(1, Ordering::Relaxed);
-                            }
+                        if slot.is_none()
+                            && let Some(s) = connect(addr)
+                        {
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            *slot = Some(BufReader::new(s));
+                            held.fetch_add(1, Ordering::Relaxed);
                         }
                         let Some(r) = slot else { continue };
                         let ok = r.get_mut().write_all(request.as_bytes()).is_ok();
