@@ -1177,6 +1177,38 @@ fn a_local_user_holding_every_slot_cannot_lock_a_scraper_out() {
     // Meanwhile the busy connections were served too: the slots turn over, nothing starves.
     assert!(hostile.answers[3].load(std::sync::atomic::Ordering::Relaxed) > 0);
     drop(hostile);
+    // Only busy connections, every one of them admitted: the least recent makes room.
+    let hostile = lockout::Hostile::start(
+        agent.addr,
+        &lockout::Mix {
+            idle: 0,
+            slowloris: 0,
+            busy: 160,
+            busy_auth: None,
+            busy_path: "/healthz".into(),
+        },
+    );
+    wait_until(20, "the hostile user to hold every slot", || {
+        hostile.held.load(std::sync::atomic::Ordering::Relaxed) >= 128
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Instant::now();
+    let tally = lockout::honest(
+        agent.addr,
+        1,
+        20,
+        Duration::from_millis(100),
+        "/metrics",
+        None,
+    );
+    assert_eq!(tally.failed, 0, "only busy connections: {tally:?}");
+    // Served at once, not after waiting for a connection to end (2 s of the 100 ms gaps).
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "20 scrapes took {:?}",
+        t.elapsed()
+    );
+    drop(hostile);
     assert_eq!(agent.get("/healthz").0, 200);
 }
 
