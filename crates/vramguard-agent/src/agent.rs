@@ -618,9 +618,12 @@ impl Agent {
                         Err(e) => tracing::error!("reopening the node with the new policy: {e}"),
                     }
                 }
+                // The listen address and the web config are the server's, read at start.
                 let listen = self.config.agent.listen.clone();
+                let web_config = self.config.agent.web_config.clone();
                 self.config = c;
                 self.config.agent.listen = listen;
+                self.config.agent.web_config = web_config;
                 tracing::info!("config reloaded");
             }
             Err(e) => tracing::error!("config reload failed, keeping the running config: {e}"),

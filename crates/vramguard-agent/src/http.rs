@@ -8,7 +8,8 @@
 
 use crate::AgentError;
 use crate::history::Timelines;
-use crate::web::{BasicAuth, WebConfig};
+use crate::limits::{ADMIT_WAIT, ConnState, MAX_CONNECTIONS, Peer, now_ms, victim};
+use crate::web::{BasicAuth, Verdict, WebConfig};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -17,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use vramguard_core::report::Report;
@@ -183,7 +185,8 @@ async fn healthz(State(s): State<Shared>) -> Response {
         .into_response()
 }
 
-/// The router; every endpoint behind `auth` when users are configured.
+/// The router; every endpoint behind `auth` when users are configured. A request that passes
+/// marks its connection admitted (see [`crate::limits`]).
 pub fn router(shared: Shared, auth: Arc<BasicAuth>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
@@ -195,29 +198,45 @@ pub fn router(shared: Shared, auth: Arc<BasicAuth>) -> Router {
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let auth = auth.clone();
                 async move {
+                    let conn = req.extensions().get::<Arc<ConnState>>().cloned();
                     let header = req
                         .headers()
                         .get(header::AUTHORIZATION)
-                        .and_then(|v| v.to_str().ok());
-                    if auth.allows(header) {
-                        next.run(req).await
-                    } else {
-                        (
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let peer = conn.as_ref().map_or(Peer::Loopback, |c| c.peer);
+                    let challenge = (header::WWW_AUTHENTICATE, "Basic realm=\"vramguard\"");
+                    match auth.check(header.as_deref(), peer).await {
+                        Verdict::Allowed => {
+                            if let Some(c) = &conn {
+                                c.admit();
+                            }
+                            next.run(req).await
+                        }
+                        Verdict::Denied => (
                             StatusCode::UNAUTHORIZED,
-                            [(header::WWW_AUTHENTICATE, "Basic realm=\"vramguard\"")],
+                            [challenge],
                             "authentication required\n",
                         )
-                            .into_response()
+                            .into_response(),
+                        Verdict::Limited => (
+                            StatusCode::TOO_MANY_REQUESTS,
+                            [challenge, (header::RETRY_AFTER, "1")],
+                            "too many failed logins from this address\n",
+                        )
+                            .into_response(),
+                        Verdict::Busy => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            [(header::RETRY_AFTER, "1")],
+                            "too many logins being checked\n",
+                        )
+                            .into_response(),
                     }
                 }
             },
         ))
 }
 
-/// Connections served at once, so that a flood of idle sockets cannot take the descriptors the
-/// collector needs. At the cap, the oldest connection that has not sent a whole request is
-/// closed to make room; only when every one is serving requests is a newcomer refused.
-pub const MAX_CONNECTIONS: usize = 128;
 /// A client must send a request's headers within this time (slowloris).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// A connection is closed after this long, busy or not (keep-alive scrapers reconnect).
@@ -225,35 +244,46 @@ pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
 /// Request heads larger than this are refused.
 pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
 
-/// A connection being served: when it was accepted, whether it has sent a whole request yet,
-/// and how to close it.
+/// A connection being served: what the server knows of it, and how to close it.
 struct Live {
-    since: tokio::time::Instant,
-    served: Arc<std::sync::atomic::AtomicBool>,
+    state: Arc<ConnState>,
     abort: tokio::task::AbortHandle,
 }
 
-/// Makes room for a new connection at the cap: closes the oldest one that has not sent a whole
-/// request (a client that connects and says nothing, or too little, cannot keep the slots
-/// from scrapers that do). False when every connection is serving requests.
-fn evict_idle(live: &mut Vec<Live>) -> bool {
-    live.retain(|c| !c.abort.is_finished());
-    let oldest = live
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| !c.served.load(std::sync::atomic::Ordering::Relaxed))
-        .min_by_key(|(_, c)| c.since)
-        .map(|(i, _)| i);
-    match oldest {
-        Some(i) => {
-            live.swap_remove(i).abort.abort();
-            true
+/// How room was made at the cap.
+#[derive(PartialEq)]
+enum Room {
+    /// A connection ended.
+    Freed,
+    /// One was closed.
+    Evicted,
+    /// None could be.
+    None,
+}
+
+/// Makes room for a newcomer at the cap: closes the connection [`victim`] picks, waiting (at
+/// most [`ADMIT_WAIT`]) while none may be closed yet.
+async fn make_room(live: &mut Vec<Live>) -> Room {
+    let deadline = tokio::time::Instant::now() + ADMIT_WAIT;
+    loop {
+        live.retain(|c| !c.abort.is_finished());
+        if live.len() < MAX_CONNECTIONS {
+            return Room::Freed;
         }
-        None => false,
+        let states: Vec<&ConnState> = live.iter().map(|c| &*c.state).collect();
+        if let Some(i) = victim(&states, now_ms()) {
+            live.swap_remove(i).abort.abort();
+            return Room::Evicted;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Room::None;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
-/// Accepts connections until `stopped`, each under the limits above.
+/// Accepts connections until `stopped`, each under the limits above and in
+/// [`crate::limits`].
 async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -267,8 +297,8 @@ async fn serve(
             r = listener.accept() => r,
             _ = stopped.wait_for(|s| *s) => return,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 // Out of descriptors (EMFILE) or the like: wait instead of spinning.
                 tracing::warn!("HTTP accept: {e}");
@@ -277,33 +307,50 @@ async fn serve(
             }
         };
         live.retain(|c| !c.abort.is_finished());
-        if live.len() >= MAX_CONNECTIONS && evict_idle(&mut live) {
-            evicted += 1;
-            if evicted.is_power_of_two() {
-                tracing::warn!(
-                    "{evicted} HTTP connection(s) closed to make room: {MAX_CONNECTIONS} were open, not all sending requests"
-                );
+        if live.len() >= MAX_CONNECTIONS {
+            // Meanwhile nothing else is accepted: later newcomers wait in the accept queue.
+            let room = tokio::select! {
+                r = make_room(&mut live) => r,
+                _ = stopped.wait_for(|s| *s) => return,
+            };
+            match room {
+                Room::Freed => {}
+                Room::Evicted => {
+                    evicted += 1;
+                    if evicted.is_power_of_two() {
+                        tracing::warn!(
+                            "{evicted} HTTP connection(s) closed to make room: {MAX_CONNECTIONS} were open"
+                        );
+                    }
+                }
+                Room::None => {
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(
+                            "{refused} HTTP connection(s) refused: {MAX_CONNECTIONS} are inside a handler"
+                        );
+                    }
+                    drop(stream);
+                    continue;
+                }
             }
         }
-        if live.len() >= MAX_CONNECTIONS {
-            refused += 1;
-            if refused.is_power_of_two() {
-                tracing::warn!(
-                    "{refused} HTTP connection(s) refused: {MAX_CONNECTIONS} are open already"
-                );
-            }
-            drop(stream);
-            continue;
-        };
-        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = Arc::new(ConnState::new(Peer::of(peer.ip())));
         let app = app.clone();
         let tls = tls.clone();
-        let flag = served.clone();
+        let conn = state.clone();
         let task = tokio::spawn(async move {
             let inner = hyper_util::service::TowerToHyperService::new(app);
-            let service = hyper::service::service_fn(move |req| {
-                flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                hyper::service::Service::call(&inner, req)
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+                let conn = conn.clone();
+                req.extensions_mut().insert(conn.clone());
+                conn.busy_since.store(now_ms(), Ordering::Relaxed);
+                let call = hyper::service::Service::call(&inner, req);
+                async move {
+                    let response = call.await;
+                    conn.busy_since.store(0, Ordering::Relaxed);
+                    response
+                }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(hyper_util::rt::TokioTimer::new())
@@ -327,8 +374,7 @@ async fn serve(
             }
         });
         live.push(Live {
-            since: tokio::time::Instant::now(),
-            served,
+            state,
             abort: task.abort_handle(),
         });
     }

@@ -13,6 +13,7 @@ pub mod alerts;
 pub use vramguard_config as config;
 pub mod history;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod notify;
 pub mod page;

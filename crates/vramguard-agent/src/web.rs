@@ -9,12 +9,16 @@
 //!   prometheus: $2y$10$...     # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':\n')
 //! ```
 //!
-//! Either part may be left out. Successful logins are remembered (by their exact header), so
-//! a scraper costs one bcrypt verification, not one per scrape.
+//! Either part may be left out. Successful logins are remembered (by the SHA-256 of the user
+//! and password), so a scraper costs one bcrypt verification, not one per scrape; wrong
+//! passwords cost a bounded number (see [`crate::limits`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::limits::{FailedLogins, Peer};
 
 /// The largest web config file read.
 const MAX_WEB_CONFIG: u64 = 1 << 20;
@@ -125,11 +129,52 @@ impl WebConfig {
     }
 }
 
-/// Checks `Authorization` headers against the configured users.
-#[derive(Debug, Default)]
+/// Verifications (bcrypt) that run at once; more wait for their turn (at most
+/// [`VERIFY_WAIT`]). Each runs on a blocking thread, never on the HTTP workers.
+pub const VERIFYING: usize = 1;
+/// How long a login waits for a verification's turn before it is answered 503.
+pub const VERIFY_WAIT: Duration = Duration::from_secs(2);
+
+/// What [`BasicAuth::check`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The request may pass.
+    Allowed,
+    /// No credentials, or wrong ones: 401.
+    Denied,
+    /// The peer has spent its failed-login budget: 429, no bcrypt spent.
+    Limited,
+    /// No verification's turn came in time: 503.
+    Busy,
+}
+
+/// Checks `Authorization` headers against the configured users, at a bounded bcrypt cost (see
+/// [`crate::limits`]): credentials verified once are remembered by their SHA-256, never in
+/// the clear; at most [`VERIFYING`] verifications run at once; each peer's failed ones are
+/// limited by [`FailedLogins`].
+#[derive(Debug)]
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
-    remembered: Mutex<HashSet<String>>,
+    remembered: Mutex<HashSet<[u8; 32]>>,
+    verifying: tokio::sync::Semaphore,
+    failed: FailedLogins,
+}
+
+impl Default for BasicAuth {
+    fn default() -> Self {
+        BasicAuth::new(BTreeMap::new())
+    }
+}
+
+fn credential_key(user: &str, password: &str) -> [u8; 32] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(user.as_bytes());
+    ctx.update(b":");
+    ctx.update(password.as_bytes());
+    ctx.finish()
+        .as_ref()
+        .try_into()
+        .expect("SHA-256 is 32 bytes")
 }
 
 impl BasicAuth {
@@ -138,50 +183,69 @@ impl BasicAuth {
         BasicAuth {
             users,
             remembered: Mutex::new(HashSet::new()),
+            verifying: tokio::sync::Semaphore::new(VERIFYING),
+            failed: FailedLogins::default(),
         }
     }
 
-    /// Whether a request with this `Authorization` header may pass.
-    pub fn allows(&self, header: Option<&str>) -> bool {
+    /// Whether users are configured (requests need a password).
+    pub fn enabled(&self) -> bool {
+        !self.users.is_empty()
+    }
+
+    /// Whether a request from `peer` with this `Authorization` header may pass.
+    pub async fn check(&self, header: Option<&str>, peer: Peer) -> Verdict {
         use base64::Engine;
         if self.users.is_empty() {
-            return true;
+            return Verdict::Allowed;
         }
-        let Some(header) = header else {
-            return false;
-        };
-        if self
-            .remembered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(header)
-        {
-            return true;
-        }
-        let Some(encoded) = header.strip_prefix("Basic ") else {
-            return false;
+        let Some(encoded) = header.and_then(|h| h.strip_prefix("Basic ")) else {
+            return Verdict::Denied;
         };
         let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
-            return false;
+            return Verdict::Denied;
         };
         let Ok(text) = String::from_utf8(decoded) else {
-            return false;
+            return Verdict::Denied;
         };
         let Some((user, password)) = text.split_once(':') else {
-            return false;
+            return Verdict::Denied;
         };
-        let ok = self
-            .users
-            .get(user)
-            .is_some_and(|hash| bcrypt::verify(password, hash).unwrap_or(false));
-        if ok {
-            let mut seen = self.remembered.lock().unwrap_or_else(|p| p.into_inner());
-            if seen.len() >= REMEMBERED_LOGINS {
-                seen.clear();
-            }
-            seen.insert(header.to_string());
+        let key = credential_key(user, password);
+        if self.remembered().contains(&key) {
+            return Verdict::Allowed;
         }
-        ok
+        let Some(hash) = self.users.get(user) else {
+            return Verdict::Denied;
+        };
+        if !self.failed.take(peer, std::time::Instant::now()) {
+            return Verdict::Limited;
+        }
+        let Ok(Ok(_turn)) = tokio::time::timeout(VERIFY_WAIT, self.verifying.acquire()).await
+        else {
+            self.failed.refund(peer);
+            return Verdict::Busy;
+        };
+        let (password, hash) = (password.to_string(), hash.clone());
+        let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(false);
+        if !ok {
+            return Verdict::Denied;
+        }
+        self.failed.refund(peer);
+        let mut seen = self.remembered();
+        if seen.len() >= REMEMBERED_LOGINS {
+            seen.clear();
+        }
+        seen.insert(key);
+        Verdict::Allowed
+    }
+
+    fn remembered(&self) -> std::sync::MutexGuard<'_, HashSet<[u8; 32]>> {
+        self.remembered.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -212,12 +276,32 @@ mod tests {
                 base64::engine::general_purpose::STANDARD.encode(s)
             )
         };
-        assert!(auth.allows(Some(&basic("prom:s3cret"))));
-        assert!(auth.allows(Some(&basic("prom:s3cret"))), "remembered");
-        assert!(!auth.allows(Some(&basic("prom:wrong"))));
-        assert!(!auth.allows(Some(&basic("other:s3cret"))));
-        assert!(!auth.allows(None));
-        assert!(!auth.allows(Some("Bearer x")));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let check = |h: Option<&str>| rt.block_on(auth.check(h, Peer::Loopback));
+        assert_eq!(check(Some(&basic("prom:s3cret"))), Verdict::Allowed);
+        assert_eq!(
+            check(Some(&basic("prom:s3cret"))),
+            Verdict::Allowed,
+            "remembered"
+        );
+        assert_eq!(check(Some(&basic("other:s3cret"))), Verdict::Denied);
+        assert_eq!(check(None), Verdict::Denied);
+        assert_eq!(check(Some("Bearer x")), Verdict::Denied);
+        // Five wrong guesses cost five verifications; the sixth is refused without one, and
+        // the remembered password still passes.
+        for _ in 0..5 {
+            assert_eq!(check(Some(&basic("prom:wrong"))), Verdict::Denied);
+        }
+        assert_eq!(check(Some(&basic("prom:wrong2"))), Verdict::Limited);
+        assert_eq!(check(Some(&basic("prom:s3cret"))), Verdict::Allowed);
+        assert_eq!(
+            rt.block_on(auth.check(Some(&basic("prom:wrong")), Peer::V4(1))),
+            Verdict::Denied,
+            "another peer has its own budget"
+        );
         std::fs::write(&path, "basic_auth_users:\n  prom: plaintext\n").unwrap();
         assert!(
             WebConfig::load(&path)

@@ -4,11 +4,13 @@
 //! - [`sim_nvml_lib`]: the simulator's `libnvidia-ml.so.1`, built on first use.
 //! - [`Reaped`] / [`Spawned`]: processes a test started, killed by pid (never by name) and
 //!   reaped when the guard drops, pass or fail.
+//! - [`lockout`]: honest scrapers and a hostile local user against the agent's HTTP side.
 
 #![deny(missing_docs)]
 
 pub mod bench;
 pub mod load;
+pub mod lockout;
 pub mod pty;
 
 use std::os::unix::process::CommandExt;

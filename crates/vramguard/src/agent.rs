@@ -37,6 +37,9 @@ pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
         }
         config.agent.interval = i;
     }
+    if let Some(web) = &args.web_config_file {
+        config.agent.web_config = Some(web.clone());
+    }
     // Fail now, with the driver's own message, rather than in the loop.
     drop(settings.gpu_source()?);
     let setup = AgentSetup {

@@ -640,6 +640,10 @@ pub struct AgentArgs {
     /// Sampling interval [default: [agent] interval, or 1s]
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub interval: Option<Duration>,
+    /// TLS and basic authentication for the HTTP side, in the web config format Prometheus
+    /// exporters share (node_exporter's flag) [default: [agent] web_config, or none]
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
     /// Log debug messages too
     #[arg(long, short = 'v')]
     pub verbose: bool,

@@ -1190,6 +1190,163 @@ fn a_flood_of_idle_connections_starves_neither_collection_nor_scrapes() {
     drop(idle);
 }
 
+/// Issue #26: one local user holding every connection slot (idle sockets, slowloris heads,
+/// and more keep-alive connections sending requests back to back than there are slots) made
+/// 20 of 20 scrapes by another client fail.
+#[test]
+fn a_local_user_holding_every_slot_cannot_lock_a_scraper_out() {
+    let world = World::new(1);
+    let agent = Agent::start(&world, Path_::InProcess, "[agent]\ninterval = \"200ms\"\n");
+    let hostile = lockout::Hostile::start(
+        agent.addr,
+        &lockout::Mix {
+            idle: 40,
+            slowloris: 20,
+            busy: 160,
+            busy_auth: None,
+            busy_path: "/healthz".into(),
+        },
+    );
+    wait_until(20, "the hostile user to hold every slot", || {
+        hostile.held.load(std::sync::atomic::Ordering::Relaxed) >= 128
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let tally = lockout::honest(
+        agent.addr,
+        1,
+        20,
+        Duration::from_millis(100),
+        "/metrics",
+        None,
+    );
+    assert_eq!(tally.failed, 0, "{tally:?}");
+    // Meanwhile the busy connections were served too: the slots turn over, nothing starves.
+    assert!(hostile.answers[3].load(std::sync::atomic::Ordering::Relaxed) > 0);
+    drop(hostile);
+    // Only busy connections, every one of them admitted: the least recent makes room.
+    let hostile = lockout::Hostile::start(
+        agent.addr,
+        &lockout::Mix {
+            idle: 0,
+            slowloris: 0,
+            busy: 160,
+            busy_auth: None,
+            busy_path: "/healthz".into(),
+        },
+    );
+    wait_until(20, "the hostile user to hold every slot", || {
+        hostile.held.load(std::sync::atomic::Ordering::Relaxed) >= 128
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Instant::now();
+    let tally = lockout::honest(
+        agent.addr,
+        1,
+        20,
+        Duration::from_millis(100),
+        "/metrics",
+        None,
+    );
+    assert_eq!(tally.failed, 0, "only busy connections: {tally:?}");
+    // Served at once, not after waiting for a connection to end (2 s of the 100 ms gaps).
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "20 scrapes took {:?}",
+        t.elapsed()
+    );
+    drop(hostile);
+    assert_eq!(agent.get("/healthz").0, 200);
+}
+
+fn basic(credentials: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(credentials)
+    )
+}
+
+/// Issue #26: `--web.config.file` (node_exporter's name) sets the web config; wrong passwords
+/// against a cost-10 bcrypt hash cost a few verifications per address, not one each, and
+/// neither they nor idle and slowloris connections lock out a scraper that has the password.
+#[test]
+fn wrong_passwords_cost_bounded_bcrypt_and_lock_no_scraper_out() {
+    let world = World::new(1);
+    let dir = world.dir.path();
+    let t = Instant::now();
+    let hash = bcrypt::hash("s3cret", 10).unwrap();
+    let one_verify = t.elapsed();
+    std::fs::write(
+        dir.join("web.yml"),
+        format!("basic_auth_users:\n  prometheus: {hash}\n"),
+    )
+    .unwrap();
+    let agent = Agent::start_with_args(
+        &world,
+        "[agent]\ninterval = \"200ms\"\n",
+        &[
+            "--web.config.file".as_ref(),
+            dir.join("web.yml").as_os_str(),
+        ],
+    );
+    let good = basic("prometheus:s3cret");
+    let scrape =
+        |auth: Option<&str>| lockout::scrape(agent.addr, "/metrics", auth, Duration::from_secs(10));
+    assert_eq!(
+        scrape(None),
+        lockout::Scrape::Status(401),
+        "the flag's config is used"
+    );
+    wait_until(30, "a scrape with the password", || {
+        scrape(Some(&good)) == lockout::Scrape::Ok
+    });
+    // A burst of 40 wrong guesses, one after another.
+    let pid = agent.child.0.id();
+    let cpu = vramguard_testkit::load::cpu_ns(pid);
+    let answers: Vec<lockout::Scrape> = (0..40)
+        .map(|i| scrape(Some(&basic(&format!("prometheus:guess{i}")))))
+        .collect();
+    let spent = Duration::from_nanos(vramguard_testkit::load::cpu_ns(pid) - cpu);
+    let limited = answers
+        .iter()
+        .filter(|a| **a == lockout::Scrape::Status(429))
+        .count();
+    assert!(limited >= 30, "{answers:?}");
+    assert!(
+        spent < one_verify * 12,
+        "40 wrong guesses cost {spent:?} of CPU; one verification costs {one_verify:?}"
+    );
+    // The password still passes, with no verification: it was remembered.
+    assert_eq!(scrape(Some(&good)), lockout::Scrape::Ok);
+    let hostile = lockout::Hostile::start(
+        agent.addr,
+        &lockout::Mix {
+            idle: 60,
+            slowloris: 30,
+            busy: 100,
+            busy_auth: Some(basic("prometheus:wrong")),
+            busy_path: "/metrics".into(),
+        },
+    );
+    wait_until(20, "the hostile user to hold every slot", || {
+        hostile.held.load(std::sync::atomic::Ordering::Relaxed) >= 128
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let tally = lockout::honest(
+        agent.addr,
+        1,
+        20,
+        Duration::from_millis(100),
+        "/metrics",
+        Some(&good),
+    );
+    assert_eq!(tally.failed, 0, "{tally:?}");
+    assert!(
+        hostile.answers[1].load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the wrong passwords were answered 429"
+    );
+}
+
 #[test]
 fn behind_tls_and_a_password_a_real_prometheus_still_scrapes() {
     let world = World::new(1);

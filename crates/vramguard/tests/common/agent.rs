@@ -27,6 +27,27 @@ impl Agent {
         config: &str,
         nofile: Option<u64>,
     ) -> Agent {
+        let cmd = Agent::command(world, path, config, nofile, &[]);
+        // Behind TLS or a password, plain requests cannot tell; the caller checks.
+        Agent::spawn(cmd, !config.contains("web_config"))
+    }
+
+    /// [`Agent::start`] with `agent` options of the caller's (`--web.config.file PATH`); it
+    /// does not wait for the first collection (behind a password a plain request cannot tell).
+    pub fn start_with_args(world: &World, config: &str, args: &[&std::ffi::OsStr]) -> Agent {
+        Agent::spawn(
+            Agent::command(world, Path_::InProcess, config, None, args),
+            false,
+        )
+    }
+
+    fn command(
+        world: &World,
+        path: Path_,
+        config: &str,
+        nofile: Option<u64>,
+        args: &[&std::ffi::OsStr],
+    ) -> Command {
         let cfg = world
             .dir
             .path()
@@ -61,8 +82,8 @@ impl Agent {
             "--listen".as_ref(),
             "127.0.0.1:0".as_ref(),
         ]);
-        // Behind TLS or a password, plain requests cannot tell; the caller checks.
-        Agent::spawn(cmd, !config.contains("web_config"))
+        cmd.args(args);
+        cmd
     }
 
     /// Starts an agent from a prepared command (its stderr is taken here); waits for the
