@@ -67,6 +67,10 @@ pub struct Global {
     pub replay: Option<PathBuf>,
 }
 
+/// Where `vramguard man` writes without `--dir`: where `man` finds pages installed by hand
+/// (the packages put theirs in /usr/share/man/man1).
+pub const MAN_DIR: &str = "/usr/local/share/man/man1";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// One screen: every GPU, every holder, every unexplained byte
@@ -139,13 +143,14 @@ pub enum Command {
         /// The shell
         shell: clap_complete::Shell,
     },
-    /// Write the man pages (vramguard.1 and one per command) into DIR
+    /// Write the man pages (vramguard.1 and one per command, mode 0644) into DIR, and say where
     #[command(
-        after_help = "Examples:\n  vramguard man --dir /usr/local/share/man/man1 && man vramguard-reclaim"
+        after_help = "Examples:\n  sudo vramguard man && man vramguard-reclaim\n  vramguard man --dir ~/.local/share/man/man1"
     )]
     Man {
-        /// Directory to write them to (created if missing)
-        #[arg(long, value_name = "DIR", default_value = ".")]
+        /// Directory to write them to (created if missing); the default is where `man` looks
+        /// for pages installed by hand
+        #[arg(long, value_name = "DIR", default_value = MAN_DIR)]
         dir: PathBuf,
     },
     /// (internal) the built-in CUDA holder of the probe

@@ -67,15 +67,22 @@ fn man_pages(dir: &std::path::Path) -> Result<i32> {
         let title: &'static str = Box::leak(name.clone().into_boxed_str());
         pages.push((name, sub.clone().name(title)));
     }
+    let mut written = 0;
     for (name, page) in pages {
         let mut out = Vec::new();
         clap_mangen::Man::new(page)
             .render(&mut out)
             .with_context(|| format!("rendering {name}.1"))?;
         let path = dir.join(format!("{name}.1"));
-        vramguard_fs::write_file(&path, &out)
+        // Read by every user's `man`.
+        vramguard_fs::write_file_mode(&path, &out, 0o644)
             .map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.reason()))?;
+        written += 1;
     }
+    print(&format!(
+        "wrote {written} man pages to {} (man vramguard)\n",
+        dir.display()
+    ))?;
     Ok(0)
 }
 

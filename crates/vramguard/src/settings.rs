@@ -66,7 +66,11 @@ pub struct Settings {
 impl Settings {
     /// Reads the config and prepares the environment for the NVML library.
     pub fn new(global: Global) -> Result<Settings> {
-        let config = Config::load(global.config.as_deref())?;
+        let loaded = Config::load(global.config.as_deref())?;
+        if let Some(note) = &loaded.note {
+            eprintln!("vramguard: note: {note}");
+        }
+        let config = loaded.config;
         let driver = match (global.sim, global.nvml_lib) {
             (Some(state), Some(lib)) => {
                 // The simulator's NVML library reads its state from the environment.
