@@ -912,10 +912,10 @@ mod tests {
         assert_eq!(c.path, None);
     }
 
-    /// The default file, missing: the defaults, silently; present but not this user's to
-    /// read (tests run as root, so the unit test plants a directory no one may enter only
-    /// where it can: the binary's test, in install.rs, runs as uid 65534): the defaults and
-    /// a note; broken: an error, whoever reads it.
+    /// The default file, missing: the defaults, silently; broken: an error, whoever reads
+    /// it; a named file that is missing: an error. (Present but not this user's to read: the
+    /// defaults and a note; tests run as root, who reads every file, so that case is tested
+    /// on the binary as uid 65534, in tests/install.rs.)
     #[test]
     fn a_missing_default_config_is_the_defaults_and_a_broken_one_an_error() {
         let dir = tempfile::tempdir().unwrap();
