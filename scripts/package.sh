@@ -6,10 +6,11 @@
 #                                                 example config
 #   vramguard_<version>-1_amd64.deb               cargo-deb: /usr/bin, the unit (not enabled),
 #   vramguard-<version>-1.x86_64.rpm              cargo-generate-rpm   /etc/vramguard/config.toml
-#                                                 (conffile), man pages, completions, the audit
-#                                                 log directory (0750)
+#                                                 (conffile, 0644), man pages, completions, the
+#                                                 audit log directory (0750), LICENSE; the rpm's
+#                                                 payload is xz (rpm 4.11, RHEL/CentOS 7)
 #   vramguard-<version>-py3-none-manylinux…whl    maturin: the binary on PATH plus the `vramguard`
-#                                                 Python module
+#                                                 Python module, LICENSE in its dist-info
 #   vramguard-<version>-oci.tar                   OCI image (buildah, no daemon): the binary, the
 #                                                 C libraries it needs and ldconfig; entrypoint
 #                                                 `vramguard`, tag vramguard:<version>
@@ -122,7 +123,7 @@ if want tarball; then
     rm -rf "$dir"
     mkdir -p "$dir/systemd"
     cp "$bin" README.md LICENSE "$dir/"
-    cp deploy/config.toml "$dir/config.toml.example"
+    install -m 644 deploy/config.toml "$dir/config.toml.example"
     cp -r "$stage/man" "$stage/completions" "$dir/"
     cp deploy/systemd/vramguard-agent.service "$dir/systemd/"
     tar -C target/package --owner=0 --group=0 --numeric-owner -czf "$out/$name.tar.gz" "$name"
@@ -137,7 +138,10 @@ fi
 
 if want rpm; then
     rm -f "$out"/vramguard-*.rpm
-    cargo generate-rpm -p crates/vramguard --target "$target" --profile "$profile" -o "$out" >&2
+    # xz, not cargo-generate-rpm's default zstd: rpm reads zstd payloads from 4.14 on, and
+    # RHEL/CentOS 7 has 4.11.
+    cargo generate-rpm -p crates/vramguard --target "$target" --profile "$profile" \
+        --payload-compress xz -o "$out" >&2
     artifacts+=("$(basename "$(ls "$out"/vramguard-"$version"-*.rpm)")")
 fi
 
@@ -150,7 +154,8 @@ if want image; then
     chmod 1777 "$root/tmp"
     chmod 0750 "$root/var/log/vramguard"
     cp "$bin" "$root/usr/bin/vramguard"
-    cp deploy/config.toml "$root/etc/vramguard/config.toml"
+    install -m 644 deploy/config.toml "$root/etc/vramguard/config.toml"
+    install -D -m 644 LICENSE "$root/usr/share/doc/vramguard/LICENSE"
     # The C libraries the binary links, from this machine (no base image), and ldconfig: the
     # NVIDIA container toolkit runs the image's ldconfig after it mounts libnvidia-ml.so.1.
     for lib in $(ldd "$bin" | awk '/=>/ { print $3 } /ld-linux/ && !/=>/ { print $1 }'); do

@@ -602,7 +602,11 @@ impl Agent {
 
     fn reload(&mut self, path: Option<&std::path::Path>) {
         match Config::load(path) {
-            Ok(c) => {
+            Ok(loaded) => {
+                if let Some(note) = &loaded.note {
+                    tracing::warn!("{note}");
+                }
+                let c = loaded.config;
                 if c.agent.listen != self.config.agent.listen {
                     tracing::warn!(
                         "a new listen address ({}) takes effect at the next restart",

@@ -455,22 +455,58 @@ impl Default for Config {
     }
 }
 
+/// What [`Config::load`] found: the config, and a note for the user when the default file
+/// was set aside.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    /// The config to run on.
+    pub config: Config,
+    /// Why the default file was not read (this user may not read it), said once on stderr;
+    /// `None` when nothing was set aside.
+    pub note: Option<String>,
+}
+
 impl Config {
     /// Reads `path`, or the default path when it exists, or nothing; [`NO_CONFIG`] is
-    /// nothing, whatever exists.
-    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let path = match path {
-            Some(p) if p.as_os_str() == NO_CONFIG => return Ok(Config::default()),
-            Some(p) => p.to_path_buf(),
-            None if Path::new(DEFAULT_CONFIG).exists() => PathBuf::from(DEFAULT_CONFIG),
-            None => return Ok(Config::default()),
+    /// nothing, whatever exists. The default file that this user may not read (an admin made
+    /// it 0640) gives the defaults and a note: `status` and `top` are for every user, and
+    /// that file holds nothing they need. A file named on the command line or in
+    /// `VRAMGUARD_CONFIG` that cannot be read is an error.
+    pub fn load(path: Option<&Path>) -> Result<Loaded, ConfigError> {
+        Config::load_with_default(path, Path::new(DEFAULT_CONFIG))
+    }
+
+    /// [`Config::load`] with `default` in place of [`DEFAULT_CONFIG`].
+    fn load_with_default(path: Option<&Path>, default: &Path) -> Result<Loaded, ConfigError> {
+        let defaults = |note| Loaded {
+            config: Config::default(),
+            note,
         };
-        let text = vramguard_fs::read_regular_to_string(&path, vramguard_fs::MAX_INPUT_BYTES)
-            .map_err(|e| ConfigError {
-                path: path.display().to_string(),
-                message: format!("cannot be read: {}", e.reason()),
-            })?;
-        Config::parse(&path, &text)
+        let (path, named) = match path {
+            Some(p) if p.as_os_str() == NO_CONFIG => return Ok(defaults(None)),
+            Some(p) => (p.to_path_buf(), true),
+            None => (default.to_path_buf(), false),
+        };
+        let cannot_read = |e: &vramguard_fs::FileError| ConfigError {
+            path: path.display().to_string(),
+            message: format!("cannot be read: {}", e.reason()),
+        };
+        let text = match vramguard_fs::read_regular_to_string(&path, vramguard_fs::MAX_INPUT_BYTES)
+        {
+            Ok(text) => text,
+            Err(e) if !named && e.is_not_found() => return Ok(defaults(None)),
+            Err(e) if !named && e.is_permission_denied() => {
+                return Ok(defaults(Some(format!(
+                    "{}; running on the defaults (--config FILE names another file)",
+                    cannot_read(&e)
+                ))));
+            }
+            Err(e) => return Err(cannot_read(&e)),
+        };
+        Ok(Loaded {
+            config: Config::parse(&path, &text)?,
+            note: None,
+        })
     }
 
     /// The file's value of `section.key`, when the file sets it.
@@ -979,9 +1015,33 @@ mod tests {
     /// `none` is the defaults and reads no file, not even /etc/vramguard/config.toml.
     #[test]
     fn none_is_the_defaults_whatever_is_installed() {
-        let c = Config::load(Some(Path::new(NO_CONFIG))).unwrap();
+        let c = Config::load(Some(Path::new(NO_CONFIG))).unwrap().config;
         assert_eq!(c, Config::default());
         assert_eq!(c.path, None);
+    }
+
+    /// The default file, missing: the defaults, silently; broken: an error, whoever reads
+    /// it; a named file that is missing: an error. (Present but not this user's to read: the
+    /// defaults and a note; tests run as root, who reads every file, so that case is tested
+    /// on the binary as uid 65534, in tests/install.rs.)
+    #[test]
+    fn a_missing_default_config_is_the_defaults_and_a_broken_one_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("config.toml");
+        let loaded = Config::load_with_default(None, &default).unwrap();
+        assert_eq!(loaded.config, Config::default());
+        assert_eq!(loaded.note, None);
+        std::fs::write(&default, "garbage = [").unwrap();
+        let e = Config::load_with_default(None, &default).unwrap_err();
+        assert_eq!(e.path, default.display().to_string());
+        std::fs::write(&default, "[policy]\ntolerance = \"1GiB\"\n").unwrap();
+        let loaded = Config::load_with_default(None, &default).unwrap();
+        assert_eq!(loaded.config.path.as_deref(), Some(default.as_path()));
+        assert_eq!(loaded.note, None);
+        // A file named that does not exist is an error, unlike the default.
+        let missing = dir.path().join("missing.toml");
+        let e = Config::load_with_default(Some(&missing), &default).unwrap_err();
+        assert!(e.message.starts_with("cannot be read"), "{e}");
     }
 
     /// The example packages install as /etc/vramguard/config.toml lists the defaults: a

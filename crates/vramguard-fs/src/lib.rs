@@ -120,6 +120,11 @@ impl FileError {
         }
     }
 
+    /// Whether this user may not open the file (or a directory on its way).
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, FileError::Io { cause, .. } if cause.kind() == std::io::ErrorKind::PermissionDenied)
+    }
+
     /// Whether the file does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(self, FileError::Io { cause, .. } if cause.kind() == std::io::ErrorKind::NotFound)
@@ -312,6 +317,12 @@ pub fn open_append(path: &Path) -> Result<File, FileError> {
 /// is), then a new file is created beside it with `O_EXCL`, written, synced and renamed over
 /// it: nothing is ever written through the old file.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    write_file_mode(path, bytes, 0o600)
+}
+
+/// [`write_file`] for a file every user reads (a man page): `mode` exactly, whatever the
+/// umask.
+pub fn write_file_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
     use std::io::Write;
     check_directory(path)?;
     match rustix::fs::open(
@@ -347,8 +358,9 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     )
     .map_err(io(&tmp))?;
     let mut f = File::from(fd);
-    let written = f
-        .write_all(bytes)
+    let written = rustix::fs::fchmod(&f, Mode::from_raw_mode(mode))
+        .map_err(std::io::Error::from)
+        .and_then(|()| f.write_all(bytes))
         .and_then(|()| f.sync_all())
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(cause) = written {

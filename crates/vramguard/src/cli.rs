@@ -4,7 +4,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
-use vramguard_config::{Config, ConfigError, defaults};
+use vramguard_config::{Config, ConfigError, Loaded, defaults};
 use vramguard_core::units::UnitError;
 
 /// Explain, reclaim and prevent GPU memory held by processes whose job is gone.
@@ -68,6 +68,10 @@ pub struct Global {
     #[arg(long, global = true, value_name = "FILE")]
     pub replay: Option<PathBuf>,
 }
+
+/// Where `vramguard man` writes without `--dir`: where `man` finds pages installed by hand
+/// (the packages put theirs in /usr/share/man/man1).
+pub const MAN_DIR: &str = "/usr/local/share/man/man1";
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -141,13 +145,14 @@ pub enum Command {
         /// The shell
         shell: clap_complete::Shell,
     },
-    /// Write the man pages (vramguard.1 and one per command) into DIR
+    /// Write the man pages (vramguard.1 and one per command, mode 0644) into DIR, and say where
     #[command(
-        after_help = "Examples:\n  vramguard man --dir /usr/local/share/man/man1 && man vramguard-reclaim"
+        after_help = "Examples:\n  sudo vramguard man && man vramguard-reclaim\n  vramguard man --dir ~/.local/share/man/man1"
     )]
     Man {
-        /// Directory to write them to (created if missing)
-        #[arg(long, value_name = "DIR", default_value = ".")]
+        /// Directory to write them to (created if missing); the default is where `man` looks
+        /// for pages installed by hand
+        #[arg(long, value_name = "DIR", default_value = MAN_DIR)]
         dir: PathBuf,
     },
     /// (internal) the built-in CUDA holder of the probe
@@ -300,11 +305,14 @@ fn config_path(argv: &[OsString]) -> Option<PathBuf> {
 /// Parses `argv` with the config file's values as the defaults of the flags that share a key
 /// with it ([`FLAGS_FROM_CONFIG`]); the config is read once, here, and returned (an error is
 /// reported by the commands that need the config, not by `demo` or `completions`).
-pub fn parse_with_config(argv: Vec<OsString>) -> (Cli, Result<Config, ConfigError>) {
+pub fn parse_with_config(argv: Vec<OsString>) -> (Cli, Result<Loaded, ConfigError>) {
     let config = Config::load(config_path(&argv).as_deref());
     let cmd = with_config_defaults(
         Cli::command(),
-        config.as_ref().unwrap_or(&Config::default()),
+        config
+            .as_ref()
+            .map(|loaded| &loaded.config)
+            .unwrap_or(&Config::default()),
     );
     let matches = cmd.get_matches_from(argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

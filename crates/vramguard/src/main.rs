@@ -66,15 +66,22 @@ fn man_pages(dir: &std::path::Path) -> Result<i32> {
         let title: &'static str = Box::leak(name.clone().into_boxed_str());
         pages.push((name, sub.clone().name(title)));
     }
+    let mut written = 0;
     for (name, page) in pages {
         let mut out = Vec::new();
         clap_mangen::Man::new(page)
             .render(&mut out)
             .with_context(|| format!("rendering {name}.1"))?;
         let path = dir.join(format!("{name}.1"));
-        vramguard_fs::write_file(&path, &out)
+        // Read by every user's `man`.
+        vramguard_fs::write_file_mode(&path, &out, 0o644)
             .map_err(|e| anyhow::anyhow!("writing {}: {}", path.display(), e.reason()))?;
+        written += 1;
     }
+    print(&format!(
+        "wrote {written} man pages to {} (man vramguard)\n",
+        dir.display()
+    ))?;
     Ok(0)
 }
 
@@ -124,9 +131,17 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
 
 fn run(
     cli: cli::Cli,
-    config: Result<vramguard_config::Config, vramguard_config::ConfigError>,
+    loaded: Result<vramguard_config::Loaded, vramguard_config::ConfigError>,
 ) -> Result<i32> {
     use cli::Command;
+    // The config, for the commands that read it; a default file set aside is said once.
+    let config = move || -> Result<vramguard_config::Config> {
+        let loaded = loaded?;
+        if let Some(note) = &loaded.note {
+            eprintln!("vramguard: note: {note}");
+        }
+        Ok(loaded.config)
+    };
     match cli.command {
         Command::CudaHold {
             pci,
@@ -156,9 +171,9 @@ fn run(
         }
         Command::Man { dir } => man_pages(&dir),
         Command::Sim(cmd) => simcmd::run(&cli.global, cmd),
-        Command::Config(cli::ConfigCommand::Show { json }) => config_show(&config?, json),
+        Command::Config(cli::ConfigCommand::Show { json }) => config_show(&config()?, json),
         // Every command that looks at a node: the options and the config, read once.
-        command => run_on_node(settings::Settings::new(cli.global, config?)?, command),
+        command => run_on_node(settings::Settings::new(cli.global, config()?)?, command),
     }
 }
 

@@ -96,6 +96,12 @@ fn resolve_gpus(
 }
 
 pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
+    crate::render::wrap_lines(&plan_text(plan, report, dry), crate::render::output_width())
+}
+
+/// The plan as [`render_plan`] prints it, unwrapped: for `top`, whose dialog wraps it to
+/// its own width.
+pub(crate) fn plan_text(plan: &Plan, report: &Report, dry: bool) -> String {
     let mut out = String::new();
     let gpus: Vec<String> = plan.gpus.iter().map(|g| g.to_string()).collect();
     let _ = writeln!(out, "vramguard reclaim · plan for GPU {}", gpus.join(","));
@@ -170,7 +176,7 @@ pub(crate) fn render_plan(plan: &Plan, report: &Report, dry: bool) -> String {
             "dry run: nothing was signalled (pass --yes to act, or run it on a terminal to be asked)"
         );
     }
-    crate::render::wrap_lines(&out, crate::render::output_width())
+    out
 }
 
 /// The orphaned shared-memory segments a plan removes (`--include shm`).
@@ -241,6 +247,11 @@ fn render_segment_outcomes(out: &mut String, o: &ReclaimOutcome) {
 }
 
 pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> String {
+    crate::render::wrap_lines(&outcome_text(o, audit), crate::render::output_width())
+}
+
+/// The outcome as [`render_outcome`] prints it, unwrapped (for `top`'s dialog).
+pub(crate) fn outcome_text(o: &ReclaimOutcome, audit: &std::path::Path) -> String {
     let mut out = String::new();
     for t in &o.targets {
         let what = match (t.result, t.exited_after_ms) {
@@ -311,7 +322,7 @@ pub(crate) fn render_outcome(o: &ReclaimOutcome, audit: &std::path::Path) -> Str
         escape(&audit.display().to_string()),
         o.run_id
     );
-    crate::render::wrap_lines(&out, crate::render::output_width())
+    out
 }
 
 /// Prints the plan of a dry run.

@@ -78,10 +78,18 @@ fn bash_completion_completes_commands_and_options() {
 }
 
 #[test]
-fn man_pages_are_written_for_the_program_and_each_command() {
+fn man_pages_are_written_for_the_program_and_each_command_readable_by_every_user() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     Vg::bare().arg_path("man", dir.path()).code(2);
-    Vg::bare().args(["man", "--dir"]).args([dir.path()]).code(0);
+    let out = Vg::bare().args(["man", "--dir"]).args([dir.path()]).code(0);
+    assert_eq!(
+        stdout(&out),
+        format!(
+            "wrote 15 man pages to {} (man vramguard)\n",
+            dir.path().display()
+        )
+    );
     for page in [
         "vramguard.1",
         "vramguard-reclaim.1",
@@ -90,6 +98,11 @@ fn man_pages_are_written_for_the_program_and_each_command() {
     ] {
         let text = std::fs::read_to_string(dir.path().join(page)).unwrap();
         assert!(text.contains(".TH"), "{page}");
+        let mode = std::fs::metadata(dir.path().join(page))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o644, "{page}: {mode:o}");
     }
     assert!(
         !dir.path().join("vramguard-__cuda-hold.1").exists(),
@@ -153,4 +166,94 @@ fn every_commands_help_ends_with_examples() {
             "{command}: {examples}"
         );
     }
+}
+
+/// `vramguard man` without `--dir` writes where `man` finds pages installed by hand, and says
+/// so; nothing lands in the folder it was run from. Run in a mount namespace of its own
+/// with a scratch /usr/local, so that this machine's is not touched.
+#[test]
+fn man_without_dir_writes_to_usr_local_share_man_and_says_so() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = vg_wrapped("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(
+            "mount -t tmpfs vramguard-test-usr-local /usr/local && umask 077 && \"$0\" man && \
+             stat -c '%a %n' /usr/local/share/man/man1/vramguard.1",
+        )
+        .arg(BIN)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert_eq!(
+        text,
+        "wrote 15 man pages to /usr/local/share/man/man1 (man vramguard)\n\
+         644 /usr/local/share/man/man1/vramguard.1\n"
+    );
+    assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);
+}
+
+/// The packages' /etc/vramguard/config.toml that a user may not read (mode 0640, as the
+/// packages once shipped it) does not stop `status`: the defaults, and one note naming the
+/// file. A file named with `--config` that cannot be read still fails (exit 2). As uid
+/// 65534, in a mount namespace whose /etc is a scratch tmpfs holding the planted file.
+#[test]
+fn a_default_config_the_user_may_not_read_gives_the_defaults_and_a_note_but_a_named_one_fails() {
+    let snapshot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        "../../tests/incidents/a_container_sharing_the_host_pid_namespace_is_taken_as_alive.json",
+    );
+    // Where uid 65534 can read it.
+    let shared = tempfile::tempdir().unwrap();
+    world_readable(shared.path(), 0o755);
+    let snap = shared.path().join("snapshot.json");
+    std::fs::copy(&snapshot, &snap).unwrap();
+    world_readable(&snap, 0o644);
+    let script = "snapshot=$1 && shift && mount -t tmpfs vramguard-test-etc /etc && mkdir -m 755 /etc/vramguard \
+                  && printf 'garbage = [' > /etc/vramguard/config.toml \
+                  && chmod 640 /etc/vramguard/config.toml \
+                  && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+                     env -u VRAMGUARD_CONFIG \"$0\" --replay \"$snapshot\" \"$@\"";
+    let run = |args: &[&str]| {
+        vg_wrapped("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .arg(BIN)
+            .arg(&snap)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    };
+    // The default: read by nobody but root and its group, and broken besides (read, it
+    // would fail): the defaults, and the note says why.
+    let out = run(&["status"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err,
+        "vramguard: note: config /etc/vramguard/config.toml: cannot be read: Permission denied \
+         (os error 13); running on the defaults (--config FILE names another file)\n"
+    );
+    assert!(stdout(&out).contains("GPU 0"), "{}", stdout(&out));
+    // The same file named: an error.
+    let out = run(&["--config", "/etc/vramguard/config.toml", "status"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("config /etc/vramguard/config.toml: cannot be read: Permission denied"),
+        "{err}"
+    );
+}
+
+fn world_readable(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }

@@ -72,6 +72,34 @@ fn text(out: &Output) -> String {
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// A file's permission bits.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Every user reads the config, the man pages and the LICENSE (a 0640 config broke `status`
+/// for every user but root, issue #30); `files` are under `root`.
+fn assert_every_user_reads(root: &Path, files: &[&str]) {
+    for f in files {
+        assert_eq!(mode(&root.join(f)), 0o644, "{f}: {:o}", mode(&root.join(f)));
+    }
+}
+
+/// The LICENSE at `path` is the project's.
+fn assert_is_the_license(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        text.contains("Apache License"),
+        "{}: {text}",
+        path.display()
+    );
+}
+
 /// The highest `GLIBC_x.y` symbol version an ELF file needs.
 fn highest_glibc(binary: &Path) -> (u32, u32) {
     let out = run(Command::new("objdump").arg("-T").arg(binary));
@@ -139,6 +167,17 @@ fn the_tarballs_binary_runs_on_glibc_2_17_and_runs_the_demo_from_an_unrelated_fo
             tarball.display()
         );
     }
+    assert_every_user_reads(
+        &root,
+        &[
+            "LICENSE",
+            "README.md",
+            "config.toml.example",
+            "man/vramguard.1",
+            "man/vramguard-reclaim.1",
+        ],
+    );
+    assert_is_the_license(&root.join("LICENSE"));
     let binary = root.join("vramguard");
     assert!(
         highest_glibc(&binary) <= (2, 17),
@@ -233,10 +272,18 @@ fn the_deb_installs_runs_verifies_and_is_removed_cleanly() {
         conffiles.contains("/etc/vramguard/config.toml"),
         "{conffiles}"
     );
-    use std::os::unix::fs::PermissionsExt;
-    let mode = |p: &str| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode("/var/log/vramguard"), 0o750);
-    assert_eq!(mode("/etc/vramguard/config.toml"), 0o640);
+    assert_eq!(mode(Path::new("/var/log/vramguard")), 0o750);
+    assert_every_user_reads(
+        Path::new("/"),
+        &[
+            "etc/vramguard/config.toml",
+            "usr/share/man/man1/vramguard.1.gz",
+            "usr/share/man/man1/vramguard-reclaim.1.gz",
+            "usr/share/doc/vramguard/copyright",
+        ],
+    );
+    // Debian's place for the licence: the copyright file, which holds its text.
+    assert_is_the_license(Path::new("/usr/share/doc/vramguard/copyright"));
     for f in [
         "/usr/share/man/man1/vramguard.1.gz",
         "/usr/share/man/man1/vramguard-reclaim.1.gz",
@@ -290,6 +337,12 @@ fn the_rpm_installs_into_a_root_with_every_file_and_needs_glibc_2_17_at_most() {
         .max()
         .expect("the rpm names its glibc symbol versions");
     assert!(highest <= (2, 17), "{highest:?}\n{requires}");
+    // rpm reads a zstd payload from 4.14 on; RHEL/CentOS 7 has 4.11 (gzip, xz).
+    assert!(!requires.contains("PayloadIsZstd"), "{requires}");
+    let compressor = text(&run(Command::new("rpm")
+        .args(["-qp", "--qf", "%{PAYLOADCOMPRESSOR}"])
+        .arg(&rpm)));
+    assert_eq!(compressor, "xz");
     let config = text(&run(Command::new("rpm")
         .args(["-qp", "--configfiles"])
         .arg(&rpm)));
@@ -315,6 +368,15 @@ fn the_rpm_installs_into_a_root_with_every_file_and_needs_glibc_2_17_at_most() {
     ] {
         assert!(root.path().join(f).is_file(), "{f}");
     }
+    assert_every_user_reads(
+        root.path(),
+        &[
+            "etc/vramguard/config.toml",
+            "usr/share/man/man1/vramguard.1",
+            "usr/share/licenses/vramguard/LICENSE",
+        ],
+    );
+    assert_is_the_license(&root.path().join("usr/share/licenses/vramguard/LICENSE"));
     let tmpfiles =
         std::fs::read_to_string(root.path().join("usr/lib/tmpfiles.d/vramguard.conf")).unwrap();
     assert!(
@@ -332,6 +394,22 @@ fn the_wheel_puts_the_binary_on_path_and_explains_a_cuda_oom() {
         &dist,
         &format!("vramguard-{VERSION}-py3-none-manylinux"),
         ".whl",
+    );
+    // The LICENSE in its dist-info (`licenses/LICENSE` or `LICENSE`, as the maturin
+    // version writes it).
+    let listing = text(&run(Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zipfile; print('\\n'.join(zipfile.ZipFile(sys.argv[1]).namelist()))",
+        ])
+        .arg(&wheel)));
+    let dist_info = format!("vramguard-{VERSION}.dist-info/");
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with(&dist_info) && l.ends_with("LICENSE")),
+        "no LICENSE in {}:\n{listing}",
+        wheel.display()
     );
     let venv = tempfile::tempdir().unwrap();
     run(Command::new("python3")
@@ -498,6 +576,14 @@ fn the_image_is_tagged_as_the_daemonset_says_and_its_entrypoint_runs_the_demo() 
     for layer in manifest["layers"].as_array().unwrap() {
         untar(&blob(layer["digest"].as_str().unwrap()), root.path());
     }
+    assert_every_user_reads(
+        root.path(),
+        &[
+            "etc/vramguard/config.toml",
+            "usr/share/doc/vramguard/LICENSE",
+        ],
+    );
+    assert_is_the_license(&root.path().join("usr/share/doc/vramguard/LICENSE"));
     // Namespaces of its own, a fresh /proc and a /dev with the usual nodes, as a container
     // runtime gives.
     let dev = root.path().join("dev");

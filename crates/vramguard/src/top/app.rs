@@ -165,6 +165,9 @@ pub struct App {
     pub interactive: bool,
     /// Whether holders are grouped under their job (`t`).
     pub tree: bool,
+    /// The first line of the open dialog's body shown (↑/↓, PgUp/PgDn scroll a body taller
+    /// than the screen; its prompt stays in view). The loop keeps it within the body.
+    pub dialog_scroll: u16,
 }
 
 /// `rows` (already sorted) under a heading per job, jobs in the order of their first row.
@@ -232,7 +235,29 @@ impl App {
             reclaim_unavailable: None,
             interactive: true,
             tree: false,
+            dialog_scroll: 0,
         }
+    }
+
+    /// Opens `dialog` at the top of its body.
+    pub fn open(&mut self, dialog: Dialog) {
+        self.dialog = dialog;
+        self.dialog_scroll = 0;
+    }
+
+    /// Scrolls the open dialog's body for a scrolling key; whether `key` was one.
+    fn scroll(&mut self, key: Key) -> bool {
+        let page = 10;
+        self.dialog_scroll = match key {
+            Key::Up => self.dialog_scroll.saturating_sub(1),
+            Key::Down => self.dialog_scroll.saturating_add(1),
+            Key::PageUp => self.dialog_scroll.saturating_sub(page),
+            Key::PageDown => self.dialog_scroll.saturating_add(page),
+            Key::Home => 0,
+            Key::End => u16::MAX,
+            _ => return false,
+        };
+        true
     }
 
     /// Takes a new report (and the snapshot it came from, for per-process utilization),
@@ -347,8 +372,13 @@ impl App {
         }
         match &self.dialog {
             Dialog::Confirm { actionable, .. } => {
-                let go = *actionable && matches!(key, Key::Char('y') | Key::Char('Y'));
-                self.dialog = if go { Dialog::Running } else { Dialog::None };
+                let actionable = *actionable;
+                // The plan may be taller than the screen: read to its end before y.
+                if self.scroll(key) {
+                    return Request::None;
+                }
+                let go = actionable && matches!(key, Key::Char('y') | Key::Char('Y'));
+                self.open(if go { Dialog::Running } else { Dialog::None });
                 return if go {
                     Request::Execute
                 } else {
@@ -365,7 +395,14 @@ impl App {
                     return Request::Quit;
                 }
                 if matches!(key, Key::Esc | Key::Enter | Key::Char(_)) {
-                    self.dialog = Dialog::None;
+                    self.open(Dialog::None);
+                    return Request::None;
+                }
+                // In the details, ↑/↓ still move to the next holder's (from its top).
+                let moves = self.dialog == Dialog::Detail && matches!(key, Key::Up | Key::Down);
+                if moves {
+                    self.dialog_scroll = 0;
+                } else if self.scroll(key) {
                     return Request::None;
                 }
             }
@@ -401,8 +438,8 @@ impl App {
                 };
                 self.refresh_rows();
             }
-            Key::Enter if self.selected_row().is_some() => self.dialog = Dialog::Detail,
-            Key::Char('?') | Key::Char('h') => self.dialog = Dialog::Help,
+            Key::Enter if self.selected_row().is_some() => self.open(Dialog::Detail),
+            Key::Char('?') | Key::Char('h') => self.open(Dialog::Help),
             Key::Char('t') => {
                 self.tree = !self.tree;
                 self.refresh_rows();
@@ -412,7 +449,7 @@ impl App {
                     self.message = Some(format!("reclaim unavailable: {why}"));
                 } else if let Some(row) = self.selected_row() {
                     let pid = row.holder.pid;
-                    self.dialog = Dialog::Planning(pid);
+                    self.open(Dialog::Planning(pid));
                     return Request::Plan(pid);
                 }
             }

@@ -108,7 +108,13 @@ fn ui_loop(
             && k.kind == KeyEventKind::Press
             && let Some(key) = key_of(k.code, k.modifiers)
         {
-            let sent = match app.key(key) {
+            let request = app.key(key);
+            // A dialog scrolls no further than its last line at this size.
+            let size = terminal.size()?;
+            app.dialog_scroll =
+                app.dialog_scroll
+                    .min(view::dialog_scroll_max(app, size.width, size.height));
+            let sent = match request {
                 Request::None => Ok(()),
                 Request::Quit => return Ok(()),
                 Request::Plan(pid) => to_worker.send(ToWorker::Plan(pid)),
@@ -148,9 +154,9 @@ fn receive(app: &mut App, from_worker: &Receiver<FromWorker>) -> bool {
                     }
                 }
                 FromWorker::Plan { text, actionable } => {
-                    app.dialog = Dialog::Confirm { text, actionable }
+                    app.open(Dialog::Confirm { text, actionable })
                 }
-                FromWorker::Outcome(text) => app.dialog = Dialog::Outcome(text),
+                FromWorker::Outcome(text) => app.open(Dialog::Outcome(text)),
             }
         }
     }
@@ -215,7 +221,7 @@ fn worker(
                 Ok(ToWorker::Plan(pid)) => match plan_for(&mut node, policy, args.sample, pid) {
                     Ok(prepared) => {
                         let text =
-                            crate::reclaim::render_plan(&prepared.plan, &prepared.report, false);
+                            crate::reclaim::plan_text(&prepared.plan, &prepared.report, false);
                         let actionable = !prepared.plan.is_empty();
                         pending = Some(prepared);
                         FromWorker::Plan { text, actionable }
@@ -301,7 +307,7 @@ fn execute(node: &mut dyn Node, args: &TopArgs, prepared: Prepared) -> FromWorke
     };
     let opts = ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Never);
     match prepared.run(node, &mut audit, &opts) {
-        Ok(outcome) => FromWorker::Outcome(crate::reclaim::render_outcome(&outcome, audit.path())),
+        Ok(outcome) => FromWorker::Outcome(crate::reclaim::outcome_text(&outcome, audit.path())),
         Err(e) => FromWorker::Error(format!("reclaim: {e}")),
     }
 }

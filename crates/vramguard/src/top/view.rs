@@ -6,7 +6,8 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState};
+use std::collections::BTreeMap;
 use vramguard_core::report::{Class, GpuReport, Tone};
 use vramguard_core::sanitize::{escape, fit};
 use vramguard_core::units::format_bytes;
@@ -35,6 +36,29 @@ impl Paint {
     }
 }
 
+/// The text blocks around the table, each wrapped to the screen's width: their heights are
+/// those of the wrapped text, so nothing that explains or asks is cut.
+struct Blocks {
+    title: Line<'static>,
+    header: Vec<Line<'static>>,
+    footer: Vec<Line<'static>>,
+    status: Vec<Line<'static>>,
+}
+
+impl Blocks {
+    fn new(app: &App, paint: &Paint, gpus: &[&GpuReport], width: u16) -> Blocks {
+        Blocks {
+            title: title_line(app, width),
+            header: gpus
+                .iter()
+                .flat_map(|g| gpu_lines(paint, g, width))
+                .collect(),
+            footer: footer_lines(paint, gpus, width),
+            status: status_lines(app, width),
+        }
+    }
+}
+
 /// Draws the whole screen.
 pub fn draw(frame: &mut Frame, app: &App) {
     let paint = Paint {
@@ -42,31 +66,73 @@ pub fn draw(frame: &mut Frame, app: &App) {
     };
     let gpus = app.gpus();
     let area = frame.area();
-    let header_height = (gpus.len() as u16 * 2).min(area.height.saturating_sub(5));
+    let blocks = Blocks::new(app, &paint, &gpus, area.width);
+    // The table keeps three lines (its header and two rows); the status line its first; the
+    // GPU header, then the footer, give way on a screen too small for all.
+    let status_height = (blocks.status.len() as u16).clamp(1, 3);
+    let room = area.height.saturating_sub(1 + 3 + status_height);
+    let header_height = (blocks.header.len() as u16).min(room);
+    let footer_height = (blocks.footer.len() as u16).min(room - header_height);
     let [title, header, table, footer, status] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(header_height),
         Constraint::Min(3),
-        Constraint::Length(footer_height(app, &gpus)),
-        Constraint::Length(1),
+        Constraint::Length(footer_height),
+        Constraint::Length(status_height),
     ])
     .areas(area);
-    frame.render_widget(Paragraph::new(title_line(app)), title);
-    let lines: Vec<Line> = gpus
-        .iter()
-        .flat_map(|g| gpu_lines(&paint, g, header.width))
-        .collect();
-    frame.render_widget(Paragraph::new(lines), header);
+    frame.render_widget(Paragraph::new(blocks.title), title);
+    frame.render_widget(Paragraph::new(blocks.header), header);
     holders_table(frame, app, &paint, table);
-    frame.render_widget(
-        Paragraph::new(footer_lines(&paint, &gpus)).wrap(Wrap { trim: true }),
-        footer,
-    );
-    frame.render_widget(Paragraph::new(status_line(app)), status);
+    frame.render_widget(Paragraph::new(blocks.footer), footer);
+    frame.render_widget(Paragraph::new(blocks.status), status);
     dialog(frame, app, &paint);
 }
 
-fn title_line(app: &App) -> Line<'static> {
+/// `text` wrapped to `width` columns as `render::wrap_lines` wraps prose (continuation lines
+/// indented; a word wider than the line cut with `…`), one [`Line`] per row; the first `head`
+/// characters of the first row in `head_style` (a label: "what frees it: ").
+fn wrapped(text: &str, width: u16, head: usize, head_style: Style) -> Vec<Line<'static>> {
+    crate::render::wrap_lines(text, usize::from(width.max(1)))
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let split = if i == 0 {
+                l.char_indices().nth(head).map_or(l.len(), |(b, _)| b)
+            } else {
+                0
+            };
+            Line::from(vec![
+                Span::styled(l[..split].to_string(), head_style),
+                Span::raw(l[split..].to_string()),
+            ])
+        })
+        .collect()
+}
+
+/// As many of `parts` as fit in `width`, whole, joined with ` · `; the first alone, cut with
+/// `…`, when even it does not fit.
+fn whole_parts(parts: &[String], width: u16) -> String {
+    let width = usize::from(width);
+    let mut out = String::new();
+    for p in parts {
+        let next = if out.is_empty() {
+            p.clone()
+        } else {
+            format!("{out} · {p}")
+        };
+        if next.chars().count() > width {
+            break;
+        }
+        out = next;
+    }
+    if out.is_empty() {
+        return parts.first().map_or(String::new(), |p| fit(p, width));
+    }
+    out
+}
+
+fn title_line(app: &App, width: u16) -> Line<'static> {
     let (host, driver) = app.report.as_ref().map_or(("?".into(), "…".into()), |r| {
         (
             r.hostname.clone().unwrap_or_else(|| "?".into()),
@@ -76,45 +142,56 @@ fn title_line(app: &App) -> Line<'static> {
                 .unwrap_or_else(|| "unknown".into()),
         )
     });
-    let filter = match (&app.class_filter, &app.user_filter) {
-        (None, None) => String::new(),
-        (c, u) => format!(
-            " · only {}{}",
+    let mut parts = vec![
+        format!("vramguard top · {}", fit(&host, 32)),
+        format!("driver {}", fit(&driver, 24)),
+    ];
+    if app.interactive {
+        parts.push(format!("every {:.1}s", app.delay.as_secs_f64()));
+    }
+    parts.push(format!("sort {}", app.sort.name()));
+    match (&app.class_filter, &app.user_filter) {
+        (None, None) => {}
+        (c, u) => parts.push(format!(
+            "only {}{}",
             c.map_or(String::new(), |c| c.as_str().to_string()),
             u.as_ref()
                 .map_or(String::new(), |u| format!(" user {}", fit(u, 16)))
-        ),
-    };
-    let refresh = if app.interactive {
-        format!(" · every {:.1}s", app.delay.as_secs_f64())
-    } else {
-        String::new()
-    };
-    Line::from(format!(
-        "vramguard top · {} · driver {}{refresh} · sort {}{filter}{}",
-        fit(&host, 32),
-        fit(&driver, 24),
-        app.sort.name(),
-        if app.interactive {
-            "  (? help, q quit)"
-        } else {
-            ""
-        }
-    ))
+        )),
+    }
+    let mut title = whole_parts(&parts, width);
+    let hint = "  (? help, q quit)";
+    if app.interactive && title.chars().count() + hint.chars().count() <= usize::from(width) {
+        title.push_str(hint);
+    }
+    Line::from(title)
 }
 
-/// A GPU's two header lines: name and memory bar (ghost in its own colour), then what
-/// nvidia-smi shows beside it.
+/// A GPU's header lines: name and memory bar (ghost in its own colour), then what
+/// nvidia-smi shows beside it, wrapped to `width`.
 fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
     let name = format!(
         "GPU {} {:<14} ",
         g.index,
         fit(g.name.as_deref().unwrap_or("unknown GPU"), 14)
     );
-    let mut first = vec![Span::raw(name)];
+    let mut first = vec![Span::raw(name.clone())];
     match g.memory {
         Some(m) => {
-            let bar_width = usize::from(width).saturating_sub(60).clamp(10, 60);
+            let sizes = format!("] {} / {}", format_bytes(m.used), format_bytes(m.total));
+            let ghost_text = if g.ghost_bytes > 0 {
+                format!("  ghost {}", format_bytes(g.ghost_bytes))
+            } else {
+                String::new()
+            };
+            // The bar takes what the name and the sizes leave (the sizes never give way).
+            let rest =
+                name.chars().count() + 1 + sizes.chars().count() + ghost_text.chars().count();
+            let bar_width = usize::from(width)
+                .saturating_sub(60)
+                .clamp(10, 60)
+                .min(usize::from(width).saturating_sub(rest))
+                .max(5);
             let cells = |bytes: u64| {
                 if m.total == 0 {
                     0
@@ -134,14 +211,10 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
                 "░".repeat(bar_width - used),
                 paint.fg(Color::DarkGray),
             ));
-            first.push(Span::raw(format!(
-                "] {} / {}",
-                format_bytes(m.used),
-                format_bytes(m.total)
-            )));
+            first.push(Span::raw(sizes));
             if g.ghost_bytes > 0 {
                 first.push(Span::styled(
-                    format!("  ghost {}", format_bytes(g.ghost_bytes)),
+                    ghost_text,
                     paint.fg(Color::Red).add_modifier(Modifier::BOLD),
                 ));
             }
@@ -149,15 +222,19 @@ fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
         None => first.push(Span::styled(
             g.failure
                 .as_ref()
-                .map_or("memory unknown".to_string(), |f| f.to_string()),
+                .map_or("memory unknown".to_string(), |f| {
+                    escape(&f.to_string()).into_owned()
+                }),
             paint.fg(Color::Red),
         )),
     }
-    vec![Line::from(first), telemetry_line(paint, g)]
+    let mut lines = vec![Line::from(first)];
+    lines.extend(telemetry_lines(paint, g, width));
+    lines
 }
 
-/// The second header line: what nvidia-smi shows beside the memory, and health flags.
-fn telemetry_line(paint: &Paint, g: &GpuReport) -> Line<'static> {
+/// What nvidia-smi shows beside the memory, then health flags, wrapped to `width`.
+fn telemetry_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
     let t = g.telemetry.clone().unwrap_or_default();
     let na = || "n/a".to_string();
     let mut flags = Vec::new();
@@ -174,45 +251,43 @@ fn telemetry_line(paint: &Paint, g: &GpuReport) -> Line<'static> {
     {
         flags.push("row remap".to_string());
     }
-    Line::from(vec![
-        Span::raw(format!(
-            "      util {:>4}  mem {:>4}  {:>5}  {:>4} / {} W  {}  ECC {}  fan {}  {}  MIG {}  persist {}  {}",
-            t.gpu_util_percent.map_or_else(na, |v| format!("{v}%")),
-            t.memory_util_percent.map_or_else(na, |v| format!("{v}%")),
-            t.temperature_c.map_or_else(na, |v| format!("{v}°C")),
-            t.power_mw.map_or_else(na, |v| (v / 1000).to_string()),
-            t.power_limit_mw.map_or_else(na, |v| (v / 1000).to_string()),
-            t.performance_state
-                .map_or_else(|| "P?".into(), |p| format!("P{p}")),
-            match (
-                t.ecc_enabled,
-                t.ecc_corrected_volatile,
-                t.ecc_uncorrected_volatile
-            ) {
-                (Some(true), Some(c), Some(u)) => format!("{c}/{u}"),
-                (Some(true), _, _) => "on".into(),
-                (Some(false), _, _) => "off".into(),
-                (None, _, _) => na(),
-            },
-            t.fan_percent.map_or_else(na, |f| format!("{f}%")),
-            t.compute_mode
-                .as_deref()
-                .map_or_else(|| "compute n/a".into(), |m| format!("compute {m}")),
-            t.mig_enabled
-                .map_or_else(na, |m| if m { "on".into() } else { "off".into() }),
-            g.persistence_mode
-                .map_or_else(na, |p| if p { "on".into() } else { "off".into() }),
-            g.pci_bus_id.as_deref().map_or_else(na, |b| fit(b, 16)),
-        )),
-        Span::styled(
-            if flags.is_empty() {
-                String::new()
-            } else {
-                format!("  ⚠ {}", flags.join(", "))
-            },
-            paint.fg(Color::Red),
+    let text = format!(
+        "      util {:>4}  mem {:>4}  {:>5}  {:>4} / {} W  {}  ECC {}  fan {}  {}  MIG {}  persist {}  {}",
+        t.gpu_util_percent.map_or_else(na, |v| format!("{v}%")),
+        t.memory_util_percent.map_or_else(na, |v| format!("{v}%")),
+        t.temperature_c.map_or_else(na, |v| format!("{v}°C")),
+        t.power_mw.map_or_else(na, |v| (v / 1000).to_string()),
+        t.power_limit_mw.map_or_else(na, |v| (v / 1000).to_string()),
+        t.performance_state
+            .map_or_else(|| "P?".into(), |p| format!("P{p}")),
+        match (
+            t.ecc_enabled,
+            t.ecc_corrected_volatile,
+            t.ecc_uncorrected_volatile
+        ) {
+            (Some(true), Some(c), Some(u)) => format!("{c}/{u}"),
+            (Some(true), _, _) => "on".into(),
+            (Some(false), _, _) => "off".into(),
+            (None, _, _) => na(),
+        },
+        t.fan_percent.map_or_else(na, |f| format!("{f}%")),
+        t.compute_mode.as_deref().map_or_else(
+            || "compute n/a".into(),
+            |m| format!("compute {}", fit(m, 24))
         ),
-    ])
+        t.mig_enabled
+            .map_or_else(na, |m| if m { "on".into() } else { "off".into() }),
+        g.persistence_mode
+            .map_or_else(na, |p| if p { "on".into() } else { "off".into() }),
+        g.pci_bus_id.as_deref().map_or_else(na, |b| fit(b, 16)),
+    );
+    let mut lines = wrapped(&text, width, 0, Style::default());
+    if !flags.is_empty() {
+        let flags = format!("      ⚠ {}", flags.join(", "));
+        let all = flags.chars().count();
+        lines.extend(wrapped(&flags, width, all, paint.fg(Color::Red)));
+    }
+    lines
 }
 
 fn age(secs: Option<u64>) -> String {
@@ -241,44 +316,171 @@ fn host_memory_line(h: &vramguard_core::Holder) -> String {
 /// The widest screens also show each holder's pinned (or locked) and shared host memory.
 const HOST_COLUMNS_FROM: u16 = 150;
 
-fn table_row(paint: &Paint, r: &AppRow, tree: bool, host_columns: bool) -> Row<'static> {
-    if let Some(j) = &r.job {
-        let state = match j.alive {
-            Some(true) => "alive",
-            Some(false) => "gone",
-            None => "unknown",
-        };
-        let style = if j.alive == Some(false) {
-            paint.fg(Color::Red).add_modifier(Modifier::BOLD)
-        } else {
-            Style::default().add_modifier(Modifier::BOLD)
-        };
-        let blank = || Cell::from("");
-        let mut cells = vec![
-            Cell::from("job").style(style),
-            blank(),
-            blank(),
-            Cell::from(state).style(style),
-            Cell::from(fit(&j.label, 18)).style(style),
-            Cell::from(format_bytes(j.bytes)),
-            blank(),
-            blank(),
-            blank(),
-        ];
-        if host_columns {
-            cells.extend([blank(), blank()]);
+/// The table's columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Col {
+    Pid,
+    User,
+    Gpu,
+    Class,
+    Job,
+    GpuMem,
+    Sm,
+    Cpu,
+    Rss,
+    Pinned,
+    Shm,
+    Age,
+    Command,
+}
+
+impl Col {
+    fn title(self) -> &'static str {
+        match self {
+            Col::Pid => "PID",
+            Col::User => "USER",
+            Col::Gpu => "GPU",
+            Col::Class => "CLASS",
+            Col::Job => "JOB",
+            Col::GpuMem => "GPU MEM",
+            Col::Sm => "%SM",
+            Col::Cpu => "CPU%",
+            Col::Rss => "RSS",
+            Col::Pinned => "PINNED",
+            Col::Shm => "SHM",
+            Col::Age => "AGE",
+            Col::Command => "COMMAND",
         }
-        cells.extend([blank(), Cell::from(format!("{} holder row(s)", j.members))]);
-        return Row::new(cells);
+    }
+}
+
+/// The narrowest COMMAND column: enough to recognise the program.
+const COMMAND_MIN: u16 = 12;
+/// A size as `format_bytes` writes it, unit included: `1023.9 MiB`.
+const SIZE_WIDTH: u16 = 10;
+/// A pid (up to 4194304) or `pgid:` and one.
+const PID_WIDTH: u16 = 7;
+
+/// The table at one width: the columns shown, each one's width, and each row's JOB cell.
+struct TableLayout {
+    cols: Vec<(Col, u16)>,
+    jobs: Vec<String>,
+}
+
+/// The columns shown at `width` and each one's width. Every cell fits its column whole
+/// (a size with its unit, a pid) or is cut with `…` (a user, a command, a job); columns that
+/// do not fit are left out whole, RSS first, then AGE (the details show both). The JOB
+/// column widens (and CPU% then %SM make room) until no two different jobs look the same.
+fn table_layout(app: &App, width: u16) -> TableLayout {
+    let labels: Vec<String> = app.rows.iter().map(job_text).collect();
+    let mut job: u16 = if width >= 100 { 18 } else { 12 };
+    let mut cols = vec![
+        (Col::Pid, PID_WIDTH),
+        (Col::User, if width >= 100 { 10 } else { 8 }),
+        (Col::Gpu, 3),
+        (Col::Class, 8),
+        (Col::Job, 0),
+        (Col::GpuMem, SIZE_WIDTH),
+        (Col::Sm, 4),
+        (Col::Cpu, 6),
+        (Col::Rss, SIZE_WIDTH),
+    ];
+    if width >= HOST_COLUMNS_FROM {
+        cols.extend([(Col::Pinned, SIZE_WIDTH), (Col::Shm, SIZE_WIDTH)]);
+    }
+    cols.push((Col::Age, 4));
+    // The selection mark (when a row is selected), then one blank between columns.
+    let mark = u16::from(selects(app));
+    let used = |cols: &[(Col, u16)], job: u16| -> u16 {
+        mark + cols.iter().map(|(_, w)| w + 1).sum::<u16>() + job
+    };
+    let mut droppable = [Col::Rss, Col::Age, Col::Cpu, Col::Sm].into_iter();
+    loop {
+        let fits = |job| used(&cols, job) + COMMAND_MIN <= width;
+        let clash = !distinct_when_cut(&labels, usize::from(job));
+        if fits(job) && !clash {
+            break;
+        }
+        if clash && fits(job + 1) {
+            job += 1;
+            continue;
+        }
+        match droppable.next() {
+            Some(drop) => cols.retain(|(c, _)| *c != drop),
+            None => break,
+        }
+    }
+    let command = width.saturating_sub(used(&cols, job)).max(COMMAND_MIN);
+    for (c, w) in cols.iter_mut() {
+        if *c == Col::Job {
+            *w = job;
+        }
+    }
+    cols.push((Col::Command, command));
+    TableLayout {
+        cols,
+        jobs: unique_cuts(&labels, usize::from(job)),
+    }
+}
+
+/// `text` cut to `width` in its middle, `…` in place of what is left out: job labels and pod
+/// names differ at their ends (`pgid:20513`, `…-7d9f8-abcde`).
+fn fit_middle(text: &str, width: usize) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= width {
+        return text.to_string();
+    }
+    let tail = width.saturating_sub(1) / 2;
+    let head = width.saturating_sub(1) - tail;
+    let mut out: String = chars[..head].iter().collect();
+    out.push('…');
+    out.extend(&chars[chars.len() - tail..]);
+    out
+}
+
+/// Whether `labels` that differ still differ when each is cut to `width`.
+fn distinct_when_cut(labels: &[String], width: usize) -> bool {
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    labels.iter().all(|l| {
+        let cut = fit_middle(l, width);
+        *seen.entry(cut).or_insert(l) == l.as_str()
+    })
+}
+
+/// Each label cut to `width`; where different labels would still look the same (the screen
+/// had no room to widen the column), each of them ends in `~1`, `~2`… in its order.
+fn unique_cuts(labels: &[String], width: usize) -> Vec<String> {
+    let mut by_cut: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for l in labels {
+        let group = by_cut.entry(fit_middle(l, width)).or_default();
+        if !group.contains(&l.as_str()) {
+            group.push(l);
+        }
+    }
+    labels
+        .iter()
+        .map(|l| {
+            let cut = fit_middle(l, width);
+            let group = &by_cut[&cut];
+            match group.iter().position(|g| g == l) {
+                Some(i) if group.len() > 1 => {
+                    let n = format!("~{}", i + 1);
+                    format!("{}{n}", fit_middle(l, width.saturating_sub(n.len())))
+                }
+                _ => cut,
+            }
+        })
+        .collect()
+}
+
+/// A row's JOB cell before it is cut: the pod by its names (from the kubelet), else the
+/// container by its runtime's name, else the job.
+fn job_text(r: &AppRow) -> String {
+    if let Some(j) = &r.job {
+        return escape(&j.label).into_owned();
     }
     let h = &r.holder;
-    let memory = match (h.listed, h.used_bytes) {
-        (_, Some(b)) => format_bytes(b),
-        (true, None) => "n/a".into(),
-        (false, None) => "unlisted".into(),
-    };
-    // A pod by its names (from the kubelet) first, then a container by its runtime's name.
-    let job = h
+    let text = h
         .pod
         .as_ref()
         .map(|p| format!("{}/{}", p.namespace, p.name))
@@ -287,84 +489,115 @@ fn table_row(paint: &Paint, r: &AppRow, tree: bool, host_columns: bool) -> Row<'
                 format!(
                     "{}:{}",
                     c.runtime,
-                    c.name
-                        .as_deref()
-                        .map_or_else(|| fit(&c.id, 12), |n| fit(n, 32))
+                    c.name.as_deref().unwrap_or(c.id.as_str())
                 )
             })
         })
         .or_else(|| h.job.as_ref().map(|j| j.label.clone()))
         .unwrap_or_else(|| "-".into());
-    let mut cells = vec![
-        Cell::from(h.pid.to_string()),
-        Cell::from(fit(h.user.as_deref().unwrap_or("-"), 10)),
-        Cell::from(r.gpu.to_string()),
-        Cell::from(h.class.as_str()).style(paint.class(h.class)),
-        Cell::from(fit(&job, 18)),
-        Cell::from(memory),
-        Cell::from(r.sm_percent.map_or("n/a".into(), |s| format!("{s}%"))),
-        Cell::from(
-            h.cpu_millicores
-                .map_or("n/a".into(), |mc| format!("{:.1}", mc as f64 / 10.0)),
-        ),
-        Cell::from(h.rss_bytes.map_or("n/a".into(), format_bytes)),
-    ];
-    if host_columns {
-        let m = h.host_memory.unwrap_or_default();
-        let pinned = match (m.pinned_bytes, m.locked_bytes) {
-            (None, None) => None,
-            (p, l) => Some(p.unwrap_or(0).max(l.unwrap_or(0))),
-        };
-        cells.push(Cell::from(pinned.map_or("n/a".into(), format_bytes)));
-        cells.push(Cell::from(m.shm_bytes.map_or("n/a".into(), format_bytes)));
-    }
-    cells.extend([
-        Cell::from(age(h.age_secs)),
-        Cell::from(format!(
-            "{}{}",
-            if tree { "└ " } else { "" },
-            fit(h.shown_command(), 200)
-        )),
-    ]);
-    Row::new(cells)
+    escape(&text).into_owned()
+}
+
+fn table_row(
+    paint: &Paint,
+    r: &AppRow,
+    job: &str,
+    tree: bool,
+    cols: &[(Col, u16)],
+) -> Row<'static> {
+    let h = &r.holder;
+    let cell = |col: Col, width: u16| -> Cell<'static> {
+        let w = usize::from(width);
+        if let Some(j) = &r.job {
+            let style = if j.alive == Some(false) {
+                paint.fg(Color::Red).add_modifier(Modifier::BOLD)
+            } else {
+                Style::default().add_modifier(Modifier::BOLD)
+            };
+            let state = match j.alive {
+                Some(true) => "alive",
+                Some(false) => "gone",
+                None => "unknown",
+            };
+            return match col {
+                Col::Pid => Cell::from("job").style(style),
+                Col::Class => Cell::from(state).style(style),
+                Col::Job => Cell::from(job.to_string()).style(style),
+                Col::GpuMem => Cell::from(format_bytes(j.bytes)),
+                Col::Command => Cell::from(fit(&format!("{} holder row(s)", j.members), w)),
+                _ => Cell::from(""),
+            };
+        }
+        match col {
+            Col::Pid => Cell::from(h.pid.to_string()),
+            Col::User => Cell::from(fit(h.user.as_deref().unwrap_or("-"), w)),
+            Col::Gpu => Cell::from(r.gpu.to_string()),
+            Col::Class => Cell::from(h.class.as_str()).style(paint.class(h.class)),
+            Col::Job => Cell::from(job.to_string()),
+            Col::GpuMem => Cell::from(match (h.listed, h.used_bytes) {
+                (_, Some(b)) => format_bytes(b),
+                (true, None) => "n/a".into(),
+                (false, None) => "unlisted".into(),
+            }),
+            Col::Sm => Cell::from(r.sm_percent.map_or("n/a".into(), |s| format!("{s}%"))),
+            Col::Cpu => Cell::from(h.cpu_millicores.map_or("n/a".into(), |mc| {
+                let percent = mc as f64 / 10.0;
+                if percent >= 1000.0 {
+                    format!("{percent:.0}")
+                } else {
+                    format!("{percent:.1}")
+                }
+            })),
+            Col::Rss => Cell::from(h.rss_bytes.map_or("n/a".into(), format_bytes)),
+            Col::Pinned => {
+                let m = h.host_memory.unwrap_or_default();
+                let pinned = match (m.pinned_bytes, m.locked_bytes) {
+                    (None, None) => None,
+                    (p, l) => Some(p.unwrap_or(0).max(l.unwrap_or(0))),
+                };
+                Cell::from(pinned.map_or("n/a".into(), format_bytes))
+            }
+            Col::Shm => Cell::from(
+                h.host_memory
+                    .unwrap_or_default()
+                    .shm_bytes
+                    .map_or("n/a".into(), format_bytes),
+            ),
+            Col::Age => Cell::from(age(h.age_secs)),
+            Col::Command => {
+                let mark = if tree { "└ " } else { "" };
+                Cell::from(format!(
+                    "{mark}{}",
+                    fit(h.shown_command(), w.saturating_sub(mark.chars().count()))
+                ))
+            }
+        }
+    };
+    Row::new(cols.iter().map(|(c, w)| cell(*c, *w)).collect::<Vec<_>>())
+}
+
+/// Whether a row is selected, and so the table has the selection mark's column.
+fn selects(app: &App) -> bool {
+    !app.rows.is_empty() && app.interactive
 }
 
 fn holders_table(frame: &mut Frame, app: &App, paint: &Paint, area: Rect) {
-    let host_columns = area.width >= HOST_COLUMNS_FROM;
-    let mut titles = vec![
-        "PID", "USER", "GPU", "CLASS", "JOB", "GPU MEM", "%SM", "CPU%", "RSS",
-    ];
-    let mut widths = vec![
-        Constraint::Length(8),
-        Constraint::Length(10),
-        Constraint::Length(3),
-        Constraint::Length(8),
-        Constraint::Length(18),
-        Constraint::Length(10),
-        Constraint::Length(4),
-        Constraint::Length(5),
-        Constraint::Length(10),
-    ];
-    if host_columns {
-        titles.extend(["PINNED", "SHM"]);
-        widths.extend([Constraint::Length(10), Constraint::Length(10)]);
-    }
-    titles.extend(["AGE", "COMMAND"]);
-    widths.extend([Constraint::Length(4), Constraint::Min(10)]);
-    let header =
-        Row::new(titles).style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
+    let TableLayout { cols, jobs } = table_layout(app, area.width);
+    let header = Row::new(cols.iter().map(|(c, _)| c.title()).collect::<Vec<_>>())
+        .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
     let rows: Vec<Row> = app
         .rows
         .iter()
-        .map(|r| table_row(paint, r, app.tree, host_columns))
+        .zip(&jobs)
+        .map(|(r, job)| table_row(paint, r, job, app.tree, &cols))
         .collect();
     let empty = rows.is_empty();
-    let table = Table::new(rows, widths)
+    let table = Table::new(rows, cols.iter().map(|(_, w)| Constraint::Length(*w)))
         .header(header)
         .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
         .highlight_symbol("▶");
     let mut state = TableState::default();
-    if !empty && app.interactive {
+    if selects(app) {
         state.select(Some(app.selected));
     }
     frame.render_stateful_widget(table, area, &mut state);
@@ -381,181 +614,256 @@ fn holders_table(frame: &mut Frame, app: &App, paint: &Paint, area: Rect) {
     }
 }
 
-/// The unaccounted memory of each GPU that has some, with its explanation.
-fn footer_lines(paint: &Paint, gpus: &[&GpuReport]) -> Vec<Line<'static>> {
+/// The unaccounted memory of each GPU that has some, with its explanation, wrapped: the
+/// explanation ends with what to do about it.
+fn footer_lines(paint: &Paint, gpus: &[&GpuReport], width: u16) -> Vec<Line<'static>> {
     gpus.iter()
         .filter_map(|g| {
-            let u = g.unaccounted.as_ref().filter(|u| u.significant)?;
-            Some(Line::from(vec![
-                Span::styled(
-                    format!(
-                        "GPU {}: {} {} ",
-                        g.index,
-                        format_bytes(u.bytes),
-                        if u.counts_as_ghost() {
-                            "ghost"
-                        } else if u.is_unexplained() {
-                            "unseen"
-                        } else {
-                            "unsplit"
-                        }
-                    ),
-                    paint.fg(Color::Red),
-                ),
-                Span::raw(escape(u.explanation.get(1).map_or("", String::as_str)).into_owned()),
-            ]))
+            g.unaccounted
+                .as_ref()
+                .filter(|u| u.significant)
+                .map(|u| (g, u))
+        })
+        .flat_map(|(g, u)| {
+            let head = format!(
+                "GPU {}: {} {} ",
+                g.index,
+                format_bytes(u.bytes),
+                if u.counts_as_ghost() {
+                    "ghost"
+                } else if u.is_unexplained() {
+                    "unseen"
+                } else {
+                    "unsplit"
+                }
+            );
+            let text = format!(
+                "{head}{}",
+                escape(u.explanation.get(1).map_or("", String::as_str))
+            );
+            wrapped(&text, width, head.chars().count(), paint.fg(Color::Red))
         })
         .collect()
 }
 
-fn footer_height(app: &App, gpus: &[&GpuReport]) -> u16 {
-    let _ = app;
-    gpus.iter()
-        .filter(|g| g.unaccounted.as_ref().is_some_and(|u| u.significant))
-        .count()
-        .min(4) as u16
-}
-
-fn status_line(app: &App) -> Line<'static> {
-    let text = match (&app.message, &app.report) {
-        (Some(m), _) => m.clone(),
-        (None, None) => "reading the node…".into(),
-        (None, Some(r)) => format!(
-            "{} holder(s) · ghost {}{}",
-            app.rows.iter().filter(|r| r.job.is_none()).count(),
-            format_bytes(r.ghost_bytes()),
+/// The status line: a message (wrapped), or the counts and as many whole key hints as fit.
+fn status_lines(app: &App, width: u16) -> Vec<Line<'static>> {
+    match (&app.message, &app.report) {
+        (Some(m), _) => wrapped(&escape(m), width, 0, Style::default()),
+        (None, None) => vec![Line::from("reading the node…")],
+        (None, Some(r)) => {
+            let mut parts = vec![
+                format!(
+                    "{} holder(s)",
+                    app.rows.iter().filter(|r| r.job.is_none()).count()
+                ),
+                format!("ghost {}", format_bytes(r.ghost_bytes())),
+            ];
             if app.interactive {
-                " · ↑↓ select · Enter details · r reclaim · s sort · t tree · c class · u user"
-            } else {
-                ""
+                parts.extend(
+                    [
+                        "? help",
+                        "↑↓ select",
+                        "Enter details",
+                        "r reclaim",
+                        "s sort",
+                        "t tree",
+                        "c class",
+                        "u user",
+                    ]
+                    .map(String::from),
+                );
             }
-        ),
-    };
-    Line::from(text)
+            vec![Line::from(whole_parts(&parts, width))]
+        }
+    }
 }
 
-/// A box over the middle of the screen, cleared.
-fn popup(frame: &mut Frame, title: &str, lines: Vec<Line<'static>>) {
-    let area = frame.area();
-    let width = area.width.saturating_sub(4).min(110);
-    let height = (lines.len() as u16 + 2).min(area.height.saturating_sub(2));
-    let rect = Rect {
-        x: area.x + (area.width - width) / 2,
-        y: area.y + (area.height.saturating_sub(height)) / 2,
-        width,
-        height,
-    };
-    frame.render_widget(Clear, rect);
-    frame.render_widget(
-        Paragraph::new(lines).wrap(Wrap { trim: false }).block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(title.to_string()),
-        ),
-        rect,
-    );
+/// A dialog as drawn: where, its title, its body (wrapped to its width; scrolled when
+/// taller than the box) and its prompt (wrapped, always in view under the body).
+struct Popup {
+    rect: Rect,
+    title: String,
+    body: Vec<Line<'static>>,
+    prompt: Vec<Line<'static>>,
 }
 
-/// Lines of a text block, each through the sanitiser: what reaches the terminal from a
-/// plan or an outcome carries process-supplied names.
-fn text_lines(text: &str) -> Vec<Line<'static>> {
-    text.lines()
-        .map(|l| Line::from(escape(l).into_owned()))
-        .collect()
+impl Popup {
+    /// Centred on `area`, as tall as its wrapped text or the screen allows. The prompt is
+    /// `(text, head, style)`: its first `head` characters in `style`.
+    fn new(area: Rect, title: &str, body: &str, prompt: &[(&str, usize, Style)]) -> Popup {
+        let width = area.width.saturating_sub(4).min(110);
+        let inner = width.saturating_sub(2);
+        let body = wrapped(body, inner, 0, Style::default());
+        let prompt: Vec<Line<'static>> = prompt
+            .iter()
+            .flat_map(|(text, head, style)| wrapped(text, inner, *head, *style))
+            .collect();
+        let want = body.len() + prompt.len() + 2;
+        let height = (want as u16).min(area.height.saturating_sub(2));
+        Popup {
+            rect: Rect {
+                x: area.x + (area.width - width) / 2,
+                y: area.y + (area.height.saturating_sub(height)) / 2,
+                width,
+                height,
+            },
+            title: title.to_string(),
+            body,
+            prompt,
+        }
+    }
+
+    /// The rows the body gets: the box less its borders and the prompt.
+    fn body_height(&self) -> u16 {
+        self.rect
+            .height
+            .saturating_sub(2)
+            .saturating_sub(self.prompt.len() as u16)
+    }
+
+    /// How far the body scrolls: the lines it has beyond its rows.
+    fn scroll_max(&self) -> u16 {
+        (self.body.len() as u16).saturating_sub(self.body_height())
+    }
+
+    fn draw(self, frame: &mut Frame, scroll: u16) {
+        let scroll = scroll.min(self.scroll_max());
+        let body_height = self.body_height();
+        let mut block = Block::default()
+            .borders(Borders::ALL)
+            .title(self.title.clone());
+        if self.scroll_max() > 0 {
+            let last = (scroll + body_height).min(self.body.len() as u16);
+            block = block.title_bottom(format!(
+                " lines {}-{last} of {} · ↑↓ PgUp PgDn scroll ",
+                scroll + 1,
+                self.body.len()
+            ));
+        }
+        let inner = block.inner(self.rect);
+        frame.render_widget(Clear, self.rect);
+        frame.render_widget(block, self.rect);
+        let [body, prompt] = Layout::vertical([
+            Constraint::Length(body_height),
+            Constraint::Length(self.prompt.len() as u16),
+        ])
+        .areas(inner);
+        frame.render_widget(Paragraph::new(self.body).scroll((scroll, 0)), body);
+        frame.render_widget(Paragraph::new(self.prompt), prompt);
+    }
+}
+
+/// Every line of `text` through the sanitiser: a plan or an outcome carries
+/// process-supplied names.
+fn escape_lines(text: &str) -> String {
+    text.lines().map(escape).collect::<Vec<_>>().join("\n")
+}
+
+/// The open dialog, laid out on `area`; `None` when none is open.
+fn popup_of(app: &App, paint: &Paint, area: Rect) -> Option<Popup> {
+    let bold_yellow = paint.fg(Color::Yellow).add_modifier(Modifier::BOLD);
+    let closes = [("any other key closes", 0, Style::default())];
+    Some(match &app.dialog {
+        Dialog::None => return None,
+        Dialog::Help => Popup::new(
+            area,
+            " keys ",
+            "↑/↓ j/k  select          PgUp/PgDn  page          Home/End g/G  first/last\n\
+             Enter    details of the selected holder (its evidence)\n\
+             r        reclaim the selected holder's job: the plan `vramguard reclaim` makes, \
+             acted on only after y\n\
+             s        sort: attention, memory, %SM, CPU, age, pid\n\
+             t        tree: holders under their job\n\
+             c        only one class (cycles)      u  only the selected holder's user\n\
+             q, Ctrl-C  quit",
+            &closes,
+        ),
+        Dialog::Detail => {
+            let r = app.selected_row()?;
+            let h = &r.holder;
+            let mut body = format!(
+                "pid {}  {}  GPU {}  class {}  age {}\n{}\n{}\n\n",
+                h.pid,
+                fit(h.user.as_deref().unwrap_or("-"), 16),
+                r.gpu,
+                h.class.as_str(),
+                age(h.age_secs),
+                fit(h.shown_command(), 500),
+                host_memory_line(h),
+            );
+            for e in &h.evidence {
+                body.push_str(&format!("• {}\n", escape(e)));
+            }
+            body.push('\n');
+            // What frees it is the point of the dialog: it stays in view under the body.
+            let label = "what frees it: ";
+            let frees = format!("{label}{}", escape(&h.action.summary));
+            Popup::new(
+                area,
+                " holder ",
+                &body,
+                &[(&frees, label.chars().count(), paint.fg(Color::Yellow))],
+            )
+        }
+        Dialog::Planning(pid) => Popup::new(
+            area,
+            " reclaim ",
+            &format!("sampling the node and planning the reclaim of pid {pid}'s job…"),
+            &[],
+        ),
+        Dialog::Confirm { text, actionable } => {
+            let prompt = if *actionable {
+                "y: signal them (SIGTERM, grace, SIGKILL; audited)   any other key: cancel"
+            } else {
+                "nothing to signal: any key closes"
+            };
+            Popup::new(
+                area,
+                " reclaim plan ",
+                &format!("{}\n\n", escape_lines(text)),
+                &[(prompt, prompt.chars().count(), bold_yellow)],
+            )
+        }
+        Dialog::Running => Popup::new(
+            area,
+            " reclaim ",
+            "signalling and waiting for the memory to come back…",
+            &[],
+        ),
+        Dialog::Outcome(text) => Popup::new(
+            area,
+            " reclaim done ",
+            &format!("{}\n\n", escape_lines(text)),
+            &closes,
+        ),
+    })
 }
 
 fn dialog(frame: &mut Frame, app: &App, paint: &Paint) {
-    match &app.dialog {
-        Dialog::None => {}
-        Dialog::Help => popup(
-            frame,
-            " keys ",
-            text_lines(
-                "↑/↓ j/k  select          PgUp/PgDn  page          Home/End g/G  first/last\n\
-                 Enter    details of the selected holder (its evidence)\n\
-                 r        reclaim the selected holder's job: the plan `vramguard reclaim` makes, \
-                 acted on only after y\n\
-                 s        sort: attention, memory, %SM, CPU, age, pid\n\
-                 t        tree: holders under their job\n\
-                 c        only one class (cycles)      u  only the selected holder's user\n\
-                 q, Ctrl-C  quit",
-            ),
-        ),
-        Dialog::Detail => {
-            if let Some(r) = app.selected_row() {
-                let h = &r.holder;
-                let mut lines = vec![
-                    Line::from(format!(
-                        "pid {}  {}  GPU {}  class {}",
-                        h.pid,
-                        fit(h.user.as_deref().unwrap_or("-"), 16),
-                        r.gpu,
-                        h.class.as_str()
-                    )),
-                    Line::from(fit(h.shown_command(), 500)),
-                    Line::from(host_memory_line(h)),
-                    Line::from(""),
-                ];
-                lines.extend(
-                    h.evidence
-                        .iter()
-                        .map(|e| Line::from(format!("• {}", escape(e)))),
-                );
-                lines.push(Line::from(""));
-                lines.push(Line::from(vec![
-                    Span::styled("what frees it: ", paint.fg(Color::Yellow)),
-                    Span::raw(escape(&h.action.summary).into_owned()),
-                ]));
-                popup(frame, " holder ", lines);
-            }
-        }
-        Dialog::Planning(pid) => popup(
-            frame,
-            " reclaim ",
-            vec![Line::from(format!(
-                "sampling the node and planning the reclaim of pid {pid}'s job…"
-            ))],
-        ),
-        Dialog::Confirm { text, actionable } => {
-            let mut lines = text_lines(text);
-            lines.push(Line::from(""));
-            lines.push(Line::from(Span::styled(
-                if *actionable {
-                    "y: signal them (SIGTERM, grace, SIGKILL; audited)   any other key: cancel"
-                } else {
-                    "nothing to signal: any key closes"
-                },
-                paint.fg(Color::Yellow).add_modifier(Modifier::BOLD),
-            )));
-            popup(frame, " reclaim plan ", lines);
-        }
-        Dialog::Running => popup(
-            frame,
-            " reclaim ",
-            vec![Line::from(
-                "signalling and waiting for the memory to come back…",
-            )],
-        ),
-        Dialog::Outcome(text) => {
-            let mut lines = text_lines(text);
-            lines.push(Line::from(""));
-            lines.push(Line::from("any key closes"));
-            popup(frame, " reclaim done ", lines);
-        }
+    if let Some(p) = popup_of(app, paint, frame.area()) {
+        p.draw(frame, app.dialog_scroll);
     }
+}
+
+/// How far the open dialog's body can scroll on a `width` × `height` screen.
+pub fn dialog_scroll_max(app: &App, width: u16, height: u16) -> u16 {
+    let paint = Paint { on: false };
+    popup_of(app, &paint, Rect::new(0, 0, width, height)).map_or(0, |p| p.scroll_max())
 }
 
 /// One screen as plain text, `width` columns, as tall as its content: `top --once`.
 pub fn as_text(app: &App, width: u16) -> String {
     let gpus = app.gpus();
-    // Title, two lines per GPU, the table's header and rows (room for its empty line), the
+    let blocks = Blocks::new(app, &Paint { on: false }, &gpus, width);
+    // Title, the GPU header, the table's header and rows (room for its empty line), the
     // footer and the status line.
     let height = 1
-        + 2 * gpus.len() as u16
+        + blocks.header.len() as u16
         + 1
         + app.rows.len().max(2) as u16
-        + footer_height(app, &gpus)
-        + 1;
+        + blocks.footer.len() as u16
+        + (blocks.status.len() as u16).clamp(1, 3);
     text_of(app, width, height)
 }
 
@@ -663,11 +971,243 @@ mod tests {
                 .all(|t| t.class != vramguard_core::Class::Idle),
             "another job's idle kernel is not in it: {plan:?}"
         );
-        app.dialog = Dialog::Confirm {
-            text: crate::reclaim::render_plan(&plan, &report, false),
+        app.open(Dialog::Confirm {
+            text: crate::reclaim::plan_text(&plan, &report, false),
             actionable: !plan.is_empty(),
-        };
+        });
         golden("top-plan", &screen(&app, 120, 30));
+    }
+
+    /// The sizes the issue reported (#30): a small terminal, the default one, a wide one.
+    const SIZES: [(u16, u16); 3] = [(80, 24), (120, 40), (200, 50)];
+
+    /// `s` without blanks: wrapped text compared with what it wraps.
+    fn squash(s: &str) -> String {
+        s.chars()
+            .filter(|c| !c.is_whitespace() && *c != '│')
+            .collect()
+    }
+
+    /// The demo's plan for the selected orphan, as `r` opens it.
+    fn plan_dialog(snap: &Snapshot, app: &mut App) {
+        let pid = app.selected_row().unwrap().holder.pid;
+        let report = app.report.clone().unwrap();
+        let plan = plan_reclaim(snap, &report, &super::super::plan_options(&report, pid));
+        app.open(Dialog::Confirm {
+            text: crate::reclaim::plan_text(&plan, &report, false),
+            actionable: !plan.is_empty(),
+        });
+    }
+
+    #[test]
+    fn dialog_heights_come_from_the_wrapped_text_and_the_prompt_is_always_shown() {
+        for (width, height) in SIZES {
+            let (snap, mut app) = demo();
+            app.key(Key::Enter);
+            let text = screen(&app, width, height);
+            let detail = squash(&text);
+            assert!(
+                detail.contains(&squash(
+                    "what frees it: its job is gone and it does no work: terminate it (SIGTERM, \
+                     then SIGKILL)"
+                )),
+                "{width}x{height}:\n{text}"
+            );
+            app.key(Key::Esc);
+            plan_dialog(&snap, &mut app);
+            let text = screen(&app, width, height);
+            let plan = squash(&text);
+            for shown in [
+                "expected back on GPU 0: 18.0 GiB",
+                "y: signal them (SIGTERM, grace, SIGKILL; audited)   any other key: cancel",
+            ] {
+                assert!(
+                    plan.contains(&squash(shown)),
+                    "{width}x{height}: {shown}\n{text}"
+                );
+            }
+            // The box is as tall as the wrapped plan and its prompt: nothing to scroll.
+            assert!(
+                !text.contains("PgUp PgDn scroll"),
+                "{width}x{height}:\n{text}"
+            );
+            // Wrapped once, by the dialog: a plan line that fits the box is one screen line.
+            if width >= 120 {
+                assert!(
+                    text.contains("│    TERM→KILL  pid 16521    orphan     8.0 GiB  python3 train.py --epochs 10"),
+                    "{width}x{height}:\n{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_dialog_taller_than_the_screen_scrolls_its_body_under_a_prompt_that_stays() {
+        let (_, mut app) = demo();
+        let text: String = (1..=60).map(|i| format!("  plan line {i}\n")).collect();
+        app.open(Dialog::Confirm {
+            text,
+            actionable: true,
+        });
+        for (width, height) in SIZES {
+            app.dialog_scroll = 0;
+            let top = screen(&app, width, height);
+            assert!(
+                top.contains("plan line 1\n") || top.contains("plan line 1 "),
+                "{top}"
+            );
+            assert!(top.contains("y: signal them"), "{width}x{height}:\n{top}");
+            assert!(top.contains("↑↓ PgUp PgDn scroll"), "{top}");
+            assert!(!top.contains("plan line 60"), "{top}");
+            // Scrolled to its end (the loop keeps the scroll within the body).
+            app.key(Key::End);
+            assert!(
+                matches!(app.dialog, Dialog::Confirm { .. }),
+                "scrolling is not cancelling"
+            );
+            app.dialog_scroll = app
+                .dialog_scroll
+                .min(super::dialog_scroll_max(&app, width, height));
+            let end = screen(&app, width, height);
+            assert!(end.contains("plan line 60"), "{width}x{height}:\n{end}");
+            assert!(end.contains("y: signal them"), "{width}x{height}:\n{end}");
+        }
+        assert_eq!(app.key(Key::Up), super::super::app::Request::None);
+        assert_eq!(app.key(Key::Char('y')), super::super::app::Request::Execute);
+    }
+
+    /// The text of `column` in each row under the table's header line.
+    fn column(text: &str, title: &str, next: &str) -> Vec<String> {
+        let lines: Vec<Vec<char>> = text.lines().map(|l| l.chars().collect()).collect();
+        let header = lines
+            .iter()
+            .position(|l| l.iter().collect::<String>().contains(" PID "))
+            .unwrap();
+        let h: String = lines[header].iter().collect();
+        let find = |t: &str| h.find(t).map(|b| h[..b].chars().count());
+        // `next` empty: to the end of the line.
+        let to = if next.is_empty() {
+            usize::MAX
+        } else {
+            find(next).unwrap()
+        };
+        let from = find(title).unwrap();
+        lines[header + 1..]
+            .iter()
+            .take_while(|l| !l.is_empty())
+            .map(|l| {
+                l[from.min(l.len())..to.min(l.len())]
+                    .iter()
+                    .collect::<String>()
+                    .trim()
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn at_80_columns_identity_is_never_cut_silently_and_every_size_has_its_unit() {
+        let (_, mut app) = demo();
+        let pod = |name: &str| vramguard_core::report::PodName {
+            namespace: "ml-research".into(),
+            name: name.into(),
+            container: "trainer".into(),
+        };
+        // Two jobs whose labels share their first characters, two pods whose names do.
+        app.rows[0].holder.job.as_mut().unwrap().label = "pgid:20513".into();
+        app.rows[1].holder.job.as_mut().unwrap().label = "pgid:20559".into();
+        app.rows[2].holder.pod = Some(pod("llama-finetune-7d9f8-abcde"));
+        app.rows[3].holder.pod = Some(pod("llama-finetune-7d9f8-fghij"));
+        app.rows[4].holder.rss_bytes = Some(4_831_838_208); // 4.5 GiB
+        for (width, height) in SIZES {
+            let text = screen(&app, width, height);
+            assert!(
+                text.lines()
+                    .all(|l| l.chars().count() <= usize::from(width)),
+                "{text}"
+            );
+            let jobs = column(&text, "JOB", "GPU MEM");
+            assert_eq!(jobs.len(), 5, "{text}");
+            let distinct: std::collections::BTreeSet<&String> = jobs.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                5,
+                "two jobs look the same at {width}:\n{text}"
+            );
+            assert!(
+                jobs[0] == "pgid:20513" && jobs[1] == "pgid:20559",
+                "{jobs:?}\n{text}"
+            );
+            // Cut in the middle, with `…`, keeping the end that tells them apart.
+            for (j, end) in jobs[2..4].iter().zip(["abcde", "fghij"]) {
+                assert!(
+                    j.starts_with("ml-res")
+                        && j.ends_with(end)
+                        && (j.contains('…') || j.len() == 38),
+                    "{j}\n{text}"
+                );
+            }
+            let unit = |cell: &str| {
+                cell == "n/a"
+                    || cell == "unlisted"
+                    || ["B", "KiB", "MiB", "GiB", "TiB"]
+                        .iter()
+                        .any(|u| cell.ends_with(&format!(" {u}")))
+            };
+            for cell in column(&text, "GPU MEM", "%SM") {
+                assert!(unit(&cell), "{cell:?} at {width}:\n{text}");
+            }
+            // RSS is shown with its unit, or not at all.
+            if text.contains(" RSS ") {
+                let next = if text.contains(" PINNED ") {
+                    "PINNED"
+                } else {
+                    "AGE"
+                };
+                let rss = column(&text, "RSS", next);
+                assert!(rss.iter().all(|c| unit(c)), "{rss:?}\n{text}");
+                assert!(rss.contains(&"4.5 GiB".to_string()), "{rss:?}\n{text}");
+            } else {
+                assert!(!text.contains("4.5"), "{text}");
+            }
+            // A command cut ends with `…`.
+            for cmd in column(&text, "COMMAND", "") {
+                assert!(
+                    cmd.ends_with('…') || app.rows.iter().any(|r| r.holder.shown_command() == cmd),
+                    "{cmd:?} at {width}:\n{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn calls_to_action_wrap_instead_of_being_cut() {
+        let (_, mut app) = demo();
+        let explanation = app.gpus()[1].unaccounted.as_ref().unwrap().explanation[1].clone();
+        for (width, height) in SIZES {
+            let text = screen(&app, width, height);
+            assert!(
+                squash(&text).contains(&squash(&explanation)),
+                "{width}:\n{text}"
+            );
+            // The hints in the status line are whole.
+            let status = text.lines().last().unwrap();
+            assert!(
+                [
+                    "help", "select", "details", "reclaim", "sort", "tree", "class", "user"
+                ]
+                .iter()
+                .any(|h| status.ends_with(h)),
+                "{status}"
+            );
+        }
+        app.message = Some(
+            "reclaim unavailable: vramguard runs in a PID namespace of its own; run it on the \
+             host (or with --proc-root naming the host's /proc) to reclaim"
+                .into(),
+        );
+        let text = screen(&app, 80, 24);
+        assert!(text.contains("to reclaim"), "{text}");
     }
 
     #[test]
