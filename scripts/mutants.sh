@@ -8,16 +8,17 @@
 #   scripts/mutants.sh plan -- --re refusal --shard 1/2   # extra cargo-mutants arguments
 #
 # Each file is checked against the tests of its own crate only (unit tests and that crate's
-# tests/ directory): `--test-package` is the file's package (for the two vramguard-node
-# files, also vramguard-ops, which holds their tests; see the table below). The workspace's integration
-# tests (crates/vramguard/tests, real processes and the binary) are far too slow per mutant,
+# tests/ directory): cargo-mutants tests the mutated package (for the two vramguard-node
+# files also vramguard-ops, which holds their tests; see the table below). The workspace's
+# integration tests (crates/vramguard/tests, real processes and the binary) are far too slow per mutant,
 # so a mutant they alone would catch is reported as missed here.
 #
 # Results: target/mutants/<short name>/mutants.out/ (caught.txt, missed.txt, timeout.txt,
 # unviable.txt, outcomes.json). Needs `cargo install cargo-mutants --locked` (tested with 27.1).
 #
 # Environment: MUTANTS_JOBS (default 1), MUTANTS_TIMEOUT (seconds per test run, default 180),
-# MUTANTS_BUILD_TIMEOUT (seconds per build, default 600).
+# MUTANTS_BUILD_TIMEOUT (seconds per build, default 600), MUTANTS_TARGET_DIR (where the
+# scratch copy builds, default target/mutants-build).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -41,7 +42,7 @@ extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) want+=("$1"); shift ;;
     esac
 done
@@ -83,12 +84,16 @@ for row in "${selected[@]}"; do
     out="$root/target/mutants/$name"
     mkdir -p "$out"
     echo "== $name: $file against the tests of $tests"
+    # `--test-package` alone did not reach `cargo test` in cargo-mutants 27.1 (it tested the
+    # mutated package only), so the other packages are named to `cargo test` directly.
     test_args=()
     IFS=, read -r -a test_pkgs <<<"$tests"
-    for t in "${test_pkgs[@]}"; do test_args+=(--test-package "$t"); done
+    for t in "${test_pkgs[@]}"; do
+        [ "$t" = "$package" ] || test_args+=("--cargo-test-arg=--package=$t")
+    done
     nice -n "${MUTANTS_NICE:-15}" cargo mutants \
         --file "$file" \
-        --package "$package" \
+        --workspace \
         "${test_args[@]}" \
         --copy-target false \
         --jobs "${MUTANTS_JOBS:-1}" \
