@@ -435,6 +435,54 @@ fn forbidden_processes_are_left_alone_with_a_reason() {
     assert!(reason(600).contains("system service"), "{}", reason(600));
 }
 
+#[test]
+fn an_orphan_inside_a_container_that_is_not_its_init_is_still_a_target() {
+    // Only the init of a PID namespace (innermost pid 1) ends the container; a dead job's
+    // worker at innermost pid 7 is an orphan like any other.
+    let mut worker = p(501, 1, 499, "python", &[0]);
+    worker.nspid = vec![501, 7];
+    let mut container_init = p(500, 1, 499, "python", &[0]);
+    container_init.nspid = vec![500, 1];
+    let s = snap(
+        vec![gpu(0, 2 * GIB, &[(500, GIB), (501, GIB)])],
+        vec![init(), container_init, worker],
+    );
+    let plan = plan_of(&s, &ReclaimOptions::default());
+    let pids: Vec<u32> = plan.targets().map(|t| t.pid).collect();
+    assert_eq!(pids, vec![501], "left alone: {:#?}", plan.left_alone);
+    let alone = plan.left_alone.iter().find(|l| l.pid == 500).unwrap();
+    assert!(alone.reason.contains("PID namespace"), "{}", alone.reason);
+}
+
+#[test]
+fn a_plan_with_targets_is_not_empty_and_retain_targets_drops_emptied_jobs() {
+    // Two dead jobs (leaders 200 and 400), one orphan each.
+    let s = snap(
+        vec![gpu(0, 8 * GIB, &[(201, 4 * GIB), (401, 4 * GIB)])],
+        vec![
+            init(),
+            p(201, 1, 200, "python", &[0]),
+            p(401, 1, 400, "python", &[0]),
+        ],
+    );
+    let mut plan = plan_of(&s, &ReclaimOptions::default());
+    assert!(plan.segments.is_empty());
+    assert!(!plan.is_empty(), "two targets: {:#?}", plan.jobs);
+    let leaders: Vec<Option<u32>> = plan.jobs.iter().map(|j| j.leader_pid).collect();
+    assert_eq!(leaders, vec![Some(200), Some(400)]);
+
+    // The agent keeps only the targets that stayed eligible: the other job goes with its
+    // last target, and the plan is still not empty.
+    plan.retain_targets(|t| t.pid == 401);
+    let leaders: Vec<Option<u32>> = plan.jobs.iter().map(|j| j.leader_pid).collect();
+    assert_eq!(leaders, vec![Some(400)]);
+    assert!(!plan.is_empty());
+
+    plan.retain_targets(|_| false);
+    assert!(plan.jobs.is_empty(), "{:#?}", plan.jobs);
+    assert!(plan.is_empty());
+}
+
 /// Orphans of uid 1000 (pid 201) and uid 1001 (pid 202) on GPU 0, seen by uid 1000.
 fn orphans_of_two_users_seen_by_uid_1000() -> Snapshot {
     let mut mine = p(201, 1, 200, "python", &[0]);

@@ -34,6 +34,17 @@ fn a_verified_process_receives_the_signal() {
     assert_eq!(status.signal(), Some(libc_sigterm()));
 }
 
+#[test]
+fn a_live_process_has_not_exited_and_a_killed_one_has() {
+    let mut p = sleeper();
+    let v = verify(Path::new("/proc"), identity_of(p.pid())).unwrap();
+    assert!(!v.has_exited(), "a sleeping process has not exited");
+    v.signal(Signal::KILL).unwrap();
+    // Once reaped it has surely exited: no window to wait out.
+    p.0.wait().unwrap();
+    assert!(v.has_exited(), "a killed and reaped process has exited");
+}
+
 fn libc_sigterm() -> i32 {
     15
 }
