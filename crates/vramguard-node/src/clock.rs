@@ -1,7 +1,7 @@
 //! The node's clock: the real one, or a manual one that tests move forward.
 //!
 //! Everything that waits (the executor's grace period, its driver polls, the agent's dwell
-//! times) asks the node's clock, so a test on a [`crate::fake::FakeNode`] runs a 30 s grace
+//! times) asks the node's clock, so a test on a `FakeNode` (feature `test-support`) runs a 30 s grace
 //! period in no time and knows exactly when each step happened.
 
 use std::sync::{Arc, Mutex};

@@ -49,8 +49,12 @@ pub enum Refusal {
 
 /// Reads a pid's start time from `proc_root/PID/stat`.
 pub fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
-    let stat = std::fs::read(proc_root.join(format!("{pid}/stat"))).ok()?;
-    vramguard_proc::parse::parse_stat(&stat).ok()?.start_ticks
+    vramguard_proc::ProcFs::open(proc_root)
+        .ok()?
+        .stat(pid)
+        .ok()?
+        .ok()?
+        .start_ticks
 }
 
 /// A pidfd to a process whose identity was checked after the pidfd was opened.

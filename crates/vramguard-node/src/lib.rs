@@ -8,11 +8,12 @@
 //! - [`MachineNode`] is the real node: a [`vramguard_gpu::GpuSource`] (NVML, or the simulated
 //!   driver's source, which the simulator crate plugs in), a `/proc` collector, a
 //!   [`ResetBackend`], pidfd-pinned signals and the system clock;
-//! - [`fake::FakeNode`] is a scripted node over a saved snapshot with a [`ManualClock`]: the
+//! - `fake::FakeNode` (feature `test-support`) is a scripted node over a saved snapshot with a [`ManualClock`]: the
 //!   executor's and the agent's unit tests run on it with no process and no sleep.
 #![deny(missing_docs)]
 
 pub mod clock;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod identity;
 mod machine;

@@ -259,20 +259,18 @@ impl Node for MachineNode {
 
 /// Threads of `pid` and where they sleep, for a process that survived SIGKILL.
 fn stuck_threads(proc_root: &Path, pid: u32) -> String {
-    let Ok(dir) = std::fs::read_dir(proc_root.join(format!("{pid}/task"))) else {
+    let threads = ProcFs::open(proc_root).and_then(|fs| fs.threads(pid));
+    let Ok(vramguard_proc::procfs::Found::Yes(threads)) = threads else {
         return "its threads are unreadable".into();
     };
-    let mut parts = Vec::new();
-    for t in dir.flatten() {
-        let tid = t.file_name().to_string_lossy().to_string();
-        let state = std::fs::read(t.path().join("stat"))
-            .ok()
-            .and_then(|s| vramguard_proc::parse::parse_stat(&s).ok())
-            .and_then(|s| s.state)
-            .unwrap_or('?');
-        let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
-        parts.push(format!("{tid} {state} {}", wchan.trim()));
-    }
+    let parts: Vec<String> = threads
+        .iter()
+        .map(|t| {
+            // The kernel's symbol names: still escaped, as everything printed from /proc is.
+            let wchan = vramguard_core::sanitize::escape(t.wchan.as_deref().unwrap_or(""));
+            format!("{} {} {wchan}", t.tid, t.state)
+        })
+        .collect();
     format!(
         "survived SIGKILL: threads {}; a thread in D state waits for I/O that no signal can \
          interrupt (abort the hung mount or device, or reboot)",

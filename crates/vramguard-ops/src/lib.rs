@@ -10,11 +10,13 @@ pub mod audit;
 pub mod cgroup;
 pub mod gpus;
 pub mod reclaim;
-pub mod spawn;
+/// Process spawning lives with the process facts ([`vramguard_proc::spawn`]).
+pub use vramguard_proc::spawn;
 pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
 pub use reclaim::{
-    ExecuteOptions, Prepared, ReclaimOutcome, ResetMode, UnknownResetMode, execute, prepare,
+    ExecuteOptions, PrepareError, Prepared, ReclaimOutcome, ResetMode, UnknownResetMode, execute,
+    prepare, try_prepare,
 };
 pub use vramguard_node::identity;

@@ -932,9 +932,38 @@ pub fn prepare(
     sample: Duration,
     plan: impl FnOnce(&Snapshot, &Report) -> Plan,
 ) -> Result<Prepared, NodeError> {
+    try_prepare(node, policy, sample, |snap, report| {
+        Ok::<_, std::convert::Infallible>(plan(snap, report))
+    })
+    .map_err(|e| match e {
+        PrepareError::Node(e) => e,
+        PrepareError::Plan(never) => match never {},
+    })
+}
+
+/// Why [`try_prepare`] made no plan: the node could not be read, or the caller's planning
+/// refused (a `--gpu` that names no GPU of the snapshot).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError<E> {
+    /// The snapshot could not be taken.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The caller's planning failed; nothing was pinned.
+    #[error(transparent)]
+    Plan(E),
+}
+
+/// [`prepare`] with a planning step that may fail (resolving the user's `--gpu` against the
+/// snapshot's GPUs): its error comes back as a value and nothing is pinned.
+pub fn try_prepare<E>(
+    node: &mut dyn Node,
+    policy: &Policy,
+    sample: Duration,
+    plan: impl FnOnce(&Snapshot, &Report) -> Result<Plan, E>,
+) -> Result<Prepared, PrepareError<E>> {
     let snapshot = node.sampled_snapshot(ScanDepth::Full, sample)?;
     let report = classify(&snapshot, policy);
-    let plan = plan(&snapshot, &report);
+    let plan = plan(&snapshot, &report).map_err(PrepareError::Plan)?;
     let pins = pin_plan(node, &plan);
     Ok(Prepared {
         snapshot,
@@ -1480,5 +1509,37 @@ mod tests {
             out.segments[0]
         );
         assert!(node.removed_segments().is_empty());
+    }
+
+    #[test]
+    fn a_plan_that_fails_comes_back_as_its_error_and_pins_nothing() {
+        let policy = Policy::default();
+        let plan = |snap: &Snapshot, report: &Report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        };
+        // What would be pinned: the demo's orphans.
+        let ids = identities(
+            &prepare(&mut demo(), &policy, Duration::from_secs(1), plan)
+                .unwrap()
+                .plan,
+        );
+        assert!(!ids.is_empty());
+        let mut node = demo();
+        let Err(err) = try_prepare(&mut node, &policy, Duration::from_secs(1), |_, _| {
+            Err::<Plan, _>("GPU 9: no such GPU")
+        }) else {
+            panic!("a plan that failed was prepared");
+        };
+        assert!(
+            matches!(err, PrepareError::Plan("GPU 9: no such GPU")),
+            "{err:?}"
+        );
+        for id in ids {
+            assert!(
+                node.signal(id, Signal::TERM).is_err(),
+                "{id:?} was pinned by a plan that failed"
+            );
+        }
+        assert!(sent(&node).is_empty());
     }
 }

@@ -16,6 +16,7 @@ pub mod devices;
 pub mod host;
 pub mod parse;
 pub mod procfs;
+pub mod spawn;
 pub mod work;
 
 pub use collector::{Collected, ProcCollector, ScanDepth};

@@ -15,6 +15,25 @@ impl Drop for Reaped {
     }
 }
 
+/// A process this test started but did not fork itself (a grandchild), held by a pidfd and
+/// SIGKILLed through it on drop: a pid reused meanwhile is never hit.
+struct KilledOnDrop(Option<std::os::fd::OwnedFd>);
+impl KilledOnDrop {
+    fn pin(pid: u32) -> KilledOnDrop {
+        let pidfd = rustix::process::Pid::from_raw(pid as i32).and_then(|p| {
+            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+        });
+        KilledOnDrop(pidfd)
+    }
+}
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if let Some(fd) = &self.0 {
+            let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 fn dev_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for name in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"] {
@@ -345,8 +364,7 @@ fn a_holder_whose_parent_dies_keeps_its_earlier_parent_and_ancestors_are_collect
         std::thread::sleep(Duration::from_millis(10));
     };
     // Killed however the test ends, if it is still the process started here.
-    let mut cleanup = vramguard_testkit::Spawned::default();
-    cleanup.track(holder);
+    let _cleanup = KilledOnDrop::pin(holder);
     let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
     let first = c.collect(&[holder], ScanDepth::NewProcesses, 1).unwrap();
     let h = first.processes.iter().find(|p| p.pid == holder).unwrap();

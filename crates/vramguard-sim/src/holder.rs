@@ -209,7 +209,7 @@ pub struct Ready {
     pub workers: Vec<u32>,
 }
 
-pub use vramguard_ops::spawn::with_default_signals;
+pub use vramguard_proc::spawn::with_default_signals;
 
 /// Starts a holder as a child process with a cosmetic argv: `exe` (the vramguard binary,
 /// whose `main` runs [`run`] when it finds [`HOLDER_ENV`]) under the name `argv[0]`.

@@ -47,7 +47,6 @@ mod fdpass;
 pub mod holder;
 pub mod model;
 pub mod namespace;
-pub mod node;
 pub mod quirks;
 pub mod source;
 pub mod state;

@@ -466,11 +466,11 @@ fn utilization_samples_carry_the_time_of_their_sampling_period() {
 
 #[test]
 fn a_reported_pid_must_be_one_the_process_has_in_some_namespace() {
-    let world = vramguard_testkit::World::new(1);
+    let world = World::new(None, vec![]);
     let p = sleeper();
-    let mut a = vramguard_testkit::allocation(0, p.0.id(), GIB);
+    let mut a = alloc(0, p.0.id(), GIB, AfterExit::Release);
     a.reported_pid = Some(3_999_999);
-    let err = vramguard_sim::store::update_state(&world.state_path(), |s| s.allocations.push(a))
+    let err = vramguard_sim::store::update_state(&world.path(), |s| s.allocations.push(a))
         .unwrap_err()
         .to_string();
     assert!(
@@ -480,9 +480,9 @@ fn a_reported_pid_must_be_one_the_process_has_in_some_namespace() {
         "{err}"
     );
     // Its own pid (NSpid of a process in the host namespace) is coherent.
-    let mut ok = vramguard_testkit::allocation(0, p.0.id(), GIB);
+    let mut ok = alloc(0, p.0.id(), GIB, AfterExit::Release);
     ok.reported_pid = Some(p.0.id());
-    vramguard_sim::store::update_state(&world.state_path(), |s| s.allocations.push(ok)).unwrap();
+    vramguard_sim::store::update_state(&world.path(), |s| s.allocations.push(ok)).unwrap();
 }
 
 /// A real H200 (driver 580.159.04) samples an idle context at 1 % SM (and the whole GPU at

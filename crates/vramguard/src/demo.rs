@@ -18,7 +18,7 @@ use vramguard_core::Policy;
 use vramguard_core::report::Class;
 use vramguard_core::units::format_bytes;
 use vramguard_node::Node;
-use vramguard_proc::{OWN_PROC, ScanDepth};
+use vramguard_proc::ScanDepth;
 use vramguard_sim::holder::{Hold, HolderSpec, Ready, Worker};
 use vramguard_sim::state::AfterExit;
 
@@ -281,12 +281,7 @@ fn start_incident(demo: &mut Demo, state: &Path) -> Result<Incident> {
 
 /// The node on the demo's simulated driver, at the default settings.
 fn demo_node(state: &Path, policy: &Policy) -> Result<vramguard_node::MachineNode> {
-    Ok(vramguard_sim::node::open(
-        state,
-        Path::new(OWN_PROC),
-        policy,
-        vramguard_config::Config::default().driver.call_timeout,
-    )?)
+    crate::settings::Settings::simulated(state)?.node(policy, None)
 }
 
 /// `status` and `diagnose` of the incident, as the commands print them (or the diagnosis as

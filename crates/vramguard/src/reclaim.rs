@@ -339,9 +339,9 @@ fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
 /// Refuses a `--proc-root` other than vramguard's own PID namespace's: pids read there are
 /// the pids signalled.
 pub(crate) fn check_own_proc(proc_root: &std::path::Path) -> Result<()> {
-    let own = std::fs::read_link(proc_root.join("self"))
+    let own = vramguard_proc::ProcFs::open(proc_root)
         .ok()
-        .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));
+        .and_then(|fs| fs.self_pid());
     if own != Some(std::process::id()) {
         bail!(
             "reclaim signals processes, so it needs the /proc of its own PID namespace; {} is not (use the default /proc)",
@@ -430,24 +430,23 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     check_own_proc(&settings.proc_root)?;
 
     let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
-    // `--gpu` is resolved against the snapshot the plan is made from.
-    let mut resolved = None;
-    let prepared = vramguard_ops::prepare(
+    // `--gpu` is resolved against the snapshot the plan is made from, before planning.
+    let prepared = vramguard_ops::try_prepare(
         &mut node,
         &settings.config.policy,
         args.sample,
-        |snap, report| match resolve_gpus(&args.gpu, report, opts) {
-            Ok(opts) => {
-                resolved = Some(Ok(()));
-                plan_reclaim(snap, report, &opts)
-            }
-            Err(e) => {
-                resolved = Some(Err(e));
-                Plan::default()
-            }
+        |snap, report| {
+            Ok::<_, anyhow::Error>(plan_reclaim(
+                snap,
+                report,
+                &resolve_gpus(&args.gpu, report, opts)?,
+            ))
         },
-    )?;
-    resolved.unwrap_or(Ok(()))?;
+    )
+    .map_err(|e| match e {
+        vramguard_ops::reclaim::PrepareError::Node(e) => anyhow::Error::from(e),
+        vramguard_ops::reclaim::PrepareError::Plan(e) => e,
+    })?;
     let (plan, report) = (&prepared.plan, &prepared.report);
 
     let interactive = std::io::stdin().is_terminal();

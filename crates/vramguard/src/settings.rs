@@ -87,6 +87,22 @@ impl Settings {
         })
     }
 
+    /// The settings of `vramguard --sim STATE` with no config file: the demo's node is built
+    /// by the same constructor as every other command's.
+    pub fn simulated(state: &Path) -> Result<Settings> {
+        Settings::new(
+            Global {
+                sim: Some(state.to_path_buf()),
+                nvml_lib: None,
+                proc_root: PathBuf::from(vramguard_proc::OWN_PROC),
+                dev_dir: None,
+                config: None,
+                replay: None,
+            },
+            Config::default(),
+        )
+    }
+
     /// The classification policy.
     pub fn policy(&self) -> &Policy {
         &self.config.policy
@@ -118,7 +134,7 @@ impl Settings {
             return Ok(ResetBackend::Command(argv));
         }
         Ok(match self.driver.sim_state() {
-            Some(state) => vramguard_sim::node::reset_backend(state.to_path_buf()),
+            Some(state) => simulated_reset(state.to_path_buf()),
             None => ResetBackend::nvidia_smi(),
         })
     }
@@ -200,6 +216,22 @@ impl Settings {
 }
 
 /// Opens the GPU source of `driver`, every call of which waits at most `call_timeout`.
+/// The simulator's reset of the GPUs of `state` (its stand-in for `nvidia-smi --gpu-reset`).
+fn simulated_reset(state: PathBuf) -> ResetBackend {
+    use vramguard_node::ResetError;
+    ResetBackend::Function(std::sync::Arc::new(move |gpu| {
+        let refused = |e: vramguard_sim::SimError| ResetError::Refused(e.to_string());
+        let outcome = vramguard_sim::Sim::open(&state)
+            .map_err(refused)?
+            .reset(gpu)
+            .map_err(refused)?;
+        Ok(format!(
+            "simulated reset cleared {}",
+            vramguard_core::units::format_bytes(outcome.cleared_bytes)
+        ))
+    }))
+}
+
 fn open_source(
     driver: &Driver,
     call_timeout: Duration,

@@ -74,6 +74,123 @@ fn the_real_node_does_not_depend_on_the_simulator() {
     assert!(normal_dependencies("vramguard-sim").contains(&"vramguard-gpu".to_string()));
 }
 
+/// Every workspace crate and the workspace crates it depends on, normal and dev, from
+/// `cargo metadata` (what `cargo tree` reads).
+fn workspace_graph() -> Vec<(String, Vec<String>, Vec<String>)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .current_dir(crates_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let deps_of = |p: &serde_json::Value, kind: Option<&str>| -> Vec<String> {
+        p["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].as_str() == kind)
+            .filter_map(|d| d["name"].as_str())
+            .filter(|n| n.starts_with("vramguard"))
+            .map(str::to_string)
+            .collect()
+    };
+    meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                deps_of(p, None),
+                deps_of(p, Some("dev")),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_simulator_sits_beneath_the_node_and_no_dependency_forms_a_cycle() {
+    let graph = workspace_graph();
+    let normal = |name: &str| -> Vec<String> {
+        graph
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, d, _)| d.clone())
+            .unwrap_or_else(|| panic!("no crate {name}"))
+    };
+    // The simulator fakes the driver and the machine beneath the layers that use them: it
+    // may build on the core, the files, /proc and the GPU interface, never on the node or
+    // the executor it is there to test.
+    let mut sim = normal("vramguard-sim");
+    sim.sort();
+    assert_eq!(
+        sim,
+        [
+            "vramguard-core",
+            "vramguard-fs",
+            "vramguard-gpu",
+            "vramguard-proc"
+        ],
+        "vramguard-sim's dependencies"
+    );
+    // No cycle through dev-dependencies either (a crate's tests built against a second copy
+    // of itself): every edge, normal or dev, goes down.
+    let edges = |name: &str| -> Vec<String> {
+        graph
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, d, dev)| d.iter().chain(dev).cloned().collect())
+            .unwrap_or_default()
+    };
+    for (start, _, _) in &graph {
+        // Depth-first from each crate's dependencies: reaching the crate again is a cycle.
+        let mut stack: Vec<Vec<String>> = edges(start)
+            .into_iter()
+            .map(|d| vec![start.clone(), d])
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        while let Some(path) = stack.pop() {
+            let last = path.last().unwrap().clone();
+            assert!(&last != start, "dependency cycle: {}", path.join(" -> "));
+            if !seen.insert(last.clone()) {
+                continue;
+            }
+            for next in normal(&last) {
+                let mut p = path.clone();
+                p.push(next);
+                stack.push(p);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_fake_node_is_built_only_for_tests() {
+    let lib = std::fs::read_to_string(crates_dir().join("vramguard-node/src/lib.rs")).unwrap();
+    assert!(
+        lib.contains("#[cfg(any(test, feature = \"test-support\"))]\npub mod fake;"),
+        "vramguard-node's fake must be behind the test-support feature"
+    );
+    for (name, normal, _) in workspace_graph() {
+        assert!(
+            !normal.contains(&"vramguard-testkit".to_string()),
+            "{name} ships the test kit"
+        );
+    }
+}
+
 #[test]
 fn the_use_cases_reach_the_machine_only_through_the_node() {
     // The executor and the agent's loop ask a `Node` (so they run on the fake one in unit

@@ -1,6 +1,6 @@
 //! Scan cost with many processes and open files, next to `fuser -v` and `lsof`.
 //!
-//! `cargo bench -p vramguard-proc --bench scan` spawns PROCS processes holding FDS_EACH fds
+//! `cargo bench -p vramguard --bench scan` spawns PROCS processes holding FDS_EACH fds
 //! each (HOLDERS of them hold the stand-in GPU device files), then prints, in one run:
 //! - a full fd scan (a fresh collector, every process's fds), median of 5;
 //! - `fuser -v` and `lsof` over the same device files, median of 3;
