@@ -2,9 +2,9 @@
 //!
 //! One thread samples on its own schedule: a steady-state collection every `interval`, a
 //! `/proc` listing every `discover_every`, a full fd scan every `full_scan_every` and whenever
-//! a GPU shows unaccounted memory. Between samples it sleeps in `poll` on a pidfd of every GPU
-//! holder (and a wake pipe for signals): when a holder exits, it samples at once, so a ghost left
-//! by a kill shows within a second, and it watches that GPU's used memory every 20 ms until
+//! a GPU shows unaccounted memory. Between samples it sleeps in the node's wait on every GPU
+//! holder's exit (a pidfd each) and a wake pipe for signals: when a holder exits, it samples
+//! at once, so a ghost left by a kill shows within a second, and it watches that GPU's used memory every 20 ms until
 //! the exited holder's memory is back, to measure the driver's release lag.
 
 use crate::alerts::AlertEngine;
@@ -14,7 +14,6 @@ use crate::http::{Published, Server, Shared};
 use crate::metrics::{Metrics, SampleFacts};
 use crate::notify::Notifier;
 use axum::body::Bytes;
-use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{AsFd, OwnedFd};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -29,7 +28,7 @@ use vramguard_core::snapshot::{ProcessListState, Snapshot};
 use vramguard_core::trend::Trend;
 use vramguard_core::{Policy, classify};
 use vramguard_node::{Node, NodeError, NodeFactory, SnapshotError};
-use vramguard_ops::identity::{Identity, Verified, verify};
+use vramguard_ops::identity::Identity;
 use vramguard_ops::reclaim::ReclaimOutcome;
 use vramguard_ops::{AuditLog, ExecuteOptions};
 use vramguard_proc::{ScanDepth, WorkSampler};
@@ -52,7 +51,6 @@ pub struct AgentSetup {
 
 /// A holder whose exit is watched.
 struct Watched {
-    pidfd: Verified,
     comm: Option<String>,
     /// (gpu, listed bytes) at the last sample.
     gpus: HeldMemory,
@@ -113,8 +111,7 @@ impl Agent {
     }
 
     fn sample(&mut self) {
-        // The sample's own cost is measured on the real clock.
-        let t0 = Instant::now();
+        let t0 = self.now();
         let depth = self.depth_due();
         let snap = match self.node.snapshot(depth) {
             Ok(s) => s,
@@ -377,7 +374,7 @@ impl Agent {
         *self.shared.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
 
-    /// Keeps a pidfd of every holder, to wake at its exit.
+    /// Has the node watch every holder, to wake at its exit.
     fn watch_holders(&mut self, report: &Report) {
         let mut present: BTreeSet<(u32, u64)> = BTreeSet::new();
         let mut per_holder: HashMap<(u32, u64), (Option<String>, HeldMemory)> = HashMap::new();
@@ -402,58 +399,60 @@ impl Agent {
             match self.watched.get_mut(&key) {
                 Some(w) => w.gpus = gpus,
                 None => {
-                    // Watching needs a pidfd: only a node with a /proc has processes to watch.
-                    let Some(proc) = self.node.proc() else {
-                        continue;
-                    };
-                    if let Ok(pidfd) = verify(
-                        proc.root(),
-                        Identity {
-                            pid: key.0,
-                            start_ticks: key.1,
-                        },
-                    ) {
-                        self.watched.insert(key, Watched { pidfd, comm, gpus });
-                    }
+                    self.watched.insert(key, Watched { comm, gpus });
                 }
             }
         }
+        let ids: Vec<Identity> = self
+            .watched
+            .keys()
+            .map(|&(pid, start_ticks)| Identity { pid, start_ticks })
+            .collect();
+        self.node.watch_exits(&ids);
     }
 
-    /// Sleeps until `deadline`, a holder's exit, or the wake pipe; returns the exits.
+    /// Sleeps until `deadline` (the node's clock), a holder's exit, or the wake pipe;
+    /// returns the exits, timed by the node.
     fn wait(&mut self, deadline: Instant, wake: &OwnedFd) -> Vec<(u32, Watched, Instant)> {
-        let keys: Vec<(u32, u64)> = self.watched.keys().copied().collect();
-        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(keys.len() + 1);
-        fds.push(PollFd::new(wake, PollFlags::IN));
-        for k in &keys {
-            fds.push(PollFd::from_borrowed_fd(
-                self.watched[k].pidfd_fd(),
-                PollFlags::IN,
-            ));
-        }
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let ts = rustix::time::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: timeout.subsec_nanos() as i64,
-        };
-        let _ = poll(&mut fds, Some(&ts));
-        let now = Instant::now();
-        let fired: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
-        drop(fds);
-        if fired[0] {
-            let mut buf = [0u8; 64];
-            let _ = rustix::io::read(wake, &mut buf);
-        }
+        let gone = self.node.wait_watched(deadline, Some(wake.as_fd()));
+        // The pipe is non-blocking: empty it whether or not it woke the wait.
+        let mut buf = [0u8; 64];
+        while matches!(rustix::io::read(wake, &mut buf), Ok(n) if n > 0) {}
         let mut exits = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            if fired[i + 1]
-                && let Some(w) = self.watched.remove(k)
-            {
-                self.exited.insert(*k);
-                exits.push((k.0, w, now));
+        for (id, at) in gone {
+            let key = (id.pid, id.start_ticks);
+            if let Some(w) = self.watched.remove(&key) {
+                self.exited.insert(key);
+                exits.push((id.pid, w, at));
             }
         }
         exits
+    }
+
+    /// One turn of the loop, on the node's clock: the sample when `next` is due, then the
+    /// wait for the next one, a holder's exit or the wake pipe, then the exits and the
+    /// release lags they started. Returns when the next sample is due.
+    fn step(&mut self, mut next: Instant, wake: &OwnedFd) -> Instant {
+        if self.now() >= next {
+            self.sample();
+            next = self.now() + self.config.agent.interval;
+        }
+        let until = if self.pending.is_empty() {
+            next
+        } else {
+            next.min(self.now() + Duration::from_millis(20))
+        };
+        let exits = self.wait(until, wake);
+        if !exits.is_empty() {
+            self.on_exits(exits);
+            // A kill may have left a ghost: report it now, not at the next tick.
+            next = self.now();
+        }
+        if !self.pending.is_empty() && self.poll_lags() {
+            // Memory came back: sample now, so the ghost and the lag are exported together.
+            next = self.now();
+        }
+        next
     }
 
     /// Starts measuring the release of exited holders' memory.
@@ -635,12 +634,6 @@ impl Agent {
     }
 }
 
-impl Watched {
-    fn pidfd_fd(&self) -> rustix::fd::BorrowedFd<'_> {
-        self.pidfd.as_fd()
-    }
-}
-
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -813,32 +806,13 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
     let mut agent = Agent::new(&setup, shared)?;
-    let mut next = Instant::now();
+    let mut next = agent.now();
     while !shutdown.load(Ordering::SeqCst) {
         if reload.swap(false, Ordering::SeqCst) {
             agent.reload(setup.config_path.as_deref());
         }
         agent.collect_reclaim();
-        let now = Instant::now();
-        if now >= next {
-            agent.sample();
-            next = Instant::now() + agent.config.agent.interval;
-        }
-        let until = if agent.pending.is_empty() {
-            next
-        } else {
-            next.min(Instant::now() + Duration::from_millis(20))
-        };
-        let exits = agent.wait(until, &wake_rx);
-        if !exits.is_empty() {
-            agent.on_exits(exits);
-            // A kill may have left a ghost: report it now, not at the next tick.
-            next = Instant::now();
-        }
-        if !agent.pending.is_empty() && agent.poll_lags() {
-            // Memory came back: sample now, so the ghost and the lag are exported together.
-            next = Instant::now();
-        }
+        next = agent.step(next, &wake_rx);
     }
     tracing::info!("vramguard agent stopping");
     signals_handle.close();
@@ -993,5 +967,82 @@ mod tests {
         assert!(node.signals().is_empty());
         let metrics = agent.metrics.render();
         assert!(metrics.contains("vramguard_gpu_ghost_bytes"), "{metrics}");
+    }
+
+    /// A non-blocking pipe like the one the agent's signal thread writes to.
+    fn wake_pipe() -> (OwnedFd, OwnedFd) {
+        rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_exit_wakes_the_agent_at_once_and_the_release_lag_is_timed_on_the_nodes_clock() {
+        use vramguard_node::Clock;
+        let node = demo();
+        node.release_lag(Duration::from_millis(340));
+        let mut config = Config::default();
+        config.agent.interval = Duration::from_secs(5);
+        let mut agent = agent_on(&node, config);
+        let clock = node.manual_clock().clone();
+        let (wake_rx, _wake_tx) = wake_pipe();
+        let t0 = clock.now();
+        // The first turn samples, watches every holder (16521 holds 8 GiB on GPU 0) and,
+        // with nothing exiting, sleeps until the next sample is due.
+        let next = agent.step(t0, &wake_rx);
+        assert_eq!(next, t0 + Duration::from_secs(5));
+        assert_eq!(clock.now(), next);
+        let key = (16521, node_start(&node, 16521));
+        assert!(agent.watched.contains_key(&key));
+        // The next turn samples; 16521 exits 1.3 s later: the wait ends then, not at the
+        // sample after, 5 s in.
+        let t1 = clock.now();
+        node.exit_after(16521, Duration::from_millis(1300));
+        let next = agent.step(next, &wake_rx);
+        let exited = t1 + Duration::from_millis(1300);
+        assert_eq!(clock.now(), exited, "woken by the exit");
+        assert_eq!(next, clock.now(), "a sample is due at once");
+        assert_eq!(
+            agent.pending.len(),
+            1,
+            "the release of its memory is measured"
+        );
+        // The driver gives the memory back 340 ms after the exit: polled every 20 ms.
+        let mut turns = 0;
+        let mut next = next;
+        while !agent.pending.is_empty() {
+            next = agent.step(next, &wake_rx);
+            turns += 1;
+            assert!(turns < 100, "the release was never seen");
+        }
+        let lag = clock.now() - exited;
+        assert!(
+            lag >= Duration::from_millis(340) && lag < Duration::from_millis(361),
+            "{lag:?}"
+        );
+        let metrics = agent.metrics.render();
+        let sum = metrics
+            .lines()
+            .find(|l| l.starts_with("vramguard_release_lag_seconds_sum{gpu=\"0\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no release lag for GPU 0:\n{metrics}"));
+        assert!((0.34..0.361).contains(&sum), "{sum}");
+        // The exited holder is never watched again.
+        agent.step(next, &wake_rx);
+        assert!(!agent.watched.contains_key(&key));
+    }
+
+    /// The start time of `pid` in the node's snapshot.
+    fn node_start(node: &FakeNode, pid: u32) -> u64 {
+        let mut n = node.clone();
+        n.snapshot(ScanDepth::Full)
+            .unwrap()
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| p.start_ticks)
+            .unwrap()
     }
 }

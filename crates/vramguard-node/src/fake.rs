@@ -15,7 +15,7 @@ use crate::identity::{Identity, Refusal};
 use crate::reset::{ResetError, ResetTarget};
 use crate::{Node, NodeError};
 use rustix::process::Signal;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use vramguard_core::snapshot::{GpuSample, Snapshot};
@@ -80,6 +80,8 @@ struct FakeState {
     reset_at: BTreeMap<u32, Instant>,
     reset_refusal: Option<String>,
     pinned: Vec<Identity>,
+    /// Processes whose exit is watched ([`Node::watch_exits`]).
+    watched: BTreeSet<Identity>,
     signals: Vec<SentSignal>,
     resets: Vec<u32>,
     removed_segments: Vec<String>,
@@ -126,6 +128,7 @@ impl FakeNode {
                 reset_at: BTreeMap::new(),
                 reset_refusal: None,
                 pinned: Vec::new(),
+                watched: BTreeSet::new(),
                 signals: Vec::new(),
                 resets: Vec::new(),
                 removed_segments: Vec::new(),
@@ -471,6 +474,58 @@ impl Node for FakeNode {
             self.clock.advance(until - now);
         }
         exits.into_iter().map(|e| e.map(|e| e.max(now))).collect()
+    }
+
+    fn watch_exits(&mut self, ids: &[Identity]) -> usize {
+        let now = self.clock.now();
+        let mut s = self.state();
+        let watchable: BTreeSet<Identity> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                s.processes
+                    .get(&id.pid)
+                    .is_some_and(|p| p.start_ticks == Some(id.start_ticks))
+                    && s.alive(id.pid, now)
+            })
+            .collect();
+        s.watched = watchable;
+        s.watched.len()
+    }
+
+    /// Moves the manual clock to the first watched exit or `deadline`, whichever comes
+    /// first (`wake` is never readable on a fake node).
+    fn wait_watched(
+        &mut self,
+        deadline: Instant,
+        _wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Vec<(Identity, Instant)> {
+        let now = self.clock.now();
+        let exits: Vec<(Identity, Instant)> = {
+            let s = self.state();
+            s.watched
+                .iter()
+                .filter_map(|id| {
+                    let at = s.processes.get(&id.pid).and_then(FakeProcess::exit_at)?;
+                    Some((*id, at.max(now)))
+                })
+                .collect()
+        };
+        let until = exits
+            .iter()
+            .map(|(_, at)| *at)
+            .min()
+            .map_or(deadline, |first| first.min(deadline));
+        if until > now {
+            self.clock.advance(until - now);
+        }
+        let gone: Vec<(Identity, Instant)> =
+            exits.into_iter().filter(|(_, at)| *at <= until).collect();
+        let mut s = self.state();
+        for (id, _) in &gone {
+            s.watched.remove(id);
+        }
+        gone
     }
 
     fn why_alive(&self, pid: u32) -> String {

@@ -98,6 +98,20 @@ pub trait Node: Send {
     /// identity, when it was seen gone (`None`: alive at the deadline).
     fn wait_exits(&mut self, ids: &[Identity], deadline: Instant) -> Vec<Option<Instant>>;
 
+    /// Watches `ids` for their exits from now on, in place of whatever was watched before
+    /// (the agent's holders; a pidfd each on a real node, kept across calls). An identity
+    /// that is no longer its process is left out. Returns how many are watched.
+    fn watch_exits(&mut self, ids: &[Identity]) -> usize;
+
+    /// Sleeps until `deadline` on the node's clock, the exit of a process watched by
+    /// [`Node::watch_exits`], or `wake` becoming readable. Returns the watched processes seen
+    /// gone and when, on the node's clock; they are watched no more.
+    fn wait_watched(
+        &mut self,
+        deadline: Instant,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Vec<(Identity, Instant)>;
+
     /// What keeps a process alive that survived SIGKILL (its threads and wait channels).
     fn why_alive(&self, pid: u32) -> String;
 

@@ -24,6 +24,8 @@ pub struct MachineNode {
     /// The `/proc` of vramguard's own PID namespace, where pinned identities are checked.
     signal_proc: PathBuf,
     pinned: BTreeMap<u32, Verified>,
+    /// Processes whose exit is watched ([`Node::watch_exits`]), each by its pidfd.
+    watched: BTreeMap<Identity, Verified>,
     clock: SystemClock,
     kubelet: Option<Kubelet>,
 }
@@ -68,6 +70,7 @@ impl MachineNode {
             reset,
             signal_proc: signal_proc.to_path_buf(),
             pinned: BTreeMap::new(),
+            watched: BTreeMap::new(),
             clock: SystemClock,
             kubelet: None,
         }
@@ -235,9 +238,63 @@ impl Node for MachineNode {
             .iter()
             .map(|p| match p {
                 Some(_) => exits.next().flatten(),
-                None => Some(Instant::now()),
+                None => Some(self.clock.now()),
             })
             .collect()
+    }
+
+    fn watch_exits(&mut self, ids: &[Identity]) -> usize {
+        let wanted: BTreeSet<Identity> = ids.iter().copied().collect();
+        self.watched.retain(|id, _| wanted.contains(id));
+        for id in wanted {
+            if !self.watched.contains_key(&id)
+                && let Ok(v) = identity::verify(&self.signal_proc, id)
+            {
+                self.watched.insert(id, v);
+            }
+        }
+        self.watched.len()
+    }
+
+    fn wait_watched(
+        &mut self,
+        deadline: Instant,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Vec<(Identity, Instant)> {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let ids: Vec<Identity> = self.watched.keys().copied().collect();
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(ids.len() + 1);
+        for id in &ids {
+            fds.push(PollFd::new(&self.watched[id], PollFlags::IN));
+        }
+        if let Some(w) = &wake {
+            fds.push(PollFd::from_borrowed_fd(*w, PollFlags::IN));
+        }
+        let timeout = deadline.saturating_duration_since(self.clock.now());
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        // EINTR: nothing new; the caller loops.
+        let _ = poll(&mut fds, Some(&ts));
+        let now = self.clock.now();
+        let fired: Vec<bool> = fds
+            .iter()
+            .take(ids.len())
+            .map(|f| {
+                f.revents()
+                    .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
+            })
+            .collect();
+        drop(fds);
+        let mut exits = Vec::new();
+        for (id, gone) in ids.into_iter().zip(fired) {
+            if gone {
+                self.watched.remove(&id);
+                exits.push((id, now));
+            }
+        }
+        exits
     }
 
     fn why_alive(&self, pid: u32) -> String {

@@ -56,11 +56,11 @@ pub fn rfc3339(ms: u64) -> String {
     )
 }
 
+/// The machine's wall clock, for the records written outside a run on a node (opening and
+/// repairing the log); a run's records take the node's clock ([`AuditLog::record_at`]).
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    use vramguard_node::Clock;
+    vramguard_node::SystemClock.wall_ms()
 }
 
 /// How much of a torn record its `repaired` record keeps.
@@ -151,9 +151,15 @@ impl AuditLog {
         &self.run_id
     }
 
-    /// Appends one record: `event` plus `fields` (an object), stamped with time, run and host.
+    /// Appends one record: `event` plus `fields` (an object), stamped with the machine's time,
+    /// the run and the host.
     pub fn record(&mut self, event: &str, fields: Value) -> Result<(), AuditError> {
-        let ms = now_ms();
+        self.record_at(now_ms(), event, fields)
+    }
+
+    /// [`AuditLog::record`] stamped `ms` (milliseconds since the epoch): the executor passes
+    /// its node's clock, so a run on the fake node's manual clock logs the times it acted at.
+    pub fn record_at(&mut self, ms: u64, event: &str, fields: Value) -> Result<(), AuditError> {
         let mut obj = Map::new();
         obj.insert("ts".into(), Value::String(rfc3339(ms)));
         obj.insert("ts_ms".into(), Value::from(ms));

@@ -347,7 +347,7 @@ pub fn execute(
     audit: &mut AuditLog,
     opts: &ExecuteOptions,
 ) -> Result<ReclaimOutcome, ExecuteError> {
-    record_plan(plan, opts, audit)?;
+    record_plan(plan, opts, audit, node.clock().wall_ms())?;
     let mut run = Run {
         plan,
         opts,
@@ -397,8 +397,10 @@ fn record_plan(
     plan: &Plan,
     opts: &ExecuteOptions,
     audit: &mut AuditLog,
+    now_ms: u64,
 ) -> Result<(), ExecuteError> {
-    audit.record(
+    audit.record_at(
+        now_ms,
         "start",
         json!({
             "gpus": plan.gpus,
@@ -410,7 +412,8 @@ fn record_plan(
     )?;
     for job in &plan.jobs {
         for t in &job.targets {
-            audit.record(
+            audit.record_at(
+                now_ms,
                 "target",
                 json!({
                     "pid": t.pid, "start_ticks": t.start_ticks, "comm": t.comm,
@@ -421,13 +424,15 @@ fn record_plan(
         }
     }
     for l in &plan.left_alone {
-        audit.record(
+        audit.record_at(
+        now_ms,
             "left_alone",
             json!({ "pid": l.pid, "comm": l.comm, "class": l.class, "gpus": l.gpus, "reason": l.reason }),
         )?;
     }
     for s in &plan.segments {
-        audit.record(
+        audit.record_at(
+            now_ms,
             "segment",
             json!({ "dir": s.dir, "name": s.name, "inode": s.inode, "bytes": s.bytes,
                 "uid": s.uid, "producer": s.producer, "age_secs": s.age_secs }),
@@ -452,7 +457,7 @@ impl<'a> Run<'a> {
     /// what was left half-done (the outcomes say which targets got SIGTERM and no SIGKILL).
     fn log(&mut self, event: &str, value: serde_json::Value) -> Result<(), ExecuteError> {
         self.audit
-            .record(event, value)
+            .record_at(self.node.clock().wall_ms(), event, value)
             .map_err(|cause| ExecuteError::Stopped {
                 cause,
                 unfinished: unfinished(&self.outcomes),
@@ -1541,5 +1546,31 @@ mod tests {
             );
         }
         assert!(sent(&node).is_empty());
+    }
+
+    #[test]
+    fn audit_records_are_stamped_by_the_nodes_clock() {
+        use vramguard_node::Clock;
+        let node = demo();
+        node.behave(16522, Behaviour::IgnoresTerm);
+        let start = node.manual_clock().wall_ms();
+        let ran = reclaim(&node, &opts(ResetMode::Never), None);
+        ran.outcome.unwrap();
+        let stamp = |signal: &str| -> u64 {
+            ran.audit
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .find(|r| r["event"] == "signal" && r["pid"] == 16522 && r["signal"] == signal)
+                .and_then(|r| r["ts_ms"].as_u64())
+                .unwrap_or_else(|| panic!("no {signal} record for 16522:\n{}", ran.audit))
+        };
+        // The manual clock moved through the 30 s grace in no time; the records say 30 s.
+        assert_eq!(stamp("KILL") - stamp("TERM"), 30_000, "{}", ran.audit);
+        // And they are on the node's clock, between its start and its time now.
+        assert!(
+            start <= stamp("TERM") && stamp("KILL") <= node.manual_clock().wall_ms(),
+            "{}",
+            ran.audit
+        );
     }
 }

@@ -192,6 +192,37 @@ fn the_fake_node_is_built_only_for_tests() {
 }
 
 #[test]
+fn the_use_cases_tell_time_by_the_nodes_clock() {
+    // The executor, the audit records it writes, a job's GPU memory and the agent's loop
+    // (its waits, exit times and release lags) ask `Node::clock()`, so their unit tests run
+    // on the fake node's manual clock; the core has no clock at all. Unit tests (after
+    // `#[cfg(test)]`) may wait on the real clock for a thread.
+    let mut offenders = Vec::new();
+    let mut files: Vec<(PathBuf, String)> = rust_files(&crates_dir().join("vramguard-core/src"));
+    for f in [
+        "vramguard-ops/src/reclaim.rs",
+        "vramguard-ops/src/audit.rs",
+        "vramguard-ops/src/gpus.rs",
+        "vramguard-agent/src/agent.rs",
+    ] {
+        let path = crates_dir().join(f);
+        let text = std::fs::read_to_string(&path).unwrap();
+        files.push((path, text));
+    }
+    for (path, text) in files {
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (n, line) in code.lines().enumerate() {
+            if (line.contains("Instant::now") || line.contains("SystemTime::now"))
+                && !line.trim_start().starts_with("//")
+            {
+                offenders.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
 fn the_use_cases_reach_the_machine_only_through_the_node() {
     // The executor and the agent's loop ask a `Node` (so they run on the fake one in unit
     // tests); only the node crate and the binary that builds nodes talk to NVML.
