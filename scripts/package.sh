@@ -122,7 +122,7 @@ if want tarball; then
     dir=target/package/$name
     rm -rf "$dir"
     mkdir -p "$dir/systemd"
-    cp "$bin" README.md LICENSE "$dir/"
+    cp "$bin" README.md LICENSE docs/json-schema.md "$dir/"
     install -m 644 deploy/config.toml "$dir/config.toml.example"
     cp -r "$stage/man" "$stage/completions" "$dir/"
     cp deploy/systemd/vramguard-agent.service "$dir/systemd/"

@@ -967,14 +967,26 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
         .unwrap_or(&default_include)
         .iter()
         .map(|name| {
-            let class: Class =
-                name.parse()
-                    .map_err(|e: vramguard_core::report::UnknownClass| {
-                        c.err("reclaim.include", e.to_string())
-                    })?;
+            // One list of what may be named, in every error: the classes the agent may
+            // reclaim on its own.
+            let refused = |reason: String| {
+                c.err(
+                    "reclaim.include",
+                    format!(
+                        "{reason} (reclaim.include takes: {})",
+                        Class::target_names(true).join(", ")
+                    ),
+                )
+            };
+            let class: Class = name.parse().map_err(|_| {
+                refused(format!(
+                    "unknown value {:?}",
+                    vramguard_core::sanitize::escape(name)
+                ))
+            })?;
             class
                 .check_target(true)
-                .map_err(|e| c.err("reclaim.include", e.to_string()))?;
+                .map_err(|e| refused(e.to_string()))?;
             Ok(class)
         })
         .collect::<Result<_, _>>()?;

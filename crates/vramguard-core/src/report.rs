@@ -244,6 +244,17 @@ impl Class {
         }
     }
 
+    /// The names of the classes reclaim may be asked to target (`automatic`: by the agent,
+    /// which never takes a working class): the one list every `--include` and
+    /// `[reclaim] include` error gives.
+    pub fn target_names(automatic: bool) -> Vec<&'static str> {
+        CLASSES
+            .iter()
+            .filter(|i| i.class.check_target(automatic).is_ok())
+            .map(|i| i.name)
+            .collect()
+    }
+
     /// The classes reclaim targets when none are named.
     pub fn default_targets() -> impl Iterator<Item = Class> {
         CLASSES.iter().filter(|i| i.default_target).map(|i| i.class)

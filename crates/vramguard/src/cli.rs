@@ -1,5 +1,6 @@
 //! Command-line definitions. Only this crate knows about the command line.
 
+use crate::gpusel::{GpuSelector, gpu_selector};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use vramguard_core::units::UnitError;
     version,
     long_version = LONG_VERSION,
     about,
-    max_term_width = 100
+    max_term_width = HELP_WIDTH
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -270,7 +271,96 @@ pub fn with_config_defaults(mut cmd: clap::Command, config: &Config) -> clap::Co
             })
         });
     }
+    commands_by_use(global_options_once(cmd))
+}
+
+/// The width help is wrapped to (the `max_term_width` of [`Cli`]).
+const HELP_WIDTH: usize = 100;
+
+/// The order `vramguard --help` lists the commands in: a first try, then by how often an
+/// admin reaches for each; the rest keep their place after these.
+const COMMANDS_BY_USE: &[&str] = &[
+    "demo", "status", "top", "diagnose", "reclaim", "run", "agent", "pick", "metrics", "snapshot",
+    "probe", "config",
+];
+
+fn commands_by_use(mut cmd: clap::Command) -> clap::Command {
+    for (order, name) in COMMANDS_BY_USE.iter().enumerate() {
+        cmd = cmd.mut_subcommand(name, |c| c.display_order(order));
+    }
     cmd
+}
+
+/// The global options ([`Global`]) explained once, in `vramguard --help`; every command's help
+/// names them in one line instead of repeating their 14 lines (and `--replay` under `sim
+/// hold`, where it means nothing). They are accepted before or after any command all the same.
+fn global_options_once(mut cmd: clap::Command) -> clap::Command {
+    let globals: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    let rows: Vec<(String, String)> = globals
+        .iter()
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            let value = a
+                .get_value_names()
+                .and_then(|v| v.first())
+                .map(|v| format!(" <{v}>"))
+                .unwrap_or_default();
+            let mut help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+            if let Some(env) = a.get_env() {
+                help.push_str(&format!(" [env: {}]", env.to_string_lossy()));
+            }
+            Some((format!("--{long}{value}"), help))
+        })
+        .collect();
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let mut section = String::from("Global options (before or after any command):\n");
+    // Wrapped here, with the help column kept: clap wraps after_help without indentation.
+    let column = width + 4;
+    for (name, help) in &rows {
+        let mut line = format!("  {name:width$}  ");
+        for word in help.split_whitespace() {
+            if line.len() > column && line.len() + 1 + word.len() > HELP_WIDTH {
+                section.push_str(line.trim_end());
+                section.push('\n');
+                line = " ".repeat(column);
+            } else if line.len() > column {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+        section.push_str(line.trim_end());
+        section.push('\n');
+    }
+    let names: Vec<String> = rows
+        .iter()
+        .map(|(n, _)| n.split(' ').next().unwrap_or(n).to_string())
+        .collect();
+    let line = format!(
+        "Global options: {} (`vramguard --help` explains them)",
+        names.join(", ")
+    );
+    for a in &globals {
+        cmd = cmd.mut_arg(a.get_id().clone(), |a| a.hide(true));
+    }
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |s| {
+            let after = match s.get_after_help() {
+                Some(h) => format!("{h}\n\n{line}"),
+                None => line.clone(),
+            };
+            s.after_help(after)
+        });
+    }
+    cmd.after_help(section.trim_end().to_string())
 }
 
 /// The command line's definition at the built-in defaults (man pages, completions).
@@ -319,45 +409,6 @@ pub fn parse_with_config(argv: Vec<OsString>) -> (Cli, Result<Loaded, ConfigErro
     (cli, config)
 }
 
-/// A `--gpu` of `reclaim`: an index, or a `GPU-…` or `MIG-…` UUID.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GpuSelector {
-    /// An NVML index.
-    Index(u32),
-    /// A GPU's or a MIG device's UUID.
-    Uuid(String),
-}
-
-impl std::fmt::Display for GpuSelector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GpuSelector::Index(i) => write!(f, "{i}"),
-            GpuSelector::Uuid(u) => f.write_str(u),
-        }
-    }
-}
-
-/// A `--gpu` that is neither an index nor a UUID.
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?}: expected a GPU index (0), a GPU-… or a MIG-… UUID")]
-pub struct BadGpu(String);
-
-/// Parses a `--gpu` of `reclaim`.
-pub fn gpu_selector(s: &str) -> Result<GpuSelector, BadGpu> {
-    let s = s.trim();
-    if let Ok(i) = s.parse() {
-        return Ok(GpuSelector::Index(i));
-    }
-    if (s.starts_with("GPU-") || s.starts_with("MIG-"))
-        && s.len() <= 96
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
-    {
-        return Ok(GpuSelector::Uuid(s.to_string()));
-    }
-    Err(BadGpu(s.to_string()))
-}
-
 /// Parses a duration argument (`500ms`, `10s`, `2h`).
 pub fn duration(s: &str) -> Result<Duration, UnitError> {
     vramguard_core::units::parse_duration(s)
@@ -397,12 +448,38 @@ pub enum Included {
     Keepers,
 }
 
-/// Parses one `--include` value.
-pub fn included(s: &str) -> Result<Included, vramguard_core::report::UnknownClass> {
+/// An `--include` value reclaim does not take: an unknown word, or a class it never targets.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason} (--include takes: {})", allowed_includes())]
+pub struct BadInclude {
+    reason: String,
+}
+
+/// What `--include` takes: the classes reclaim may target, `shm` and `keepers`.
+fn allowed_includes() -> String {
+    let mut names = vramguard_core::Class::target_names(false);
+    names.extend(["shm", "keepers"]);
+    names.join(", ")
+}
+
+/// Parses one `--include` value; a class reclaim never targets is refused here, with the
+/// same list of what it takes as an unknown word.
+pub fn included(s: &str) -> Result<Included, BadInclude> {
     match s.trim() {
         "shm" => Ok(Included::Shm),
         "keepers" => Ok(Included::Keepers),
-        other => class(other).map(Included::Class),
+        other => {
+            let class: vramguard_core::Class = other.parse().map_err(|_| BadInclude {
+                reason: format!(
+                    "unknown value {:?}",
+                    vramguard_core::sanitize::escape(other)
+                ),
+            })?;
+            class.check_target(false).map_err(|e| BadInclude {
+                reason: e.to_string(),
+            })?;
+            Ok(Included::Class(class))
+        }
     }
 }
 
@@ -455,13 +532,13 @@ pub fn parse_refresh(s: &str) -> Result<std::time::Duration, RefreshError> {
 
 #[derive(Debug, Args, Clone)]
 pub struct StatusArgs {
-    /// Print JSON (stable schema, see docs/json-schema.md); with --watch, one document per
-    /// line per refresh
+    /// Print JSON (stable schema: json-schema.md, in /usr/share/doc/vramguard with the
+    /// packages); with --watch, one document per line per refresh
     #[arg(long)]
     pub json: bool,
-    /// Only these GPUs, e.g. 0,3 [default: all]
-    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
-    pub gpu: Vec<u32>,
+    /// Only these GPUs: indices, GPU-… or MIG-… UUIDs, e.g. 0,3 [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "GPU", value_parser = gpu_selector)]
+    pub gpu: Vec<GpuSelector>,
     /// Refresh every INTERVAL until interrupted: redrawn in place on a terminal, one block
     /// per refresh when piped [default interval: 2s]
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
@@ -479,9 +556,9 @@ pub struct TopArgs {
     /// Refresh interval, 100ms to 1h
     #[arg(short = 'd', long, default_value = "1s", value_name = "INTERVAL", value_parser = parse_refresh)]
     pub delay: std::time::Duration,
-    /// Only these GPUs, e.g. 0,3 [default: all]
-    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
-    pub gpu: Vec<u32>,
+    /// Only these GPUs: indices, GPU-… or MIG-… UUIDs, e.g. 0,3 [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "GPU", value_parser = gpu_selector)]
+    pub gpu: Vec<GpuSelector>,
     /// Start with only this class shown (`c` cycles through the classes)
     #[arg(long, value_name = "CLASS", value_parser = class)]
     pub class: Option<vramguard_core::Class>,
@@ -532,12 +609,12 @@ pub struct SnapshotArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct DiagnoseArgs {
-    /// Print JSON (stable schema, see docs/json-schema.md)
+    /// Print JSON (stable schema: json-schema.md, in /usr/share/doc/vramguard with the packages)
     #[arg(long)]
     pub json: bool,
-    /// Only these GPUs, e.g. a finished job's (0,3) [default: all]
-    #[arg(long, value_delimiter = ',', value_name = "INDEX")]
-    pub gpu: Vec<u32>,
+    /// Only these GPUs, e.g. a finished job's (0,3): indices, GPU-… or MIG-… UUIDs [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "GPU", value_parser = gpu_selector)]
+    pub gpu: Vec<GpuSelector>,
     /// Refresh every INTERVAL until interrupted, like `status --watch` [default interval: 2s]
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
           value_parser = parse_refresh)]
@@ -714,9 +791,9 @@ pub enum ProbeCommand {
 
 #[derive(Debug, Args, Clone)]
 pub struct ProbeCommon {
-    /// GPU index
-    #[arg(long, default_value_t = 0)]
-    pub gpu: u32,
+    /// The GPU to probe: an index or a GPU-… UUID
+    #[arg(long, default_value = "0", value_name = "GPU", value_parser = gpu_selector)]
+    pub gpu: GpuSelector,
     /// Memory per holder
     #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = bytes)]
     pub size: u64,

@@ -7,6 +7,7 @@
 mod agent;
 mod cli;
 mod demo;
+mod gpusel;
 mod probe;
 mod reclaim;
 mod render;

@@ -50,7 +50,8 @@ pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
     };
     let mut source = settings.gpu_source()?;
     let sample = source.sample(Duration::from_secs(1))?;
-    let (g, mem) = probed_gpu(&sample.gpus, common.gpu, bytes, count)?;
+    let (g, mem) = probed_gpu(&sample.gpus, &common.gpu, bytes, count)?;
+    let gpu = g.index;
     let (holders, holder_name) = holder_kind(settings, common, g)?;
     let gpu_info = GpuInfo {
         index: g.index,
@@ -72,9 +73,9 @@ pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
         .tempdir()?;
     let epoch = Instant::now();
     let probe = Probe {
-        sampler: Sampler::start(source, common.gpu, period, epoch),
+        sampler: Sampler::start(source, gpu, period, epoch),
         holders,
-        gpu: common.gpu,
+        gpu,
         scratch: scratch.path().to_path_buf(),
         epoch,
         timeout,
@@ -111,18 +112,25 @@ pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
 
 /// The probed GPU and its memory, checked: it exists, can be read, and `count` holders of
 /// `bytes` fit in its free memory.
-fn probed_gpu(
-    gpus: &[GpuSample],
-    index: u32,
+fn probed_gpu<'a>(
+    gpus: &'a [GpuSample],
+    selector: &crate::gpusel::GpuSelector,
     bytes: u64,
     count: u64,
-) -> Result<(&GpuSample, GpuMemory)> {
-    let g = gpus.iter().find(|g| g.index == index).ok_or_else(|| {
-        anyhow!(
-            "--gpu {index}: no such GPU (this machine has {})",
-            gpus.len()
-        )
-    })?;
+) -> Result<(&'a GpuSample, GpuMemory)> {
+    let named: Vec<crate::gpusel::NamedGpu<'_>> = gpus
+        .iter()
+        .map(|g| crate::gpusel::NamedGpu {
+            index: g.index,
+            uuid: g.uuid.as_deref(),
+            mig_uuids: &[],
+        })
+        .collect();
+    let selection = crate::gpusel::resolve(std::slice::from_ref(selector), &named)?;
+    let g = gpus
+        .iter()
+        .find(|g| selection.gpus.contains(&g.index))
+        .expect("a resolved GPU is one of the list");
     if let Some(f) = &g.failure {
         bail!("GPU {} cannot be read: {f}", g.index);
     }

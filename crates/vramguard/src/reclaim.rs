@@ -1,6 +1,7 @@
 //! `vramguard reclaim`: plan, confirm, execute, report.
 
-use crate::cli::{GpuSelector, Included, ReclaimArgs};
+use crate::cli::{Included, ReclaimArgs};
+use crate::gpusel::GpuSelector;
 use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeSet;
@@ -59,39 +60,9 @@ fn resolve_gpus(
     if selectors.is_empty() {
         return Ok(opts);
     }
-    let (mut gpus, mut migs) = (BTreeSet::new(), BTreeSet::new());
-    for sel in selectors {
-        match sel {
-            GpuSelector::Index(i) => {
-                if !report.gpus.iter().any(|g| g.index == *i) {
-                    bail!(
-                        "--gpu {i}: no such GPU (this machine has {})",
-                        report.gpus.len()
-                    );
-                }
-                gpus.insert(*i);
-            }
-            GpuSelector::Uuid(u) => {
-                if let Some(g) = report.gpus.iter().find(|g| g.uuid.as_deref() == Some(u)) {
-                    gpus.insert(g.index);
-                } else if let Some(g) = report
-                    .gpus
-                    .iter()
-                    .find(|g| g.mig_devices.iter().any(|d| d.uuid.as_deref() == Some(u)))
-                {
-                    gpus.insert(g.index);
-                    migs.insert(u.clone());
-                } else {
-                    bail!(
-                        "--gpu {u}: no GPU or MIG device with this UUID holds memory here \
-                         (`vramguard status` lists them)"
-                    );
-                }
-            }
-        }
-    }
-    opts.gpus = Some(gpus);
-    opts.mig_devices = (!migs.is_empty()).then_some(migs);
+    let selection = crate::gpusel::resolve_in_report(selectors, report)?;
+    opts.gpus = Some(selection.gpus);
+    opts.mig_devices = (!selection.mig_devices.is_empty()).then_some(selection.mig_devices);
     Ok(opts)
 }
 

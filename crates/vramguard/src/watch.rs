@@ -1,6 +1,7 @@
 //! `status` and `diagnose`, once or refreshed (`--watch`): one node kept open between
 //! refreshes, so that later ones scan only processes not seen before.
 
+use crate::gpusel::GpuSelector;
 use crate::settings::Settings;
 use anyhow::{Result, bail};
 use std::io::{IsTerminal, Write};
@@ -11,19 +12,10 @@ use vramguard_proc::ScanDepth;
 
 /// Keeps only the GPUs `wanted` names (all when empty); an index the node does not have is
 /// an error that says how many it has.
-pub fn select_gpus(report: &mut Report, wanted: &[u32]) -> Result<()> {
-    if let Some(missing) = wanted
-        .iter()
-        .find(|i| !report.gpus.iter().any(|g| g.index == **i))
-    {
-        bail!(
-            "--gpu {missing}: this node has {} GPU(s) (indices 0 to {})",
-            report.gpus.len(),
-            report.gpus.len().saturating_sub(1)
-        );
-    }
+pub fn select_gpus(report: &mut Report, wanted: &[GpuSelector]) -> Result<()> {
+    let selection = crate::gpusel::resolve_in_report(wanted, report)?;
     if !wanted.is_empty() {
-        report.gpus.retain(|g| wanted.contains(&g.index));
+        report.gpus.retain(|g| selection.gpus.contains(&g.index));
     }
     Ok(())
 }
@@ -34,7 +26,7 @@ pub fn each_report(
     settings: &Settings,
     sample: Duration,
     interval: Option<Duration>,
-    gpus: &[u32],
+    gpus: &[GpuSelector],
     mut render: impl FnMut(Report) -> Result<String>,
 ) -> Result<()> {
     let Some(interval) = interval else {

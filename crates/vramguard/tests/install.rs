@@ -116,30 +116,74 @@ fn man_pages_are_written_for_the_program_and_each_command_readable_by_every_user
     );
 }
 
+const GLOBAL_OPTIONS: [&str; 6] = [
+    "--sim",
+    "--nvml-lib",
+    "--proc-root",
+    "--dev-dir",
+    "--config",
+    "--replay",
+];
+
+/// Lines of `text` that define `option`, not prose that names it.
+fn defines(text: &str, option: &str) -> bool {
+    text.lines()
+        .any(|l| l.trim_start().starts_with(&format!("{option} ")))
+}
+
 #[test]
-fn global_options_are_listed_apart_from_each_commands_own() {
-    for command in [
-        &["--help"][..],
-        &["reclaim", "--help"],
-        &["status", "--help"],
-    ] {
-        let help = stdout(&Vg::bare().args(command).code(0));
-        let (own, global) = help
-            .split_once("\nGlobal options:\n")
-            .unwrap_or_else(|| panic!("{command:?}: no Global options section\n{help}"));
-        // Lines that define an option, not prose that names one.
-        let defines = |text: &str, option: &str| {
-            text.lines()
-                .any(|l| l.trim_start().starts_with(&format!("{option} ")))
-        };
-        for option in ["--sim", "--nvml-lib", "--proc-root", "--config", "--replay"] {
-            assert!(
-                !defines(own, option),
-                "{command:?}: {option} among the command's own"
-            );
-            assert!(defines(global, option), "{command:?}: {option} missing");
-        }
+fn global_options_are_explained_once_in_the_programs_help() {
+    let help = stdout(&Vg::bare().args(["--help"]).code(0));
+    let (own, global) = help
+        .split_once("\nGlobal options (before or after any command):\n")
+        .unwrap_or_else(|| panic!("no Global options section\n{help}"));
+    for option in GLOBAL_OPTIONS {
+        assert!(!defines(own, option), "{option} among the program's own");
+        assert!(defines(global, option), "{option} missing:\n{global}");
     }
+    // Every command names them in one line instead of repeating their definitions; they
+    // are still accepted after the command.
+    for command in ["status", "reclaim", "top", "agent", "demo", "probe"] {
+        let help = stdout(&Vg::bare().args([command, "--help"]).code(0));
+        for option in GLOBAL_OPTIONS {
+            assert!(!defines(&help, option), "{command}: {option} defined again");
+        }
+        let line = help
+            .lines()
+            .find(|l| l.starts_with("Global options: "))
+            .unwrap_or_else(|| panic!("{command}: no Global options line\n{help}"));
+        assert!(line.contains("--sim, --nvml-lib"), "{command}: {line}");
+    }
+    Vg::bare()
+        .args([
+            "status",
+            "--config",
+            "none",
+            "--sim",
+            "/nonexistent/state.json",
+        ])
+        .code(2);
+}
+
+#[test]
+fn commands_are_listed_by_use_with_the_demo_first() {
+    let help = stdout(&Vg::bare().args(["--help"]).code(0));
+    let commands: Vec<&str> = help
+        .split_once("Commands:\n")
+        .unwrap()
+        .1
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        commands[..7],
+        [
+            "demo", "status", "top", "diagnose", "reclaim", "run", "agent"
+        ],
+        "{help}"
+    );
 }
 
 #[test]

@@ -153,6 +153,7 @@ fn the_tarballs_binary_runs_on_glibc_2_17_and_runs_the_demo_from_an_unrelated_fo
         "vramguard",
         "README.md",
         "LICENSE",
+        "json-schema.md",
         "config.toml.example",
         "man/vramguard.1",
         "man/vramguard-reclaim.1",

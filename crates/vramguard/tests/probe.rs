@@ -248,7 +248,7 @@ fn bad_requests_are_refused_with_a_reason() {
             .args(["probe", "release", "--gpu", "3"])
             .code(2),
     );
-    assert!(err.contains("--gpu 3: no such GPU"), "{err}");
+    assert!(err.contains("--gpu 3: no such GPU or MIG device"), "{err}");
     let err = stderr(
         &Vg::new(&world, Path_::InProcess)
             .args(["probe", "release", "--signals", "TERM,FOO"])

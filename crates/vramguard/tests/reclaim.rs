@@ -647,7 +647,24 @@ fn never_reclaimable_classes_are_refused_up_front() {
             .code(2),
     );
     assert!(
-        err.contains("--include active") && err.contains("never reclaimed"),
+        err.contains("'active'")
+            && err.contains("never reclaimed")
+            && err.contains(
+                "(--include takes: idle, orphan, detached, zombie, hidden, shm, keepers)"
+            ),
+        "{err}"
+    );
+    // An unknown word gets the same list of what is taken.
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["reclaim", "--include", "orphans", "--dry-run"])
+            .code(2),
+    );
+    assert!(
+        err.contains("unknown value \"orphans\"")
+            && err.contains(
+                "(--include takes: idle, orphan, detached, zombie, hidden, shm, keepers)"
+            ),
         "{err}"
     );
     let err = stderr(
@@ -655,7 +672,7 @@ fn never_reclaimable_classes_are_refused_up_front() {
             .args(["reclaim", "--gpu", "7", "--dry-run"])
             .code(2),
     );
-    assert!(err.contains("--gpu 7: no such GPU"), "{err}");
+    assert!(err.contains("--gpu 7: no such GPU or MIG device"), "{err}");
     let job = crashed_job(&world, json!("release"), false);
     let err = stderr(
         &Vg::new(&world, Path_::InProcess)

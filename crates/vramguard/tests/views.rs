@@ -85,14 +85,38 @@ fn status_gpu_keeps_only_the_named_gpus_and_refuses_one_the_node_lacks() {
     let gpus: Vec<&Value> = report["gpus"].as_array().unwrap().iter().collect();
     assert_eq!(gpus.len(), 1);
     assert_eq!(gpus[0]["index"], 1);
-    let out = Vg::new(&world, Path_::InProcess)
-        .args(["status", "--gpu", "0,5"])
-        .code(2);
-    let err = stderr(&out);
-    assert!(
-        err.contains("--gpu 5: this node has 2 GPU(s)") && err.lines().count() == 1,
-        "{err}"
-    );
+    // A GPU's UUID names it as its index does, in status as in reclaim.
+    let uuid = gpus[0]["uuid"].as_str().unwrap().to_string();
+    let by_uuid = Vg::new(&world, Path_::InProcess)
+        .args(["status", "--json", "--gpu", &uuid])
+        .json(0);
+    assert_eq!(by_uuid["gpus"].as_array().unwrap().len(), 1);
+    assert_eq!(by_uuid["gpus"][0]["index"], 1);
+    // One language and one message, whichever command is asked.
+    let want = "vramguard: error: --gpu 5: no such GPU or MIG device on this node (GPUs 0 to 1; \
+                `vramguard status` lists them with their UUIDs)";
+    for args in [
+        &["status", "--gpu", "0,5"][..],
+        &["diagnose", "--gpu", "5"],
+        &["top", "--once", "--gpu", "5"],
+        &["reclaim", "--dry-run", "--gpu", "5"],
+        &["probe", "release", "--gpu", "5"],
+    ] {
+        let out = Vg::new(&world, Path_::InProcess).args(args).code(2);
+        assert_eq!(stderr(&out).trim_end(), want, "{args:?}");
+    }
+    for bad in ["GPU-3b1c\u{1b}", "five"] {
+        for cmd in ["status", "reclaim", "top", "diagnose"] {
+            let out = Vg::new(&world, Path_::InProcess)
+                .args([cmd, "--gpu", bad])
+                .code(2);
+            assert!(
+                stderr(&out).contains("expected a GPU index (0), a GPU-… or a MIG-… UUID"),
+                "{cmd} --gpu {bad:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
 }
 
 #[test]

@@ -148,7 +148,9 @@ pub struct App {
     /// Only holders of this class.
     pub class_filter: Option<Class>,
     /// Only these GPUs (empty: all).
-    pub gpu_filter: Vec<u32>,
+    pub gpu_filter: Vec<crate::gpusel::GpuSelector>,
+    /// The GPUs `gpu_filter` names on the node, resolved at each update.
+    gpu_selected: std::collections::BTreeSet<u32>,
     /// Only this user's holders.
     pub user_filter: Option<String>,
     /// What is open.
@@ -219,7 +221,11 @@ fn class_cycle() -> Vec<Option<Class>> {
 
 impl App {
     /// An empty screen, waiting for the first report.
-    pub fn new(delay: std::time::Duration, gpu_filter: Vec<u32>, monochrome: bool) -> App {
+    pub fn new(
+        delay: std::time::Duration,
+        gpu_filter: Vec<crate::gpusel::GpuSelector>,
+        monochrome: bool,
+    ) -> App {
         App {
             report: None,
             rows: Vec::new(),
@@ -227,6 +233,7 @@ impl App {
             sort: SortKey::Attention,
             class_filter: None,
             gpu_filter,
+            gpu_selected: Default::default(),
             user_filter: None,
             dialog: Dialog::None,
             delay,
@@ -270,15 +277,12 @@ impl App {
                 sm.insert((g.index, s.pid), s.sm_percent);
             }
         }
-        if let Some(missing) = self
-            .gpu_filter
-            .iter()
-            .find(|i| !report.gpus.iter().any(|g| g.index == **i))
-        {
-            self.message = Some(format!(
-                "--gpu {missing}: this node has {} GPU(s)",
-                report.gpus.len()
-            ));
+        match crate::gpusel::resolve_in_report(&self.gpu_filter, &report) {
+            Ok(selection) => self.gpu_selected = selection.gpus,
+            Err(e) => {
+                self.gpu_selected.clear();
+                self.message = Some(e.to_string());
+            }
         }
         self.report = Some(report);
         self.rebuild(&sm);
@@ -298,7 +302,7 @@ impl App {
         self.report
             .iter()
             .flat_map(|r| &r.gpus)
-            .filter(|g| self.gpu_filter.is_empty() || self.gpu_filter.contains(&g.index))
+            .filter(|g| self.gpu_filter.is_empty() || self.gpu_selected.contains(&g.index))
             .collect()
     }
 

@@ -1276,11 +1276,18 @@ mod tests {
         assert_eq!(app.key(Key::CtrlC), Request::Quit);
         // A GPU the node does not have: said, not silently an empty screen.
         let (snap, demo_app) = demo();
-        let mut app = App::new(std::time::Duration::from_secs(1), vec![7], true);
+        let mut app = App::new(
+            std::time::Duration::from_secs(1),
+            vec![crate::gpusel::GpuSelector::Index(7)],
+            true,
+        );
         app.update(&snap, demo_app.report.unwrap());
         assert_eq!(
             app.message.as_deref(),
-            Some("--gpu 7: this node has 2 GPU(s)")
+            Some(
+                "--gpu 7: no such GPU or MIG device on this node (GPUs 0 to 1; `vramguard status` \
+                 lists them with their UUIDs)"
+            )
         );
     }
     #[test]
