@@ -1,0 +1,195 @@
+//! `vramguard status` as a user runs it, next to the tools they would otherwise run.
+//!
+//! `cargo bench -p vramguard --bench status` starts, for each size in SIZES (2,000, 6,000 and
+//! 10,000 processes), that many processes with FDS_EACH fds each, HOLDERS of them holding
+//! simulated GPU memory and the device files in a live job (this benchmark's): nothing to
+//! decide. It then times, in one run, the release binary as a user starts it (median of
+//! RUNS): `status` at its defaults, `status --sample 0s`, `diagnose`, and `fuser -v` and
+//! `lsof` on the same device files. At the smallest size it adds one idle orphan (a holder
+//! whose job is gone): then `status` must watch it work before it may call it an orphan, and
+//! the figure shows what that window costs.
+//!
+//! `VRAMGUARD_BENCH_SIZE=tiny` (the suite) runs 50 processes, 10 holders, one run each.
+//! Every process it starts dies with it (by pid, or by the parent-death signal).
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use vramguard_testkit::bench::{figure, param, sized, skipped};
+use vramguard_testkit::load::busy_node;
+use vramguard_testkit::{GIB, World, allocation};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Median wall time of `runs` runs of `program args`; `None` when it is not installed. A run
+/// that fails stops the benchmark: a figure from a failed command means nothing.
+fn time_runs(program: &str, args: &[String], runs: usize, ok: &[i32]) -> Option<Duration> {
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let out = match Command::new(program)
+            .args(args)
+            .env("VRAMGUARD_CONFIG", "none")
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("{program}: {e}"),
+        };
+        times.push(t.elapsed());
+        let code = out.status.code().unwrap_or(-1);
+        assert!(
+            ok.contains(&code),
+            "{program} {} exited {code}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Some(median(times))
+}
+
+/// An idle holder whose job is gone: `sh` (a process group of its own) starts `sleep` with
+/// the device files open and exits. Returns its pid, and a pidfd to kill it by.
+fn orphan(world: &World) -> (u32, std::os::fd::OwnedFd) {
+    let script = format!(
+        "exec 3<{} 4<{} 5<{}; sleep 600 </dev/null >/dev/null 2>&1 & echo $!",
+        world.dev("nvidiactl").display(),
+        world.dev("nvidia-uvm").display(),
+        world.dev("nvidia0").display()
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .process_group(0)
+        .stdin(Stdio::null())
+        .output()
+        .expect("sh");
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the orphan's pid");
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(pid as i32).expect("a pid"),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .expect("pidfd of the orphan");
+    world.allocate(allocation(0, pid, GIB));
+    (pid, pidfd)
+}
+
+fn main() {
+    let sizes: Vec<usize> = param("SIZES", "2000,6000,10000".to_string(), "50".to_string())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let holders = param("HOLDERS", 200, 10);
+    let fds_each = param("FDS_EACH", 25usize, 25);
+    let runs = param("RUNS", 5usize, 1);
+    for (i, &procs) in sizes.iter().enumerate() {
+        let world = World::new(1);
+        let t = Instant::now();
+        let node = busy_node(&world, procs, holders, fds_each);
+        println!(
+            "setup: {procs} processes x {fds_each} fds, {holders} holding simulated GPU memory in a live job ({:.1}s)",
+            t.elapsed().as_secs_f64()
+        );
+        let vg = |extra: &[&str]| -> Vec<String> {
+            let mut a = vec![
+                "--sim".to_string(),
+                world.state_path().display().to_string(),
+            ];
+            a.extend(extra.iter().map(|s| s.to_string()));
+            a
+        };
+        let status = time_runs(BIN, &vg(&["status"]), runs, &[0]).expect("vramguard");
+        let nosample =
+            time_runs(BIN, &vg(&["status", "--sample", "0s"]), runs, &[0]).expect("vramguard");
+        let diagnose = time_runs(BIN, &vg(&["diagnose"]), runs, &[0, 1]).expect("vramguard");
+        let devices: Vec<String> = ["nvidiactl", "nvidia-uvm", "nvidia0"]
+            .iter()
+            .map(|f| world.dev(f).display().to_string())
+            .collect();
+        let mut fuser_args = vec!["-v".to_string()];
+        fuser_args.extend(devices.iter().cloned());
+        let fuser = time_runs("fuser", &fuser_args, runs.min(3), &[0]);
+        let lsof = time_runs("lsof", &devices, runs.min(3), &[0]);
+        println!(
+            "{procs} processes: status {:.1} ms, status --sample 0s {:.1} ms ({:.2}x), diagnose {:.1} ms",
+            ms(status),
+            ms(nosample),
+            status.as_secs_f64() / nosample.as_secs_f64(),
+            ms(diagnose)
+        );
+        let name = |what: &str| format!("status.{what}_{procs}");
+        let judged = i == 0;
+        figure(&name("status"), ms(status), "ms");
+        figure(&name("nosample"), ms(nosample), "ms");
+        figure(&name("diagnose"), ms(diagnose), "ms");
+        if judged {
+            figure(
+                "status.window_ratio",
+                status.as_secs_f64() / nosample.as_secs_f64(),
+                "x",
+            );
+        }
+        match fuser {
+            Some(f) => {
+                println!(
+                    "  fuser -v {:.1} ms ({:.1}x status)",
+                    ms(f),
+                    f.as_secs_f64() / status.as_secs_f64()
+                );
+                figure(&name("fuser"), ms(f), "ms");
+                if judged {
+                    figure(
+                        "status.fuser_ratio",
+                        f.as_secs_f64() / status.as_secs_f64(),
+                        "x",
+                    );
+                }
+            }
+            None => {
+                let why = "fuser is not installed (Debian package psmisc)";
+                skipped(&name("fuser"), why);
+                if judged {
+                    skipped("status.fuser_ratio", why);
+                }
+            }
+        }
+        match lsof {
+            Some(l) => {
+                println!(
+                    "  lsof {:.1} ms ({:.1}x status)",
+                    ms(l),
+                    l.as_secs_f64() / status.as_secs_f64()
+                );
+                figure(&name("lsof"), ms(l), "ms");
+            }
+            None => skipped(&name("lsof"), "lsof is not installed (Debian package lsof)"),
+        }
+        if judged {
+            // Something to decide: an idle holder whose job is gone is watched before it is
+            // called an orphan.
+            let (pid, pidfd) = orphan(&world);
+            let decided = time_runs(BIN, &vg(&["status"]), runs, &[0]).expect("vramguard");
+            println!(
+                "  with one orphan to decide (pid {pid}): status {:.1} ms",
+                ms(decided)
+            );
+            figure("status.with_candidate", ms(decided), "ms");
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        }
+        drop(node);
+        // Let the killed processes go before the next size counts its own.
+        std::thread::sleep(sized(Duration::from_millis(500), Duration::ZERO));
+    }
+}
