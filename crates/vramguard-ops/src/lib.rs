@@ -15,6 +15,7 @@ pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
 pub use reclaim::{
-    ExecuteOptions, Prepared, ReclaimOutcome, ResetMode, UnknownResetMode, execute, prepare,
+    ExecuteOptions, Phase, Prepared, Progress, ReclaimObserver, ReclaimOutcome, ResetMode,
+    StopRequests, UnknownResetMode, execute, prepare,
 };
 pub use vramguard_node::identity;
