@@ -8,6 +8,7 @@ mod agent;
 mod cli;
 mod demo;
 mod probe;
+mod progress;
 mod reclaim;
 mod render;
 mod run;
