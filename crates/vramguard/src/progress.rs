@@ -39,6 +39,15 @@ impl Feedback {
         }
     }
 
+    /// On stderr, redrawn when it is a terminal (for commands whose stdout is their result).
+    pub fn on_stderr() -> Feedback {
+        Feedback {
+            out: Some(Box::new(std::io::stderr())),
+            tty: std::io::stderr().is_terminal(),
+            status: None,
+        }
+    }
+
     /// A line that stays: the status line, if any, is cleared first and drawn again after.
     pub fn line(&mut self, text: &str) {
         let Some(out) = self.out.as_mut() else {
@@ -228,6 +237,58 @@ impl ReclaimObserver for ReclaimFeedback {
                 };
                 f.line(&text);
             }
+        }
+    }
+}
+
+/// `probe soak`'s progress: on a terminal a status line redrawn each cycle (cycle, time done,
+/// percentage, time left, baseline, last release); piped, one plain line each tenth of the run.
+pub struct SoakFeedback {
+    feedback: Feedback,
+    duration: Duration,
+    cycles: usize,
+    /// The last tenth a plain line was printed for.
+    tenth: u64,
+}
+
+impl SoakFeedback {
+    /// Says the soak began and when it ends.
+    pub fn start(mut feedback: Feedback, duration: Duration, cycle: Duration) -> SoakFeedback {
+        feedback.line(&format!(
+            "soak: allocating and freeing every {} for {}; progress below, the report at the end",
+            format_duration(cycle),
+            format_duration(duration)
+        ));
+        SoakFeedback {
+            feedback,
+            duration,
+            cycles: 0,
+            tenth: 0,
+        }
+    }
+
+    /// One cycle ended, `elapsed` after the start.
+    pub fn cycle(&mut self, c: &vramguard_probe::experiments::Cycle, elapsed: Duration) {
+        self.cycles += 1;
+        let percent = (elapsed.as_secs_f64() / self.duration.as_secs_f64().max(1e-9) * 100.0)
+            .min(100.0) as u64;
+        let release = c
+            .release_ms
+            .map(|ms| format_duration(Duration::from_secs_f64(ms / 1000.0)))
+            .unwrap_or_else(|| "not back".into());
+        let text = format!(
+            "soak: cycle {}, {} of {} ({percent}%), about {} left; baseline {}, last release {release}",
+            self.cycles,
+            format_duration(elapsed),
+            format_duration(self.duration),
+            format_duration(self.duration.saturating_sub(elapsed)),
+            format_bytes(c.baseline_after),
+        );
+        if self.feedback.tty {
+            self.feedback.status(text);
+        } else if percent / 10 > self.tenth {
+            self.tenth = percent / 10;
+            self.feedback.line(&text);
         }
     }
 }
