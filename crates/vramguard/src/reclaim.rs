@@ -431,7 +431,7 @@ fn confirmed(plan: &Plan, reset: ResetMode) -> Result<bool> {
 
 /// Counts SIGINT and SIGTERM into `stop` (instead of ending the process) until the returned
 /// handlers are unregistered.
-fn stop_on_signals(stop: &StopRequests) -> Result<Vec<signal_hook::SigId>> {
+pub(crate) fn stop_on_signals(stop: &StopRequests) -> Result<Vec<signal_hook::SigId>> {
     let mut ids = Vec::new();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let stop = stop.clone();
