@@ -1913,6 +1913,37 @@ mod tests {
         assert_eq!(named, [16521, 16522]);
     }
 
+    /// A stop requested before the first SIGTERM (Ctrl-C right after `y`): the decision taken
+    /// so far is nothing, so nothing is signalled, and the log still ends with a result.
+    #[test]
+    fn a_stop_before_the_first_sigterm_signals_nothing_and_logs_the_result() {
+        let node = demo();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        let stop = StopRequests::new();
+        stop.request();
+        let out = prepared
+            .run_observed(&mut n, &mut audit, &opts(ResetMode::Auto), &mut (), &stop)
+            .unwrap();
+        assert!(node.signals().is_empty(), "{:?}", node.signals());
+        assert!(node.resets().is_empty(), "no reset after a stop");
+        assert!(
+            out.targets
+                .iter()
+                .all(|t| t.result == TargetResult::NotSignalled)
+        );
+        assert!(out.interrupted);
+        let records = records(&std::fs::read_to_string(&path).unwrap());
+        assert_eq!(records.last().unwrap()["event"], "result");
+    }
+
     // ---- shared-memory segments ----
 
     use vramguard_core::host::{HostMemoryFacts, ShmDirFacts, ShmSegmentFacts};
