@@ -30,7 +30,7 @@ use vramguard_core::{Policy, classify};
 use vramguard_node::{Node, NodeError, NodeFactory, SnapshotError};
 use vramguard_ops::identity::Identity;
 use vramguard_ops::reclaim::ReclaimOutcome;
-use vramguard_ops::{AuditLog, ExecuteOptions};
+use vramguard_ops::{AuditLog, ExecuteOptions, StopRequests};
 use vramguard_proc::{ScanDepth, WorkSampler};
 
 /// (GPU index, used bytes) of one holder on each GPU it uses.
@@ -90,6 +90,9 @@ struct Agent {
     last_fit: Option<Instant>,
     reclaimable_since: HashMap<(u32, u64), Instant>,
     reclaim_job: Option<Receiver<Result<ReclaimOutcome, AutoReclaimError>>>,
+    /// SIGTERM and SIGINT, counted: an automatic reclaim running at shutdown finishes the
+    /// decision it took on the first, and stops at once on the second.
+    reclaim_stop: StopRequests,
     /// CPU and run-state history of the processes of jobs that are gone.
     work: WorkSampler,
     /// When they were last observed.
@@ -544,10 +547,11 @@ impl Agent {
         let make_node = self.make_node.clone();
         let (policy, rc) = (self.config.policy.clone(), rc.clone());
         let host = report.hostname.clone().unwrap_or_default();
+        let stop = self.reclaim_stop.clone();
         std::thread::Builder::new()
             .name("vramguard-reclaim".into())
             .spawn(move || {
-                let r = auto_reclaim(&make_node, &policy, &rc, &host, &eligible);
+                let r = auto_reclaim(&make_node, &policy, &rc, &host, &eligible, &stop);
                 let _ = tx.send(r);
             })
             .expect("spawn the reclaim thread");
@@ -558,6 +562,31 @@ impl Agent {
         let Some(rx) = &self.reclaim_job else { return };
         let Ok(result) = rx.try_recv() else { return };
         self.reclaim_job = None;
+        self.record_reclaim(result);
+    }
+
+    /// At shutdown: an automatic reclaim still running is finished, not cut off by the exit
+    /// (its targets sent SIGTERM get SIGKILL at the end of the grace period, and its result is
+    /// logged); a second SIGTERM stops it at once with an `interrupted` record.
+    fn finish_reclaim(&mut self) {
+        let Some(rx) = self.reclaim_job.take() else {
+            return;
+        };
+        if self.reclaim_stop.count() == 0 {
+            // Stopped through `AgentSetup::shutdown`, not a signal.
+            self.reclaim_stop.request();
+        }
+        tracing::warn!(
+            "an automatic reclaim is running: finishing it before stopping (targets sent \
+             SIGTERM get SIGKILL at the end of the grace period; a second SIGTERM stops it at once)"
+        );
+        if let Ok(result) = rx.recv() {
+            self.record_reclaim(result);
+        }
+    }
+
+    /// Counts and logs what an automatic reclaim did.
+    fn record_reclaim(&mut self, result: Result<ReclaimOutcome, AutoReclaimError>) {
         match result {
             Ok(outcome) => {
                 let term = outcome
@@ -690,6 +719,7 @@ fn auto_reclaim(
     rc: &crate::config::ReclaimConfig,
     host: &str,
     eligible: &BTreeSet<(u32, u64)>,
+    stop: &StopRequests,
 ) -> Result<ReclaimOutcome, AutoReclaimError> {
     let mut node = make_node(policy)?;
     let opts = ReclaimOptions {
@@ -709,10 +739,12 @@ fn auto_reclaim(
         plan
     })?;
     let mut audit = AuditLog::open(&rc.audit_log, host)?;
-    Ok(prepared.run(
+    Ok(prepared.run_observed(
         node.as_mut(),
         &mut audit,
         &ExecuteOptions::new(rc.grace, rc.release_timeout, rc.reset),
+        &mut (),
+        stop,
     )?)
 }
 
@@ -749,6 +781,7 @@ impl Agent {
             last_fit: None,
             reclaimable_since: HashMap::new(),
             reclaim_job: None,
+            reclaim_stop: StopRequests::new(),
             work: WorkSampler::new(),
             last_observed: None,
             last_good: None,
@@ -772,6 +805,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     let wake_tx = Arc::new(wake_tx);
     let reload = Arc::new(AtomicBool::new(false));
     let shutdown = setup.shutdown.clone();
+    let reclaim_stop = StopRequests::new();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -781,13 +815,17 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     let signals_handle = signals.handle();
     {
         let (reload, shutdown, wake_tx) = (reload.clone(), shutdown.clone(), wake_tx.clone());
+        let reclaim_stop = reclaim_stop.clone();
         std::thread::Builder::new()
             .name("vramguard-signals".into())
             .spawn(move || {
                 for sig in signals.forever() {
                     match sig {
                         signal_hook::consts::SIGHUP => reload.store(true, Ordering::SeqCst),
-                        _ => shutdown.store(true, Ordering::SeqCst),
+                        _ => {
+                            shutdown.store(true, Ordering::SeqCst);
+                            reclaim_stop.request();
+                        }
                     }
                     let _ = rustix::io::write(&*wake_tx, b"x");
                 }
@@ -806,6 +844,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
     let mut agent = Agent::new(&setup, shared)?;
+    agent.reclaim_stop = reclaim_stop;
     let mut next = agent.now();
     while !shutdown.load(Ordering::SeqCst) {
         if reload.swap(false, Ordering::SeqCst) {
@@ -815,6 +854,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
         next = agent.step(next, &wake_rx);
     }
     tracing::info!("vramguard agent stopping");
+    agent.finish_reclaim();
     signals_handle.close();
     server.stop();
     agent.notifier.stop();

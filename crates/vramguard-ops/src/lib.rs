@@ -16,7 +16,7 @@ pub mod supervise;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
 pub use reclaim::{
-    ExecuteOptions, PrepareError, Prepared, ReclaimOutcome, ResetMode, UnknownResetMode, execute,
-    prepare, try_prepare,
+    ExecuteOptions, Phase, PrepareError, Prepared, Progress, ReclaimObserver, ReclaimOutcome,
+    ResetMode, StopRequests, UnknownResetMode, execute, prepare, try_prepare,
 };
 pub use vramguard_node::identity;

@@ -10,11 +10,20 @@
 //! 5. take a fresh snapshot and say what, if anything, remains and why.
 //!
 //! Every decision and action is appended to the audit log before the next one.
+//!
+//! While it waits, the executor tells a [`ReclaimObserver`] what it sees as it happens (a
+//! signal sent, an exit and how long after SIGTERM, the time left of the grace period), and
+//! it keeps asking [`StopRequests`] whether the user wants it to stop: the first request
+//! finishes the decision already taken (whoever got SIGTERM gets SIGKILL at the end of the
+//! grace period, nothing new is started) and ends with the usual `result` record; a second
+//! one stops at once with an `interrupted` record naming the targets still alive.
 
 use crate::audit::{AuditError, AuditLog};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use vramguard_core::plan::{Plan, Target};
 use vramguard_core::release::ReleaseWatch;
@@ -82,6 +91,142 @@ impl ExecuteOptions {
             poll: Duration::from_millis(20),
             reset,
         }
+    }
+}
+
+/// How often a wait looks at the stop requests and tells the observer the time left: short
+/// enough that Ctrl-C is answered at once, long enough to cost nothing.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// The exit status of a reclaim that was asked to stop (128 + SIGINT, as a shell reports it).
+pub const INTERRUPTED_EXIT_CODE: i32 = 130;
+
+/// What the executor is waiting for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The grace period: targets sent SIGTERM have until its end to exit.
+    Grace,
+    /// After SIGKILL: the survivors' exits.
+    AfterKill,
+    /// The driver giving the memory back.
+    Release,
+}
+
+/// One step of a reclaim as it happens, for a live view. Each signal's record is already in
+/// the audit log when the observer hears of it. Command names are as the process set them:
+/// escape them before printing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// A signal was sent.
+    Signalled {
+        /// Target.
+        pid: u32,
+        /// Its command name.
+        comm: Option<String>,
+        /// `TERM` or `KILL`.
+        signal: &'static str,
+    },
+    /// A target was not signalled (gone, reused pid, or the run was interrupted first).
+    Skipped {
+        /// Target.
+        pid: u32,
+        /// Its command name.
+        comm: Option<String>,
+        /// Why.
+        reason: String,
+    },
+    /// A target exited.
+    Exited {
+        /// Target.
+        pid: u32,
+        /// Its command name.
+        comm: Option<String>,
+        /// Time from its SIGTERM to its exit.
+        after: Duration,
+        /// The last signal it was sent.
+        signal: &'static str,
+    },
+    /// A target was still alive when the grace period ended: SIGKILL follows.
+    StillAlive {
+        /// Target.
+        pid: u32,
+        /// Its command name.
+        comm: Option<String>,
+        /// The grace period it ignored.
+        grace: Duration,
+    },
+    /// A target survived SIGKILL.
+    Stuck {
+        /// Target.
+        pid: u32,
+        /// Its command name.
+        comm: Option<String>,
+    },
+    /// Still waiting for targets to exit (sent each [`TICK`]).
+    Waiting {
+        /// For what.
+        phase: Phase,
+        /// Time left.
+        remaining: Duration,
+        /// Targets not seen to exit yet.
+        alive: Vec<u32>,
+    },
+    /// Still waiting for the driver (sent each poll).
+    WaitingForRelease {
+        /// Time left before `--release-timeout`.
+        remaining: Duration,
+        /// Per GPU still waited on: index, bytes freed so far, bytes expected.
+        gpus: Vec<(u32, u64, u64)>,
+    },
+    /// The expected memory came back on a GPU.
+    Released {
+        /// GPU index.
+        gpu: u32,
+        /// Bytes freed.
+        freed: u64,
+        /// Time from the last target's exit.
+        after: Duration,
+    },
+    /// The first stop request was seen: the run finishes what it started.
+    Interrupted {
+        /// Targets sent SIGTERM and not seen to exit: they get SIGKILL when `kill_in` is over
+        /// (`None`: SIGKILL was sent already, or nothing is pending).
+        finishing: Vec<(u32, Option<String>)>,
+        /// Time left of the grace period.
+        kill_in: Option<Duration>,
+    },
+}
+
+/// Hears the executor's [`Progress`]. The command line draws it; `top` and the agent ignore it.
+pub trait ReclaimObserver {
+    /// One step, as it happens.
+    fn observe(&mut self, event: &Progress);
+}
+
+/// An observer that ignores everything.
+impl ReclaimObserver for () {
+    fn observe(&mut self, _: &Progress) {}
+}
+
+/// Requests to stop a reclaim, counted (the binary's SIGINT and SIGTERM handlers add one
+/// each; clones share the count). 1: finish what was started; 2 or more: stop now.
+#[derive(Debug, Clone, Default)]
+pub struct StopRequests(Arc<AtomicUsize>);
+
+impl StopRequests {
+    /// No request yet.
+    pub fn new() -> StopRequests {
+        StopRequests::default()
+    }
+
+    /// Adds a request. Async-signal-safe (one atomic add): a signal handler may call it.
+    pub fn request(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many so far.
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -205,7 +350,11 @@ pub struct ReclaimOutcome {
     /// `MemAvailable` before and after the segments were removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_available: Option<MemAvailable>,
-    /// 0 all ghost memory freed, 1 some remains.
+    /// Whether a stop request (Ctrl-C, SIGTERM) cut the run short: what was started was
+    /// finished, nothing new was begun (no further SIGTERM, no reset, no segment removed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
+    /// 0 all ghost memory freed, 1 some remains, [`INTERRUPTED_EXIT_CODE`] interrupted.
     pub exit_code: i32,
 }
 
@@ -267,9 +416,43 @@ pub enum ExecuteError {
         /// Processes sent SIGTERM that had not exited: pid and command name.
         unfinished: Vec<(u32, Option<String>)>,
     },
+    /// A second stop request: the run stopped where it was, after an `interrupted` record
+    /// naming the targets still alive.
+    #[error("interrupted a second time: stopped at once{}", alive_text(.alive))]
+    Interrupted {
+        /// Targets that were signalled and not seen to exit: pid, command name, signals sent.
+        alive: Vec<(u32, Option<String>, Vec<String>)>,
+    },
     /// The machine could not be read.
     #[error(transparent)]
     Node(#[from] NodeError),
+}
+
+fn alive_text(alive: &[(u32, Option<String>, Vec<String>)]) -> String {
+    if alive.is_empty() {
+        return "; every target that was signalled has exited".into();
+    }
+    let who: Vec<String> = alive
+        .iter()
+        .map(|(pid, comm, signals)| {
+            format!(
+                "{pid} ({}, sent {})",
+                vramguard_core::sanitize::escape(comm.as_deref().unwrap_or("?")),
+                signals
+                    .iter()
+                    .map(|s| format!("SIG{s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+        .collect();
+    let pids: Vec<String> = alive.iter().map(|(p, _, _)| p.to_string()).collect();
+    format!(
+        "; still alive: {}; to finish, `kill -KILL {}` (check each is still the process named) \
+         or run `vramguard reclaim` again",
+        who.join(", "),
+        pids.join(" ")
+    )
 }
 
 fn unfinished_text(unfinished: &[(u32, Option<String>)]) -> String {
@@ -338,6 +521,10 @@ pub fn pin_plan(node: &mut dyn Node, plan: &Plan) -> Pins {
 /// Executes `plan` on `node`, whose targets were pinned by [`pin_plan`], recording everything
 /// in `audit`: the plan, SIGTERM, the grace period and SIGKILL, the wait for the driver, resets
 /// if asked, and what remains. `report` is the plan's classification (made with `policy`).
+///
+/// `observer` hears each step as it happens; `stop` is asked at every step and every
+/// [`TICK`] of a wait (see the module documentation for what one and two requests do).
+#[allow(clippy::too_many_arguments)]
 pub fn execute(
     plan: &Plan,
     pins: &Pins,
@@ -346,6 +533,8 @@ pub fn execute(
     policy: &Policy,
     audit: &mut AuditLog,
     opts: &ExecuteOptions,
+    observer: &mut dyn ReclaimObserver,
+    stop: &StopRequests,
 ) -> Result<ReclaimOutcome, ExecuteError> {
     record_plan(plan, opts, audit, node.clock().wall_ms())?;
     let mut run = Run {
@@ -356,26 +545,39 @@ pub fn execute(
         audit,
         outcomes: BTreeMap::new(),
         exit_times: BTreeMap::new(),
+        observer,
+        stop,
+        interrupted: false,
     };
     let running = run.terminate(pins)?;
     run.kill_survivors(&running)?;
     let releases = run.wait_for_release(report)?;
-    let resets = if opts.reset == ResetMode::Never {
+    run.check_stop(None)?;
+    let resets = if opts.reset == ResetMode::Never || run.interrupted {
         Vec::new()
     } else {
         run.reset_gpus()?
     };
+    run.check_stop(None)?;
     let (segments, host_available) = if plan.segments.is_empty() {
         (Vec::new(), None)
     } else {
         let (segments, available) = run.remove_segments()?;
         (segments, Some(available))
     };
+    run.check_stop(None)?;
     let remaining = run.what_remains()?;
-    let exit_code = if remaining.is_empty() { 0 } else { 1 };
+    let interrupted = run.interrupted;
+    let exit_code = if interrupted {
+        INTERRUPTED_EXIT_CODE
+    } else if remaining.is_empty() {
+        0
+    } else {
+        1
+    };
     run.log(
         "result",
-        json!({ "exit_code": exit_code, "remaining": remaining,
+        json!({ "exit_code": exit_code, "remaining": remaining, "interrupted": interrupted,
             "freed_bytes": releases.iter().map(|r| r.freed_bytes).sum::<u64>() }),
     )?;
     Ok(ReclaimOutcome {
@@ -388,6 +590,7 @@ pub fn execute(
         remaining,
         segments,
         host_available,
+        interrupted,
         exit_code,
     })
 }
@@ -450,6 +653,10 @@ struct Run<'a> {
     audit: &'a mut AuditLog,
     outcomes: BTreeMap<u32, TargetOutcome>,
     exit_times: BTreeMap<u32, Instant>,
+    observer: &'a mut dyn ReclaimObserver,
+    stop: &'a StopRequests,
+    /// The first stop request was seen (and acknowledged).
+    interrupted: bool,
 }
 
 impl<'a> Run<'a> {
@@ -462,6 +669,62 @@ impl<'a> Run<'a> {
                 cause,
                 unfinished: unfinished(&self.outcomes),
             })
+    }
+
+    /// Asks the stop requests: a second one stops the run (after its `interrupted` record);
+    /// the first is recorded and told to the observer once, with the SIGKILLs still due at
+    /// `kill_at` (the end of the grace period, when one is running).
+    fn check_stop(&mut self, kill_at: Option<Instant>) -> Result<(), ExecuteError> {
+        let requests = self.stop.count();
+        if requests >= 2 {
+            return Err(self.abort(requests));
+        }
+        if requests == 1 && !self.interrupted {
+            self.interrupted = true;
+            let finishing = unfinished(&self.outcomes);
+            let now = self.node.clock().now();
+            let kill_in = kill_at
+                .filter(|_| !finishing.is_empty())
+                .map(|k| k.saturating_duration_since(now));
+            self.log(
+                "interrupt",
+                json!({ "requests": requests,
+                    "finishing": finishing.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+                    "kill_in_ms": kill_in.map(|d| d.as_millis() as u64) }),
+            )?;
+            self.observer
+                .observe(&Progress::Interrupted { finishing, kill_in });
+        }
+        Ok(())
+    }
+
+    /// A second stop request: which signalled targets are still alive (looked at once more),
+    /// recorded as `interrupted`; the error names them and how to finish.
+    fn abort(&mut self, requests: usize) -> ExecuteError {
+        let signalled: Vec<&Target> = self
+            .plan
+            .targets()
+            .filter(|t| {
+                self.outcomes
+                    .get(&t.pid)
+                    .is_some_and(|o| !o.signals.is_empty() && o.exited_after_ms.is_none())
+            })
+            .collect();
+        let ids: Vec<Identity> = signalled.iter().map(|t| identity(t)).collect();
+        let now = self.node.clock().now();
+        let seen = self.node.wait_exits(&ids, now + Duration::from_millis(1));
+        let alive: Vec<(u32, Option<String>, Vec<String>)> = signalled
+            .iter()
+            .zip(seen)
+            .filter(|(_, exit)| exit.is_none())
+            .map(|(t, _)| (t.pid, t.comm.clone(), self.outcomes[&t.pid].signals.clone()))
+            .collect();
+        let record = json!({ "requests": requests,
+            "alive": alive.iter().map(|(pid, comm, signals)| json!({ "pid": pid, "comm": comm, "signals": signals })).collect::<Vec<_>>() });
+        match self.log("interrupted", record) {
+            Ok(()) => ExecuteError::Interrupted { alive },
+            Err(e) => e,
+        }
     }
 
     fn outcome(&mut self, pid: u32) -> &mut TargetOutcome {
@@ -486,6 +749,24 @@ impl<'a> Run<'a> {
                     detail: None,
                 },
             );
+            self.check_stop(None)?;
+            if self.interrupted {
+                // The decision is finished, not extended: no new SIGTERM after Ctrl-C.
+                let reason = "the reclaim was interrupted before its SIGTERM".to_string();
+                let o = self.outcome(t.pid);
+                o.result = TargetResult::NotSignalled;
+                o.detail = Some(reason.clone());
+                self.log(
+                    "skipped",
+                    json!({ "pid": t.pid, "start_ticks": t.start_ticks, "reason": reason }),
+                )?;
+                self.observer.observe(&Progress::Skipped {
+                    pid: t.pid,
+                    comm: t.comm.clone(),
+                    reason,
+                });
+                continue;
+            }
             let id = identity(t);
             let pinned = match pins.iter().find(|(p, _)| *p == id) {
                 Some((_, pinned)) => pinned.clone(),
@@ -505,6 +786,11 @@ impl<'a> Run<'a> {
             match sent {
                 Ok(()) => {
                     self.outcome(t.pid).signals.push("TERM".into());
+                    self.observer.observe(&Progress::Signalled {
+                        pid: t.pid,
+                        comm: t.comm.clone(),
+                        signal: "TERM",
+                    });
                     running.push(Running {
                         target: t,
                         term_at: self.node.clock().now(),
@@ -522,6 +808,11 @@ impl<'a> Run<'a> {
                         "skipped",
                         json!({ "pid": t.pid, "start_ticks": t.start_ticks, "reason": refusal.to_string() }),
                     )?;
+                    self.observer.observe(&Progress::Skipped {
+                        pid: t.pid,
+                        comm: t.comm.clone(),
+                        reason: refusal.to_string(),
+                    });
                 }
             }
         }
@@ -534,9 +825,10 @@ impl<'a> Run<'a> {
         r: &Running<'_>,
         at: Instant,
         result: TargetResult,
-        signal: &str,
+        signal: &'static str,
     ) -> Result<(), ExecuteError> {
-        let ms = at.duration_since(r.term_at).as_millis() as u64;
+        let after = at.saturating_duration_since(r.term_at);
+        let ms = after.as_millis() as u64;
         self.exit_times.insert(r.target.pid, at);
         let o = self.outcome(r.target.pid);
         o.exited_after_ms = Some(ms);
@@ -544,22 +836,79 @@ impl<'a> Run<'a> {
         self.log(
             "exited",
             json!({ "pid": r.target.pid, "after_ms": ms, "signal": signal }),
-        )
+        )?;
+        self.observer.observe(&Progress::Exited {
+            pid: r.target.pid,
+            comm: r.target.comm.clone(),
+            after,
+            signal,
+        });
+        Ok(())
+    }
+
+    /// Waits until `deadline` for `running` to exit, one [`TICK`] at a time: each tick asks
+    /// the stop requests and tells the observer the time left; each exit is recorded (and
+    /// observed, in the order they happened) as soon as it is seen. Returns when each exited.
+    fn wait_phase(
+        &mut self,
+        running: &[&Running<'_>],
+        deadline: Instant,
+        phase: Phase,
+        result: TargetResult,
+        signal: &'static str,
+    ) -> Result<Vec<Option<Instant>>, ExecuteError> {
+        let mut exits: Vec<Option<Instant>> = vec![None; running.len()];
+        let kill_at = (phase == Phase::Grace).then_some(deadline);
+        loop {
+            self.check_stop(kill_at)?;
+            let alive: Vec<usize> = (0..running.len()).filter(|&i| exits[i].is_none()).collect();
+            if alive.is_empty() {
+                return Ok(exits);
+            }
+            let now = self.node.clock().now();
+            let until = (now + TICK).min(deadline);
+            if until > now {
+                self.observer.observe(&Progress::Waiting {
+                    phase,
+                    remaining: deadline - now,
+                    alive: alive.iter().map(|&i| running[i].target.pid).collect(),
+                });
+            }
+            let ids: Vec<Identity> = alive.iter().map(|&i| identity(running[i].target)).collect();
+            let seen = self.node.wait_exits(&ids, until);
+            let mut new: Vec<(Instant, u32, usize)> = alive
+                .iter()
+                .zip(seen)
+                .filter_map(|(&i, at)| at.map(|at| (at, running[i].target.pid, i)))
+                .collect();
+            new.sort();
+            for (at, _, i) in new {
+                exits[i] = Some(at);
+                self.exited(running[i], at, result, signal)?;
+            }
+            if until >= deadline {
+                return Ok(exits);
+            }
+        }
     }
 
     /// Phase 2: The grace period, then SIGKILL for whoever is left.
     fn kill_survivors(&mut self, running: &[Running<'a>]) -> Result<(), ExecuteError> {
-        let ids: Vec<Identity> = running.iter().map(|r| identity(r.target)).collect();
+        let all: Vec<&Running<'a>> = running.iter().collect();
         let deadline = self.node.clock().now() + self.opts.grace;
-        let exits = self.node.wait_exits(&ids, deadline);
-        let mut survivors = Vec::new();
-        for (r, exit) in running.iter().zip(exits) {
-            match exit {
-                Some(at) => self.exited(r, at, TargetResult::Exited, "TERM")?,
-                None => survivors.push(r),
-            }
-        }
+        let exits = self.wait_phase(&all, deadline, Phase::Grace, TargetResult::Exited, "TERM")?;
+        let survivors: Vec<&Running<'a>> = all
+            .iter()
+            .zip(exits)
+            .filter(|(_, exit)| exit.is_none())
+            .map(|(r, _)| *r)
+            .collect();
         for r in &survivors {
+            self.observer.observe(&Progress::StillAlive {
+                pid: r.target.pid,
+                comm: r.target.comm.clone(),
+                grace: self.opts.grace,
+            });
             self.log(
                 "signal",
                 json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
@@ -574,20 +923,31 @@ impl<'a> Run<'a> {
             self.outcome(r.target.pid)
                 .signals
                 .push(signal_name(Signal::KILL).into());
+            self.observer.observe(&Progress::Signalled {
+                pid: r.target.pid,
+                comm: r.target.comm.clone(),
+                signal: "KILL",
+            });
         }
-        let kids: Vec<Identity> = survivors.iter().map(|r| identity(r.target)).collect();
         let deadline = self.node.clock().now() + self.opts.kill_wait;
-        let kexits = self.node.wait_exits(&kids, deadline);
+        let kexits = self.wait_phase(
+            &survivors,
+            deadline,
+            Phase::AfterKill,
+            TargetResult::ExitedAfterKill,
+            "KILL",
+        )?;
         for (r, exit) in survivors.iter().zip(kexits) {
-            match exit {
-                Some(at) => self.exited(r, at, TargetResult::ExitedAfterKill, "KILL")?,
-                None => {
-                    let detail = self.node.why_alive(r.target.pid);
-                    let o = self.outcome(r.target.pid);
-                    o.result = TargetResult::SurvivedKill;
-                    o.detail = Some(detail.clone());
-                    self.log("stuck", json!({ "pid": r.target.pid, "detail": detail }))?;
-                }
+            if exit.is_none() {
+                let detail = self.node.why_alive(r.target.pid);
+                let o = self.outcome(r.target.pid);
+                o.result = TargetResult::SurvivedKill;
+                o.detail = Some(detail.clone());
+                self.log("stuck", json!({ "pid": r.target.pid, "detail": detail }))?;
+                self.observer.observe(&Progress::Stuck {
+                    pid: r.target.pid,
+                    comm: r.target.comm.clone(),
+                });
             }
         }
         Ok(())
@@ -633,18 +993,38 @@ impl<'a> Run<'a> {
             ));
         }
         let deadline = self.node.clock().now() + self.opts.release_timeout;
+        let mut announced = vec![false; watch.len()];
         while !watch.iter().all(|(w, _)| w.released()) {
+            self.check_stop(None)?;
             let now = self.node.clock().now();
-            for (w, last_exit) in &mut watch {
+            for (k, (w, last_exit)) in watch.iter_mut().enumerate() {
                 let used = self.node.memory_used(w.gpu)?;
-                w.observe(
-                    used,
-                    now.saturating_duration_since(*last_exit).as_millis() as u64,
-                );
+                let since_exit = now.saturating_duration_since(*last_exit);
+                w.observe(used, since_exit.as_millis() as u64);
+                if w.released() && !announced[k] {
+                    announced[k] = true;
+                    self.observer.observe(&Progress::Released {
+                        gpu: w.gpu,
+                        freed: w.used_before.saturating_sub(used),
+                        after: since_exit,
+                    });
+                }
             }
-            if now >= deadline {
+            // Interrupted: nothing was started here, so nothing to finish; one look is enough.
+            if now >= deadline || self.interrupted {
                 break;
             }
+            self.observer.observe(&Progress::WaitingForRelease {
+                remaining: deadline - now,
+                gpus: watch
+                    .iter()
+                    .filter(|(w, _)| !w.released())
+                    .map(|(w, _)| {
+                        let freed = w.last_used().map_or(0, |u| w.used_before.saturating_sub(u));
+                        (w.gpu, freed, w.expected_bytes)
+                    })
+                    .collect(),
+            });
             self.node.clock().sleep(self.opts.poll);
         }
         let mut releases = Vec::new();
@@ -811,6 +1191,10 @@ impl<'a> Run<'a> {
                 .iter()
                 .find(|s| s.dir == planned.dir && s.name == planned.name);
             let (result, detail) = match now {
+                _ if self.interrupted => (
+                    SegmentResult::Kept,
+                    Some("the reclaim was interrupted before its removal".into()),
+                ),
                 None => (SegmentResult::Gone, None),
                 Some(s) if s.inode != planned.inode || s.dev != planned.dev => (
                     SegmentResult::Kept,
@@ -908,12 +1292,24 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Executes the plan on `node` (every action in `audit`).
+    /// Executes the plan on `node` (every action in `audit`), unobserved and never stopped.
     pub fn run(
         self,
         node: &mut dyn Node,
         audit: &mut AuditLog,
         opts: &ExecuteOptions,
+    ) -> Result<ReclaimOutcome, ExecuteError> {
+        self.run_observed(node, audit, opts, &mut (), &StopRequests::new())
+    }
+
+    /// [`Prepared::run`], telling `observer` each step and asking `stop` (see [`execute`]).
+    pub fn run_observed(
+        self,
+        node: &mut dyn Node,
+        audit: &mut AuditLog,
+        opts: &ExecuteOptions,
+        observer: &mut dyn ReclaimObserver,
+        stop: &StopRequests,
     ) -> Result<ReclaimOutcome, ExecuteError> {
         execute(
             &self.plan,
@@ -923,6 +1319,8 @@ impl Prepared {
             &self.policy,
             audit,
             opts,
+            observer,
+            stop,
         )
     }
 }
@@ -1173,6 +1571,8 @@ mod tests {
             &policy,
             &mut audit,
             &opts(ResetMode::Never),
+            &mut (),
+            &StopRequests::new(),
         )
         .unwrap();
         let t = out.targets.iter().find(|t| t.pid == 16522).unwrap();
@@ -1352,6 +1752,230 @@ mod tests {
             "{text}"
         );
         assert!(!node.signals().iter().any(|s| s.signal == "KILL"));
+    }
+
+    // ---- live progress and stop requests ----
+
+    /// Records every step, and makes a stop request at the first grace tick with no more
+    /// than each of `stop_when` left (as the binary's SIGINT handler would).
+    struct Listener {
+        heard: Vec<Progress>,
+        stop: StopRequests,
+        stop_when: Vec<Duration>,
+    }
+
+    impl ReclaimObserver for Listener {
+        fn observe(&mut self, event: &Progress) {
+            if let Progress::Waiting {
+                phase: Phase::Grace,
+                remaining,
+                ..
+            } = event
+                && self.stop_when.first().is_some_and(|w| remaining <= w)
+            {
+                self.stop_when.remove(0);
+                self.stop.request();
+            }
+            self.heard.push(event.clone());
+        }
+    }
+
+    fn reclaim_heard(node: &FakeNode, stop_when: &[Duration]) -> (Ran, Vec<Progress>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        let stop = StopRequests::new();
+        let mut listener = Listener {
+            heard: Vec::new(),
+            stop: stop.clone(),
+            stop_when: stop_when.to_vec(),
+        };
+        let outcome = prepared.run_observed(
+            &mut n,
+            &mut audit,
+            &opts(ResetMode::Never),
+            &mut listener,
+            &stop,
+        );
+        let ran = Ran {
+            outcome,
+            audit: std::fs::read_to_string(&path).unwrap(),
+            _dir: dir,
+        };
+        (ran, listener.heard)
+    }
+
+    fn records(audit: &str) -> Vec<serde_json::Value> {
+        audit
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_observer_hears_each_exit_as_it_happens_in_the_order_of_the_exits() {
+        let node = demo();
+        node.behave(16521, Behaviour::ExitsAfterTerm(Duration::from_secs(2)))
+            .behave(16522, Behaviour::IgnoresTerm)
+            .behave(16523, Behaviour::ExitsAfterTerm(Duration::from_millis(50)));
+        let (ran, heard) = reclaim_heard(&node, &[]);
+        ran.outcome.unwrap();
+        let steps: Vec<String> = heard
+            .iter()
+            .filter_map(|e| match e {
+                Progress::Signalled { pid, signal, .. } => Some(format!("{signal} {pid}")),
+                Progress::Exited {
+                    pid, after, signal, ..
+                } => Some(format!("exit {pid} {} ms {signal}", after.as_millis())),
+                Progress::StillAlive { pid, .. } => Some(format!("alive {pid}")),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "TERM 16521",
+                "TERM 16522",
+                "TERM 16523",
+                "exit 16523 50 ms TERM",
+                "exit 16521 2000 ms TERM",
+                "alive 16522",
+                "KILL 16522",
+                "exit 16522 30000 ms KILL",
+            ]
+        );
+        // Heard live: each exit comes before the countdown passes the next second, and the
+        // countdown runs down while 16522 is the only one left.
+        let position = |pred: &dyn Fn(&Progress) -> bool| heard.iter().position(pred).unwrap();
+        let exit_16521 = position(&|e| matches!(e, Progress::Exited { pid: 16521, .. }));
+        let countdown_at = |secs: u64| {
+            position(&|e| {
+                matches!(e, Progress::Waiting { phase: Phase::Grace, remaining, .. }
+                    if *remaining <= Duration::from_secs(secs))
+            })
+        };
+        assert!(exit_16521 < countdown_at(27), "{heard:?}");
+        assert!(
+            matches!(&heard[countdown_at(1)], Progress::Waiting { alive, .. } if alive == &[16522])
+        );
+        assert!(
+            heard
+                .iter()
+                .any(|e| matches!(e, Progress::Released { gpu: 0, .. })),
+            "{heard:?}"
+        );
+    }
+
+    #[test]
+    fn a_first_interrupt_during_grace_still_sigkills_at_the_end_of_grace_and_logs_the_result() {
+        let node = demo();
+        node.behave(16521, Behaviour::IgnoresTerm)
+            .behave(16522, Behaviour::IgnoresTerm);
+        let (ran, heard) = reclaim_heard(&node, &[Duration::from_secs(20)]);
+        let out = ran.outcome.unwrap();
+        assert_eq!(
+            sent(&node),
+            vec![
+                (16521, "TERM", 0),
+                (16522, "TERM", 0),
+                (16523, "TERM", 0),
+                (16521, "KILL", 30_000),
+                (16522, "KILL", 30_000)
+            ]
+        );
+        assert!(out.interrupted);
+        assert_eq!(out.exit_code, INTERRUPTED_EXIT_CODE);
+        let told = heard
+            .iter()
+            .find_map(|e| match e {
+                Progress::Interrupted { finishing, kill_in } => Some((finishing, kill_in)),
+                _ => None,
+            })
+            .expect("the interrupt is told");
+        let pids: Vec<u32> = told.0.iter().map(|(p, _)| *p).collect();
+        assert_eq!(pids, [16521, 16522]);
+        // Seen at the next tick: within one tick of the request, 20 s before the end.
+        let kill_in = told.1.unwrap();
+        assert!(
+            kill_in <= Duration::from_secs(20) && kill_in + TICK >= Duration::from_secs(20),
+            "{kill_in:?}"
+        );
+        let records = records(&ran.audit);
+        let last = records.last().unwrap();
+        assert_eq!(last["event"], "result", "{last}");
+        assert_eq!(last["interrupted"], true);
+        assert_eq!(last["exit_code"], INTERRUPTED_EXIT_CODE);
+        assert!(
+            records
+                .iter()
+                .any(|r| r["event"] == "interrupt" && r["finishing"] == json!([16521, 16522])),
+            "{}",
+            ran.audit
+        );
+    }
+
+    #[test]
+    fn a_second_interrupt_stops_at_once_with_a_record_naming_the_live_targets() {
+        let node = demo();
+        node.behave(16521, Behaviour::IgnoresTerm)
+            .behave(16522, Behaviour::IgnoresTerm);
+        let (ran, _) = reclaim_heard(&node, &[Duration::from_secs(20), Duration::from_secs(10)]);
+        let e = ran.outcome.unwrap_err();
+        let ExecuteError::Interrupted { alive } = &e else {
+            panic!("{e:?}")
+        };
+        let pids: Vec<u32> = alive.iter().map(|(p, _, _)| *p).collect();
+        assert_eq!(pids, [16521, 16522]);
+        assert!(!node.signals().iter().any(|s| s.signal == "KILL"));
+        let text = e.to_string();
+        assert!(text.contains("kill -KILL 16521 16522"), "{text}");
+        let records = records(&ran.audit);
+        let last = records.last().unwrap();
+        assert_eq!(last["event"], "interrupted", "{}", ran.audit);
+        let named: Vec<u64> = last["alive"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["pid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(named, [16521, 16522]);
+    }
+
+    /// A stop requested before the first SIGTERM (Ctrl-C right after `y`): the decision taken
+    /// so far is nothing, so nothing is signalled, and the log still ends with a result.
+    #[test]
+    fn a_stop_before_the_first_sigterm_signals_nothing_and_logs_the_result() {
+        let node = demo();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        let stop = StopRequests::new();
+        stop.request();
+        let out = prepared
+            .run_observed(&mut n, &mut audit, &opts(ResetMode::Auto), &mut (), &stop)
+            .unwrap();
+        assert!(node.signals().is_empty(), "{:?}", node.signals());
+        assert!(node.resets().is_empty(), "no reset after a stop");
+        assert!(
+            out.targets
+                .iter()
+                .all(|t| t.result == TargetResult::NotSignalled)
+        );
+        assert!(out.interrupted);
+        let records = records(&std::fs::read_to_string(&path).unwrap());
+        assert_eq!(records.last().unwrap()["event"], "result");
     }
 
     // ---- shared-memory segments ----

@@ -325,12 +325,15 @@ pub struct Soak {
 }
 
 /// Allocate and free for `duration`, every `cycle`, and fit the trend of the baseline.
+/// `on_cycle` is told each cycle as it ends, with the time since the soak began (a soak runs
+/// for half an hour by default: the command line shows progress from it).
 pub fn soak(
     probe: &Probe,
     bytes: u64,
     duration: Duration,
     cycle: Duration,
     signals: &[(String, i32)],
+    on_cycle: &mut dyn FnMut(&Cycle, Duration),
 ) -> Result<Soak, ProbeError> {
     let tol = tolerance(bytes);
     let start = Instant::now();
@@ -359,6 +362,9 @@ pub fn soak(
             baseline_after: baseline,
             release_ms: back.map(|s| s.t_ms - t),
         });
+        if let Some(done) = cycles.last() {
+            on_cycle(done, start.elapsed());
+        }
         if let Some(rest) = cycle.checked_sub(began.elapsed()) {
             std::thread::sleep(rest);
         }

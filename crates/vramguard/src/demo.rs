@@ -372,7 +372,10 @@ fn reclaim_demo(
         "\n$ {shown}\n{}",
         render_plan(&prepared.plan, &prepared.report, false)
     );
-    let outcome = prepared.run(
+    // The same live lines as `reclaim` prints.
+    let mut feedback =
+        crate::progress::ReclaimFeedback::new(crate::progress::Feedback::for_output(false));
+    let outcome = prepared.run_observed(
         &mut node,
         &mut audit,
         &ExecuteOptions::new(
@@ -380,7 +383,10 @@ fn reclaim_demo(
             Duration::from_secs(20),
             ResetMode::Auto,
         ),
+        &mut feedback,
+        &vramguard_ops::StopRequests::new(),
     )?;
+    drop(feedback);
     print!("{}", render_outcome(&outcome, &audit_path));
     Ok(())
 }

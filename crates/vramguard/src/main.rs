@@ -9,6 +9,7 @@ mod cli;
 mod demo;
 mod gpusel;
 mod probe;
+mod progress;
 mod reclaim;
 mod render;
 mod run;

@@ -80,7 +80,7 @@ pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
         epoch,
         timeout,
     };
-    let results = experiment(&probe, cmd, bytes)?;
+    let results = experiment(&probe, cmd, bytes, common.json)?;
     let (_, samples) = probe.sampler.stop();
     let left_behind = match &results {
         Results::Release { trials } => trials.iter().any(|t| !t.released),
@@ -186,8 +186,9 @@ fn holder_kind(
     })
 }
 
-/// Runs the experiment `cmd` names.
-fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64) -> Result<Results> {
+/// Runs the experiment `cmd` names (a soak shows its progress on stderr; with `--json`, only
+/// when stderr is a terminal).
+fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Result<Results> {
     Ok(match cmd {
         ProbeCommand::Release {
             signals,
@@ -239,7 +240,20 @@ fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64) -> Result<Results> 
             } else {
                 vec![signal("TERM")?]
             };
-            Results::Soak(experiments::soak(probe, bytes, *duration, *cycle, &sigs)?)
+            let feedback = if json {
+                crate::progress::Feedback::for_output(true)
+            } else {
+                crate::progress::Feedback::on_stderr()
+            };
+            let mut progress = crate::progress::SoakFeedback::start(feedback, *duration, *cycle);
+            Results::Soak(experiments::soak(
+                probe,
+                bytes,
+                *duration,
+                *cycle,
+                &sigs,
+                &mut |c, elapsed| progress.cycle(c, elapsed),
+            )?)
         }
     })
 }

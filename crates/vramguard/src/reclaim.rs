@@ -12,8 +12,10 @@ use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
 use vramguard_core::sanitize::{escape, fit, shown};
 use vramguard_core::units::{format_bytes, format_duration};
-use vramguard_ops::reclaim::{ReclaimOutcome, SegmentResult, TargetResult};
-use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
+use vramguard_ops::reclaim::{
+    ExecuteError, INTERRUPTED_EXIT_CODE, ReclaimOutcome, SegmentResult, TargetResult,
+};
+use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode, StopRequests};
 
 fn options(args: &ReclaimArgs, settings: &Settings) -> Result<ReclaimOptions> {
     let mut include = BTreeSet::new();
@@ -287,6 +289,13 @@ pub(crate) fn outcome_text(o: &ReclaimOutcome, audit: &std::path::Path) -> Strin
             }
         }
     }
+    if o.interrupted {
+        let _ = writeln!(
+            out,
+            "interrupted: what was started was finished; nothing new was begun (exit {})",
+            INTERRUPTED_EXIT_CODE
+        );
+    }
     let _ = writeln!(
         out,
         "audit: {} (run {})",
@@ -391,6 +400,21 @@ fn confirmed(plan: &Plan, reset: ResetMode) -> Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
+/// Counts SIGINT and SIGTERM into `stop` (instead of ending the process) until the returned
+/// handlers are unregistered.
+pub(crate) fn stop_on_signals(stop: &StopRequests) -> Result<Vec<signal_hook::SigId>> {
+    let mut ids = Vec::new();
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let stop = stop.clone();
+        // SAFETY: the handler does one atomic add (`StopRequests::request`): no allocation,
+        // no lock, async-signal-safe.
+        let id = unsafe { signal_hook::low_level::register(sig, move || stop.request()) }
+            .context("installing the Ctrl-C handler")?;
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
 /// Runs `vramguard reclaim`.
 pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     let opts = options(args, settings)?;
@@ -441,11 +465,31 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
         eprintln!("nothing done");
         return Ok(2);
     }
-    let outcome = prepared.run(
+    // From here on, Ctrl-C (or SIGTERM) asks the executor to finish what it started; a second
+    // one stops it at once. Before, nothing was done and the default action is right.
+    let stop = StopRequests::new();
+    let handlers = stop_on_signals(&stop)?;
+    let mut feedback =
+        crate::progress::ReclaimFeedback::new(crate::progress::Feedback::for_output(args.json));
+    let ran = prepared.run_observed(
         &mut node,
         &mut audit,
         &ExecuteOptions::new(grace, release_timeout, reset),
-    )?;
+        &mut feedback,
+        &stop,
+    );
+    drop(feedback);
+    for id in handlers {
+        signal_hook::low_level::unregister(id);
+    }
+    let outcome = match ran {
+        Ok(outcome) => outcome,
+        Err(e @ ExecuteError::Interrupted { .. }) => {
+            eprintln!("vramguard: {e}");
+            return Ok(INTERRUPTED_EXIT_CODE);
+        }
+        Err(e) => return Err(e.into()),
+    };
     if args.json {
         crate::print_json(&outcome)?;
     } else {

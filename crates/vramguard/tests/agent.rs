@@ -626,6 +626,70 @@ fn automatic_reclaim_terminates_orphans_after_min_age() {
     assert_eq!(events.last().map(String::as_str), Some("result"));
 }
 
+/// Issue 30: SIGTERM to the agent (a `systemctl stop`, an upgrade) during an automatic
+/// reclaim's grace period ended the process with the reclaim thread in it: targets that ignore
+/// SIGTERM stayed alive and the audit log ended at a `signal` record. The agent now finishes
+/// the decision (SIGKILL at the end of the grace period) and logs the result before it exits.
+#[test]
+fn sigterm_during_an_automatic_reclaim_finishes_it_before_the_agent_exits() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let config = format!(
+        "[agent]\ninterval = \"200ms\"\n[reclaim]\nauto = true\nmin_age = \"1s\"\ngrace = \"4s\"\naudit_log = \"{}\"\n",
+        audit.display()
+    );
+    let mut agent = Agent::start(&world, Path_::InProcess, &config);
+    let mut s = spec(&world, json!([hold(0, 1)]));
+    s["group_leader"] = json!(true);
+    s["workers"] = json!([{ "argv": ["python3", "train.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "ignore_term": true,
+        "holds": [hold(0, 2)] } }]);
+    let mut j = start(&world, &["python3", "train.py"], s);
+    j.crash();
+    let orphan = j.workers[0];
+    wait_until(20, "the orphan's SIGTERM", || {
+        std::fs::read_to_string(&audit).is_ok_and(|t| t.contains("\"signal\":\"TERM\""))
+    });
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &agent.child.pid().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = agent.child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        agent
+            .log_text()
+            .contains("an automatic reclaim is running: finishing it before stopping"),
+        "{}",
+        agent.log_text()
+    );
+    wait_until(10, "the SIGKILLed orphan to be gone", || !alive(orphan));
+    let records: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = records.last().unwrap();
+    assert_eq!(last["event"], "result", "{records:#?}");
+    assert_eq!(last["interrupted"], json!(true));
+    let exit = records
+        .iter()
+        .find(|r| r["event"] == "exited" && r["pid"] == orphan)
+        .unwrap();
+    assert_eq!(exit["signal"], "KILL");
+    assert!(exit["after_ms"].as_u64().unwrap() >= 4000, "{exit}");
+}
+
 fn chromium() -> PathBuf {
     for c in [
         "/usr/bin/chromium",

@@ -112,8 +112,8 @@ fn hostile_orphans(world: &World) -> (Holding, Vec<(u32, &'static str)>) {
     (job, shown)
 }
 
-/// `reclaim --yes`: the plan above and every result line below it (exited after SIGTERM, and
-/// SIGKILLed) show the names escaped.
+/// `reclaim --yes`: the plan above, the live lines and every result line below it (exited
+/// after SIGTERM, and SIGKILLed) show the names escaped.
 #[test]
 fn reclaim_yes_shows_hostile_names_escaped_in_every_line_it_prints() {
     let world = World::new(1);
@@ -139,6 +139,13 @@ fn reclaim_yes_shows_hostile_names_escaped_in_every_line_it_prints() {
         assert!(
             result.contains(name),
             "{shown}: the result line shows {name}: {result}"
+        );
+        // The live line, printed as it happened (issue 30).
+        let live = format!("  SIGTERM sent to pid {pid} (");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&live) && l.contains(name)),
+            "{shown}: no {live:?} line showing {name}:\n{text}"
         );
     }
     assert!(text.contains("ignored SIGTERM; SIGKILLed"), "{text}");

@@ -265,3 +265,61 @@ fn bad_requests_are_refused_with_a_reason() {
         stderr(&out)
     );
 }
+
+/// Issue 30: `probe soak` printed nothing for its whole duration (30 min by default). It says
+/// at once what it does and for how long, then how far it is and how long is left, on stderr
+/// (stdout is the report): piped, one plain line per tenth of the run, no redraw; with
+/// `--json` and no terminal, nothing extra.
+#[test]
+fn soak_shows_its_progress_and_the_time_left() {
+    let world = World::new(1);
+    lagging(&world, AfterExit::ReleaseAfterMs(20));
+    let out = Vg::new(&world, Path_::InProcess)
+        .args([
+            "probe",
+            "soak",
+            "--size",
+            "1GiB",
+            "--duration",
+            "2s",
+            "--cycle",
+            "200ms",
+        ])
+        .code(0);
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("soak: allocating and freeing every 200ms for 2.0s"),
+        "{err}"
+    );
+    assert!(!err.contains('\r') && !err.contains('\x1b'), "{err:?}");
+    let percents: Vec<u64> = err
+        .lines()
+        .filter(|l| l.contains(" left; baseline "))
+        .map(|l| {
+            let open = l.find('(').unwrap();
+            let close = l.find("%)").unwrap();
+            l[open + 1..close].parse().unwrap()
+        })
+        .collect();
+    assert!(percents.len() >= 3, "progress lines:\n{err}");
+    assert!(
+        percents.windows(2).all(|w| w[0] / 10 < w[1] / 10),
+        "{percents:?}"
+    );
+    assert!(!stdout(&out).contains("left; baseline"));
+
+    let json = Vg::new(&world, Path_::InProcess)
+        .args([
+            "probe",
+            "soak",
+            "--size",
+            "1GiB",
+            "--duration",
+            "1s",
+            "--cycle",
+            "200ms",
+            "--json",
+        ])
+        .code(0);
+    assert_eq!(stderr(&json), "", "--json piped: nothing but the document");
+}

@@ -688,3 +688,199 @@ fn never_reclaimable_classes_are_refused_up_front() {
         "nothing is signalled without an audit trail"
     );
 }
+
+// ---- issue 30: live feedback and a safe Ctrl-C ----
+
+/// Issue 30: after `y`, the grace period passed in silence and everything came at once. Piped,
+/// each target's state is one plain line as it changes (SIGTERM sent, still alive at the end
+/// of the grace period, SIGKILL sent, exited), in that order, and no countdown is redrawn.
+#[test]
+fn a_piped_reclaim_says_each_targets_state_as_it_changes() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["reclaim", "--yes", "--grace", "2s"])
+        .arg_path("--audit-log", &audit)
+        .code(0);
+    let text = stdout(&out);
+    assert!(
+        !text.contains('\r') && !text.contains('\x1b'),
+        "no redraws when piped:\n{text:?}"
+    );
+    assert!(!text.contains("Ctrl-C: finish"), "no countdown:\n{text}");
+    for w in &job.workers {
+        let who = format!("pid {w} (");
+        let at = |what: &str| {
+            let lines: Vec<usize> = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains(&who) && l.contains(what))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(lines.len(), 1, "one {what:?} line for {w}:\n{text}");
+            lines[0]
+        };
+        let term = at("SIGTERM sent to");
+        let still = at("still alive after the 2.0s grace period: sending SIGKILL");
+        let kill = at("SIGKILL sent to");
+        let exited = at("after SIGTERM (after SIGKILL)");
+        assert!(
+            term < still && still < kill && kill < exited,
+            "order for {w}: {term} {still} {kill} {exited}\n{text}"
+        );
+        assert!(!alive(*w));
+    }
+}
+
+/// `vramguard reclaim --yes ARGS` on a real terminal (its own session, the pty as controlling
+/// terminal: Ctrl-C written to the master is a SIGINT to it, as from a keyboard).
+fn reclaim_on_a_terminal(
+    world: &World,
+    audit: &Path,
+    args: &[&str],
+) -> (Reaped, std::fs::File, pty::Collected) {
+    let (master, slave) = pty::pair(40, 160).unwrap();
+    let mut cmd = Vg::new(world, Path_::InProcess)
+        .args(["reclaim", "--yes"])
+        .args(args)
+        .arg_path("--audit-log", audit)
+        .command();
+    let child = Reaped(pty::spawn_on(&mut cmd, &slave).unwrap());
+    drop(slave);
+    let screen = pty::Collected::start(&master).unwrap();
+    (child, std::fs::File::from(master), screen)
+}
+
+/// The terminal's text without escape sequences.
+fn plain(screen: &pty::Collected) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in screen.text().chars() {
+        if esc {
+            esc = !c.is_ascii_alphabetic();
+        } else if c == '\x1b' {
+            esc = true;
+        } else if c != '\r' {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn wait_for_text(screen: &pty::Collected, what: &str, secs: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !plain(screen).contains(what) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what:?}; the terminal got:\n{}",
+            plain(screen)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn exit_code_within(child: &mut Reaped, secs: u64, screen: &pty::Collected) -> i32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            return status.code().expect("exited, not killed by a signal");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "vramguard still running after {secs}s; the terminal got:\n{}",
+            plain(screen)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Waits until every target has been sent SIGTERM and the countdown is on the terminal.
+fn wait_for_the_grace_period(screen: &pty::Collected, job: &Holding) {
+    for w in &job.workers {
+        wait_for_text(screen, &format!("SIGTERM sent to pid {w} ("), 60);
+    }
+    wait_for_text(screen, "Ctrl-C: finish and stop", 30);
+}
+
+/// Issue 30: Ctrl-C during the grace period killed vramguard at once, left the targets that
+/// ignore SIGTERM alive and the audit log ending at a `signal TERM` record. Now the first
+/// Ctrl-C finishes the decision: it says so, the targets get SIGKILL when the grace period
+/// ends (not before), the log ends with a `result` record, and the exit code is 130.
+#[test]
+fn the_first_ctrl_c_during_grace_finishes_the_decision_and_logs_the_result() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("audit.jsonl");
+    let (mut child, mut master, screen) = reclaim_on_a_terminal(&world, &audit, &["--grace", "5s"]);
+    wait_for_the_grace_period(&screen, &job);
+    std::io::Write::write_all(&mut master, b"\x03").unwrap();
+    wait_for_text(&screen, "interrupted: finishing what was started", 10);
+    assert_eq!(exit_code_within(&mut child, 60, &screen), 130);
+    let text = plain(&screen);
+    assert!(text.contains("will get SIGKILL in"), "{text}");
+    for w in &job.workers {
+        wait_until(10, "the SIGKILLed targets to be gone", || !alive(*w));
+    }
+    let lines = audit_lines(&audit);
+    let last = lines.last().unwrap();
+    assert_eq!(last["event"], "result", "{lines:#?}");
+    assert_eq!(last["interrupted"], json!(true));
+    assert!(lines.iter().any(|l| l["event"] == "interrupt"));
+    for w in &job.workers {
+        let exit = lines
+            .iter()
+            .find(|l| l["event"] == "exited" && l["pid"] == json!(w))
+            .unwrap_or_else(|| panic!("no exit recorded for {w}: {lines:#?}"));
+        assert_eq!(exit["signal"], "KILL", "{exit}");
+        let after = exit["after_ms"].as_u64().unwrap();
+        assert!(
+            after >= 5000,
+            "SIGKILL at the end of grace, not before: {after} ms"
+        );
+    }
+}
+
+/// Issue 30: a second Ctrl-C stops at once: the audit log's last record is `interrupted` and
+/// names the targets still alive, and the message says exactly which and how to finish.
+#[test]
+fn a_second_ctrl_c_stops_at_once_and_names_the_pids_left_alive() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), true);
+    let audit = world.dir.path().join("audit.jsonl");
+    let (mut child, mut master, screen) =
+        reclaim_on_a_terminal(&world, &audit, &["--grace", "120s"]);
+    wait_for_the_grace_period(&screen, &job);
+    std::io::Write::write_all(&mut master, b"\x03").unwrap();
+    wait_for_text(&screen, "Ctrl-C again to stop at once", 10);
+    std::io::Write::write_all(&mut master, b"\x03").unwrap();
+    assert_eq!(exit_code_within(&mut child, 30, &screen), 130);
+    let text = plain(&screen);
+    let mut pids = job.workers.clone();
+    pids.sort();
+    let kill: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.contains(&format!("`kill -KILL {}`", kill.join(" "))),
+        "{text}"
+    );
+    assert!(text.contains("still alive: "), "{text}");
+    for w in &job.workers {
+        assert!(alive(*w), "a second Ctrl-C sends nothing more");
+    }
+    let lines = audit_lines(&audit);
+    let last = lines.last().unwrap();
+    assert_eq!(last["event"], "interrupted", "{lines:#?}");
+    let mut named: Vec<u32> = last["alive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["pid"].as_u64().unwrap() as u32)
+        .collect();
+    named.sort();
+    assert_eq!(named, pids);
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["event"] == "signal" && l["signal"] == "KILL")
+    );
+}

@@ -212,3 +212,127 @@ fn top_r_on_a_holder_of_a_live_vramguard_run_signals_nothing() {
     );
     drop(job);
 }
+
+/// An orphan of a crashed job that ignores SIGTERM; `top` on a pty with `[reclaim] grace`
+/// from a config, its `r` plan for that orphan confirmed with `y`, and Ctrl-C pressed while
+/// the reclaim runs. Returns the orphan's holding, top, its screen and its keyboard.
+fn top_reclaiming_a_stubborn_orphan(
+    world: &World,
+    grace: &str,
+    audit: &std::path::Path,
+) -> (Holding, Reaped, Screen, std::fs::File) {
+    let mut trainer = spec(world, serde_json::json!([hold(0, 2)]));
+    trainer["group_leader"] = serde_json::json!(true);
+    trainer["workers"] = serde_json::json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "ignore_term": true,
+        "holds": [hold(0, 1)] } }]);
+    let mut job = start(world, &["python3", "train.py"], trainer);
+    job.crash();
+    let orphan = job.workers[0];
+    let cfg = config(
+        world,
+        &format!(
+            "[reclaim]\ngrace = \"{grace}\"\naudit_log = \"{}\"\n",
+            audit.display()
+        ),
+    );
+    let (master, slave) = pty::pair(40, 160).unwrap();
+    let mut cmd = vg_command();
+    cmd.env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("COLUMNS")
+        .env("TERM", "xterm-256color")
+        .arg("--sim")
+        .arg(world.state_path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["top", "--delay", "0.3s", "--sample", "0.3s"]);
+    let child = Reaped(pty::spawn_on(&mut cmd, &slave).unwrap());
+    drop(slave);
+    let screen = Screen(pty::Collected::start(&master).unwrap());
+    let mut keys = std::fs::File::from(master);
+    screen.wait_for(0, "orphan", 15);
+    let before = screen.len();
+    keys.write_all(b"r").unwrap();
+    screen.wait_for(before, "reclaim plan", 15);
+    screen.wait_for(before, &format!("pid {orphan}"), 5);
+    let before = screen.len();
+    keys.write_all(b"y").unwrap();
+    screen.wait_for(before, "signalling and waiting", 15);
+    // Once its SIGTERM is sent (a Ctrl-C before it would leave the orphan unsignalled).
+    wait_until(15, "the SIGTERM's record", || {
+        std::fs::read_to_string(audit).is_ok_and(|t| t.contains("\"signal\":\"TERM\""))
+    });
+    // Raw mode: Ctrl-C is a key, and quits.
+    keys.write_all(b"\x03").unwrap();
+    screen.wait_for(before, "finishing the reclaim in progress", 10);
+    (job, child, screen, keys)
+}
+
+fn exit_code(child: &mut Reaped, secs: u64, screen: &Screen) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            return s.code().expect("exited, not killed by a signal");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top still running after {secs}s:\n{}",
+            strip(&screen.text())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn audit_records(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Issue 30: Ctrl-C in `top` while its reclaim ran quit the screen and the reclaim went on
+/// unseen; a second Ctrl-C at the shell killed it half-done. Now Ctrl-C finishes the decision
+/// (the orphan that ignores SIGTERM gets SIGKILL at the end of the grace period), prints what
+/// was done once the screen is gone, logs the result, and exits 130.
+#[test]
+fn ctrl_c_in_top_during_a_reclaim_finishes_it_and_prints_what_was_done() {
+    let world = World::new(1);
+    let audit = world.state_path().with_file_name("audit.jsonl");
+    let (job, mut child, screen, _keys) = top_reclaiming_a_stubborn_orphan(&world, "3s", &audit);
+    let orphan = job.workers[0];
+    assert_eq!(exit_code(&mut child, 60, &screen), 130);
+    screen.wait_for(0, "interrupted: what was started was finished", 5);
+    wait_until(10, "the SIGKILLed orphan to be gone", || !alive(orphan));
+    let records = audit_records(&audit);
+    let last = records.last().unwrap();
+    assert_eq!(last["event"], "result", "{records:#?}");
+    assert_eq!(last["interrupted"], serde_json::json!(true));
+    let exit = records
+        .iter()
+        .find(|r| r["event"] == "exited" && r["pid"] == orphan)
+        .unwrap();
+    assert_eq!(exit["signal"], "KILL");
+    assert!(exit["after_ms"].as_u64().unwrap() >= 3000, "{exit}");
+}
+
+/// A second Ctrl-C (a SIGINT, the terminal being restored) stops at once: the pid left alive
+/// and how to finish are printed, and the audit log ends with an `interrupted` record.
+#[test]
+fn a_second_ctrl_c_after_top_quit_stops_the_reclaim_and_names_the_pid() {
+    let world = World::new(1);
+    let audit = world.state_path().with_file_name("audit.jsonl");
+    let (job, mut child, screen, mut keys) =
+        top_reclaiming_a_stubborn_orphan(&world, "120s", &audit);
+    let orphan = job.workers[0];
+    keys.write_all(b"\x03").unwrap();
+    assert_eq!(exit_code(&mut child, 30, &screen), 130);
+    screen.wait_for(0, &format!("`kill -KILL {orphan}`"), 5);
+    assert!(alive(orphan), "a second Ctrl-C sends nothing more");
+    let records = audit_records(&audit);
+    let last = records.last().unwrap();
+    assert_eq!(last["event"], "interrupted", "{records:#?}");
+    assert_eq!(last["alive"][0]["pid"], orphan);
+    drop(job);
+}

@@ -19,7 +19,7 @@ use vramguard_core::report::{Class, Report};
 use vramguard_core::snapshot::Snapshot;
 use vramguard_core::{Policy, classify};
 use vramguard_node::Node;
-use vramguard_ops::{AuditLog, ExecuteOptions, Prepared, ResetMode};
+use vramguard_ops::{AuditLog, ExecuteOptions, Prepared, ResetMode, StopRequests};
 use vramguard_proc::ScanDepth;
 
 /// What the terminal thread asks of the worker.
@@ -37,7 +37,9 @@ enum FromWorker {
     Outcome(String),
 }
 
-/// Runs `vramguard top` until `q` or Ctrl-C.
+/// Runs `vramguard top` until `q` or Ctrl-C. Exit 0, or 130 when Ctrl-C left it while a
+/// reclaim ran (that reclaim is finished first, or stopped by a second Ctrl-C, and what it did
+/// is printed once the screen is gone).
 pub fn run(settings: &Settings, args: &TopArgs) -> Result<i32> {
     let monochrome = args.monochrome || std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let mut app = App::new(args.delay, args.gpu.clone(), monochrome);
@@ -67,21 +69,54 @@ pub fn run(settings: &Settings, args: &TopArgs) -> Result<i32> {
         .map(|e| e.to_string());
     let (to_worker, from_terminal) = mpsc::channel();
     let (to_terminal, from_worker) = mpsc::channel();
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(|| worker(settings, args, from_terminal, to_terminal));
+    let stop = StopRequests::new();
+    let interrupted = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| worker(settings, args, from_terminal, to_terminal, &stop));
         // Raw mode and the alternate screen, restored on every way out (a panic included:
         // ratatui's init installs the hook).
         let mut terminal = ratatui::init();
         let result = ui_loop(&mut terminal, &mut app, &to_worker, &from_worker);
         ratatui::restore();
         drop(to_worker);
-        if matches!(app.dialog, Dialog::Running) {
-            eprintln!("vramguard top: waiting for the reclaim in progress to finish…");
+        let interrupted = matches!(app.dialog, Dialog::Running);
+        let mut handlers = Vec::new();
+        if interrupted {
+            // Only Ctrl-C leaves while a reclaim runs: it is a first stop request (the
+            // decision taken is finished, nothing new is started), and now that the terminal
+            // is back in cooked mode, a Ctrl-C is a SIGINT: the second request, which stops
+            // at once and names what is left.
+            stop.request();
+            handlers = crate::reclaim::stop_on_signals(&stop).unwrap_or_default();
+            eprintln!(
+                "vramguard top: Ctrl-C: finishing the reclaim in progress (targets sent SIGTERM \
+                 get SIGKILL at the end of the grace period; nothing new is started); Ctrl-C \
+                 again to stop at once"
+            );
         }
         let _ = worker.join();
-        result
+        for id in handlers {
+            signal_hook::low_level::unregister(id);
+        }
+        // What the reclaim did, now that the screen is gone.
+        while let Ok(m) = from_worker.try_recv() {
+            match m {
+                FromWorker::Outcome(text) if interrupted => {
+                    let _ = crate::print(&crate::render::wrap_lines(
+                        &text,
+                        crate::render::output_width(),
+                    ));
+                }
+                FromWorker::Error(e) if interrupted => eprintln!("vramguard top: {e}"),
+                _ => {}
+            }
+        }
+        result.map(|()| interrupted)
     })?;
-    Ok(0)
+    Ok(if interrupted {
+        vramguard_ops::reclaim::INTERRUPTED_EXIT_CODE
+    } else {
+        0
+    })
 }
 
 fn ui_loop(
@@ -185,6 +220,7 @@ fn worker(
     args: &TopArgs,
     requests: Receiver<ToWorker>,
     out: Sender<FromWorker>,
+    stop: &StopRequests,
 ) {
     let policy = settings.policy();
     let mut node = match settings.node(policy, None) {
@@ -232,7 +268,7 @@ fn worker(
                     Some(prepared) => {
                         // The node changed: the next refresh scans everything again.
                         depth = ScanDepth::Full;
-                        execute(&mut node, args, prepared)
+                        execute(&mut node, args, prepared, stop)
                     }
                     None => FromWorker::Error("no plan to carry out".into()),
                 },
@@ -294,7 +330,12 @@ pub(crate) fn plan_options(report: &Report, pid: u32) -> ReclaimOptions {
 }
 
 /// Carries out the plan confirmed, with the audit log `reclaim` keeps.
-fn execute(node: &mut dyn Node, args: &TopArgs, prepared: Prepared) -> FromWorker {
+fn execute(
+    node: &mut dyn Node,
+    args: &TopArgs,
+    prepared: Prepared,
+    stop: &StopRequests,
+) -> FromWorker {
     let host = prepared.report.hostname.clone().unwrap_or_default();
     let mut audit = match AuditLog::open(&args.audit_log, &host) {
         Ok(a) => a,
@@ -306,7 +347,7 @@ fn execute(node: &mut dyn Node, args: &TopArgs, prepared: Prepared) -> FromWorke
         }
     };
     let opts = ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Never);
-    match prepared.run(node, &mut audit, &opts) {
+    match prepared.run_observed(node, &mut audit, &opts, &mut (), stop) {
         Ok(outcome) => FromWorker::Outcome(crate::reclaim::outcome_text(&outcome, audit.path())),
         Err(e) => FromWorker::Error(format!("reclaim: {e}")),
     }
