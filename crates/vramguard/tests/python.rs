@@ -1,0 +1,103 @@
+//! The Python module's own tests (`packaging/python/tests`, stdlib `unittest`), one Rust test
+//! per Python test so that `cargo test` runs them, names them and fails with their output:
+//! `vramguard.guard()` on real processes holding the simulated GPU, and `explain_oom()` with
+//! a stand-in binary and a stand-in `torch` module (`packaging/python/tests/fake_torch`).
+//! No real PyTorch is used here.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+fn tests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/python/tests")
+}
+
+/// Runs one Python test (`module.Class.test_name`) and fails with its output unless it
+/// passed: a skipped test is a failure here, never a pass.
+fn python_test(name: &str) {
+    let out = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-v", name])
+        .current_dir(tests_dir())
+        .env("VRAMGUARD_TEST_BINARY", BIN)
+        .env("VRAMGUARD_CONFIG", "none")
+        .env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_BINARY")
+        .env_remove("PYTHONPATH")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3 runs (scripts/test.sh installs it)");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && report.contains("\nOK") && !report.contains("skipped"),
+        "python3 -m unittest {name}: {}\n--- stdout ---\n{}\n--- stderr ---\n{report}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+macro_rules! python_tests {
+    ($($module:literal :: $class:literal { $($test:ident),* $(,)? })*) => {
+        /// Every Python test run here, as `module.Class.test`.
+        const PYTHON_TESTS: &[&str] = &[$($(concat!($module, ".", $class, ".", stringify!($test))),*),*];
+        $($(
+            #[test]
+            fn $test() {
+                python_test(concat!($module, ".", $class, ".", stringify!($test)));
+            }
+        )*)*
+    };
+}
+
+python_tests! {
+    "test_guard"::"GuardTest" {
+        test_exit_ends_a_gpu_holding_child,
+        test_an_exception_ends_the_child_and_still_propagates,
+        test_sigterm_to_the_guarded_process_ends_the_child_and_exits_143,
+        test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler,
+        test_a_child_that_ignores_sigterm_gets_sigkill_after_the_grace,
+        test_it_never_signals_a_non_descendant_a_child_without_gpu_another_user_or_itself,
+        test_a_grandchild_recorded_while_it_ran_is_ended_after_its_parent_exited,
+        test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler,
+    }
+    "test_explain"::"ExplainTest" {
+        test_two_orphans_of_one_job_are_one_job,
+        test_an_oom_in_a_thread_is_explained_after_its_traceback,
+        test_the_ranks_of_one_job_ask_the_binary_once_per_node,
+        test_a_planted_answer_or_symlink_is_never_trusted,
+        test_the_hook_takes_at_most_one_second,
+    }
+}
+
+#[test]
+fn every_python_test_is_run_by_cargo() {
+    // A test added to a Python file but not listed above would never run in the suite.
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(tests_dir()).unwrap().flatten() {
+        let path = entry.path();
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        let Some(module) = file
+            .strip_prefix("test_")
+            .and_then(|m| m.strip_suffix(".py"))
+        else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut class = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("class ") {
+                class = rest.split(['(', ':']).next().unwrap().to_string();
+            } else if let Some(rest) = line.trim_start().strip_prefix("def test_") {
+                let name = rest.split('(').next().unwrap();
+                found.push(format!("test_{module}.{class}.test_{name}"));
+            }
+        }
+    }
+    found.sort();
+    let mut listed: Vec<String> = PYTHON_TESTS.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        found, listed,
+        "packaging/python/tests and the list in crates/vramguard/tests/python.rs differ"
+    );
+}

@@ -1,0 +1,198 @@
+"""`vramguard.guard()` on real processes: a guarded script (a process of its own) starts
+simulated GPU holders as its children; the test checks which of them the guard ended, that
+their memory came back, and that nothing else was touched."""
+
+import os
+import signal
+import time
+import unittest
+
+from support import PREAMBLE, Script, World, alive, end, start_holder
+
+
+class GuardTest(unittest.TestCase):
+    def setUp(self):
+        self.world = World()
+        self.addCleanup(self.world.close)
+
+    def assert_ended_and_released(self, script, name="HOLDER"):
+        pid, start = script.seen[name]
+        self.assertFalse(alive(pid, start), "%s %d still runs" % (name, pid))
+        self.assertNotIn(pid, self.world.holders(), "the memory of %d is still held" % pid)
+
+    def test_exit_ends_a_gpu_holding_child(self):
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=5):
+    child = hold()
+print("DONE", flush=True)
+""")
+        script.expect("HOLDER")
+        code, out, err = script.finish()
+        self.assertEqual(code, 0, err)
+        pid = script.seen["HOLDER"][0]
+        self.assertIn("exit of pid %d: SIGTERM sent to its child pid %d" % (script.proc.pid, pid),
+                      err)
+        self.assertIn("(1.0 GiB on GPU 0)", err)
+        self.assertIn("GPU memory of pid %d back after" % pid, err)
+        self.assertIn("DONE", out)
+        self.assert_ended_and_released(script)
+
+    def test_an_exception_ends_the_child_and_still_propagates(self):
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=5):
+    child = hold()
+    raise ValueError("the training step failed")
+""")
+        script.expect("HOLDER")
+        code, _, err = script.finish()
+        self.assertEqual(code, 1, err)
+        self.assertIn("exception ValueError of pid", err)
+        self.assertIn("ValueError: the training step failed", err)
+        self.assert_ended_and_released(script)
+
+    def test_sigterm_to_the_guarded_process_ends_the_child_and_exits_143(self):
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=5):
+    child = hold()
+    print("READY 0 0", flush=True)
+    time.sleep(60)
+print("NOT REACHED", flush=True)
+""")
+        script.expect("HOLDER")
+        script.expect("READY")
+        script.proc.send_signal(signal.SIGTERM)
+        code, out, err = script.finish()
+        self.assertEqual(code, 128 + signal.SIGTERM, err)
+        self.assertIn("SIGTERM received: ending the GPU-holding children", err)
+        self.assertNotIn("NOT REACHED", out)
+        self.assert_ended_and_released(script)
+
+    def test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler(self):
+        script = Script(self.world, PREAMBLE + """
+try:
+    with vramguard.guard(grace=5):
+        child = hold()
+        print("READY 0 0", flush=True)
+        time.sleep(60)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+          flush=True)
+""")
+        script.expect("HOLDER")
+        script.expect("READY")
+        script.proc.send_signal(signal.SIGINT)
+        code, out, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assertIn("KeyboardInterrupt True", out)
+        self.assertIn("SIGINT received", err)
+        self.assertIn("KeyboardInterrupt of pid", err)
+        self.assert_ended_and_released(script)
+
+    def test_a_child_that_ignores_sigterm_gets_sigkill_after_the_grace(self):
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=0.5):
+    child = hold(ignore_term=True)
+    began = time.monotonic()
+print("TOOK %d 0" % ((time.monotonic() - began) * 1000), flush=True)
+""")
+        script.expect("HOLDER")
+        took, _ = script.expect("TOOK")
+        code, _, err = script.finish()
+        self.assertEqual(code, 0, err)
+        pid = script.seen["HOLDER"][0]
+        self.assertIn("pid %d (vramguard) still alive 0.5 s after SIGTERM: SIGKILL sent" % pid,
+                      err)
+        self.assertGreaterEqual(took, 500, "SIGKILL came before the grace was over")
+        self.assert_ended_and_released(script)
+
+    def test_it_never_signals_a_non_descendant_a_child_without_gpu_another_user_or_itself(self):
+        self.assertEqual(os.getuid(), 0, "this test starts a process of another user: run as root")
+        # Not the guarded process's descendant: the test's own holder.
+        other, other_start = start_holder(self.world.state)
+        self.addCleanup(other.wait)
+        self.addCleanup(end, other.pid, other_start)
+        nvidia0 = os.path.join(self.world.dev, "nvidia0")
+        script = Script(self.world, PREAMBLE + """
+# The guarded process holds the GPU itself; and a child of another user that holds it too.
+own = open(%(nvidia0)r)
+with vramguard.guard(grace=5):
+    holder = hold()
+    plain = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    report("PLAIN", plain.pid)
+    nobody = subprocess.Popen(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+         "sh", "-c", "exec 3<%(nvidia0)s; exec sleep 60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until("the other user's child to open the GPU",
+               lambda: any(os.readlink("/proc/%%d/fd/%%s" %% (nobody.pid, fd)) == %(nvidia0)r
+                           for fd in os.listdir("/proc/%%d/fd" %% nobody.pid)))
+    report("NOBODY", nobody.pid)
+print("AFTER 0 0", flush=True)
+""" % {"nvidia0": nvidia0})
+        for name in ("HOLDER", "PLAIN", "NOBODY", "AFTER"):
+            script.expect(name)
+        code, _, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assert_ended_and_released(script)
+        self.assertTrue(alive(other.pid, other_start), "a holder that is not its child was ended")
+        self.assertTrue(alive(*script.seen["PLAIN"]), "a child without a GPU was ended")
+        self.assertTrue(alive(*script.seen["NOBODY"]), "another user's child was ended")
+        self.assertIn("pid %d (sleep) holds %s but is not this user's: left alone"
+                      % (script.seen["NOBODY"][0], nvidia0), err)
+        self.assertEqual(err.count("SIGTERM sent"), 1, err)
+
+    def test_a_grandchild_recorded_while_it_ran_is_ended_after_its_parent_exited(self):
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=5, watch=0.05) as g:
+    read, write = os.pipe()
+    go_read, go_write = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        grandchild = hold()
+        os.write(write, b"%d" % grandchild.pid)
+        os.read(go_read, 1)
+        os._exit(0)
+    grandchild = int(os.read(read, 32))
+    wait_until("the watcher to record the grandchild", lambda: grandchild in g._tracked)
+    os.write(go_write, b"x")
+    os.waitpid(middle, 0)
+    # Its parent is gone: it is nobody's descendant in /proc now, only in the record.
+    wait_until("the grandchild to be re-parented",
+               lambda: open("/proc/%d/stat" % grandchild).read().rsplit(")", 1)[1].split()[1]
+               != str(os.getpid()) and grandchild not in vramguard._guard._descendants(os.getpid()))
+""")
+        script.expect("HOLDER")
+        code, _, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assertIn("SIGTERM sent to its child pid %d" % script.seen["HOLDER"][0], err)
+        self.assert_ended_and_released(script)
+
+    def test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler(self):
+        script = Script(self.world, PREAMBLE + """
+@vramguard.guard(grace=5)
+def train():
+    hold()
+
+train()
+def in_thread():
+    with vramguard.guard(grace=5):
+        child = hold()
+        print("HANDLER", int(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL), 0, flush=True)
+worker = threading.Thread(target=in_thread)
+worker.start()
+worker.join()
+""")
+        first = script.expect("HOLDER")
+        del script.seen["HOLDER"]
+        second = script.expect("HOLDER")
+        default, _ = script.expect("HANDLER")
+        code, _, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assertEqual(default, 1, "a guard outside the main thread changed SIGTERM's handler")
+        for pid, start in (first, second):
+            self.assertFalse(alive(pid, start), "holder %d still runs" % pid)
+            self.assertIn("SIGTERM sent to its child pid %d" % pid, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
