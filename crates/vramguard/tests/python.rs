@@ -36,37 +36,83 @@ fn python_test(name: &str) {
     );
 }
 
-macro_rules! python_tests {
-    ($($module:literal :: $class:literal { $($test:ident),* $(,)? })*) => {
-        /// Every Python test run here, as `module.Class.test`.
-        const PYTHON_TESTS: &[&str] = &[$($(concat!($module, ".", $class, ".", stringify!($test))),*),*];
-        $($(
-            #[test]
-            fn $test() {
-                python_test(concat!($module, ".", $class, ".", stringify!($test)));
-            }
-        )*)*
-    };
+#[test]
+fn test_exit_ends_a_gpu_holding_child() {
+    python_test("test_guard.GuardTest.test_exit_ends_a_gpu_holding_child");
 }
 
-python_tests! {
-    "test_guard"::"GuardTest" {
-        test_exit_ends_a_gpu_holding_child,
-        test_an_exception_ends_the_child_and_still_propagates,
-        test_sigterm_to_the_guarded_process_ends_the_child_and_exits_143,
-        test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler,
-        test_a_child_that_ignores_sigterm_gets_sigkill_after_the_grace,
-        test_it_never_signals_a_non_descendant_a_child_without_gpu_another_user_or_itself,
-        test_a_grandchild_recorded_while_it_ran_is_ended_after_its_parent_exited,
-        test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler,
-    }
-    "test_explain"::"ExplainTest" {
-        test_two_orphans_of_one_job_are_one_job,
-        test_an_oom_in_a_thread_is_explained_after_its_traceback,
-        test_the_ranks_of_one_job_ask_the_binary_once_per_node,
-        test_a_planted_answer_or_symlink_is_never_trusted,
-        test_the_hook_takes_at_most_one_second,
-    }
+#[test]
+fn test_an_exception_ends_the_child_and_still_propagates() {
+    python_test("test_guard.GuardTest.test_an_exception_ends_the_child_and_still_propagates");
+}
+
+#[test]
+fn test_sigterm_to_the_guarded_process_ends_the_child_and_exits_143() {
+    python_test(
+        "test_guard.GuardTest.test_sigterm_to_the_guarded_process_ends_the_child_and_exits_143",
+    );
+}
+
+#[test]
+fn test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler() {
+    python_test(
+        "test_guard.GuardTest.test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler",
+    );
+}
+
+#[test]
+fn test_a_child_that_ignores_sigterm_gets_sigkill_after_the_grace() {
+    python_test(
+        "test_guard.GuardTest.test_a_child_that_ignores_sigterm_gets_sigkill_after_the_grace",
+    );
+}
+
+#[test]
+fn test_it_never_signals_a_non_descendant_a_child_without_gpu_another_user_or_itself() {
+    python_test(
+        "test_guard.GuardTest.test_it_never_signals_a_non_descendant_a_child_without_gpu_another_user_or_itself",
+    );
+}
+
+#[test]
+fn test_a_grandchild_recorded_while_it_ran_is_ended_after_its_parent_exited() {
+    python_test(
+        "test_guard.GuardTest.test_a_grandchild_recorded_while_it_ran_is_ended_after_its_parent_exited",
+    );
+}
+
+#[test]
+fn test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler() {
+    python_test(
+        "test_guard.GuardTest.test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler",
+    );
+}
+
+#[test]
+fn test_two_orphans_of_one_job_are_one_job() {
+    python_test("test_explain.ExplainTest.test_two_orphans_of_one_job_are_one_job");
+}
+
+#[test]
+fn test_an_oom_in_a_thread_is_explained_after_its_traceback() {
+    python_test(
+        "test_explain.ExplainTest.test_an_oom_in_a_thread_is_explained_after_its_traceback",
+    );
+}
+
+#[test]
+fn test_the_ranks_of_one_job_ask_the_binary_once_per_node() {
+    python_test("test_explain.ExplainTest.test_the_ranks_of_one_job_ask_the_binary_once_per_node");
+}
+
+#[test]
+fn test_a_planted_answer_or_symlink_is_never_trusted() {
+    python_test("test_explain.ExplainTest.test_a_planted_answer_or_symlink_is_never_trusted");
+}
+
+#[test]
+fn test_the_hook_takes_at_most_one_second() {
+    python_test("test_explain.ExplainTest.test_the_hook_takes_at_most_one_second");
 }
 
 #[test]
@@ -94,7 +140,17 @@ fn every_python_test_is_run_by_cargo() {
         }
     }
     found.sort();
-    let mut listed: Vec<String> = PYTHON_TESTS.iter().map(|s| s.to_string()).collect();
+    // The tests listed above, from this file's own text.
+    let own =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python.rs"))
+            .unwrap();
+    let mut listed: Vec<String> = own
+        .split("python_test(")
+        .skip(1)
+        .filter_map(|rest| rest.trim_start().strip_prefix('"'))
+        .map(|rest| rest.split('"').next().unwrap().to_string())
+        .filter(|name| name.starts_with("test_"))
+        .collect();
     listed.sort();
     assert_eq!(
         found, listed,

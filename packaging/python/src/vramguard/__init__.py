@@ -11,7 +11,16 @@ traceback, who holds the GPU's memory and what frees it, for example::
 
     vramguard: 18.0 GiB on GPU 0 is held by 3 orphans of job pgid:13622: vramguard reclaim --gpu 0
 
-In a notebook or a `try` block, `vramguard.explain(error)` returns the same text.
+In a notebook or a `try` block, `vramguard.explain(error)` returns the same text. An OOM
+raised in another thread is explained too; under torchrun the ranks on one node ask the
+binary once between them, and the explanation takes at most 1 s.
+
+    with vramguard.guard():            # or @vramguard.guard() on a function
+        train()
+
+ends this process's own children that hold a GPU when the block is left (return, exception,
+SIGTERM or SIGINT): SIGTERM, SIGKILL after a grace, then a wait for their memory; see
+`guard()` for exactly what it may signal (nothing but those) and how signals are chained.
 
 Every function runs the `vramguard` binary installed with this package (or the one named by
 `VRAMGUARD_BINARY`, else the first on PATH). Without root it sees less: other users'
