@@ -189,6 +189,7 @@ worker.join()
         code, _, err = script.finish()
         self.assertEqual(code, 0, err)
         self.assertEqual(default, 1, "a guard outside the main thread changed SIGTERM's handler")
+        self.assertIn("not the main thread: no signal handlers", err)
         for pid, start in (first, second):
             self.assertFalse(alive(pid, start), "holder %d still runs" % pid)
             self.assertIn("SIGTERM sent to its child pid %d" % pid, err)
