@@ -89,6 +89,23 @@ fn test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler() {
 }
 
 #[test]
+fn test_a_signal_while_cleaning_lets_the_cleanup_finish_then_exits_143() {
+    python_test(
+        "test_guard.GuardTest.test_a_signal_while_cleaning_lets_the_cleanup_finish_then_exits_143",
+    );
+}
+
+#[test]
+fn test_a_previous_python_handler_is_chained_and_put_back() {
+    python_test("test_guard.GuardTest.test_a_previous_python_handler_is_chained_and_put_back");
+}
+
+#[test]
+fn test_a_forked_copy_neither_cleans_nor_keeps_the_handler() {
+    python_test("test_guard.GuardTest.test_a_forked_copy_neither_cleans_nor_keeps_the_handler");
+}
+
+#[test]
 fn test_two_orphans_of_one_job_are_one_job() {
     python_test("test_explain.ExplainTest.test_two_orphans_of_one_job_are_one_job");
 }

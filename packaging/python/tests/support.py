@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -163,6 +164,18 @@ class Script:
         )
         self.seen = {}
         self.lines = []
+        # stderr is read as it comes (a test may wait for a log line) into this list.
+        self.err = []
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+
+    def _read_stderr(self):
+        for line in iter(self.proc.stderr.readline, b""):
+            self.err.append(line.decode(errors="replace"))
+
+    def peek_stderr(self):
+        """What the script has written on stderr so far."""
+        return "".join(self.err)
 
     def expect(self, name, secs=20.0):
         """Waits for the script's `NAME pid start` line; returns (pid, start) and has the
@@ -170,8 +183,10 @@ class Script:
         while name not in self.seen:
             line = self.proc.stdout.readline().decode()
             if not line:
+                self.proc.wait(timeout=secs)
+                self._reader.join(timeout=secs)
                 raise AssertionError("the script ended before printing %s:\n%s" % (
-                    name, self.proc.stderr.read().decode()))
+                    name, self.peek_stderr()))
             self.lines.append(line)
             words = line.split()
             if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
@@ -182,8 +197,13 @@ class Script:
 
     def finish(self, secs=60.0):
         """Waits for the script to end; returns (exit code, stdout, stderr)."""
-        out, err = self.proc.communicate(timeout=secs)
-        return self.proc.returncode, "".join(self.lines) + out.decode(), err.decode()
+        # The scripts print a few lines (far below a pipe's buffer): wait, then read.
+        self.proc.wait(timeout=secs)
+        out = self.proc.stdout.read()
+        self._reader.join(timeout=secs)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.returncode, "".join(self.lines) + out.decode(), self.peek_stderr()
 
 
 def report(name, pid):

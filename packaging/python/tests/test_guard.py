@@ -7,7 +7,7 @@ import signal
 import time
 import unittest
 
-from support import PREAMBLE, Script, World, alive, end, start_holder
+from support import PREAMBLE, Script, World, alive, end, start_holder, wait_until
 
 
 class GuardTest(unittest.TestCase):
@@ -193,6 +193,77 @@ worker.join()
         for pid, start in (first, second):
             self.assertFalse(alive(pid, start), "holder %d still runs" % pid)
             self.assertIn("SIGTERM sent to its child pid %d" % pid, err)
+
+    def test_a_signal_while_cleaning_lets_the_cleanup_finish_then_exits_143(self):
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=2):
+    child = hold(ignore_term=True)
+print("CLEANED 0 0", flush=True)
+""")
+        script.expect("HOLDER")
+        wait_until("the guard to be in its grace", lambda: "SIGTERM sent" in script.peek_stderr())
+        script.proc.send_signal(signal.SIGTERM)
+        code, out, err = script.finish()
+        self.assertEqual(code, 128 + signal.SIGTERM, err)
+        self.assertIn("SIGTERM received while cleaning: acted on after the cleanup", err)
+        self.assertIn("SIGKILL sent", err)
+        self.assertNotIn("CLEANED", out)
+        self.assert_ended_and_released(script)
+
+    def test_a_previous_python_handler_is_chained_and_put_back(self):
+        script = Script(self.world, PREAMBLE + """
+def on_term(signum, frame):
+    print("PREVIOUS %d 0" % signum, flush=True)
+    raise SystemExit(7)
+signal.signal(signal.SIGTERM, on_term)
+try:
+    with vramguard.guard(grace=5):
+        child = hold()
+        print("READY 0 0", flush=True)
+        time.sleep(60)
+finally:
+    print("RESTORED %d 0" % (signal.getsignal(signal.SIGTERM) is on_term), flush=True)
+""")
+        script.expect("HOLDER")
+        script.expect("READY")
+        script.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(script.expect("PREVIOUS")[0], signal.SIGTERM)
+        self.assertEqual(script.expect("RESTORED")[0], 1)
+        code, _, err = script.finish()
+        self.assertEqual(code, 7, err)
+        self.assertIn("exit (SystemExit 7) of pid", err)
+        self.assert_ended_and_released(script)
+
+    def test_a_forked_copy_neither_cleans_nor_keeps_the_handler(self):
+        nvidia0 = os.path.join(self.world.dev, "nvidia0")
+        script = Script(self.world, PREAMBLE + """
+own = open(%(nvidia0)r)   # the guarded process holds the GPU: so does a forked copy
+with vramguard.guard(grace=5):
+    child = hold()
+    leaver = os.fork()
+    if leaver != 0:
+        os.waitpid(leaver, 0)
+        print("AFTER-COPY %%d 0" %% int(child.poll() is None), flush=True)
+    # else: a forked copy leaving the block on its own: it must not clean
+if leaver == 0:
+    os._exit(0)
+with vramguard.guard(grace=5):
+    sleeper = os.fork()
+    if sleeper == 0:
+        time.sleep(60)    # ended by the guard's SIGTERM, through the inherited handler
+        os._exit(3)
+    report("SLEEPER", sleeper)
+status = os.waitpid(sleeper, 0)[1]
+print("SLEEPER-END %%d %%d" %% (os.WIFSIGNALED(status), os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0), flush=True)
+""" % {"nvidia0": nvidia0})
+        script.expect("HOLDER")
+        self.assertEqual(script.expect("AFTER-COPY")[0], 1, "the forked copy ended the holder: %s" % script.peek_stderr())
+        script.expect("SLEEPER")
+        self.assertEqual(script.expect("SLEEPER-END"), (1, signal.SIGTERM),
+                         "the forked copy did not die of SIGTERM as without the guard")
+        code, _, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assert_ended_and_released(script)
 
 
 if __name__ == "__main__":
