@@ -106,6 +106,13 @@ fn test_a_forked_copy_neither_cleans_nor_keeps_the_handler() {
 }
 
 #[test]
+fn test_a_recorded_pid_that_is_now_another_process_is_not_signalled() {
+    python_test(
+        "test_guard.GuardTest.test_a_recorded_pid_that_is_now_another_process_is_not_signalled",
+    );
+}
+
+#[test]
 fn test_two_orphans_of_one_job_are_one_job() {
     python_test("test_explain.ExplainTest.test_two_orphans_of_one_job_are_one_job");
 }

@@ -197,9 +197,12 @@ class Script:
 
     def finish(self, secs=60.0):
         """Waits for the script to end; returns (exit code, stdout, stderr)."""
-        # The scripts print a few lines (far below a pipe's buffer): wait, then read.
+        # The scripts print a few lines (far below a pipe's buffer): wait, then read what it
+        # wrote without waiting for an end of file that a child still holding the pipe
+        # would delay.
         self.proc.wait(timeout=secs)
-        out = self.proc.stdout.read()
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        out = self.proc.stdout.read() or b""
         self._reader.join(timeout=secs)
         self.proc.stdout.close()
         self.proc.stderr.close()

@@ -148,10 +148,15 @@ with vramguard.guard(grace=5, watch=0.05) as g:
     go_read, go_write = os.pipe()
     middle = os.fork()
     if middle == 0:
+        # Only the ends it uses: if the script dies, go_read sees EOF and this one ends too.
+        os.close(read)
+        os.close(go_write)
         grandchild = hold()
         os.write(write, b"%d" % grandchild.pid)
         os.read(go_read, 1)
         os._exit(0)
+    os.close(write)
+    os.close(go_read)
     grandchild = int(os.read(read, 32))
     wait_until("the watcher to record the grandchild", lambda: grandchild in g._tracked)
     os.write(go_write, b"x")
@@ -264,6 +269,23 @@ print("SLEEPER-END %%d %%d" %% (os.WIFSIGNALED(status), os.WTERMSIG(status) if o
         code, _, err = script.finish()
         self.assertEqual(code, 0, err)
         self.assert_ended_and_released(script)
+
+    def test_a_recorded_pid_that_is_now_another_process_is_not_signalled(self):
+        # A pid reused by another process: here the record of a live holder is made to say
+        # it started one tick earlier, which is what a reused pid looks like to the guard.
+        script = Script(self.world, PREAMBLE + """
+with vramguard.guard(grace=5, watch=None) as g:
+    child = hold()
+    g._record()
+    g._tracked[child.pid].start -= 1
+print("AFTER %d 0" % int(child.poll() is None), flush=True)
+""")
+        script.expect("HOLDER")
+        self.assertEqual(script.expect("AFTER")[0], 1, "a pid whose start time differs was signalled")
+        code, _, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("SIGTERM sent", err)
+        self.assertTrue(alive(*script.seen["HOLDER"]))
 
 
 if __name__ == "__main__":

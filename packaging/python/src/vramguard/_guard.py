@@ -13,14 +13,16 @@ them:
   `/proc/PID/fd` (a monitor that holds only `nvidiactl` holds no memory);
 - only processes of this user (real, effective and saved uid all ours), never this process,
   never its parent;
-- every signal goes through a pidfd opened while the process was known to be the one
-  recorded (same start time), so a reused pid is never signalled.
+- every signal goes through a pidfd, opened and then checked against the start time
+  recorded with the pid, so a reused pid is never signalled. Descendants are recorded as
+  (pid, start time): the guard keeps no file open while the job runs.
 
 SIGTERM first; SIGKILL for those still alive after `grace` seconds; then, with the vramguard
 binary, a wait (at most `release_timeout` seconds) until `vramguard status` lists none of
 them, i.e. their memory is back. Everything it does is logged on the "vramguard" logger.
 """
 
+import errno
 import functools
 import json
 import logging
@@ -46,7 +48,8 @@ KILL_WAIT_SECS = 5.0
 #: At most this many of a process's fds are read: a process with a million open files
 #: costs no more than this.
 MAX_FDS = 65536
-#: At most this many descendants are recorded (each keeps a pidfd open).
+#: At most this many descendants are recorded (pid and start time: no file is kept open, so
+#: the guard never takes the job's file descriptors).
 MAX_TRACKED = 4096
 #: The longest `vramguard status` call while cleaning.
 STATUS_TIMEOUT_SECS = 5.0
@@ -172,8 +175,11 @@ def _gpu_files(pid, devices):
 
 
 def _exited(pidfd):
-    """Whether the process behind `pidfd` has exited (a pidfd polls readable then)."""
-    return bool(select.select([pidfd], [], [], 0)[0])
+    """Whether the process behind `pidfd` has exited (a pidfd polls readable then). poll, not
+    select: a training process's fds run past select's 1024."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _wait_exits(tracked, seconds, on_exit=lambda t: None):
@@ -196,12 +202,13 @@ def _wait_exits(tracked, seconds, on_exit=lambda t: None):
 
 
 class _Tracked:
-    """A descendant recorded with a pidfd opened while it was the process seen in /proc."""
+    """A descendant as recorded: pid and start time (together, its identity), command name;
+    `pidfd` once the cleanup opened one and found it still is that process."""
 
     __slots__ = ("pid", "start", "comm", "pidfd")
 
-    def __init__(self, pid, start, comm, pidfd):
-        self.pid, self.start, self.comm, self.pidfd = pid, start, comm, pidfd
+    def __init__(self, pid, start, comm):
+        self.pid, self.start, self.comm, self.pidfd = pid, start, comm, None
 
     def name(self):
         return "pid %d (%s)" % (self.pid, _visible(self.comm, 32))
@@ -293,7 +300,8 @@ class Guard:
             self._restore_handlers()
             with self._lock:
                 for t in self._tracked.values():
-                    os.close(t.pidfd)
+                    if t.pidfd is not None:
+                        os.close(t.pidfd)
                 self._tracked.clear()
         pending, self._pending = self._pending, None
         if pending is not None and kind is None:
@@ -366,31 +374,22 @@ class Guard:
                 log.debug("guard: looking for descendants failed: %s", e)
 
     def _record(self):
-        """Records every descendant of the guarded process not recorded yet (with a pidfd),
-        and forgets recorded ones that have exited."""
-        if not hasattr(os, "pidfd_open"):
-            return
+        """Records every descendant of the guarded process not recorded yet (pid and start
+        time), and forgets recorded ones that have exited (gone, a zombie, or their pid now
+        another process's)."""
         found = _descendants(self._owner)
         with self._lock:
             for pid, t in list(self._tracked.items()):
-                if _exited(t.pidfd):
-                    os.close(t.pidfd)
-                    del self._tracked[pid]
+                if pid not in found:
+                    st = _stat(pid)
+                    if st is None or st.start != t.start or st.state in ("Z", "X"):
+                        del self._tracked[pid]
             for pid, st in found.items():
                 if pid in self._tracked or len(self._tracked) >= MAX_TRACKED:
                     continue
                 if pid in (self._owner, os.getppid()) or st.state in ("Z", "X"):
                     continue
-                try:
-                    pidfd = os.pidfd_open(pid)
-                except OSError:
-                    continue
-                again = _stat(pid)
-                if again is None or again.start != st.start:
-                    # The pid was reused between the listing and the pidfd: not ours.
-                    os.close(pidfd)
-                    continue
-                self._tracked[pid] = _Tracked(pid, st.start, st.comm, pidfd)
+                self._tracked[pid] = _Tracked(pid, st.start, st.comm)
 
     # -- cleaning ----------------------------------------------------------------------
     def _targets(self):
@@ -401,20 +400,35 @@ class Guard:
         with self._lock:
             tracked = list(self._tracked.values())
         for t in tracked:
-            if t.pid in (self._owner, os.getppid()):
+            if t.pid in (self._owner, os.getppid()) or t.pidfd is not None:
                 continue
+            # The pidfd first, then the start time: if it still is the one recorded, the
+            # pidfd is that process's (a reused pid would have started later), and while the
+            # pidfd says it is alive, /proc/PID is still its.
+            try:
+                pidfd = os.pidfd_open(t.pid)
+            except OSError as e:
+                if e.errno not in (errno.ESRCH, errno.EINVAL):
+                    log.warning("guard: no pidfd for %s (%s): left alone", t.name(), e)
+                continue
+            st = _stat(t.pid)
             files = _gpu_files(t.pid, devices)
             uids = _uids(t.pid)
-            st = _stat(t.pid)
-            # Read while the pidfd says it is alive: the pid is still this process's.
-            if _exited(t.pidfd) or st is None or st.start != t.start:
-                continue
-            if st.state in ("Z", "X") or not files:
+            if (
+                _exited(pidfd)
+                or st is None
+                or st.start != t.start
+                or st.state in ("Z", "X")
+                or not files
+            ):
+                os.close(pidfd)
                 continue
             if uids is None or any(u != uid for u in uids):
                 log.info("guard: %s holds %s but is not this user's: left alone", t.name(),
                          _visible(", ".join(files), 200))
+                os.close(pidfd)
                 continue
+            t.pidfd = pidfd
             targets.append((t, files))
         return targets
 
