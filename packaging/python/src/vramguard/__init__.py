@@ -539,6 +539,11 @@ def _oom_diagnose(sample, budget):
         return use(answer)
     if _take_lock(lock):
         try:
+            # The rank before may have written its answer and let go of the lock between
+            # the first look and this one.
+            answer = _read_answer(answer_path, NODE_ANSWER_SECS)
+            if answer is not None:
+                return use(answer)
             try:
                 result = diagnose(sample=sample, timeout=max(0.05, deadline - time.monotonic()))
             except VramguardError as e:

@@ -295,7 +295,10 @@ class Guard:
                 why = "exit (SystemExit %s)" % _visible(getattr(error, "code", None), 40)
             else:
                 why = "exception %s" % _visible(kind.__name__, 80)
-            self._clean(why)
+            try:
+                self._clean(why)
+            except Exception:  # noqa: BLE001 - never hide the job's own exception
+                log.exception("guard: the cleanup of pid %d failed", self._owner)
         finally:
             self._restore_handlers()
             with self._lock:
@@ -304,8 +307,11 @@ class Guard:
                         os.close(t.pidfd)
                 self._tracked.clear()
         pending, self._pending = self._pending, None
-        if pending is not None and kind is None:
-            # A signal that came while cleaning: its usual effect now.
+        if pending is not None and (
+            kind is None or not issubclass(kind, (KeyboardInterrupt, SystemExit))
+        ):
+            # A signal that came while cleaning: its usual effect now (over an exception:
+            # the process ends as the signal says, the exception shown as its context).
             self._deliver(pending, self._previous.get(pending), None)
         return False
 
