@@ -130,6 +130,13 @@ fn test_the_ranks_of_one_job_ask_the_binary_once_per_node() {
 }
 
 #[test]
+fn test_a_real_orphan_is_named_within_the_budget() {
+    python_test(
+        "test_explain.ExplainOnTheSimulatorTest.test_a_real_orphan_is_named_within_the_budget",
+    );
+}
+
+#[test]
 fn test_a_planted_answer_or_symlink_is_never_trusted() {
     python_test("test_explain.ExplainTest.test_a_planted_answer_or_symlink_is_never_trusted");
 }

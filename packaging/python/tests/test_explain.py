@@ -13,7 +13,8 @@ import time
 import unittest
 import uuid
 
-from support import FAKE_TORCH, HERE, SRC
+import support
+from support import FAKE_TORCH, HERE, SRC, World
 
 sys.path.insert(0, SRC)
 import vramguard  # noqa: E402
@@ -181,7 +182,38 @@ for error in (ValueError("not an OOM"), torch.cuda.OutOfMemoryError(
         self.assertLess(took, 3.0, err)
         self.assertEqual(self.calls_made(), 1)
         with open(self.calls) as f:
-            self.assertIn("diagnose --json --sample 0ms", f.read())
+            self.assertIn("diagnose --json --sample 250ms", f.read())
+
+
+class ExplainOnTheSimulatorTest(unittest.TestCase):
+    def test_a_real_orphan_is_named_within_the_budget(self):
+        # The real binary on the simulated driver: a job (leader and one worker) in a
+        # session of its own, the leader SIGKILLed; the worker is an orphan of that job. The
+        # hook's short sampling window must still tell that it is idle, or the explanation
+        # falls back to "held by no live job".
+        world = World()
+        self.addCleanup(world.close)
+        job = subprocess.Popen(
+            [support.binary(), "sim", "hold", "--gpu", "0", "--bytes", "2GiB", "--workers", "1",
+             "--worker-bytes", "1GiB", "--lifetime", "60s"],
+            env=world.env(), start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(job.wait)
+        self.addCleanup(job.kill)
+        holders = support.wait_until("the job to hold 2 GPU allocations",
+                                     lambda: len(world.holders()) == 2 and world.holders())
+        worker = next(p for p in holders if p != job.pid)
+        world.track(worker, support.stat_of(worker)[1])
+        job.kill()
+        job.wait()
+        began = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", OOM_IN_MAIN], env=world.env(),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        took = time.monotonic() - began
+        err = proc.stderr.decode()
+        self.assertIn("vramguard: 1.0 GiB on GPU 0 is held by 1 orphan of job pgid:%d: "
+                      "vramguard reclaim --gpu 0" % job.pid, err)
+        self.assertLess(took, 3.0, err)
 
 
 if __name__ == "__main__":

@@ -367,6 +367,11 @@ def _explain_gpu(g, steps):
 #: The whole time the OOM hook may take to explain an error (the binary's call, or the wait
 #: for another rank's answer): the traceback is already out, the job is waiting to die.
 OOM_BUDGET_SECS = 1.0
+#: The OOM hook's sampling window: just over the classifier's shortest window for telling
+#: whether a process works (`work_min_window_ms`, 200 ms), so that an orphan is known idle and
+#: its memory reclaimable; with no window (0) every orphan's work is unknown and the hook could
+#: only say "held by no live job".
+OOM_SAMPLE_SECS = 0.25
 #: A node-wide answer younger than this is reused by the other ranks of the job.
 NODE_ANSWER_SECS = 10.0
 #: A lock older than this was left by a rank that died while asking: taken over.
@@ -574,23 +579,24 @@ def _oom_diagnose(sample, budget):
     )
 
 
-def _print_explanation(error, sample, file):
+def _print_explanation(error, sample, budget, file):
     try:
-        text = _explain_result(_oom_diagnose(sample, OOM_BUDGET_SECS), error)
+        text = _explain_result(_oom_diagnose(sample, budget), error)
     except Exception as e:  # noqa: BLE001 - the hook must never raise over the traceback
         text = "vramguard: could not explain the out-of-memory error: %s" % _visible(e, 300)
     print(text, file=file if file is not None else sys.stderr)
 
 
-def explain_oom(sample=0, file=None):
+def explain_oom(sample=OOM_SAMPLE_SECS, file=None, budget=OOM_BUDGET_SECS):
     """Opt in: after the traceback of an uncaught CUDA out-of-memory error, in the main
     thread (`sys.excepthook`) or in any other (`threading.excepthook`), print who holds the
     GPU's memory and the command that frees it. Each hook calls the one it replaces first;
     calling `explain_oom()` again changes nothing.
 
-    It takes at most 1 s (OOM_BUDGET_SECS): the binary runs with `--sample 0ms` by default
-    (`sample`: another sampling window, which must fit in that second) and is stopped after
-    the budget. Under torchrun (LOCAL_RANK or RANK set) the ranks of a job on one node ask
+    It takes at most `budget` seconds (1 s): the binary samples for `sample` seconds (0.25 s,
+    the shortest window that tells an idle orphan from a working process) and is stopped
+    after the budget; a node whose driver is slow to open (no persistence mode) may need a
+    larger budget. Under torchrun (LOCAL_RANK or RANK set) the ranks of a job on one node ask
     the binary once between them: the first leaves its answer in /dev/shm for the others.
     """
     previous = sys.excepthook
@@ -599,7 +605,7 @@ def explain_oom(sample=0, file=None):
         def hook(kind, error, traceback):
             previous(kind, error, traceback)
             if _is_cuda_oom(error):
-                _print_explanation(error, sample, file)
+                _print_explanation(error, sample, budget, file)
 
         hook._vramguard_explain_oom = True
         sys.excepthook = hook
@@ -610,7 +616,7 @@ def explain_oom(sample=0, file=None):
         def thread_hook(args):
             previous_thread(args)
             if _is_cuda_oom(args.exc_value):
-                _print_explanation(args.exc_value, sample, file)
+                _print_explanation(args.exc_value, sample, budget, file)
 
         thread_hook._vramguard_explain_oom = True
         threading.excepthook = thread_hook
