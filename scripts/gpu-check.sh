@@ -23,6 +23,8 @@
 #               sample (utime+stime of /proc/PID/stat over vramguard_collections_total) and RSS;
 #   probe       the release probe: TERM and KILL, 3 repeats of 4 GiB, --rate 1000, report;
 #   run         `vramguard run` around the built-in CUDA holder (3 s lifetime).
+#   guard       `vramguard.guard()` in a live script ends its forked and its spawned CUDA
+#               worker (scripts/gpu-check/guard.py): its log, its time, the memory back.
 # Usage: scripts/gpu-check.sh [--dry-run] [VRAMGUARD_BINARY] [OUT_DIR] [GPU_INDEX]
 #   VRAMGUARD_BINARY  default ./vramguard (a stripped release build)
 #   OUT_DIR           the results folder, default ./gpu-results (an existing non-empty one is
@@ -89,6 +91,7 @@ STEPS=(
     "agent-cost|26|case 9: agent --interval 500ms, 20 s on a quiet GPU: CPU per sample and RSS"
     "probe|40|probe release --signals TERM,KILL --repeat 3 --size 4GiB --rate 1000 --report"
     "run|12|vramguard run -- __cuda-hold 4 GiB, lifetime 3 s (the run summary)"
+    "guard|25|guard.py: vramguard.guard() ends a forked and a spawned CUDA worker of a live script (log, time, memory back)"
 )
 budget_of() {
     local s
@@ -111,7 +114,7 @@ if [ "$DRY" = 1 ]; then
     total=$((total + 5))
     [ "$total" -le "$BUDGET" ] || echo "  note: the budgets add up to ${total}s > ${BUDGET}s: the last steps are skipped if the earlier ones use their whole budgets"
     rc=0
-    for f in common.py train.py spawn_workers.py busy.py oom.py memwatch.py fetch.py; do
+    for f in common.py train.py spawn_workers.py busy.py oom.py memwatch.py fetch.py guard.py; do
         if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$HELPERS/$f"; then
             echo "  helper ok: scripts/gpu-check/$f"
         else
@@ -720,6 +723,15 @@ if step run; then
     else
         log "  no PCI bus id (preflight skipped or failed): skipped"
     fi
+    end_step
+fi
+
+# --- vramguard.guard() with real PyTorch -------------------------------------------------------
+if step guard; then
+    timeout -k 2 -s KILL 23 env VRAMGUARD_BINARY="$BIN" CUDA_VISIBLE_DEVICES="$GPU" \
+        python3 guard.py "$PYMOD" 1 >"$DIR/guard.out" 2>"$DIR/guard.err"
+    log "  guard.py exit: $?"
+    log "  guard: $(grep -E 'SIGTERM sent|SIGKILL|exited|back after|still|gone:|took|cuda free' "$DIR/guard.out" | tr '\n' ' ' | cut -c1-900)"
     end_step
 fi
 

@@ -412,6 +412,12 @@ fn the_wheel_puts_the_binary_on_path_and_explains_a_cuda_oom() {
         "no LICENSE in {}:\n{listing}",
         wheel.display()
     );
+    // The module's guard() lives in a file of its own.
+    assert!(
+        listing.lines().any(|l| l == "vramguard/_guard.py"),
+        "no vramguard/_guard.py in {}:\n{listing}",
+        wheel.display()
+    );
     let venv = tempfile::tempdir().unwrap();
     run(Command::new("python3")
         .arg("-m")
@@ -458,6 +464,7 @@ assert [g["index"] for g in report["gpus"]] == [0, 1], report["gpus"]
 print("status:", json.dumps(sorted(h["pid"] for h in report["gpus"][0]["holders"])))
 checks = vramguard.diagnose(gpus=0, sample=0)
 assert checks["verdict"]["clean"] is False and checks["report"]["gpus"][0]["index"] == 0, checks
+assert callable(vramguard.guard) and callable(vramguard.Guard), "no guard() in the wheel"
 vramguard.explain_oom()
 vramguard.explain_oom()  # a second call changes nothing
 raise torch.cuda.OutOfMemoryError(

@@ -11,20 +11,34 @@ traceback, who holds the GPU's memory and what frees it, for example::
 
     vramguard: 18.0 GiB on GPU 0 is held by 3 orphans of job pgid:13622: vramguard reclaim --gpu 0
 
-In a notebook or a `try` block, `vramguard.explain(error)` returns the same text.
+In a notebook or a `try` block, `vramguard.explain(error)` returns the same text. An OOM
+raised in another thread is explained too; under torchrun the ranks on one node ask the
+binary once between them, and the explanation takes at most 1 s.
+
+    with vramguard.guard():            # or @vramguard.guard() on a function
+        train()
+
+ends this process's own children that hold a GPU when the block is left (return, exception,
+SIGTERM or SIGINT): SIGTERM, SIGKILL after a grace, then a wait for their memory; see
+`guard()` for exactly what it may signal (nothing but those) and how signals are chained.
 
 Every function runs the `vramguard` binary installed with this package (or the one named by
 `VRAMGUARD_BINARY`, else the first on PATH). Without root it sees less: other users'
 processes by pid only (the report's `limitations` say what is missing).
 """
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import threading
+import time
 
 __all__ = [
     "VramguardError",
@@ -32,6 +46,8 @@ __all__ = [
     "diagnose",
     "explain",
     "explain_oom",
+    "guard",
+    "Guard",
     "status",
 ]
 
@@ -188,6 +204,40 @@ def _gpu_of(error, gpus):
     return None
 
 
+def _jobs_of(holders):
+    """The jobs `holders` belong to, one name per job. A job is known by its leader's pid (an
+    integer in the report) and by its label ("pgid:13", "slurm:4242.0"); holders that share
+    either are of one job, so a holder named by its label and one named only by its leader
+    make one job, not two. The name is the label, else "led by pid N"."""
+    groups = []  # [identities, label or None], in the order first seen
+    for h in holders:
+        dead = h.get("dead_job") or {}
+        label = (h.get("job") or {}).get("label") or dead.get("label")
+        leader = dead.get("leader_pid")
+        ids = set()
+        if isinstance(label, str) and label:
+            ids.add(("label", label))
+        if isinstance(leader, int) and not isinstance(leader, bool):
+            ids.add(("leader", leader))
+        if not ids:
+            continue
+        joined = [ids, label if isinstance(label, str) and label else None]
+        kept = []
+        for g in groups:
+            if g[0] & joined[0]:
+                joined = [g[0] | joined[0], g[1] or joined[1]]
+            else:
+                kept.append(g)
+        kept.append(joined)
+        groups = kept
+    names = []
+    for ids, label in groups:
+        if label is None:
+            label = "led by pid %d" % min(v for k, v in ids if k == "leader")
+        names.append(label)
+    return names
+
+
 def _holder_phrase(holders):
     classes = sorted({h["class"] for h in holders})
     noun = {
@@ -198,14 +248,7 @@ def _holder_phrase(holders):
     }.get(classes[0], "process") if len(classes) == 1 else "process"
     plural = "es" if noun.endswith("s") else "s"
     word = noun if len(holders) == 1 else noun + plural
-    # One job per dead leader (or cgroup label), compared as the report gives it, escaped
-    # only to be shown.
-    jobs = []
-    for h in holders:
-        dead = h.get("dead_job") or {}
-        job = (h.get("job") or {}).get("label") or dead.get("label") or dead.get("leader_pid")
-        if job is not None and str(job) not in jobs:
-            jobs.append(str(job))
+    jobs = _jobs_of(holders)
     kept = sorted({h["keeps_alive"] for h in holders if h.get("keeps_alive") is not None})
     keeping = ""
     if kept:
@@ -220,7 +263,11 @@ def _holder_phrase(holders):
 def explain(error=None, gpu=None, sample=None, timeout=TIMEOUT_SECS):
     """One or two lines on who holds the memory of the GPU `error` ran out of (or GPU `gpu`,
     an NVML index), and the command that frees what can be freed."""
-    result = diagnose(sample=sample, timeout=timeout)
+    return _explain_result(diagnose(sample=sample, timeout=timeout), error, gpu)
+
+
+def _explain_result(result, error=None, gpu=None):
+    """`explain()` of a `diagnose()` document already at hand."""
     report = result.get("report") or {}
     gpus = report.get("gpus") or []
     index = gpu if gpu is not None else (_gpu_of(error, gpus) if error is not None else None)
@@ -317,23 +364,262 @@ def _explain_gpu(g, steps):
     return text + "; nothing of it can be reclaimed"
 
 
-def explain_oom(sample=None, file=None):
-    """Opt in: after the traceback of an uncaught CUDA out-of-memory error, print who holds
-    the GPU's memory and the command that frees it. Installs a `sys.excepthook` that calls
-    the one it replaces first; calling it again changes nothing."""
-    previous = sys.excepthook
-    if getattr(previous, "_vramguard_explain_oom", False):
+#: The whole time the OOM hook may take to explain an error (the binary's call, or the wait
+#: for another rank's answer): the traceback is already out, the job is waiting to die.
+OOM_BUDGET_SECS = 1.0
+#: The OOM hook's sampling window: just over the classifier's shortest window for telling
+#: whether a process works (`work_min_window_ms`, 200 ms), so that an orphan is known idle and
+#: its memory reclaimable; with no window (0) every orphan's work is unknown and the hook could
+#: only say "held by no live job".
+OOM_SAMPLE_SECS = 0.25
+#: A node-wide answer younger than this is reused by the other ranks of the job.
+NODE_ANSWER_SECS = 10.0
+#: A lock older than this was left by a rank that died while asking: taken over.
+NODE_LOCK_STALE_SECS = 5.0
+#: The largest answer file read back (a diagnose document of a busy 8-GPU node is ~1 MiB).
+NODE_ANSWER_MAX_BYTES = 16 << 20
+
+
+def _job_key():
+    """A key that every rank of one torchrun job on this node shares and no other job does,
+    or None when this process is not a rank (neither LOCAL_RANK nor RANK is set).
+
+    TORCHELASTIC_RUN_ID alone is not enough (`torchrun` without `--rdzv-id` gives every job
+    "none"): the master's address and port (one job per port at a time) and the local
+    agent (the ranks' parent, with its start time, so a reused pid is another key) go in
+    too, and the user: another user's ranks never share a file with ours."""
+    env = os.environ
+    if env.get("LOCAL_RANK") is None and env.get("RANK") is None:
+        return None
+    parent = os.getppid()
+    try:
+        with open("/proc/%d/stat" % parent, "rb") as f:
+            line = f.read(4096)
+        started = line[line.rfind(b")") + 2 :].split()[19].decode("ascii")
+    except (OSError, IndexError):
+        started = "?"
+    parts = [
+        "uid=%d" % os.getuid(),
+        "run=%s" % env.get("TORCHELASTIC_RUN_ID", ""),
+        "master=%s:%s" % (env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")),
+        "agent=%d@%s" % (parent, started),
+    ]
+    return "\n".join(parts)
+
+
+def _node_dir():
+    """Where the ranks of a node leave their answer: VRAMGUARD_NODE_DIR when set (the
+    tests), /dev/shm (memory, per node) when it is a usable directory, else the temp
+    directory."""
+    named = os.environ.get("VRAMGUARD_NODE_DIR")
+    if named:
+        return named
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+def _read_answer(path, fresh_secs):
+    """The cached answer at `path` if it is a regular file of ours, written by no one else
+    (no group or other write), younger than `fresh_secs`: ("result", doc) or ("error",
+    text); None otherwise. Never follows a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.getuid()
+            or st.st_mode & 0o022
+            or time.time() - st.st_mtime > fresh_secs
+            or st.st_size > NODE_ANSWER_MAX_BYTES
+        ):
+            return None
+        chunks, size = [], 0
+        while size <= NODE_ANSWER_MAX_BYTES:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        answer = json.loads(b"".join(chunks).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if isinstance(answer, dict) and isinstance(answer.get("result"), dict):
+        return ("result", answer["result"])
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        return ("error", answer["error"])
+    return None
+
+
+def _write_answer(path, answer):
+    """Writes `answer` (JSON) beside `path` and renames it over: readers see all or none."""
+    temporary = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        fd = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError:
         return
-
-    def hook(kind, error, traceback):
-        previous(kind, error, traceback)
-        if not _is_cuda_oom(error):
-            return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(answer).encode("utf-8"))
+        os.rename(temporary, path)
+    except OSError:
         try:
-            text = explain(error, sample=sample)
-        except Exception as e:  # noqa: BLE001 - the hook must never raise over the traceback
-            text = "vramguard: could not explain the out-of-memory error: %s" % _visible(e, 300)
-        print(text, file=file if file is not None else sys.stderr)
+            os.unlink(temporary)
+        except OSError:
+            pass
 
-    hook._vramguard_explain_oom = True
-    sys.excepthook = hook
+
+def _take_lock(lock):
+    """Creates the lock file (O_EXCL, never through a symlink); takes over a stale one of
+    ours once. True when this process holds it."""
+    for attempt in (1, 2):
+        try:
+            fd = os.open(
+                lock,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+        except FileExistsError:
+            try:
+                st = os.lstat(lock)
+            except OSError:
+                continue
+            stale = time.time() - st.st_mtime > NODE_LOCK_STALE_SECS
+            if attempt == 1 and stale and st.st_uid == os.getuid() and stat.S_ISREG(st.st_mode):
+                try:
+                    os.unlink(lock)
+                except OSError:
+                    pass
+                continue
+            return False
+        except OSError:
+            return False
+        os.close(fd)
+        return True
+    return False
+
+
+def _oom_paths():
+    """(lock file, answer file) of this process's torchrun job on this node, or None when
+    it is not a rank. The names carry the user and a hash of the job's key."""
+    key = _job_key()
+    if key is None:
+        return None
+    base = os.path.join(
+        _node_dir(),
+        "vramguard-oom-%d-%s" % (os.getuid(), hashlib.sha256(key.encode()).hexdigest()[:20]),
+    )
+    return base + ".lock", base + ".json"
+
+
+def _oom_diagnose(sample, budget):
+    """`diagnose()` for the OOM hook, within `budget` seconds. Under torchrun the first rank
+    on the node to ask runs the binary and leaves its answer in a file (in /dev/shm, named
+    by the job's key) that the other ranks read: one `diagnose` per node, not one per rank.
+    A file someone else made (another user, a symlink) is never trusted: the rank then asks
+    the binary itself."""
+    paths = _oom_paths()
+    if paths is None:
+        return diagnose(sample=sample, timeout=budget)
+    deadline = time.monotonic() + budget
+    lock, answer_path = paths
+
+    def use(answer):
+        if answer[0] == "result":
+            return answer[1]
+        raise VramguardError(answer[1])
+
+    answer = _read_answer(answer_path, NODE_ANSWER_SECS)
+    if answer is not None:
+        return use(answer)
+    if _take_lock(lock):
+        try:
+            # The rank before may have written its answer and let go of the lock between
+            # the first look and this one.
+            answer = _read_answer(answer_path, NODE_ANSWER_SECS)
+            if answer is not None:
+                return use(answer)
+            try:
+                result = diagnose(sample=sample, timeout=max(0.05, deadline - time.monotonic()))
+            except VramguardError as e:
+                _write_answer(answer_path, {"error": str(e)})
+                raise
+            _write_answer(answer_path, {"result": result})
+            return result
+        finally:
+            try:
+                os.unlink(lock)
+            except OSError:
+                pass
+    try:
+        st = os.lstat(lock)
+        foreign = st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode)
+    except OSError:
+        foreign = False
+    if foreign:
+        return diagnose(sample=sample, timeout=max(0.05, deadline - time.monotonic()))
+    # Another rank is asking: its answer, within what is left of the budget.
+    while time.monotonic() < deadline:
+        answer = _read_answer(answer_path, NODE_ANSWER_SECS)
+        if answer is not None:
+            return use(answer)
+        time.sleep(0.02)
+    raise VramguardError(
+        "another rank of this job asked vramguard and gave no answer within %g s" % budget
+    )
+
+
+def _print_explanation(error, sample, budget, file):
+    try:
+        text = _explain_result(_oom_diagnose(sample, budget), error)
+    except Exception as e:  # noqa: BLE001 - the hook must never raise over the traceback
+        text = "vramguard: could not explain the out-of-memory error: %s" % _visible(e, 300)
+    print(text, file=file if file is not None else sys.stderr)
+
+
+def explain_oom(sample=OOM_SAMPLE_SECS, file=None, budget=OOM_BUDGET_SECS):
+    """Opt in: after the traceback of an uncaught CUDA out-of-memory error, in the main
+    thread (`sys.excepthook`) or in any other (`threading.excepthook`), print who holds the
+    GPU's memory and the command that frees it. Each hook calls the one it replaces first;
+    calling `explain_oom()` again changes nothing.
+
+    It takes at most `budget` seconds (1 s): the binary samples for `sample` seconds (0.25 s,
+    the shortest window that tells an idle orphan from a working process) and is stopped
+    after the budget; a node whose driver is slow to open (no persistence mode) may need a
+    larger budget. Under torchrun (LOCAL_RANK or RANK set) the ranks of a job on one node ask
+    the binary once between them: the first leaves its answer in /dev/shm for the others.
+    """
+    previous = sys.excepthook
+    if not getattr(previous, "_vramguard_explain_oom", False):
+
+        def hook(kind, error, traceback):
+            previous(kind, error, traceback)
+            if _is_cuda_oom(error):
+                _print_explanation(error, sample, budget, file)
+
+        hook._vramguard_explain_oom = True
+        sys.excepthook = hook
+
+    previous_thread = threading.excepthook
+    if not getattr(previous_thread, "_vramguard_explain_oom", False):
+
+        def thread_hook(args):
+            previous_thread(args)
+            if _is_cuda_oom(args.exc_value):
+                _print_explanation(args.exc_value, sample, budget, file)
+
+        thread_hook._vramguard_explain_oom = True
+        threading.excepthook = thread_hook
+
+
+from ._guard import Guard, guard  # noqa: E402 - it uses the functions above
