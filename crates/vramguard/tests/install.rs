@@ -302,3 +302,69 @@ fn world_readable(path: &std::path::Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
+
+/// What the packages' scripts ask systemctl on `event` (a `sh` command line given the
+/// script's arguments), run in a mount namespace of their own: /run and /var/log are scratch
+/// tmpfs (so the script sees systemd and this machine's are untouched) and `systemctl` is a
+/// stand-in that writes down its arguments.
+fn systemctl_calls(script: &str, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let log = dir.path().join("systemctl.log");
+    let fake = bin.join("systemctl");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs vramguard-test-run /run && mkdir -p /run/systemd/system && \
+             mount -t tmpfs vramguard-test-varlog /var/log && \
+             PATH={}:$PATH sh -c \"$0\" \"$@\"",
+            bin.display()
+        ))
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}: {}", stderr(&out));
+    std::fs::read_to_string(&log).unwrap_or_default()
+}
+
+/// An upgrade restarts an agent that was running (`try-restart`: a stopped one stays
+/// stopped); a first install only tells systemd about the unit.
+#[test]
+fn upgrading_the_packages_restarts_a_running_agent_and_installing_does_not() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let postinst = std::fs::read_to_string(root.join("packaging/debian/postinst")).unwrap();
+    let upgrade = systemctl_calls(&postinst, &["postinst", "configure", "0.1.0-1"]);
+    assert!(
+        upgrade.contains("try-restart vramguard-agent.service"),
+        "{upgrade}"
+    );
+    let install = systemctl_calls(&postinst, &["postinst", "configure", ""]);
+    assert!(install.contains("daemon-reload"), "{install}");
+    assert!(!install.contains("restart"), "{install}");
+    // The .rpm: the old package's %postun, $1 = 1 on an upgrade and 0 on an erase.
+    let manifest = std::fs::read_to_string(root.join("crates/vramguard/Cargo.toml")).unwrap();
+    let line = manifest
+        .lines()
+        .find(|l| l.starts_with("post_uninstall_script = "))
+        .expect("the rpm's %postun");
+    let postun: String = toml::from_str::<toml::Table>(line).unwrap()["post_uninstall_script"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let upgrade = systemctl_calls(&postun, &["postun", "1"]);
+    assert!(
+        upgrade.contains("try-restart vramguard-agent.service"),
+        "{upgrade}"
+    );
+    let erase = systemctl_calls(&postun, &["postun", "0"]);
+    assert!(!erase.contains("restart"), "{erase}");
+}
