@@ -142,9 +142,11 @@ pub fn release(
     signals: &[(String, i32)],
     repeat: u32,
     children: u32,
+    on_trial: &mut dyn FnMut(&Trial, usize, usize),
 ) -> Result<Vec<Trial>, ProbeError> {
     let tol = tolerance(bytes);
     let mut trials = Vec::new();
+    let total = signals.len() * repeat as usize;
     for (name, sig) in signals {
         for r in 1..=repeat {
             let baseline = probe.baseline()?;
@@ -200,6 +202,7 @@ pub fn release(
             let samples = probe.sampler.since(t_signal_ms - 200.0);
             trial.resolution_ms = max_gap(&samples, released.map_or(t_signal_ms, |s| s.t_ms));
             trial.t_end_ms = probe.sampler.now_ms();
+            on_trial(&trial, trials.len() + 1, total);
             trials.push(trial);
             drop(holders);
             // Let a lagging release of this trial finish before the next baseline.
@@ -254,6 +257,7 @@ pub fn concurrent(
     random: bool,
     seed: u64,
     sig: i32,
+    on_kill: &mut dyn FnMut(&Kill, usize, usize),
 ) -> Result<Concurrent, ProbeError> {
     let tol = tolerance(bytes);
     let baseline = probe.baseline()?;
@@ -274,12 +278,14 @@ pub fn concurrent(
         holders[i].signal(sig);
         holders[i].wait_exit(probe.timeout);
         let back = probe.first_since(t, probe.timeout, |u| u + bytes <= pre + tol);
-        kills.push(Kill {
+        let kill = Kill {
             order: k as u32 + 1,
             pid: holders[i].pid,
             t_signal_ms: t,
             release_ms: back.map(|s| s.t_ms - t),
-        });
+        };
+        on_kill(&kill, k + 1, order.len());
+        kills.push(kill);
     }
     let done = probe.first_since(first, probe.timeout, |u| u <= baseline + tol);
     let leftover = probe

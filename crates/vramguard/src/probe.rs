@@ -186,8 +186,17 @@ fn holder_kind(
     })
 }
 
-/// Runs the experiment `cmd` names (a soak shows its progress on stderr; with `--json`, only
-/// when stderr is a terminal).
+/// Where an experiment's progress goes: stderr; with `--json`, only when stderr is a terminal.
+fn feedback(json: bool) -> crate::progress::Feedback {
+    if json {
+        crate::progress::Feedback::for_output(true)
+    } else {
+        crate::progress::Feedback::on_stderr()
+    }
+}
+
+/// Runs the experiment `cmd` names, showing its progress on stderr (with `--json`, only when
+/// stderr is a terminal).
 fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Result<Results> {
     Ok(match cmd {
         ProbeCommand::Release {
@@ -198,8 +207,33 @@ fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Resu
         } => {
             let sigs: Vec<(String, i32)> =
                 signals.iter().map(|s| signal(s)).collect::<Result<_>>()?;
+            let mut progress = crate::progress::StepFeedback::start(
+                feedback(json),
+                "release",
+                &format!(
+                    "{} trial(s): {} × {repeat}",
+                    sigs.len() * *repeat as usize,
+                    sigs.iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
             Results::Release {
-                trials: experiments::release(probe, bytes, &sigs, *repeat, *children)?,
+                trials: experiments::release(
+                    probe,
+                    bytes,
+                    &sigs,
+                    *repeat,
+                    *children,
+                    &mut |t, done, total| {
+                        let back = t
+                            .release_ms
+                            .map(|ms| format!("memory back {ms:.0} ms after SIG{}", t.signal))
+                            .unwrap_or_else(|| format!("memory NOT back after SIG{}", t.signal));
+                        progress.step(done, total, &back);
+                    },
+                )?,
             }
         }
         ProbeCommand::Concurrent {
@@ -220,6 +254,11 @@ fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Resu
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(1)
             });
+            let mut progress = crate::progress::StepFeedback::start(
+                feedback(json),
+                "concurrent",
+                &format!("{workers} holders, killed one by one ({kill})"),
+            );
             Results::Concurrent(experiments::concurrent(
                 probe,
                 bytes,
@@ -227,6 +266,13 @@ fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Resu
                 random,
                 seed,
                 signal(sig)?.1,
+                &mut |k, done, total| {
+                    let back = k
+                        .release_ms
+                        .map(|ms| format!("pid {}: memory back {ms:.0} ms after the signal", k.pid))
+                        .unwrap_or_else(|| format!("pid {}: memory NOT back", k.pid));
+                    progress.step(done, total, &back);
+                },
             )?)
         }
         ProbeCommand::Soak {
@@ -240,12 +286,8 @@ fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Resu
             } else {
                 vec![signal("TERM")?]
             };
-            let feedback = if json {
-                crate::progress::Feedback::for_output(true)
-            } else {
-                crate::progress::Feedback::on_stderr()
-            };
-            let mut progress = crate::progress::SoakFeedback::start(feedback, *duration, *cycle);
+            let mut progress =
+                crate::progress::SoakFeedback::start(feedback(json), *duration, *cycle);
             Results::Soak(experiments::soak(
                 probe,
                 bytes,

@@ -292,3 +292,45 @@ impl SoakFeedback {
         }
     }
 }
+
+/// Progress of an experiment made of steps (`probe release`'s trials, `probe concurrent`'s
+/// kills): each step's outcome and the time left, judged from the steps so far.
+pub struct StepFeedback {
+    feedback: Feedback,
+    name: &'static str,
+    started: std::time::Instant,
+}
+
+impl StepFeedback {
+    /// Says the experiment began and what it will do.
+    pub fn start(mut feedback: Feedback, name: &'static str, plan: &str) -> StepFeedback {
+        feedback.line(&format!(
+            "{name}: {plan}; progress below, the report at the end"
+        ));
+        StepFeedback {
+            feedback,
+            name,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Step `done` of `total` ended with `outcome`.
+    pub fn step(&mut self, done: usize, total: usize, outcome: &str) {
+        let elapsed = self.started.elapsed();
+        let left = elapsed.mul_f64((total.saturating_sub(done)) as f64 / done.max(1) as f64);
+        let text = if done < total {
+            format!(
+                "{}: {done} of {total}: {outcome}; about {} left",
+                self.name,
+                format_duration(Duration::from_secs(left.as_secs().max(1)))
+            )
+        } else {
+            format!("{}: {done} of {total}: {outcome}; done", self.name)
+        };
+        if self.feedback.tty {
+            self.feedback.status(text);
+        } else {
+            self.feedback.line(&text);
+        }
+    }
+}

@@ -323,3 +323,74 @@ fn soak_shows_its_progress_and_the_time_left() {
         .code(0);
     assert_eq!(stderr(&json), "", "--json piped: nothing but the document");
 }
+
+/// `probe release` and `probe concurrent` say each trial's or kill's outcome as it ends, with
+/// the time left; piped, one plain line each on stderr, and the report alone on stdout.
+#[test]
+fn release_and_concurrent_show_each_step_as_it_ends() {
+    let world = World::new(1);
+    lagging(&world, AfterExit::ReleaseAfterMs(20));
+    let out = Vg::new(&world, Path_::InProcess)
+        .args([
+            "probe",
+            "release",
+            "--size",
+            "1GiB",
+            "--signals",
+            "TERM,KILL",
+            "--repeat",
+            "2",
+        ])
+        .code(0);
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("release: 4 trial(s): TERM, KILL × 2; progress below, the report at the end"),
+        "{err}"
+    );
+    let steps: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("release: ") && l.contains(" of 4: "))
+        .copied()
+        .collect();
+    assert_eq!(steps.len(), 4, "{err}");
+    for (i, l) in steps.iter().enumerate() {
+        assert!(
+            l.starts_with(&format!("release: {} of 4: memory back ", i + 1)),
+            "{l}"
+        );
+    }
+    assert!(
+        steps[0].contains("after SIGTERM") && steps[0].ends_with(" left"),
+        "{}",
+        steps[0]
+    );
+    assert!(
+        steps[3].contains("after SIGKILL") && steps[3].ends_with("; done"),
+        "{}",
+        steps[3]
+    );
+    assert!(!err.contains('\r') && !err.contains('\x1b'), "{err:?}");
+    assert!(!stdout(&out).contains(" of 4: "));
+
+    let out = Vg::new(&world, Path_::InProcess)
+        .args([
+            "probe",
+            "concurrent",
+            "--size",
+            "1GiB",
+            "--workers",
+            "3",
+            "--kill",
+            "sequential",
+        ])
+        .code(0);
+    let err = stderr(&out);
+    let steps: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("concurrent: ") && l.contains(" of 3: pid "))
+        .collect();
+    assert_eq!(steps.len(), 3, "{err}");
+    assert!(steps[2].ends_with("; done"), "{err}");
+}
