@@ -294,6 +294,44 @@ fn the_deb_installs_runs_verifies_and_is_removed_cleanly() {
     ] {
         assert!(Path::new(f).is_file(), "{f}");
     }
+    assert!(Path::new("/usr/share/doc/vramguard/json-schema.md").is_file());
+    // Every user reads the installed config: as uid 65534 the settings come from it, and
+    // `status` fails only for want of a driver here, never on the config.
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg("/usr/bin/vramguard")
+            .args(args)
+            .current_dir("/")
+            .env_remove("VRAMGUARD_SIM")
+            .env_remove("VRAMGUARD_NVML_LIB")
+            .env_remove("VRAMGUARD_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let shown = as_nobody(&["config", "show"]);
+    assert!(
+        shown.status.success() && text(&shown).contains("/etc/vramguard/config.toml"),
+        "{}",
+        text(&shown)
+    );
+    let status = as_nobody(&["status"]);
+    let said = format!(
+        "{}{}",
+        text(&status),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        !said.contains("cannot be read") && !said.contains("Permission denied"),
+        "{said}"
+    );
     let elsewhere = tempfile::tempdir().unwrap();
     let out = Command::new("/usr/bin/vramguard")
         .arg("demo")
