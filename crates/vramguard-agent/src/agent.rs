@@ -313,7 +313,12 @@ impl Agent {
         let every = OBSERVE_EVERY.max(self.config.agent.interval);
         let window_ms = self.config.reclaim.sample.max(every * 3).as_millis() as u64;
         self.work.forget_before(now.saturating_sub(window_ms));
-        let pids = vramguard_core::work_watch_list(snap, &self.config.policy, report);
+        let pids = vramguard_core::work_watch_list(
+            snap,
+            &self.config.policy,
+            report,
+            vramguard_core::WatchFor::Reclaim,
+        );
         if pids.is_empty() {
             return false;
         }

@@ -124,18 +124,34 @@ fn name_pods(report: &mut Report, pods: &[crate::snapshot::KubePod]) {
     }
 }
 
-/// The processes whose work decides a class or a reclaim in `report`: for every holder whose
-/// job is gone, every process of that job and the holder's descendants; for a keeper of an
-/// exited pid's context, an idle or a zombie holder, itself and its descendants. What a watcher
-/// must observe over a window before work can be told (the agent between samples, `status`
-/// and `reclaim` for their sampling window); empty when no verdict depends on work.
-pub fn work_watch_list(snapshot: &Snapshot, policy: &Policy, report: &Report) -> Vec<u32> {
-    // An idle holder's class rests on GPU utilization alone, but `reclaim --include idle`
-    // targets it only when it was seen doing no work either.
+/// What a caller needs work watched for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchFor {
+    /// The classes only (`status`, `diagnose`, `metrics`): an idle holder's class rests on
+    /// GPU utilization alone, so only the holders whose job is gone, keepers and zombies.
+    Classes,
+    /// A reclaim too (`reclaim`, `top`'s `r`, the agent, a saved snapshot): `--include idle`
+    /// targets an idle holder only when it was seen doing no work either.
+    Reclaim,
+}
+
+/// The processes whose work decides a class (or, `for` a reclaim, a target) in `report`: for
+/// every holder whose job is gone, every process of that job and the holder's descendants;
+/// for a keeper of an exited pid's context, a zombie holder (and, for a reclaim, an idle one),
+/// itself and its descendants. What a watcher must observe over a window before work can be
+/// told (the agent between samples, `status` and `reclaim` for their sampling window); empty
+/// when no verdict depends on work, so a node where every holder's job is alive costs no wait.
+pub fn work_watch_list(
+    snapshot: &Snapshot,
+    policy: &Policy,
+    report: &Report,
+    watch: WatchFor,
+) -> Vec<u32> {
     let decided_by_work = |h: &Holder| {
         h.dead_job.is_some()
             || h.keeps_alive.is_some()
-            || matches!(h.class, Class::Zombie | Class::Idle)
+            || h.class == Class::Zombie
+            || (h.class == Class::Idle && watch == WatchFor::Reclaim)
     };
     if !report.holders().any(|(_, h)| decided_by_work(h)) {
         return Vec::new();

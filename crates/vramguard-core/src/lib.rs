@@ -24,7 +24,7 @@ pub mod snapshot;
 pub mod trend;
 pub mod units;
 
-pub use classify::{classify, work_watch_list};
+pub use classify::{WatchFor, classify, work_watch_list};
 pub use policy::Policy;
 pub use report::{Class, GpuReport, Holder, Report};
 pub use snapshot::{GpuSample, ProcessFacts, Snapshot};

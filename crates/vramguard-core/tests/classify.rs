@@ -3,7 +3,7 @@
 use vramguard_core::diagnose::{CheckStatus, diagnose};
 use vramguard_core::report::{Class, UnaccountedCause};
 use vramguard_core::snapshot::*;
-use vramguard_core::{Policy, Snapshot, classify};
+use vramguard_core::{Policy, Snapshot, WatchFor, classify};
 
 const GIB: u64 = 1 << 30;
 const NOW_MS: u64 = 1_800_000_000_000;
@@ -185,6 +185,15 @@ fn workers_of_a_dead_leader_are_orphans_naming_the_leader() {
     // A daemon that leads its own group under pid 1 is not an orphan.
     assert_eq!(by_pid(300).class, Class::Active);
     assert_eq!(g.ghost_bytes, 8 * GIB);
+    // Whether the orphans still work decides their class: watched for `status` too, and the
+    // live daemon is not.
+    for watch in [WatchFor::Classes, WatchFor::Reclaim] {
+        assert_eq!(
+            vramguard_core::work_watch_list(&s, &Policy::default(), &r, watch),
+            vec![201, 202],
+            "{watch:?}"
+        );
+    }
     let d = diagnose(r);
     assert_eq!(d.exit_code(), 1);
     let cmd = d.verdict.next_steps[0].command.clone().unwrap();
@@ -699,6 +708,15 @@ fn idle_holder_after_threshold() {
     assert_eq!(h100.idle_secs, Some(3600));
     assert!(!h100.action.reclaimable);
     assert_eq!(h101.class, Class::Active);
+    // Its class rests on GPU utilization alone: `status` waits for nothing; a reclaim,
+    // which may be asked to take idle holders, watches it work (and its children).
+    assert!(
+        vramguard_core::work_watch_list(&s, &Policy::default(), &r, WatchFor::Classes).is_empty()
+    );
+    assert_eq!(
+        vramguard_core::work_watch_list(&s, &Policy::default(), &r, WatchFor::Reclaim),
+        vec![100]
+    );
     let d = diagnose(r);
     assert!(d.verdict.clean, "idle is informational");
     assert!(

@@ -314,10 +314,11 @@ impl Node for FakeNode {
         Ok(snap)
     }
 
-    fn sampled_snapshot(
+    fn sampled_snapshot_for(
         &mut self,
         depth: ScanDepth,
         window: Duration,
+        _watch: vramguard_core::WatchFor,
     ) -> Result<Snapshot, NodeError> {
         if window.is_zero() {
             return self.snapshot(depth);

@@ -65,6 +65,18 @@ pub trait Node: Send {
         &mut self,
         depth: ScanDepth,
         window: Duration,
+    ) -> Result<Snapshot, NodeError> {
+        self.sampled_snapshot_for(depth, window, vramguard_core::WatchFor::Reclaim)
+    }
+
+    /// [`Node::sampled_snapshot`] watching only the processes whose work `watch` needs: for
+    /// the classes alone (`status`), a node where every holder's job is alive waits for
+    /// nothing.
+    fn sampled_snapshot_for(
+        &mut self,
+        depth: ScanDepth,
+        window: Duration,
+        watch: vramguard_core::WatchFor,
     ) -> Result<Snapshot, NodeError>;
 
     /// Every GPU as the driver sees it (memory, listed processes), without reading `/proc`.

@@ -163,10 +163,11 @@ impl Node for MachineNode {
         Ok(snap)
     }
 
-    fn sampled_snapshot(
+    fn sampled_snapshot_for(
         &mut self,
         depth: ScanDepth,
         window: Duration,
+        watch: vramguard_core::WatchFor,
     ) -> Result<Snapshot, NodeError> {
         let mut snap = take_sampled_snapshot(
             self.source.as_mut(),
@@ -174,6 +175,7 @@ impl Node for MachineNode {
             &self.policy,
             depth,
             window,
+            watch,
             &self.clock,
         )?;
         self.attach_pods(&mut snap);

@@ -63,6 +63,7 @@ pub fn take_sampled_snapshot(
     policy: &Policy,
     depth: ScanDepth,
     window: Duration,
+    watch: vramguard_core::WatchFor,
     clock: &dyn Clock,
 ) -> Result<Snapshot, SnapshotError> {
     let mut snap = take_snapshot(source, collector, policy, depth, clock)?;
@@ -72,7 +73,7 @@ pub fn take_sampled_snapshot(
     // Only the processes whose class depends on work are watched; with none, there is
     // nothing to wait for.
     let report = vramguard_core::classify(&snap, policy);
-    let pids = vramguard_core::classify::work_watch_list(&snap, policy, &report);
+    let pids = vramguard_core::classify::work_watch_list(&snap, policy, &report, watch);
     if pids.is_empty() {
         return Ok(snap);
     }

@@ -129,52 +129,64 @@ fn main() {
             status.as_secs_f64() / nosample.as_secs_f64(),
             ms(diagnose)
         );
-        let name = |what: &str| format!("status.{what}_{procs}");
+        // The smallest size's figures are judged against the targets, the largest's are
+        // shown beside them; the sizes between are in the human output only.
+        let last = i + 1 == sizes.len();
         let judged = i == 0;
-        figure(&name("status"), ms(status), "ms");
-        figure(&name("nosample"), ms(nosample), "ms");
-        figure(&name("diagnose"), ms(diagnose), "ms");
+        let out = |what: &str, value: Option<f64>, unit: &str, why: &str| {
+            let mut names = Vec::new();
+            if judged {
+                names.push(format!("status.{what}"));
+            }
+            if last && sizes.len() > 1 {
+                names.push(format!("status.{what}_large"));
+            }
+            for n in names {
+                match value {
+                    Some(v) => figure(&n, v, unit),
+                    None => skipped(&n, why),
+                }
+            }
+        };
+        out("status", Some(ms(status)), "ms", "");
+        out("nosample", Some(ms(nosample)), "ms", "");
+        out("diagnose", Some(ms(diagnose)), "ms", "");
+        let fuser_missing = "fuser is not installed (Debian package psmisc)";
+        if let Some(f) = fuser {
+            println!(
+                "  fuser -v {:.1} ms ({:.1}x status)",
+                ms(f),
+                f.as_secs_f64() / status.as_secs_f64()
+            );
+        }
+        out("fuser", fuser.map(ms), "ms", fuser_missing);
+        if let Some(l) = lsof {
+            println!(
+                "  lsof {:.1} ms ({:.1}x status)",
+                ms(l),
+                l.as_secs_f64() / status.as_secs_f64()
+            );
+        }
+        out(
+            "lsof",
+            lsof.map(ms),
+            "ms",
+            "lsof is not installed (Debian package lsof)",
+        );
         if judged {
             figure(
                 "status.window_ratio",
                 status.as_secs_f64() / nosample.as_secs_f64(),
                 "x",
             );
-        }
-        match fuser {
-            Some(f) => {
-                println!(
-                    "  fuser -v {:.1} ms ({:.1}x status)",
-                    ms(f),
-                    f.as_secs_f64() / status.as_secs_f64()
-                );
-                figure(&name("fuser"), ms(f), "ms");
-                if judged {
-                    figure(
-                        "status.fuser_ratio",
-                        f.as_secs_f64() / status.as_secs_f64(),
-                        "x",
-                    );
-                }
+            match fuser {
+                Some(f) => figure(
+                    "status.fuser_ratio",
+                    f.as_secs_f64() / status.as_secs_f64(),
+                    "x",
+                ),
+                None => skipped("status.fuser_ratio", fuser_missing),
             }
-            None => {
-                let why = "fuser is not installed (Debian package psmisc)";
-                skipped(&name("fuser"), why);
-                if judged {
-                    skipped("status.fuser_ratio", why);
-                }
-            }
-        }
-        match lsof {
-            Some(l) => {
-                println!(
-                    "  lsof {:.1} ms ({:.1}x status)",
-                    ms(l),
-                    l.as_secs_f64() / status.as_secs_f64()
-                );
-                figure(&name("lsof"), ms(l), "ms");
-            }
-            None => skipped(&name("lsof"), "lsof is not installed (Debian package lsof)"),
         }
         if judged {
             // Something to decide: an idle holder whose job is gone is watched before it is
@@ -187,6 +199,14 @@ fn main() {
             );
             figure("status.with_candidate", ms(decided), "ms");
             let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        }
+        if sizes.len() == 1 {
+            for what in ["status", "nosample", "diagnose", "fuser", "lsof"] {
+                skipped(
+                    &format!("status.{what}_large"),
+                    "one size only in this run (SIZES)",
+                );
+            }
         }
         drop(node);
         // Let the killed processes go before the next size counts its own.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vramguard_config::Config;
 use vramguard_core::snapshot::Snapshot;
-use vramguard_core::{Policy, Report, classify};
+use vramguard_core::{Policy, Report, WatchFor, classify};
 use vramguard_gpu::{DeadlineSource, GpuSource, NvmlSource};
 use vramguard_node::{MachineNode, Node, NodeFactory, ResetBackend};
 use vramguard_proc::{ProcCollector, ScanDepth};
@@ -196,20 +196,26 @@ impl Settings {
         }
     }
 
-    /// A snapshot of this machine, with `sample` of watching its processes work, or the one
-    /// given with `--replay` (which keeps the window it was saved with).
+    /// A snapshot of this machine, with `sample` of watching its processes work (those a
+    /// reclaim would need: `vramguard snapshot` saves what `--replay … reclaim` plans from),
+    /// or the one given with `--replay` (which keeps the window it was saved with).
     pub fn snapshot(&self, sample: Duration) -> Result<Snapshot> {
+        self.snapshot_for(sample, WatchFor::Reclaim)
+    }
+
+    fn snapshot_for(&self, sample: Duration, watch: WatchFor) -> Result<Snapshot> {
         if let Some(path) = &self.replay {
             return load_snapshot(path);
         }
         Ok(self
             .node(self.policy(), None)?
-            .sampled_snapshot(ScanDepth::Full, sample)?)
+            .sampled_snapshot_for(ScanDepth::Full, sample, watch)?)
     }
 
-    /// Snapshot and classification.
+    /// Snapshot and classification, with work watched only where a class depends on it
+    /// (`status`, `diagnose`, `metrics`, `top --once`): nothing to decide, no wait.
     pub fn report(&self, sample: Duration) -> Result<(Snapshot, Report)> {
-        let snap = self.snapshot(sample)?;
+        let snap = self.snapshot_for(sample, WatchFor::Classes)?;
         let report = classify(&snap, self.policy());
         Ok((snap, report))
     }
