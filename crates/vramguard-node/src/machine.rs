@@ -455,4 +455,110 @@ mod tests {
         assert!(removed.is_ok(), "{removed:?}");
         assert!(!left, "the segment is gone");
     }
+
+    /// A snapshot whose processes live in the pods `uids` (one process each).
+    fn snapshot_in_pods(uids: &[&str]) -> Snapshot {
+        Snapshot {
+            taken_at_ms: 0,
+            host: Default::default(),
+            driver: DriverFacts {
+                source: DriverSource::Simulated,
+                library: None,
+                driver_version: None,
+                nvml_version: None,
+            },
+            gpus: Vec::new(),
+            processes: uids
+                .iter()
+                .zip(100..)
+                .map(|(uid, pid)| vramguard_core::snapshot::ProcessFacts {
+                    pid,
+                    pod_uid: Some(uid.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            departed: Vec::new(),
+            scan: Default::default(),
+            work: None,
+            job_cgroups: Vec::new(),
+            kubelet_pods: None,
+            host_memory: None,
+        }
+    }
+
+    fn pod(name: &str) -> vramguard_kubelet::PodResources {
+        vramguard_kubelet::PodResources {
+            name: name.into(),
+            namespace: "ml".into(),
+            containers: Vec::new(),
+        }
+    }
+
+    /// A socket path of this test's own.
+    fn kubelet_socket(test: &str) -> PathBuf {
+        let socket =
+            std::env::temp_dir().join(format!("vg-machine-{test}-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        socket
+    }
+
+    /// What `attach_pods` added to a snapshot in the pods `uids`.
+    fn attach(node: &mut MachineNode, uids: &[&str]) -> (Option<Vec<String>>, Vec<String>) {
+        let mut snap = snapshot_in_pods(uids);
+        node.attach_pods(&mut snap);
+        let names = snap
+            .kubelet_pods
+            .map(|pods| pods.into_iter().map(|p| p.name).collect());
+        (names, snap.scan.limitations)
+    }
+
+    #[test]
+    fn the_kubelet_is_asked_for_holders_in_pods_once_while_no_new_pod_appears() {
+        let socket = kubelet_socket("pods");
+        let (node, _) = node();
+        let mut node = node.with_kubelet(&socket, Duration::from_secs(10));
+        // No socket: not a Kubernetes node, and no complaint.
+        assert_eq!(attach(&mut node, &["uid-a"]), (None, Vec::new()));
+        let kubelet = vramguard_kubelet::fake::FakeKubelet::start(&socket, vec![pod("a")]);
+        // No process in a pod: nothing to ask.
+        assert_eq!(attach(&mut node, &[]), (None, Vec::new()));
+        assert_eq!(kubelet.calls(), 0, "asked with no process in a pod");
+        let named = (Some(vec!["a".to_string()]), Vec::new());
+        assert_eq!(attach(&mut node, &["uid-a"]), named);
+        assert_eq!(kubelet.calls(), 1);
+        // The same pods within the refresh period: the answer is reused.
+        assert_eq!(attach(&mut node, &["uid-a"]), named);
+        assert_eq!(kubelet.calls(), 1, "asked again for the same pods");
+        // A new pod: asked again.
+        assert_eq!(attach(&mut node, &["uid-a", "uid-b"]), named);
+        assert_eq!(kubelet.calls(), 2, "not asked for a new pod");
+    }
+
+    #[test]
+    fn a_failed_kubelet_is_left_alone_for_the_back_off() {
+        let socket = kubelet_socket("backoff");
+        let (node, _) = node();
+        let mut node = node.with_kubelet(&socket, Duration::from_millis(50));
+        let kubelet = vramguard_kubelet::fake::FakeKubelet::start(&socket, vec![pod("a")]);
+        kubelet.slow_down(Duration::from_millis(500));
+        let (names, limitations) = attach(&mut node, &["uid-a"]);
+        assert_eq!(names, None);
+        assert!(
+            limitations.len() == 1
+                && limitations[0].starts_with("pod names unavailable: ")
+                && !limitations[0].contains("failed recently"),
+            "{limitations:?}"
+        );
+        assert_eq!(kubelet.calls(), 1);
+        let (names, limitations) = attach(&mut node, &["uid-a"]);
+        assert_eq!(names, None);
+        assert_eq!(
+            limitations,
+            [
+                "pod names unavailable: the kubelet's pod-resources API failed recently (pods are \
+              shown by UID)"
+            ]
+        );
+        assert_eq!(kubelet.calls(), 1, "a failed kubelet asked again at once");
+    }
 }
