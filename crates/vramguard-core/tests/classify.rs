@@ -2039,3 +2039,99 @@ fn a_keeper_inside_a_live_vramguard_run_is_never_reclaimed_even_by_name() {
         plan.left_alone
     );
 }
+
+/// A keeper of an exited pid's context whose tree was re-parented to a live container init
+/// (tini): its job is the container's, which a live supervisor runs. It is no inheritor that
+/// may go by default (only a plain process group's keeper is), although its job has a tree top.
+#[test]
+fn a_keeper_adopted_by_a_live_container_init_is_never_reclaimed_by_default() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    let mut tini = proc_(60, 1, 60, "tini", &[]);
+    tini.cmdline = Some(vec!["tini".into(), "--".into(), "python3".into()]);
+    s.processes.push(tini);
+    for p in s
+        .processes
+        .iter_mut()
+        .filter(|p| [576, 577].contains(&p.pid))
+    {
+        p.ppid = Some(60);
+    }
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    for pid in [576, 577] {
+        let k = r.gpus[0].holders.iter().find(|h| h.pid == pid).unwrap();
+        assert_eq!(k.keeps_alive, Some(446));
+        assert_eq!(k.job.as_ref().unwrap().label, "tini:60");
+        assert!(!k.action.reclaimable, "{:?}", k.action);
+        assert_eq!(k.action.command, None, "{:?}", k.action);
+    }
+    let plan = vramguard_core::plan::plan_reclaim(&s, &r, &Default::default());
+    assert!(plan.targets().next().is_none(), "{plan:#?}");
+}
+
+/// A keeper whose own job is gone gets the action of a hidden holder of a dead job (its job is
+/// gone and it does no work: `--include hidden`), not a keeper's; a keeper whose job lives gets
+/// a keeper's. Both say what the work sample saw.
+#[test]
+fn a_keepers_action_follows_whether_its_job_is_gone_and_both_show_its_work() {
+    let work_line = |h: &vramguard_core::report::Holder| {
+        h.evidence
+            .iter()
+            .any(|e| e.starts_with("no sign of work over "))
+    };
+    let gone = dead_trainer_with_forked_workers(446, 446);
+    let k = holder_of(&gone, 576);
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(k.dead_job.is_some(), "{k:#?}");
+    assert_eq!(
+        k.action.summary,
+        "its job is gone and it does no work: terminate it (SIGTERM, then SIGKILL)"
+    );
+    assert_eq!(
+        k.action.command.as_deref(),
+        Some("vramguard reclaim --gpu 0 --include hidden")
+    );
+    assert!(work_line(&k), "{:?}", k.evidence);
+    // The same workers in the process group of the script that still runs (436).
+    let alive = dead_trainer_with_forked_workers(436, 436);
+    let k = holder_of(&alive, 576);
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(k.dead_job.is_none(), "{k:#?}");
+    assert!(
+        k.action
+            .summary
+            .starts_with("it keeps exited pid 446's context"),
+        "{:?}",
+        k.action
+    );
+    assert!(work_line(&k), "{:?}", k.evidence);
+}
+
+/// The persistence daemon holds every GPU's device file and `/dev/nvidia-uvm` without a
+/// context the driver lists: it is no possible keeper of an exited pid's context, so the
+/// exited pid's memory is residue that no process holds.
+#[test]
+fn the_persistence_daemon_is_no_possible_keeper_of_an_exited_pids_context() {
+    let mut daemon = proc_(900, 1, 900, "nvidia-persiste", &[0]);
+    daemon.uid = Some(0);
+    daemon.user = Some("root".into());
+    daemon.cmdline = Some(vec!["/usr/bin/nvidia-persistenced".into()]);
+    daemon.exe = Some(ExeFacts {
+        path: "/usr/bin/nvidia-persistenced".into(),
+        deleted: false,
+        owner_uid: 0,
+        mode: 0o100755,
+    });
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(446, Some(4 * GIB))])],
+        vec![init(), daemon],
+    );
+    let r = classify(&s, &Policy::default());
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert_eq!(exited.class, Class::Exited);
+    assert!(exited.keepers.is_empty(), "{exited:#?}");
+    let ev = exited.evidence.join("\n");
+    assert!(!ev.contains("900"), "{ev}");
+    let daemon = r.gpus[0].holders.iter().find(|h| h.pid == 900).unwrap();
+    assert_eq!(daemon.class, Class::System, "{daemon:#?}");
+}
