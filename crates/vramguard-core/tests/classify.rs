@@ -2135,3 +2135,73 @@ fn the_persistence_daemon_is_no_possible_keeper_of_an_exited_pids_context() {
     let daemon = r.gpus[0].holders.iter().find(|h| h.pid == 900).unwrap();
     assert_eq!(daemon.class, Class::System, "{daemon:#?}");
 }
+
+/// A re-parented worker tied to the only exited pid by re-parenting alone (a weak tie) is its
+/// keeper unless a live process listed on a GPU shares its process group or its session (whose
+/// context it may have inherited instead). A listed process of another group and session, or
+/// a zombie kin, changes nothing.
+#[test]
+fn a_weak_keeper_tie_is_undone_only_by_live_listed_kin_in_its_group_or_session() {
+    let base = dead_trainer_with_forked_workers(436, 436);
+    // 700 is listed on GPU 1; `group` and `session` are its process group and session, and
+    // `state` its state.
+    let with_listed = |group: u32, session: u32, state: char| {
+        let mut s = base.clone();
+        s.gpus.push(gpu(1, 10 * GIB, &[(700, Some(10 * GIB))]));
+        let mut listed = proc_(700, 1, group, "python3", &[1]);
+        listed.sid = Some(session);
+        listed.state = Some(state);
+        s.processes.push(listed);
+        s.normalize();
+        s.work = Some(WorkWindow::all_idle(&s, 2000));
+        let r = classify(&s, &Policy::default());
+        let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+        k.keeps_alive
+    };
+    assert_eq!(
+        with_listed(700, 700, 'S'),
+        Some(446),
+        "another group and session"
+    );
+    assert_eq!(with_listed(436, 700, 'S'), None, "its process group");
+    assert_eq!(with_listed(700, 436, 'S'), None, "its session");
+    assert_eq!(
+        with_listed(436, 436, 'Z'),
+        Some(446),
+        "a zombie of its group"
+    );
+}
+
+/// Keepers are named only when every process's open files were read (a full scan, by a
+/// reader that sees every process): an unread one could hold the exited pid's context as well.
+#[test]
+fn no_keeper_is_named_unless_every_process_s_open_files_were_read() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    s.scan.full_fd_scan = false;
+    let r = classify(&s, &Policy::default());
+    for pid in [576, 577] {
+        let k = r.gpus[0].holders.iter().find(|h| h.pid == pid).unwrap();
+        assert_eq!(k.keeps_alive, None, "{k:#?}");
+    }
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert!(exited.kept_by_unseen, "{exited:#?}");
+}
+
+/// A worker forked by another unlisted holder (577 by 576, 576 re-parented): its tie goes
+/// through that ancestor, whose parent died.
+#[test]
+fn a_keeper_forked_by_another_keeper_is_tied_through_its_ancestor() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    for p in s.processes.iter_mut().filter(|p| p.pid == 577) {
+        p.ppid = Some(576);
+    }
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 577).unwrap();
+    assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(
+        k.evidence[0].contains("(through its ancestor 576 (python3))"),
+        "{:?}",
+        k.evidence
+    );
+}
