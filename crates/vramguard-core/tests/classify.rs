@@ -2205,3 +2205,41 @@ fn a_keeper_forked_by_another_keeper_is_tied_through_its_ancestor() {
         k.evidence
     );
 }
+
+/// An exited pid that a collection saw leave is shown by the name and command it had.
+#[test]
+fn an_exited_pid_seen_leaving_is_shown_by_its_name_and_command() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    s.departed.push(DepartedProcess {
+        pid: 446,
+        comm: Some("python3".into()),
+        cmdline: Some(vec!["python3".into(), "train.py".into()]),
+        gone_at_ms: NOW_MS - 5000,
+    });
+    let h = holder_of(&s, 446);
+    assert_eq!(h.class, Class::Exited);
+    assert_eq!(h.comm.as_deref(), Some("python3"));
+    assert_eq!(h.command.as_deref(), Some("python3 train.py"));
+}
+
+/// A worker that an earlier collection saw forked by the exited pid is tied to it directly
+/// (a strong tie), also when its own ancestor among the holders was not seen so.
+#[test]
+fn a_keeper_seen_forked_by_the_exited_pid_is_tied_to_it_directly() {
+    // The script's group: nothing but the earlier parent ties the workers to 446.
+    let mut s = dead_trainer_with_forked_workers(436, 436);
+    for p in s.processes.iter_mut() {
+        if p.pid == 577 {
+            p.ppid = Some(576);
+            p.earlier_ppid = Some(446);
+        }
+    }
+    s.normalize();
+    let k = holder_of(&s, 577);
+    assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(
+        k.evidence[0].contains("was forked by it (an earlier collection saw the parent)"),
+        "{:?}",
+        k.evidence
+    );
+}
