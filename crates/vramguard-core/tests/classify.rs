@@ -2057,3 +2057,207 @@ fn a_keeper_inside_a_live_vramguard_run_is_never_reclaimed_even_by_name() {
         plan.left_alone
     );
 }
+
+/// A keeper of an exited pid's context whose tree was re-parented to a live container init
+/// (tini): its job is the container's, which a live supervisor runs. It is no inheritor that
+/// may go by default (only a plain process group's keeper is), although its job has a tree top.
+#[test]
+fn a_keeper_adopted_by_a_live_container_init_is_never_reclaimed_by_default() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    let mut tini = proc_(60, 1, 60, "tini", &[]);
+    tini.cmdline = Some(vec!["tini".into(), "--".into(), "python3".into()]);
+    s.processes.push(tini);
+    for p in s
+        .processes
+        .iter_mut()
+        .filter(|p| [576, 577].contains(&p.pid))
+    {
+        p.ppid = Some(60);
+    }
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    for pid in [576, 577] {
+        let k = r.gpus[0].holders.iter().find(|h| h.pid == pid).unwrap();
+        assert_eq!(k.keeps_alive, Some(446));
+        assert_eq!(k.job.as_ref().unwrap().label, "tini:60");
+        assert!(!k.action.reclaimable, "{:?}", k.action);
+        assert_eq!(k.action.command, None, "{:?}", k.action);
+    }
+    let plan = vramguard_core::plan::plan_reclaim(&s, &r, &Default::default());
+    assert!(plan.targets().next().is_none(), "{plan:#?}");
+}
+
+/// A keeper whose own job is gone gets the action of a hidden holder of a dead job (its job is
+/// gone and it does no work: `--include hidden`), not a keeper's; a keeper whose job lives gets
+/// a keeper's. Both say what the work sample saw.
+#[test]
+fn a_keepers_action_follows_whether_its_job_is_gone_and_both_show_its_work() {
+    let work_line = |h: &vramguard_core::report::Holder| {
+        h.evidence
+            .iter()
+            .any(|e| e.starts_with("no sign of work over "))
+    };
+    let gone = dead_trainer_with_forked_workers(446, 446);
+    let k = holder_of(&gone, 576);
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(k.dead_job.is_some(), "{k:#?}");
+    assert_eq!(
+        k.action.summary,
+        "its job is gone and it does no work: terminate it (SIGTERM, then SIGKILL)"
+    );
+    assert_eq!(
+        k.action.command.as_deref(),
+        Some("vramguard reclaim --gpu 0 --include hidden")
+    );
+    assert!(work_line(&k), "{:?}", k.evidence);
+    // The same workers in the process group of the script that still runs (436).
+    let alive = dead_trainer_with_forked_workers(436, 436);
+    let k = holder_of(&alive, 576);
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(k.dead_job.is_none(), "{k:#?}");
+    assert!(
+        k.action
+            .summary
+            .starts_with("it keeps exited pid 446's context"),
+        "{:?}",
+        k.action
+    );
+    assert!(work_line(&k), "{:?}", k.evidence);
+}
+
+/// The persistence daemon holds every GPU's device file and `/dev/nvidia-uvm` without a
+/// context the driver lists: it is no possible keeper of an exited pid's context, so the
+/// exited pid's memory is residue that no process holds.
+#[test]
+fn the_persistence_daemon_is_no_possible_keeper_of_an_exited_pids_context() {
+    let mut daemon = proc_(900, 1, 900, "nvidia-persiste", &[0]);
+    daemon.uid = Some(0);
+    daemon.user = Some("root".into());
+    daemon.cmdline = Some(vec!["/usr/bin/nvidia-persistenced".into()]);
+    daemon.exe = Some(ExeFacts {
+        path: "/usr/bin/nvidia-persistenced".into(),
+        deleted: false,
+        owner_uid: 0,
+        mode: 0o100755,
+    });
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(446, Some(4 * GIB))])],
+        vec![init(), daemon],
+    );
+    let r = classify(&s, &Policy::default());
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert_eq!(exited.class, Class::Exited);
+    assert!(exited.keepers.is_empty(), "{exited:#?}");
+    let ev = exited.evidence.join("\n");
+    assert!(!ev.contains("900"), "{ev}");
+    let daemon = r.gpus[0].holders.iter().find(|h| h.pid == 900).unwrap();
+    assert_eq!(daemon.class, Class::System, "{daemon:#?}");
+}
+
+/// A re-parented worker tied to the only exited pid by re-parenting alone (a weak tie) is its
+/// keeper unless a live process listed on a GPU shares its process group or its session (whose
+/// context it may have inherited instead). A listed process of another group and session, or
+/// a zombie kin, changes nothing.
+#[test]
+fn a_weak_keeper_tie_is_undone_only_by_live_listed_kin_in_its_group_or_session() {
+    let base = dead_trainer_with_forked_workers(436, 436);
+    // 700 is listed on GPU 1; `group` and `session` are its process group and session, and
+    // `state` its state.
+    let with_listed = |group: u32, session: u32, state: char| {
+        let mut s = base.clone();
+        s.gpus.push(gpu(1, 10 * GIB, &[(700, Some(10 * GIB))]));
+        let mut listed = proc_(700, 1, group, "python3", &[1]);
+        listed.sid = Some(session);
+        listed.state = Some(state);
+        s.processes.push(listed);
+        s.normalize();
+        s.work = Some(WorkWindow::all_idle(&s, 2000));
+        let r = classify(&s, &Policy::default());
+        let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+        k.keeps_alive
+    };
+    assert_eq!(
+        with_listed(700, 700, 'S'),
+        Some(446),
+        "another group and session"
+    );
+    assert_eq!(with_listed(436, 700, 'S'), None, "its process group");
+    assert_eq!(with_listed(700, 436, 'S'), None, "its session");
+    assert_eq!(
+        with_listed(436, 436, 'Z'),
+        Some(446),
+        "a zombie of its group"
+    );
+}
+
+/// Keepers are named only when every process's open files were read (a full scan, by a
+/// reader that sees every process): an unread one could hold the exited pid's context as well.
+#[test]
+fn no_keeper_is_named_unless_every_process_s_open_files_were_read() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    s.scan.full_fd_scan = false;
+    let r = classify(&s, &Policy::default());
+    for pid in [576, 577] {
+        let k = r.gpus[0].holders.iter().find(|h| h.pid == pid).unwrap();
+        assert_eq!(k.keeps_alive, None, "{k:#?}");
+    }
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert!(exited.kept_by_unseen, "{exited:#?}");
+}
+
+/// A worker forked by another unlisted holder (577 by 576, 576 re-parented): its tie goes
+/// through that ancestor, whose parent died.
+#[test]
+fn a_keeper_forked_by_another_keeper_is_tied_through_its_ancestor() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    for p in s.processes.iter_mut().filter(|p| p.pid == 577) {
+        p.ppid = Some(576);
+    }
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 577).unwrap();
+    assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(
+        k.evidence[0].contains("(through its ancestor 576 (python3))"),
+        "{:?}",
+        k.evidence
+    );
+}
+
+/// An exited pid that a collection saw leave is shown by the name and command it had.
+#[test]
+fn an_exited_pid_seen_leaving_is_shown_by_its_name_and_command() {
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    s.departed.push(DepartedProcess {
+        pid: 446,
+        comm: Some("python3".into()),
+        cmdline: Some(vec!["python3".into(), "train.py".into()]),
+        gone_at_ms: NOW_MS - 5000,
+    });
+    let h = holder_of(&s, 446);
+    assert_eq!(h.class, Class::Exited);
+    assert_eq!(h.comm.as_deref(), Some("python3"));
+    assert_eq!(h.command.as_deref(), Some("python3 train.py"));
+}
+
+/// A worker that an earlier collection saw forked by the exited pid is tied to it directly
+/// (a strong tie), also when its own ancestor among the holders was not seen so.
+#[test]
+fn a_keeper_seen_forked_by_the_exited_pid_is_tied_to_it_directly() {
+    // The script's group: nothing but the earlier parent ties the workers to 446.
+    let mut s = dead_trainer_with_forked_workers(436, 436);
+    for p in s.processes.iter_mut() {
+        if p.pid == 577 {
+            p.ppid = Some(576);
+            p.earlier_ppid = Some(446);
+        }
+    }
+    s.normalize();
+    let k = holder_of(&s, 577);
+    assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(
+        k.evidence[0].contains("was forked by it (an earlier collection saw the parent)"),
+        "{:?}",
+        k.evidence
+    );
+}

@@ -1403,3 +1403,44 @@ proptest! {
         prop_assert_eq!(expected >= 20 * GIB, all_go);
     }
 }
+
+/// The segments `--include shm` plans for a whole node: those judged reclaimable (no user left
+/// once the plan's targets are gone, old enough), and only they: not the one a live process
+/// maps (`nccl-…`), not root's PostgreSQL segment, not the dead job's own `torch_13630_77_0`
+/// (written 40 s before the snapshot, younger than the 600 s minimum age). None when the plan
+/// is narrowed to one job (the segments are the node's, not the job's), none without
+/// `--include shm`.
+#[test]
+fn include_shm_plans_the_segments_orphaned_once_the_targets_go_and_only_for_the_whole_node() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/incidents/orphaned_shared_memory_and_a_dead_jobs_host_ram.json"
+    );
+    let mut s: Snapshot = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    s.normalize();
+    let shm = ReclaimOptions {
+        include_shm: Some(Policy::default().shm),
+        ..ReclaimOptions::default()
+    };
+    let plan = plan_of(&s, &shm);
+    let names: Vec<&str> = plan.segments.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "torch_13622_2941826409_0",
+            "torch_13622_2941826409_1",
+            "psm_5f1e2a"
+        ]
+    );
+    assert!(
+        plan.segments
+            .iter()
+            .all(|g| g.verdict == vramguard_core::host::SegmentVerdict::Reclaimable)
+    );
+    assert!(plan_of(&s, &ReclaimOptions::default()).segments.is_empty());
+    let one_job = ReclaimOptions {
+        job_label: Some("slurm:42".into()),
+        ..shm.clone()
+    };
+    assert!(plan_of(&s, &one_job).segments.is_empty());
+}

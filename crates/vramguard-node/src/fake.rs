@@ -78,6 +78,8 @@ struct FakeState {
     release_lag: Duration,
     /// Per GPU: when a reset cleared its residue.
     reset_at: BTreeMap<u32, Instant>,
+    /// How long after a reset its residue clears.
+    reset_lag: Duration,
     reset_refusal: Option<String>,
     pinned: Vec<Identity>,
     /// Processes whose exit is watched ([`Node::watch_exits`]).
@@ -126,6 +128,7 @@ impl FakeNode {
                 processes,
                 release_lag: Duration::from_millis(200),
                 reset_at: BTreeMap::new(),
+                reset_lag: Duration::ZERO,
                 reset_refusal: None,
                 pinned: Vec::new(),
                 watched: BTreeSet::new(),
@@ -185,6 +188,13 @@ impl FakeNode {
     /// How long the driver takes to release a holder's memory after it exits.
     pub fn release_lag(&self, lag: Duration) -> &FakeNode {
         self.state().release_lag = lag;
+        self
+    }
+
+    /// How long after a successful reset the GPU's residue clears (at once, until scripted
+    /// otherwise): a driver that gives memory back a few polls after the reset.
+    pub fn reset_lag(&self, lag: Duration) -> &FakeNode {
+        self.state().reset_lag = lag;
         self
     }
 
@@ -367,7 +377,8 @@ impl Node for FakeNode {
                 gpu.index
             )));
         }
-        s.reset_at.insert(gpu.index, now);
+        let cleared_at = now + s.reset_lag;
+        s.reset_at.insert(gpu.index, cleared_at);
         Ok(format!("fake reset of GPU {}", gpu.index))
     }
 

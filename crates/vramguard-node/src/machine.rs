@@ -336,3 +336,286 @@ fn stuck_threads(proc_root: &Path, pid: u32) -> String {
         parts.join(", ")
     )
 }
+
+/// The pass-throughs: each answer of the node is the source's, the reset backend's or
+/// `/proc`'s, not a constant. (The pinning and signalling are tested on real processes in
+/// `crates/vramguard-ops/tests/identity.rs`.)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use vramguard_core::snapshot::{CallError, DriverFacts, DriverSource, ProcessListState};
+    use vramguard_gpu::{DriverSample, SourceError};
+
+    /// GPU 3, using 12 345 bytes; any other GPU fails. Remembers the utilisation windows asked.
+    struct ScriptedSource {
+        windows: Arc<Mutex<Vec<Duration>>>,
+    }
+
+    fn gpu(index: u32) -> GpuSample {
+        GpuSample {
+            index,
+            uuid: Some(format!("GPU-{index}")),
+            name: None,
+            pci_bus_id: None,
+            minor_number: None,
+            memory: None,
+            persistence_mode: None,
+            processes: Vec::new(),
+            process_list: ProcessListState::Complete,
+            utilization: None,
+            failure: None,
+            warnings: Vec::new(),
+            health: Default::default(),
+            mig_devices: Vec::new(),
+            telemetry: None,
+        }
+    }
+
+    impl GpuSource for ScriptedSource {
+        fn sample(&mut self, window: Duration) -> Result<DriverSample, SourceError> {
+            self.windows.lock().unwrap().push(window);
+            Ok(DriverSample {
+                driver: DriverFacts {
+                    source: DriverSource::Simulated,
+                    library: None,
+                    driver_version: None,
+                    nvml_version: None,
+                },
+                gpus: vec![gpu(3)],
+            })
+        }
+        fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError> {
+            match gpu {
+                3 => Ok(12_345),
+                _ => Err(CallError {
+                    call: "nvmlDeviceGetMemoryInfo_v2".into(),
+                    code: Some(15),
+                    message: "GPU is lost".into(),
+                }),
+            }
+        }
+    }
+
+    fn node() -> (MachineNode, Arc<Mutex<Vec<Duration>>>) {
+        let windows = Arc::new(Mutex::new(Vec::new()));
+        let reset = ResetBackend::Function(Arc::new(|index| match index {
+            3 => Ok(format!("GPU {index} reset")),
+            _ => Err(ResetError::Refused(format!("GPU {index} is busy"))),
+        }));
+        let node = MachineNode::new(
+            Box::new(ScriptedSource {
+                windows: windows.clone(),
+            }),
+            ProcCollector::new("/proc", "/dev").unwrap(),
+            Policy::default(),
+            reset,
+            Path::new("/proc"),
+        );
+        (node, windows)
+    }
+
+    #[test]
+    fn gpus_and_memory_are_the_sources_and_the_window_follows_the_policy() {
+        let (mut node, windows) = node();
+        let gpus = node.gpus().unwrap();
+        assert_eq!(gpus.iter().map(|g| g.index).collect::<Vec<_>>(), [3]);
+        assert_eq!(node.memory_used(3).unwrap(), 12_345);
+        match node.memory_used(7) {
+            Err(NodeError::Memory { gpu: 7, cause }) => assert_eq!(cause.message, "GPU is lost"),
+            other => panic!("GPU 7's memory: {other:?}"),
+        }
+        node.set_policy(Policy {
+            idle_after_secs: 42,
+            ..Policy::default()
+        });
+        node.gpus().unwrap();
+        let asked = windows.lock().unwrap().clone();
+        assert_eq!(asked.last(), Some(&Duration::from_secs(42)), "{asked:?}");
+    }
+
+    #[test]
+    fn a_reset_is_the_backends() {
+        let (mut node, _) = node();
+        let target = |index| ResetTarget {
+            index,
+            ..ResetTarget::default()
+        };
+        assert_eq!(node.reset(&target(3)), Ok("GPU 3 reset".into()));
+        assert_eq!(
+            node.reset(&target(4)),
+            Err(ResetError::Refused("GPU 4 is busy".into()))
+        );
+    }
+
+    #[test]
+    fn proc_and_observed_work_are_the_collectors() {
+        let (mut node, _) = node();
+        assert_eq!(
+            node.proc().map(|fs| fs.root().to_path_buf()),
+            Some(PathBuf::from("/proc"))
+        );
+        // Two observations at distinct milliseconds make a sample of this very process.
+        let me = std::process::id();
+        let mut sampler = WorkSampler::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            node.observe_work(&mut sampler, &[me]).unwrap();
+            let seen = sampler.window(0, u64::MAX);
+            if seen.processes.iter().any(|p| p.pid == me) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no work observed for pid {me}");
+        }
+    }
+
+    #[test]
+    fn why_alive_lists_the_threads_or_says_they_are_unreadable() {
+        let (node, _) = node();
+        let me = std::process::id();
+        let why = node.why_alive(me);
+        assert!(
+            why.starts_with("survived SIGKILL: threads ") && why.contains(&format!("{me} ")),
+            "{why}"
+        );
+        assert_eq!(
+            stuck_threads(Path::new("/nonexistent-proc"), me),
+            "its threads are unreadable"
+        );
+    }
+
+    #[test]
+    fn a_segment_is_removed_when_it_is_still_the_file_planned() {
+        use std::os::unix::fs::MetadataExt;
+        let (mut node, _) = node();
+        let dir = std::env::temp_dir().join(format!("vg-machine-segment-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("seg");
+        std::fs::write(&file, b"x").unwrap();
+        let meta = std::fs::metadata(&file).unwrap();
+        let segment = vramguard_core::host::SegmentReport {
+            dir: dir.to_string_lossy().into_owned(),
+            dev: meta.dev(),
+            name: "seg".into(),
+            inode: meta.ino(),
+            bytes: 1,
+            uid: meta.uid(),
+            age_secs: 0,
+            producer: None,
+            users: Vec::new(),
+            verdict: vramguard_core::host::SegmentVerdict::Reclaimable,
+            after_targets: Vec::new(),
+        };
+        let removed = node.remove_segment(&segment);
+        let left = file.exists();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(removed.is_ok(), "{removed:?}");
+        assert!(!left, "the segment is gone");
+    }
+
+    /// A snapshot whose processes live in the pods `uids` (one process each).
+    fn snapshot_in_pods(uids: &[&str]) -> Snapshot {
+        Snapshot {
+            taken_at_ms: 0,
+            host: Default::default(),
+            driver: DriverFacts {
+                source: DriverSource::Simulated,
+                library: None,
+                driver_version: None,
+                nvml_version: None,
+            },
+            gpus: Vec::new(),
+            processes: uids
+                .iter()
+                .zip(100..)
+                .map(|(uid, pid)| vramguard_core::snapshot::ProcessFacts {
+                    pid,
+                    pod_uid: Some(uid.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            departed: Vec::new(),
+            scan: Default::default(),
+            work: None,
+            job_cgroups: Vec::new(),
+            kubelet_pods: None,
+            host_memory: None,
+        }
+    }
+
+    fn pod(name: &str) -> vramguard_kubelet::PodResources {
+        vramguard_kubelet::PodResources {
+            name: name.into(),
+            namespace: "ml".into(),
+            containers: Vec::new(),
+        }
+    }
+
+    /// A socket path of this test's own.
+    fn kubelet_socket(test: &str) -> PathBuf {
+        let socket =
+            std::env::temp_dir().join(format!("vg-machine-{test}-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        socket
+    }
+
+    /// What `attach_pods` added to a snapshot in the pods `uids`.
+    fn attach(node: &mut MachineNode, uids: &[&str]) -> (Option<Vec<String>>, Vec<String>) {
+        let mut snap = snapshot_in_pods(uids);
+        node.attach_pods(&mut snap);
+        let names = snap
+            .kubelet_pods
+            .map(|pods| pods.into_iter().map(|p| p.name).collect());
+        (names, snap.scan.limitations)
+    }
+
+    #[test]
+    fn the_kubelet_is_asked_for_holders_in_pods_once_while_no_new_pod_appears() {
+        let socket = kubelet_socket("pods");
+        let (node, _) = node();
+        let mut node = node.with_kubelet(&socket, Duration::from_secs(10));
+        // No socket: not a Kubernetes node, and no complaint.
+        assert_eq!(attach(&mut node, &["uid-a"]), (None, Vec::new()));
+        let kubelet = vramguard_kubelet::fake::FakeKubelet::start(&socket, vec![pod("a")]);
+        // No process in a pod: nothing to ask.
+        assert_eq!(attach(&mut node, &[]), (None, Vec::new()));
+        assert_eq!(kubelet.calls(), 0, "asked with no process in a pod");
+        let named = (Some(vec!["a".to_string()]), Vec::new());
+        assert_eq!(attach(&mut node, &["uid-a"]), named);
+        assert_eq!(kubelet.calls(), 1);
+        // The same pods within the refresh period: the answer is reused.
+        assert_eq!(attach(&mut node, &["uid-a"]), named);
+        assert_eq!(kubelet.calls(), 1, "asked again for the same pods");
+        // A new pod: asked again.
+        assert_eq!(attach(&mut node, &["uid-a", "uid-b"]), named);
+        assert_eq!(kubelet.calls(), 2, "not asked for a new pod");
+    }
+
+    #[test]
+    fn a_failed_kubelet_is_left_alone_for_the_back_off() {
+        let socket = kubelet_socket("backoff");
+        let (node, _) = node();
+        let mut node = node.with_kubelet(&socket, Duration::from_millis(50));
+        let kubelet = vramguard_kubelet::fake::FakeKubelet::start(&socket, vec![pod("a")]);
+        kubelet.slow_down(Duration::from_millis(500));
+        let (names, limitations) = attach(&mut node, &["uid-a"]);
+        assert_eq!(names, None);
+        assert!(
+            limitations.len() == 1
+                && limitations[0].starts_with("pod names unavailable: ")
+                && !limitations[0].contains("failed recently"),
+            "{limitations:?}"
+        );
+        assert_eq!(kubelet.calls(), 1);
+        let (names, limitations) = attach(&mut node, &["uid-a"]);
+        assert_eq!(names, None);
+        assert_eq!(
+            limitations,
+            [
+                "pod names unavailable: the kubelet's pod-resources API failed recently (pods are \
+              shown by UID)"
+            ]
+        );
+        assert_eq!(kubelet.calls(), 1, "a failed kubelet asked again at once");
+    }
+}

@@ -265,4 +265,89 @@ mod tests {
             "{e}"
         );
     }
+
+    /// Every day from 1970 to 2500 at 12:34:56.789, against a calendar counted a day at a time:
+    /// leap days, the centuries that are not leap years (2100, 2200, 2300) and the one that is
+    /// (2400), and the first and last days of Hinnant's 400-year eras (2000-03-01, 2400-02-29).
+    #[test]
+    fn rfc3339_agrees_with_a_calendar_counted_day_by_day() {
+        let leap =
+            |y: u64| (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
+        let mut day_ms = 0u64;
+        for year in 1970..2500u64 {
+            for month in 1..=12u64 {
+                let days = match month {
+                    2 if leap(year) => 29,
+                    2 => 28,
+                    4 | 6 | 9 | 11 => 30,
+                    _ => 31,
+                };
+                for day in 1..=days {
+                    let ms = day_ms + 45_296_789;
+                    let want = format!("{year:04}-{month:02}-{day:02}T12:34:56.789Z");
+                    assert_eq!(rfc3339(ms), want, "{ms} ms");
+                    day_ms += 86_400_000;
+                }
+            }
+        }
+        assert_eq!(rfc3339(1_709_164_800_000), "2024-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_868_799_999), "2000-02-29T23:59:59.999Z");
+    }
+
+    /// A record's time and the run id are read from the clock: between two readings of it.
+    #[test]
+    fn a_record_is_stamped_with_the_time_it_was_written_and_the_run_id() {
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let before = now();
+        let mut log = AuditLog::open(&path, "node1").unwrap();
+        log.record("start", serde_json::json!({})).unwrap();
+        let after = now();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let line: Value = serde_json::from_str(text.trim_end()).unwrap();
+        let ts_ms = line["ts_ms"].as_u64().unwrap();
+        assert!(
+            (before..=after).contains(&ts_ms),
+            "{before} {ts_ms} {after}"
+        );
+        assert_eq!(line["ts"], rfc3339(ts_ms));
+        assert_eq!(line["run_id"], log.run_id());
+        let (opened_ms, pid) = log.run_id().split_once('-').unwrap();
+        let opened_ms: u64 = opened_ms.parse().unwrap();
+        assert!((before..=after).contains(&opened_ms), "{}", log.run_id());
+        assert_eq!(pid, std::process::id().to_string());
+    }
+
+    /// A torn record longer than the 64 KiB block read backwards: its line start is found two
+    /// blocks back, and its first 64 KiB are kept.
+    #[test]
+    fn a_torn_record_longer_than_a_block_is_cut_at_its_line_and_kept_to_64_kib() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let whole = b"{\"event\":\"start\"}\n";
+        let torn: Vec<u8> = (0..100_000).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&path, [&whole[..], &torn].concat()).unwrap();
+        AuditLog::open(&path, "node1").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["event"], "start");
+        assert_eq!(lines[1]["event"], "repaired");
+        assert_eq!(lines[1]["offset"], whole.len());
+        assert_eq!(lines[1]["torn_bytes"], torn.len());
+        assert_eq!(
+            lines[1]["torn"].as_str().unwrap().as_bytes(),
+            &torn[..64 * 1024]
+        );
+    }
 }

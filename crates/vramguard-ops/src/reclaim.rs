@@ -2197,4 +2197,179 @@ mod tests {
             ran.audit
         );
     }
+    // ---- Each target uses its own pin; a GPU is waited for only where a target went ----
+
+    /// Runs the demo's plan with the start times of `changed` moved on after planning (as if
+    /// their pids had been reused), so that their pins are refused.
+    fn run_with_reused_pids(node: &FakeNode, changed: &[u32]) -> ReclaimOutcome {
+        let mut n = node.clone();
+        let policy = Policy::default();
+        let mut prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        for job in &mut prepared.plan.jobs {
+            for t in &mut job.targets {
+                if changed.contains(&t.pid) {
+                    t.start_ticks += 1;
+                }
+            }
+        }
+        let pins = pin_plan(&mut n, &prepared.plan);
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("a.jsonl"), "t").unwrap();
+        execute(
+            &prepared.plan,
+            &pins,
+            &prepared.report,
+            &mut n,
+            &policy,
+            &mut audit,
+            &opts(ResetMode::Never),
+            &mut (),
+            &StopRequests::new(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn with_one_pin_refused_the_other_targets_are_signalled_through_their_own_pins() {
+        let node = demo();
+        let out = run_with_reused_pids(&node, &[16522]);
+        let result = |pid: u32| out.targets.iter().find(|t| t.pid == pid).unwrap();
+        assert_eq!(result(16522).result, TargetResult::NotSignalled);
+        // Its own pin's refusal, not another target's pin nor the node's re-check.
+        let detail = result(16522).detail.clone().unwrap_or_default();
+        assert!(detail.starts_with("the pid was reused"), "{detail}");
+        for pid in [16521, 16523] {
+            assert_eq!(result(pid).result, TargetResult::Exited, "{pid}");
+            assert_eq!(result(pid).signals, ["TERM"], "{pid}");
+        }
+        assert_eq!(sent(&node), vec![(16521, "TERM", 0), (16523, "TERM", 0)]);
+    }
+
+    #[test]
+    fn a_gpu_whose_targets_were_all_refused_is_not_waited_for() {
+        let node = demo();
+        let out = run_with_reused_pids(&node, &[16521, 16522, 16523]);
+        assert!(sent(&node).is_empty());
+        assert!(
+            out.targets
+                .iter()
+                .all(|t| t.result == TargetResult::NotSignalled),
+            "{:?}",
+            out.targets
+        );
+        assert!(out.releases.is_empty(), "{:?}", out.releases);
+    }
+
+    // ---- After a reset: the memory is polled until it is back within the tolerance ----
+
+    /// Plans and runs a reclaim on `node` with `policy`; also says how long the run took on the
+    /// node's clock (the plan's sampling window left out).
+    fn reclaim_with_policy(
+        node: &FakeNode,
+        policy: &Policy,
+        opts: &ExecuteOptions,
+    ) -> (ReclaimOutcome, Duration) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("a.jsonl"), "t").unwrap();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        let t0 = node.manual_clock().elapsed();
+        let out = prepared.run(&mut n, &mut audit, opts).unwrap();
+        (out, node.manual_clock().elapsed() - t0)
+    }
+
+    #[test]
+    fn a_reset_waits_for_the_memory_to_come_back_a_few_polls_later() {
+        // GPU 1: 6 GiB of residue and no holder; the driver frees it 100 ms after the reset.
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        node.reset_lag(Duration::from_millis(100));
+        let opts = ExecuteOptions::new(
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+            ResetMode::Auto,
+        );
+        let (out, took) = reclaim_with_policy(&node, &Policy::default(), &opts);
+        assert_eq!(node.resets(), vec![1]);
+        let r = out.resets.iter().find(|r| r.gpu == 1).unwrap();
+        assert!(
+            r.result.starts_with("reset done, memory back to baseline"),
+            "{}",
+            r.result
+        );
+        assert_eq!(r.used_after, Some(0));
+        // Polled every 20 ms: seen within a poll of the 100 ms, not at the hour's deadline.
+        assert!(
+            (Duration::from_millis(100)..Duration::from_millis(200)).contains(&took),
+            "the reset took {took:?}"
+        );
+    }
+
+    #[test]
+    fn a_reset_whose_memory_stays_above_baseline_and_tolerance_is_reported_at_the_deadline() {
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        // Freed only long after the 10 s the executor waits.
+        node.reset_lag(Duration::from_secs(20));
+        let mut policy = Policy::default();
+        // 6 GiB used is above 1 GiB of baseline plus the tolerance (0.5 % of 140 GiB).
+        policy.baseline_bytes.insert("1".into(), GIB);
+        let (out, took) = reclaim_with_policy(&node, &policy, &opts(ResetMode::Auto));
+        let r = out.resets.iter().find(|r| r.gpu == 1).unwrap();
+        assert_eq!(
+            r.result,
+            "reset done but memory did not return to baseline: fake reset of GPU 1"
+        );
+        assert_eq!(r.used_after, Some(6 * GIB));
+        assert!(
+            (Duration::from_secs(10)..Duration::from_secs(11)).contains(&took),
+            "the reset waited {took:?}"
+        );
+    }
+
+    #[test]
+    fn the_reset_hint_is_given_only_when_no_reset_was_asked_for() {
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        node.refuse_resets("GPU 1 is in use by the X server");
+        let out = reclaim(&node, &opts(ResetMode::Auto), None)
+            .outcome
+            .unwrap();
+        let gpu1 = out.remaining.iter().find(|r| r.gpu == 1).unwrap();
+        assert!(
+            !gpu1.why.iter().any(|w| w.contains("--reset=auto")),
+            "{:?}",
+            gpu1.why
+        );
+        let never = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        let out = reclaim(&never, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        let gpu1 = out.remaining.iter().find(|r| r.gpu == 1).unwrap();
+        assert!(
+            gpu1.why.iter().any(|w| w
+                == "driver residue stays until a reset: vramguard reclaim --gpu 1 --reset=auto"),
+            "{:?}",
+            gpu1.why
+        );
+    }
+
+    #[test]
+    fn a_target_result_is_printed_with_its_serde_name() {
+        use TargetResult::*;
+        for (result, word) in [
+            (Signalled, "signalled"),
+            (Exited, "exited"),
+            (ExitedAfterKill, "exited_after_kill"),
+            (GoneBefore, "gone_before"),
+            (NotSignalled, "not_signalled"),
+            (SurvivedKill, "survived_kill"),
+        ] {
+            assert_eq!(result.to_string(), word);
+            assert_eq!(serde_json::to_value(result).unwrap(), word);
+        }
+    }
 }

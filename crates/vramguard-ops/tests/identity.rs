@@ -376,3 +376,86 @@ fn a_process_ignoring_sigterm_is_still_alive_at_the_deadline() {
     assert!(exits[0].is_some());
     drop(quitter);
 }
+
+// ---- The node's own guard: a signal goes to the identity pinned, start time and all ----
+//
+// The PID-namespace tests above always ask the node for exactly the identity they pinned, and
+// check only that nothing was sent: so `MachineNode::signal`'s check `v.identity == id` could
+// be `true` (the asked identity is the pinned one), `false` or `!=` (nothing is sent either
+// way: the pinned process is dead) without any of them failing. These ask for identities that
+// differ from the pinned one, and for the pinned one while it lives.
+
+/// Whether `pid` (a child not yet reaped, blocking SIGTERM) has SIGTERM pending.
+fn term_pending(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mask = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (mask("SigPnd:") | mask("ShdPnd:")) & (1 << (15 - 1)) != 0
+}
+
+#[test]
+fn the_node_signals_only_the_identity_it_pinned_with_its_start_time() {
+    let mut node = machine();
+    let mut target = deaf_sleeper();
+    let bystander = deaf_sleeper();
+    let id = identity_of(target.pid());
+    let never_pinned = identity_of(bystander.pid());
+    assert_eq!(node.pin(&[id]), vec![Ok(())]);
+    let wrong_start = Identity {
+        start_ticks: id.start_ticks + 1,
+        ..id
+    };
+    for sig in [Signal::TERM, Signal::KILL] {
+        let sent = node.signal(wrong_start, sig);
+        assert!(
+            matches!(sent, Err(Refusal::Failed(_))),
+            "{sig:?} to the pinned pid with another start time: {sent:?}"
+        );
+        assert_untouched(target.pid(), &format!("another start time, {sig:?}"));
+        let sent = node.signal(never_pinned, sig);
+        assert!(
+            matches!(sent, Err(Refusal::Failed(_))),
+            "{sig:?} to an identity never pinned: {sent:?}"
+        );
+        assert_untouched(bystander.pid(), &format!("never pinned, {sig:?}"));
+    }
+    // The identity pinned, exactly: sent (SIGTERM is blocked, so it waits, pending).
+    assert_eq!(node.signal(id, Signal::TERM), Ok(()));
+    assert!(term_pending(target.pid()), "the pinned process got SIGTERM");
+    assert_eq!(node.signal(id, Signal::KILL), Ok(()));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(target.0.wait().unwrap().signal(), Some(9));
+    assert_untouched(bystander.pid(), "the bystander, after all");
+}
+
+#[test]
+fn the_node_waits_for_the_identities_it_pinned_and_counts_others_as_gone() {
+    let mut node = machine();
+    let mut target = sleeper();
+    let bystander = deaf_sleeper();
+    let id = identity_of(target.pid());
+    let never_pinned = identity_of(bystander.pid());
+    let wrong_start = Identity {
+        start_ticks: id.start_ticks + 1,
+        ..id
+    };
+    assert_eq!(node.pin(&[id]), vec![Ok(())]);
+    let exits = node.wait_exits(
+        &[id, never_pinned, wrong_start],
+        Instant::now() + Duration::from_millis(100),
+    );
+    assert_eq!(exits.len(), 3, "one answer per identity: {exits:?}");
+    assert!(exits[0].is_none(), "the pinned process lives: {exits:?}");
+    assert!(exits[1].is_some(), "never pinned: gone: {exits:?}");
+    assert!(exits[2].is_some(), "another start time: gone: {exits:?}");
+    node.signal(id, Signal::KILL).unwrap();
+    let exits = node.wait_exits(&[id], Instant::now() + Duration::from_secs(10));
+    assert!(exits[0].is_some(), "the killed process exited: {exits:?}");
+    target.0.wait().unwrap();
+    assert_untouched(bystander.pid(), "the bystander");
+}
