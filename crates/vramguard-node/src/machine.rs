@@ -407,10 +407,10 @@ mod tests {
             Box::new(ScriptedSource {
                 windows: windows.clone(),
             }),
-            ProcCollector::new("/proc", "/dev").unwrap(),
+            ProcCollector::new(vramguard_proc::OWN_PROC, "/dev").unwrap(),
             Policy::default(),
             reset,
-            Path::new("/proc"),
+            Path::new(vramguard_proc::OWN_PROC),
         );
         (node, windows)
     }
@@ -453,7 +453,7 @@ mod tests {
         let (mut node, _) = node();
         assert_eq!(
             node.proc().map(|fs| fs.root().to_path_buf()),
-            Some(PathBuf::from("/proc"))
+            Some(PathBuf::from(vramguard_proc::OWN_PROC))
         );
         // Two observations at distinct milliseconds make a sample of this very process.
         let me = std::process::id();
