@@ -1444,3 +1444,38 @@ fn include_shm_plans_the_segments_orphaned_once_the_targets_go_and_only_for_the_
     };
     assert!(plan_of(&s, &one_job).segments.is_empty());
 }
+
+/// `--include detached` makes a working holder of a gone job a target, and the plan says so
+/// in a warning naming it (escaped) and the work it was seen doing.
+#[test]
+fn a_detached_target_is_planned_only_when_asked_and_with_a_warning_naming_its_work() {
+    let mut s = snap(
+        vec![gpu(0, 4 * GIB, &[(201, 4 * GIB)])],
+        vec![init(), p(201, 1, 200, "py\u{1b}[2J", &[0])],
+    );
+    // 1.5 s of CPU in the 2 s window: it works.
+    if let Some(w) = s.work.as_mut() {
+        for p in &mut w.processes {
+            p.cpu_ticks = 150;
+        }
+    }
+    let by_default = plan_of(&s, &ReclaimOptions::default());
+    assert_eq!(by_default.targets().count(), 0, "{by_default:#?}");
+    assert!(by_default.warnings.is_empty(), "{:?}", by_default.warnings);
+    let asked = plan_of(
+        &s,
+        &ReclaimOptions {
+            include: [Class::Detached].into_iter().collect(),
+            ..ReclaimOptions::default()
+        },
+    );
+    let pids: Vec<u32> = asked.targets().map(|t| t.pid).collect();
+    assert_eq!(pids, vec![201], "{asked:#?}");
+    assert_eq!(asked.warnings.len(), 1, "{:?}", asked.warnings);
+    let w = &asked.warnings[0];
+    assert!(
+        w == "pid 201 (py\\e[2J) is detached, not dead: 75 % of a CPU core over 2.0s; it will be \
+              stopped because --include detached was given",
+        "{w}"
+    );
+}
