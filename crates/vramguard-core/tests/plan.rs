@@ -1479,3 +1479,48 @@ fn a_detached_target_is_planned_only_when_asked_and_with_a_warning_naming_its_wo
         "{w}"
     );
 }
+
+/// Classes reclaim never targets are refused by the planner itself, even when a caller (a
+/// library user, a future flag) puts them in `include`: the command line's check is not the
+/// only guard. An exited pid (on the host) and a pid of another namespace (in a container)
+/// are no process to signal; a live job's holder is working.
+#[test]
+fn classes_reclaim_never_targets_are_refused_even_when_a_caller_includes_them() {
+    let everything = ReclaimOptions {
+        include: Class::ALL.into_iter().collect(),
+        ..ReclaimOptions::default()
+    };
+    let on_host = snap(
+        vec![gpu(0, 8 * GIB, &[(500, 4 * GIB), (300, 4 * GIB)])],
+        vec![init(), p(300, 1, 300, "vllm", &[0])],
+    );
+    // In a container where no listed pid is a process here, the driver numbers pids as
+    // another namespace does.
+    let mut in_container = snap(vec![gpu(0, 4 * GIB, &[(500, 4 * GIB)])], vec![init()]);
+    in_container.host.pid_namespace_is_host = Some(false);
+    for (s, pid, class, reason) in [
+        (
+            &on_host,
+            500,
+            Class::Exited,
+            "it has exited: there is no process to signal",
+        ),
+        (
+            &in_container,
+            500,
+            Class::Foreign,
+            "not a process of this PID namespace",
+        ),
+        (&on_host, 300, Class::Active, "its job is alive"),
+    ] {
+        let plan = plan_of(s, &everything);
+        assert!(plan.targets().all(|t| t.pid != pid), "{class}: {plan:#?}");
+        let alone = plan
+            .left_alone
+            .iter()
+            .find(|l| l.pid == pid)
+            .unwrap_or_else(|| panic!("{pid} is not left alone: {plan:#?}"));
+        assert_eq!(alone.class, class);
+        assert!(alone.reason.starts_with(reason), "{}", alone.reason);
+    }
+}
