@@ -187,7 +187,7 @@ impl Agent {
         self.metrics.update(
             &report,
             &SampleFacts {
-                duration_secs: t0.elapsed().as_secs_f64(),
+                duration_secs: self.since(t0).as_secs_f64(),
                 depth: match depth {
                     ScanDepth::Full => "full",
                     ScanDepth::NewProcesses => "new_processes",

@@ -212,13 +212,22 @@ fn main() {
             // Something to decide: an idle holder whose job is gone is watched before it is
             // called an orphan.
             let (pid, pidfd) = orphan(&world);
+            // Killed through its pidfd however this block ends (a panic included).
+            struct KillOnDrop(std::os::fd::OwnedFd);
+            impl Drop for KillOnDrop {
+                fn drop(&mut self) {
+                    let _ =
+                        rustix::process::pidfd_send_signal(&self.0, rustix::process::Signal::KILL);
+                }
+            }
+            let orphan_guard = KillOnDrop(pidfd);
             let decided = time_runs(BIN, &vg(&["status"]), runs, &[0]).expect("vramguard");
             println!(
                 "  with one orphan to decide (pid {pid}): status {:.1} ms",
                 ms(decided)
             );
             figure("status.with_candidate", ms(decided), "ms");
-            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+            drop(orphan_guard);
         }
         if sizes.len() == 1 {
             for name in [
