@@ -467,6 +467,36 @@ fn the_wheel_puts_the_binary_on_path_and_explains_a_cuda_oom() {
         .arg(&wheel));
     assert_is_this_version(&bin.join("vramguard"));
 
+    // Every user may use the installed module: as uid 65534 it imports and asks the binary,
+    // which fails here only for want of a driver (never on a file it may not read).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(venv.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .arg(bin.join("python"))
+        .args([
+            "-c",
+            "import vramguard\ntry:\n    vramguard.status()\nexcept Exception as e:\n    print(type(e).__name__, e)",
+        ])
+        .current_dir("/")
+        .env_remove("VRAMGUARD_SIM")
+        .env_remove("VRAMGUARD_NVML_LIB")
+        .env_remove("VRAMGUARD_CONFIG")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        text(&as_nobody),
+        String::from_utf8_lossy(&as_nobody.stderr)
+    );
+    assert!(as_nobody.status.success(), "{said}");
+    assert!(
+        said.contains("NVIDIA driver")
+            && !said.contains("Permission denied")
+            && !said.contains("cannot be read"),
+        "{said}"
+    );
+
     // A crashed trainer's worker holds 1 GiB on GPU 0; a training script then runs out of
     // memory on that GPU. torch is a stand-in module with the real exception's name.
     let world = World::new(2);
