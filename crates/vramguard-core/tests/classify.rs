@@ -2058,6 +2058,27 @@ fn a_keeper_inside_a_live_vramguard_run_is_never_reclaimed_even_by_name() {
     );
 }
 
+/// The other side of the supervisor rule: a keeper in a plain process-group job (a script
+/// without job control that still runs after its trainer died) is planned by default. Only a
+/// keeper whose job a live supervisor runs is refused; narrowing that rule to the supervised
+/// kind is what lets this one go (the `&&` of `plan.rs`'s supervised-keeper arm).
+#[test]
+fn a_keeper_in_a_live_plain_process_group_is_planned_by_default() {
+    let s = dead_trainer_with_forked_workers(436, 436);
+    let r = classify(&s, &Policy::default());
+    let plan = vramguard_core::plan::plan_reclaim(&s, &r, &Default::default());
+    let targets: Vec<u32> = plan.targets().map(|t| t.pid).collect();
+    assert_eq!(targets, vec![576, 577], "{plan:#?}");
+    assert!(
+        !plan
+            .left_alone
+            .iter()
+            .any(|l| l.reason.contains("live supervisor")),
+        "{:?}",
+        plan.left_alone
+    );
+}
+
 /// A keeper of an exited pid's context whose tree was re-parented to a live container init
 /// (tini): its job is the container's, which a live supervisor runs. It is no inheritor that
 /// may go by default (only a plain process group's keeper is), although its job has a tree top.
