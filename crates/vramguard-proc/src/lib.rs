@@ -20,5 +20,5 @@ pub mod spawn;
 pub mod work;
 
 pub use collector::{Collected, ProcCollector, ScanDepth};
-pub use procfs::{Found, OWN_PROC, ProcError, ProcFs};
+pub use procfs::{Found, NamespaceId, OWN_PROC, ProcDir, ProcError, ProcFs};
 pub use work::WorkSampler;

@@ -73,6 +73,48 @@ fn triage<T>(
 /// signals, supervises or pins mean what they say. Everything else reads a configurable root.
 pub const OWN_PROC: &str = "/proc";
 
+/// A process's directory in a `/proc` tree: a pid, or `self`, the reading process by the
+/// number the tree's PID namespace gives it (which is not `getpid()` when the tree is another
+/// namespace's, or when the reader is not visible in it at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcDir {
+    /// `/proc/PID`.
+    Pid(u32),
+    /// `/proc/self`.
+    Reader,
+}
+
+impl ProcDir {
+    fn rel(self, file: &str) -> String {
+        match self {
+            ProcDir::Pid(pid) => format!("{pid}/{file}"),
+            ProcDir::Reader => format!("self/{file}"),
+        }
+    }
+}
+
+/// A PID namespace, as its nsfs file identifies it (device and inode of `/proc/PID/ns/pid`;
+/// the inode is the number in the link's `pid:[N]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NamespaceId {
+    /// The nsfs device.
+    pub dev: u64,
+    /// The namespace's inode.
+    pub ino: u64,
+}
+
+impl NamespaceId {
+    /// The namespace an open nsfs file (from [`ProcFs::open_pid_namespace`], or an
+    /// `NS_GET_PARENT` on one) names.
+    pub fn of_fd(fd: &OwnedFd) -> Option<NamespaceId> {
+        let st = rustix::fs::fstat(fd).ok()?;
+        Some(NamespaceId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
+    }
+}
+
 /// A `/proc` tree.
 #[derive(Debug)]
 pub struct ProcFs {
@@ -147,6 +189,19 @@ impl ProcFs {
         rustix::fs::openat(&self.root_fd, rel, flags | OFlags::CLOEXEC, Mode::empty())
     }
 
+    /// Opens a directory below the root for listing.
+    fn open_dir(&self, rel: &str) -> Result<Found<rustix::fs::Dir>, ProcError> {
+        let fd = match triage(
+            self.open_rel(rel, OFlags::RDONLY | OFlags::DIRECTORY),
+            || self.path(rel),
+        )? {
+            Found::Yes(fd) => fd,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        triage(rustix::fs::Dir::new(fd), || self.path(rel))
+    }
+
     /// Reads a whole file below the root into `buf` (cleared first), at most
     /// [`MAX_PROC_FILE`] bytes. Opened non-blocking: in a fixture tree a FIFO reads as empty
     /// instead of stalling, and a link to `/dev/zero` stops at the cap.
@@ -187,6 +242,66 @@ impl ProcFs {
     /// `/proc/PID/stat`. An empty file means the process went away while it was read.
     pub fn stat(&self, pid: u32) -> Result<Found<Stat>, ProcError> {
         self.stat_at(&format!("{pid}/stat"))
+    }
+
+    /// `stat` of a process directory (`self` included).
+    pub fn stat_of(&self, dir: ProcDir) -> Result<Found<Stat>, ProcError> {
+        self.stat_at(&dir.rel("stat"))
+    }
+
+    /// The process's pid in each PID namespace from this tree's inward (`NSpid` of its
+    /// `status`, proc(5)); `None` when it cannot be read (gone, denied, or a kernel without
+    /// the line).
+    pub fn namespace_pids(&self, dir: ProcDir) -> Option<Vec<u32>> {
+        let nspid = self.status_of(dir).ok()?.ok()?.nspid;
+        (!nspid.is_empty()).then_some(nspid)
+    }
+
+    /// The PID namespace the process lives in (`ns/pid`, followed); `None` when unreadable.
+    pub fn pid_namespace(&self, dir: ProcDir) -> Option<NamespaceId> {
+        let st = rustix::fs::statat(
+            &self.root_fd,
+            dir.rel("ns/pid").as_str(),
+            rustix::fs::AtFlags::empty(),
+        )
+        .ok()?;
+        Some(NamespaceId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
+    }
+
+    /// Opens the process's `ns/pid`, for `ioctl_ns(2)` questions (`NS_GET_PARENT`); `None`
+    /// when it is gone or unreadable.
+    pub fn open_pid_namespace(&self, dir: ProcDir) -> Option<OwnedFd> {
+        self.open_rel(&dir.rel("ns/pid"), OFlags::RDONLY).ok()
+    }
+
+    /// Whether any of `pid`'s open fds links to `target` (`/proc/PID/fd/*`, one `readlinkat`
+    /// per fd): for a device file that is no character device (the simulator's).
+    pub fn holds_open(&self, pid: u32, target: &Path) -> Result<Found<bool>, ProcError> {
+        let rel = format!("{pid}/fd");
+        let dir = match self.open_dir(&rel)? {
+            Found::Yes(d) => d,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        let want = target.as_os_str().as_encoded_bytes();
+        let mut names = Vec::new();
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_bytes();
+            if !name.is_empty() && name.len() <= 10 && name.iter().all(u8::is_ascii_digit) {
+                names.push(format!("{rel}/{}", String::from_utf8_lossy(name)));
+            }
+        }
+        for name in names {
+            if let Ok(link) = rustix::fs::readlinkat(&self.root_fd, name.as_str(), Vec::new())
+                && link.as_bytes() == want
+            {
+                return Ok(Found::Yes(true));
+            }
+        }
+        Ok(Found::Yes(false))
     }
 
     /// Opens `/proc/PID/stat` to be re-read with [`ProcFs::reread_stat`]. The fd stays tied
@@ -250,7 +365,12 @@ impl ProcFs {
 
     /// `/proc/PID/status`.
     pub fn status(&self, pid: u32) -> Result<Found<Status>, ProcError> {
-        Ok(match self.read(&format!("{pid}/status"))? {
+        self.status_of(ProcDir::Pid(pid))
+    }
+
+    /// `status` of a process directory (`self` included).
+    pub fn status_of(&self, dir: ProcDir) -> Result<Found<Status>, ProcError> {
+        Ok(match self.read(&dir.rel("status"))? {
             Found::Yes(b) => Found::Yes(parse::parse_status(&b)),
             Found::Gone => Found::Gone,
             Found::Denied => Found::Denied,
@@ -278,16 +398,8 @@ impl ProcFs {
     /// Every thread's state and wait channel (`/proc/PID/task/*/{stat,wchan}`).
     pub fn threads(&self, pid: u32) -> Result<Found<Vec<ThreadFacts>>, ProcError> {
         let rel = format!("{pid}/task");
-        let fd = match triage(
-            self.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY),
-            || self.path(&rel),
-        )? {
-            Found::Yes(fd) => fd,
-            Found::Gone => return Ok(Found::Gone),
-            Found::Denied => return Ok(Found::Denied),
-        };
         let mut tids = Vec::new();
-        let dir = match triage(rustix::fs::Dir::new(fd), || self.path(&rel))? {
+        let dir = match self.open_dir(&rel)? {
             Found::Yes(d) => d,
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),
@@ -479,15 +591,7 @@ impl ProcFs {
         rel: &str,
         devices: &DeviceTable,
     ) -> Result<Found<(FdScan, usize)>, ProcError> {
-        let fd = match triage(
-            self.open_rel(rel, OFlags::RDONLY | OFlags::DIRECTORY),
-            || self.path(rel),
-        )? {
-            Found::Yes(fd) => fd,
-            Found::Gone => return Ok(Found::Gone),
-            Found::Denied => return Ok(Found::Denied),
-        };
-        let mut dir = match triage(rustix::fs::Dir::new(fd), || self.path(rel))? {
+        let mut dir = match self.open_dir(rel)? {
             Found::Yes(d) => d,
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),

@@ -385,3 +385,48 @@ fn a_holder_whose_parent_dies_keeps_its_earlier_parent_and_ancestors_are_collect
     assert_ne!(h.ppid, Some(parent.0.id()), "re-parented");
     assert_eq!(h.earlier_ppid, Some(parent.0.id()));
 }
+
+/// The facts the simulator asks of `ProcFs` about a process's PID namespace and open files,
+/// against the live tree: `self` and a pid name the same process, the namespace is the one
+/// `ns/pid` links to, and an open file is found by the path it links to.
+#[test]
+fn namespace_and_open_file_facts_name_the_process_asked_about() {
+    use vramguard_proc::{NamespaceId, ProcDir, ProcFs};
+    let proc = ProcFs::own().unwrap();
+    let me = std::process::id();
+    assert_eq!(proc.self_pid(), Some(me));
+    let nspid = proc.namespace_pids(ProcDir::Reader).unwrap();
+    assert_eq!(nspid, proc.namespace_pids(ProcDir::Pid(me)).unwrap());
+    assert_eq!(nspid.first(), Some(&me), "{nspid:?}");
+    let ns = proc.pid_namespace(ProcDir::Reader).unwrap();
+    let link = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    assert_eq!(
+        link.to_str().unwrap(),
+        format!("pid:[{}]", ns.ino),
+        "the inode is the link's number"
+    );
+    let opened = proc.open_pid_namespace(ProcDir::Pid(me)).unwrap();
+    assert_eq!(NamespaceId::of_fd(&opened), Some(ns));
+    assert_eq!(proc.stat_of(ProcDir::Reader).unwrap().ok().unwrap().pid, me);
+
+    let dev = dev_dir();
+    let h = holder(dev.path(), &["nvidia0"]);
+    let pid = h.0.id();
+    let target = dev.path().join("nvidia0");
+    wait_until("the holder opens its file", || {
+        matches!(
+            proc.holds_open(pid, &target),
+            Ok(vramguard_proc::Found::Yes(true))
+        )
+    });
+    assert!(matches!(
+        proc.holds_open(pid, &dev.path().join("nvidia1")),
+        Ok(vramguard_proc::Found::Yes(false))
+    ));
+    drop(h);
+    assert!(matches!(
+        proc.holds_open(pid, &target),
+        Ok(vramguard_proc::Found::Gone)
+    ));
+    assert_eq!(proc.namespace_pids(ProcDir::Pid(pid)), None, "gone");
+}

@@ -371,27 +371,22 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
     name: *mut c_char,
     length: c_uint,
 ) -> c_uint {
-    use std::io::Read;
     crate::with_sim(|sim| {
         // The pid is the caller's: one its PID namespace does not have names nothing.
         let Some(pid) = sim.proc_root_pid(pid) else {
             return crate::NOT_FOUND;
         };
-        let dir = sim.state().proc_root.join(pid.to_string());
-        let mut cmdline = Vec::new();
-        let argv0 = std::fs::File::open(dir.join("cmdline"))
-            .and_then(|f| f.take(4096).read_to_end(&mut cmdline))
-            .ok()
-            .map(|_| {
-                let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-                String::from_utf8_lossy(first).into_owned()
-            });
-        let shown = match argv0 {
-            None => return crate::NOT_FOUND,
-            Some(a) if !a.is_empty() => a,
-            Some(_) => std::fs::read_to_string(dir.join("comm"))
-                .map(|c| c.trim().to_string())
-                .unwrap_or_default(),
+        let Some(proc) = sim.proc() else {
+            return crate::NOT_FOUND;
+        };
+        let argv0 = match proc.cmdline(pid) {
+            Ok(vramguard_proc::Found::Yes(args)) => args.into_iter().next().unwrap_or_default(),
+            _ => return crate::NOT_FOUND,
+        };
+        let shown = if argv0.is_empty() {
+            proc.text(pid, "comm").unwrap_or_default()
+        } else {
+            argv0
         };
         unsafe { write_c_string(&shown, name, length) }
     })

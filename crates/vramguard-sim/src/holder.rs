@@ -13,6 +13,7 @@ use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use vramguard_proc::{ProcDir, ProcFs};
 
 /// A holder that could not be started or could not register.
 #[derive(Debug, thiserror::Error)]
@@ -278,19 +279,16 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     // The driver sees processes through the state's proc root (the host's /proc); inside a
     // PID namespace, getpid() is not that pid, but `self` in the host's procfs is.
     let own_pid = std::process::id();
-    let pid = std::fs::read_link(state.proc_root.join("self"))
-        .ok()
-        .and_then(|p| p.to_str().and_then(|s| s.parse().ok()))
-        .unwrap_or(own_pid);
-    let start_ticks = std::fs::read(state.proc_root.join("self/stat"))
-        .ok()
-        .and_then(|stat| crate::model::state_and_start(&stat))
-        .and_then(|(_, start)| start)
+    let proc = ProcFs::open(&state.proc_root).ok();
+    let pid = proc.as_ref().and_then(ProcFs::self_pid).unwrap_or(own_pid);
+    let start_ticks = proc
+        .as_ref()
+        .and_then(|p| p.stat_of(ProcDir::Reader).ok()?.ok()?.start_ticks)
         .unwrap_or(0);
     let lock = crate::context::lock_offset(pid, start_ticks);
     let mut files = open_device_files(&spec, &state, lock)?;
     if !spec.holds.is_empty() {
-        register_allocations(&spec, &state.proc_root, pid, own_pid, lock)?;
+        register_allocations(&spec, proc.as_ref(), pid, own_pid, lock)?;
     }
     if let Some(path) = &spec.share_fds_on {
         let dups = files
@@ -313,7 +311,7 @@ pub fn run(spec: HolderSpec) -> Result<()> {
     worker_pids.extend(
         forked
             .into_iter()
-            .map(|inner| pid_in_proc_root(&state.proc_root, pid, inner)),
+            .map(|inner| pid_in_proc_root(proc.as_ref(), pid, inner)),
     );
     let deadline = Instant::now() + Duration::from_millis(spec.lifetime_ms);
     if let Some(ready) = &spec.ready_file {
@@ -428,12 +426,12 @@ fn open_device_files(spec: &HolderSpec, state: &SimState, lock: u64) -> Result<V
 /// Registers the spec's allocations with the model, as `pid`, each with its context's lock.
 fn register_allocations(
     spec: &HolderSpec,
-    proc_root: &Path,
+    proc: Option<&ProcFs>,
     pid: u32,
     own_pid: u32,
     lock: u64,
 ) -> Result<()> {
-    let namespace = own_namespace(proc_root);
+    let namespace = proc.and_then(own_namespace);
     store::update_state(&spec.state, |s| {
         for h in &spec.holds {
             let gpu_default = s
@@ -534,35 +532,23 @@ fn fork_workers(count: u32, lifetime_ms: u64) -> Result<Vec<u32>> {
 }
 
 /// This process's place in the PID namespaces, from `proc_root/self`; `None` when unreadable.
-fn own_namespace(proc_root: &Path) -> Option<crate::state::HolderNamespace> {
-    let own = proc_root.join("self");
-    let nspid = crate::namespace::namespace_pids(&own)?;
-    let link = std::fs::read_link(own.join("ns/pid")).ok()?;
-    let pid_ns = link
-        .to_str()?
-        .strip_prefix("pid:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()?;
+fn own_namespace(proc: &ProcFs) -> Option<crate::state::HolderNamespace> {
+    let nspid = proc.namespace_pids(ProcDir::Reader)?;
+    let pid_ns = proc.pid_namespace(ProcDir::Reader)?.ino;
     Some(crate::state::HolderNamespace { nspid, pid_ns })
 }
 
 /// The pid in `proc_root`'s namespace of this process's child `inner` (its pid in our
 /// namespace), found among our children as `proc_root` lists them; `inner` itself when not
 /// found (in `proc_root`'s namespace the two are the same).
-fn pid_in_proc_root(proc_root: &Path, own: u32, inner: u32) -> u32 {
-    let children = proc_root.join(format!("{own}/task/{own}/children"));
-    std::fs::read_to_string(children)
-        .ok()
-        .and_then(|list| {
-            list.split_whitespace()
-                .filter_map(|c| c.parse::<u32>().ok())
-                .find(|c| {
-                    crate::namespace::namespace_pids(&proc_root.join(c.to_string()))
-                        .is_some_and(|n| n.last() == Some(&inner))
-                })
+fn pid_in_proc_root(proc: Option<&ProcFs>, own: u32, inner: u32) -> u32 {
+    proc.and_then(|proc| {
+        proc.children(own).ok().flatten()?.into_iter().find(|&c| {
+            proc.namespace_pids(ProcDir::Pid(c))
+                .is_some_and(|n| n.last() == Some(&inner))
         })
-        .unwrap_or(inner)
+    })
+    .unwrap_or(inner)
 }
 
 /// Spins for `busy` out of every 100 ms until the deadline.

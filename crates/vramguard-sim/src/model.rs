@@ -2,11 +2,14 @@
 
 use crate::namespace::{CallerNamespace, CallerPids};
 use crate::state::{AfterExit, AllocationKind, Quirk, SimHealth, SimState, StateError};
+use rustix::fd::OwnedFd;
 use rustix::process::{Pid, PidfdFlags};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vramguard_proc::parse::Stat;
+use vramguard_proc::{Found, ProcFs};
 
 /// Why the simulator could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -303,54 +306,42 @@ enum Life {
 ///
 /// `held` is a `stat` file kept open for this pid: re-read with one `pread`, and tied to the
 /// process it was opened for, so a reused pid reads as gone.
-fn life_of(proc_root: &Path, pid: u32, held: &mut Option<std::fs::File>) -> Life {
-    use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 1024];
+fn life_of(proc: Option<&ProcFs>, pid: u32, held: &mut Option<OwnedFd>) -> Life {
+    let Some(proc) = proc else {
+        return Life::Gone;
+    };
     let read = match held {
-        Some(f) => f.read_at(&mut buf, 0).ok().filter(|n| *n > 0),
-        None => match std::fs::File::open(proc_root.join(format!("{pid}/stat"))) {
-            Ok(f) => {
-                let n = f.read_at(&mut buf, 0).ok().filter(|n| *n > 0);
-                *held = Some(f);
-                n
+        Some(fd) => proc.reread_stat(pid, fd),
+        None => match proc.open_stat(pid) {
+            Ok(Found::Yes(fd)) => {
+                let read = proc.reread_stat(pid, &fd);
+                *held = Some(fd);
+                read
             }
-            Err(_) => None,
+            _ => Ok(Found::Gone),
         },
     };
-    let Some((state, start_ticks)) = read.and_then(|n| state_and_start(&buf[..n])) else {
+    let Ok(Found::Yes(Stat {
+        state: Some(state),
+        start_ticks,
+        ..
+    })) = read
+    else {
         *held = None;
         return Life::Gone;
     };
     if matches!(state, 'Z' | 'X') {
-        let others_alive = std::fs::read_dir(proc_root.join(format!("{pid}/task")))
-            .map(|dir| {
-                dir.flatten().any(|e| {
-                    let tid = e.file_name();
-                    if tid.to_str() == Some(&pid.to_string()) {
-                        return false;
-                    }
-                    std::fs::read(e.path().join("stat"))
-                        .ok()
-                        .and_then(|s| state_and_start(&s))
-                        .is_some_and(|(st, _)| !matches!(st, 'Z' | 'X'))
-                })
-            })
-            .unwrap_or(false);
+        let others_alive = match proc.threads(pid) {
+            Ok(Found::Yes(threads)) => threads
+                .iter()
+                .any(|t| t.tid != pid && !matches!(t.state, 'Z' | 'X' | '?')),
+            _ => false,
+        };
         if !others_alive {
             return Life::Gone;
         }
     }
     Life::Alive { start_ticks }
-}
-
-/// The state letter and start time (clock ticks after boot) from a `/proc/PID/stat` text.
-pub(crate) fn state_and_start(stat: &[u8]) -> Option<(char, Option<u64>)> {
-    let text = String::from_utf8_lossy(stat);
-    let close = text.rfind(')')?;
-    let fields: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    let start = fields.get(19).and_then(|f| f.parse().ok());
-    Some((state, start))
 }
 
 /// A fault a call met: the code to return, after stalling this long.
@@ -377,6 +368,9 @@ pub struct Sim {
     held_ttl: Option<Duration>,
     /// How each allocation pid seen alive is followed between observations.
     tracked: HashMap<u32, Tracked>,
+    /// The state's `proc_root`, open (`None` when it cannot be opened: every process there
+    /// reads as gone).
+    proc: Option<ProcFs>,
     /// `proc_root` shows this process's PID namespace, so a pidfd names the same process as
     /// `proc_root/PID`.
     pidfds_usable: bool,
@@ -411,15 +405,12 @@ enum Tracked {
         start_ticks: Option<u64>,
     },
     /// Its `stat` file, re-read with one `pread` (a `proc_root` of another PID namespace).
-    Stat(std::fs::File),
+    Stat(OwnedFd),
 }
 
 /// Whether `proc_root` is this process's PID namespace: its `self` names our pid.
-fn proc_root_is_ours(proc_root: &Path) -> bool {
-    std::fs::read_link(proc_root.join("self"))
-        .ok()
-        .and_then(|p| p.to_str()?.parse::<u32>().ok())
-        == Some(std::process::id())
+fn proc_root_is_ours(proc: Option<&ProcFs>) -> bool {
+    proc.and_then(ProcFs::self_pid) == Some(std::process::id())
 }
 
 impl Sim {
@@ -438,12 +429,12 @@ impl Sim {
             cache_ttl: Duration::from_millis(1),
             held_ttl: None,
             tracked: HashMap::new(),
+            proc: None,
             pidfds_usable: false,
             caller: CallerNamespace::default(),
             caller_pids: CallerPids::default(),
         };
-        sim.pidfds_usable = proc_root_is_ours(&sim.state.proc_root);
-        sim.caller = CallerNamespace::of_self(&sim.state.proc_root);
+        sim.open_proc_root();
         sim.reload_runtime()?;
         Ok(sim)
     }
@@ -452,7 +443,26 @@ impl Sim {
     /// number for a caller in that namespace), `None` when the caller has no such process: a
     /// driver looks up the pids its callers pass in their own namespace.
     pub fn proc_root_pid(&self, pid: u32) -> Option<u32> {
-        self.caller.root_pid_of(&self.state.proc_root, pid)
+        match &self.proc {
+            Some(proc) => self.caller.root_pid_of(proc, pid),
+            None => self.caller.is_root().then_some(pid),
+        }
+    }
+
+    /// The state's `proc_root`, through which every process is looked at.
+    pub fn proc(&self) -> Option<&ProcFs> {
+        self.proc.as_ref()
+    }
+
+    /// (Re)opens the state's `proc_root` and learns where the caller sits in it.
+    fn open_proc_root(&mut self) {
+        self.proc = ProcFs::open(&self.state.proc_root).ok();
+        self.pidfds_usable = proc_root_is_ours(self.proc.as_ref());
+        self.caller = self
+            .proc
+            .as_ref()
+            .map(CallerNamespace::of_self)
+            .unwrap_or_default();
     }
 
     /// The state file.
@@ -501,14 +511,14 @@ impl Sim {
         let now = stamp(&self.path);
         if now != self.state_stamp || now.is_none() {
             let state = SimState::load(&self.path)?;
-            if state.proc_root != self.state.proc_root {
-                self.tracked.clear();
-                self.pidfds_usable = proc_root_is_ours(&state.proc_root);
-                self.caller = CallerNamespace::of_self(&state.proc_root);
-                self.caller_pids = CallerPids::default();
-            }
+            let moved = state.proc_root != self.state.proc_root;
             self.state = state;
             self.state_stamp = now;
+            if moved {
+                self.tracked.clear();
+                self.open_proc_root();
+                self.caller_pids = CallerPids::default();
+            }
         }
         Ok(())
     }
@@ -595,12 +605,13 @@ impl Sim {
                 Some(a.reported_pid.unwrap_or(a.pid))
             } else {
                 match lives.get(&a.pid) {
-                    Some(Life::Alive { start_ticks }) => self.caller_pids.alive(
-                        &self.caller,
-                        &self.state.proc_root,
-                        a.pid,
-                        *start_ticks,
-                    ),
+                    Some(Life::Alive { start_ticks }) => match &self.proc {
+                        Some(proc) => {
+                            self.caller_pids
+                                .alive(&self.caller, proc, a.pid, *start_ticks)
+                        }
+                        None => None,
+                    },
                     _ => self.caller_pids.gone(a.pid).or_else(|| {
                         a.namespace
                             .as_ref()
@@ -649,7 +660,7 @@ impl Sim {
     /// Whether `pid` is alive (not finished exiting), from its pidfd when tracked by one
     /// (checked by [`Sim::poll_pidfds`] already), else from `/proc`; starts tracking it.
     fn life_of(&mut self, pid: u32) -> Life {
-        let proc_root = &self.state.proc_root;
+        let proc = self.proc.as_ref();
         let mut held = match self.tracked.remove(&pid) {
             Some(Tracked::Pidfd { fd, start_ticks }) => {
                 self.tracked.insert(pid, Tracked::Pidfd { fd, start_ticks });
@@ -658,7 +669,7 @@ impl Sim {
             Some(Tracked::Stat(f)) => Some(f),
             None => None,
         };
-        let life = life_of(proc_root, pid, &mut held);
+        let life = life_of(proc, pid, &mut held);
         let Life::Alive { start_ticks } = life else {
             return life;
         };
@@ -670,7 +681,7 @@ impl Sim {
         match pidfd {
             // The held stat file belongs to the process first read: if it still reads alive,
             // the pid was not reused before the pidfd was opened.
-            Some(fd) if matches!(life_of(proc_root, pid, &mut held), Life::Alive { .. }) => {
+            Some(fd) if matches!(life_of(proc, pid, &mut held), Life::Alive { .. }) => {
                 self.tracked.insert(pid, Tracked::Pidfd { fd, start_ticks });
             }
             _ => {
@@ -1018,7 +1029,7 @@ impl Sim {
             .filter(|a| a.gpu == gpu)
             .filter(|a| {
                 matches!(
-                    life_of(&self.state.proc_root, a.pid, &mut None),
+                    life_of(self.proc.as_ref(), a.pid, &mut None),
                     Life::Alive { .. }
                 )
             })
@@ -1030,11 +1041,9 @@ impl Sim {
             })
             .map(|a| a.pid)
             .collect();
-        pids.extend(device_file_holders(
-            &self.state.proc_root,
-            &self.state.dev_dir,
-            gpu,
-        ));
+        if let Some(proc) = &self.proc {
+            pids.extend(device_file_holders(proc, &self.state.dev_dir, gpu));
+        }
         pids.sort_unstable();
         pids.dedup();
         if !pids.is_empty() {
@@ -1106,34 +1115,15 @@ fn read_runtime(path: &Path) -> Result<Runtime, SimError> {
 }
 
 /// Pids holding `dev_dir/nvidia<gpu>` open, from `proc_root/*/fd`.
-pub fn device_file_holders(proc_root: &Path, dev_dir: &Path, gpu: u32) -> Vec<u32> {
+pub fn device_file_holders(proc: &ProcFs, dev_dir: &Path, gpu: u32) -> Vec<u32> {
     let target = dev_dir.join(format!("nvidia{gpu}"));
-    let mut pids = Vec::new();
-    let Ok(dir) = std::fs::read_dir(proc_root) else {
-        return pids;
+    let Ok(pids) = proc.pid_lister().and_then(|mut l| l.list()) else {
+        return Vec::new();
     };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == std::process::id() {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == target))
-        {
-            pids.push(pid);
-        }
-    }
-    pids
+    pids.into_iter()
+        .filter(|&pid| pid != std::process::id())
+        .filter(|&pid| matches!(proc.holds_open(pid, &target), Ok(Found::Yes(true))))
+        .collect()
 }
 
 /// Lists `pid` in `list`, adding `bytes` to its entry of that kind when it has one.

@@ -17,8 +17,7 @@
 use crate::state::HolderNamespace;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use vramguard_proc::{NamespaceId, ProcDir, ProcFs};
 
 /// `NS_GET_PARENT` from `<linux/nsfs.h>`: `_IO(0xb7, 0x2)`.
 const NS_GET_PARENT: libc::c_ulong = 0xb702;
@@ -31,8 +30,8 @@ const MAX_PID_NS_LEVEL: usize = 32;
 pub struct CallerNamespace {
     /// Levels below `proc_root`'s namespace (0: the caller is in it, as on the host).
     depth: usize,
-    /// The caller's namespace (device, inode of its `ns/pid`), when `depth > 0`.
-    ns: Option<(u64, u64)>,
+    /// The caller's namespace, when `depth > 0`.
+    ns: Option<NamespaceId>,
 }
 
 impl CallerNamespace {
@@ -42,18 +41,17 @@ impl CallerNamespace {
     /// visible in, an unreadable file) means the caller is treated as in `proc_root`'s
     /// namespace: every holder is reported by its pid there, as before namespaces were
     /// modelled. That errs towards showing too much, never towards hiding a holder.
-    pub fn of_self(proc_root: &Path) -> CallerNamespace {
-        let own = proc_root.join("self");
-        let depth = match namespace_pids(&own) {
+    pub fn of_self(proc: &ProcFs) -> CallerNamespace {
+        let depth = match proc.namespace_pids(ProcDir::Reader) {
             Some(nspid) if nspid.len() > 1 => nspid.len() - 1,
             _ => return CallerNamespace::default(),
         };
-        match std::fs::metadata(own.join("ns/pid")) {
-            Ok(m) => CallerNamespace {
+        match proc.pid_namespace(ProcDir::Reader) {
+            Some(ns) => CallerNamespace {
                 depth,
-                ns: Some((m.dev(), m.ino())),
+                ns: Some(ns),
             },
-            Err(_) => CallerNamespace::default(),
+            None => CallerNamespace::default(),
         }
     }
 
@@ -64,19 +62,17 @@ impl CallerNamespace {
 
     /// The pid that `pid` (in `proc_root`'s namespace) has in the caller's namespace, `None`
     /// when the caller cannot see it (or it is gone, so that nothing can tell).
-    pub fn pid_of(&self, proc_root: &Path, pid: u32) -> Option<u32> {
+    pub fn pid_of(&self, proc: &ProcFs, pid: u32) -> Option<u32> {
         let Some(caller) = self.ns else {
             return Some(pid);
         };
-        let dir = proc_root.join(pid.to_string());
-        let nspid = namespace_pids(&dir)?;
+        let nspid = proc.namespace_pids(ProcDir::Pid(pid))?;
         let inner = *nspid.get(self.depth)?;
         // The holder's namespace is `levels_below` levels under the caller's depth: climb
         // that many parents and it must be the caller's. A namespace outside the caller's
         // (a sibling at the same depth) answers EPERM on the way, or differs at the end.
         let levels_below = nspid.len() - 1 - self.depth;
-        let file = std::fs::File::open(dir.join("ns/pid")).ok()?;
-        let mut ns: OwnedFd = file.into();
+        let mut ns: OwnedFd = proc.open_pid_namespace(ProcDir::Pid(pid))?;
         for _ in 0..levels_below.min(MAX_PID_NS_LEVEL) {
             // SAFETY: NS_GET_PARENT takes no argument and returns a new descriptor or -1.
             let parent = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_PARENT) };
@@ -86,8 +82,7 @@ impl CallerNamespace {
             // SAFETY: a descriptor the kernel just opened for us and nobody else owns.
             ns = unsafe { OwnedFd::from_raw_fd(parent) };
         }
-        let m = std::fs::File::from(ns).metadata().ok()?;
-        ((m.dev(), m.ino()) == caller).then_some(inner)
+        (NamespaceId::of_fd(&ns)? == caller).then_some(inner)
     }
 
     /// The pid a holder that is gone had in the caller's namespace, from what it recorded
@@ -95,26 +90,24 @@ impl CallerNamespace {
     /// inode is the caller's), since the ancestry of a namespace nested deeper cannot be
     /// checked once it may be gone.
     pub fn recorded_pid(&self, ns: &HolderNamespace) -> Option<u32> {
-        let (_, caller) = self.ns?;
-        (ns.nspid.len() == self.depth + 1 && ns.pid_ns == caller).then(|| ns.nspid[self.depth])
+        let caller = self.ns?;
+        (ns.nspid.len() == self.depth + 1 && ns.pid_ns == caller.ino).then(|| ns.nspid[self.depth])
     }
 
     /// The reverse of [`CallerNamespace::pid_of`]: the pid in `proc_root`'s namespace of the
     /// process the caller knows as `caller_pid`, `None` when the caller has no such process.
     /// Scans `proc_root` (a name query, rare) for the one whose `NSpid` has `caller_pid` at
     /// the caller's depth in the caller's namespace.
-    pub fn root_pid_of(&self, proc_root: &Path, caller_pid: u32) -> Option<u32> {
+    pub fn root_pid_of(&self, proc: &ProcFs, caller_pid: u32) -> Option<u32> {
         if self.is_root() {
             return Some(caller_pid);
         }
-        let dir = std::fs::read_dir(proc_root).ok()?;
-        dir.flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .find(|&pid| {
-                namespace_pids(&proc_root.join(pid.to_string()))
-                    .is_some_and(|n| n.get(self.depth) == Some(&caller_pid))
-                    && self.pid_of(proc_root, pid) == Some(caller_pid)
-            })
+        let pids = proc.pid_lister().ok()?.list().ok()?;
+        pids.into_iter().find(|&pid| {
+            proc.namespace_pids(ProcDir::Pid(pid))
+                .is_some_and(|n| n.get(self.depth) == Some(&caller_pid))
+                && self.pid_of(proc, pid) == Some(caller_pid)
+        })
     }
 }
 
@@ -132,14 +125,14 @@ impl CallerPids {
     pub fn alive(
         &mut self,
         caller: &CallerNamespace,
-        proc_root: &Path,
+        proc: &ProcFs,
         pid: u32,
         start_ticks: Option<u64>,
     ) -> Option<u32> {
         *self
             .seen
             .entry((pid, start_ticks))
-            .or_insert_with(|| caller.pid_of(proc_root, pid))
+            .or_insert_with(|| caller.pid_of(proc, pid))
     }
 
     /// The pid a process that is gone had in the caller's namespace, if it was seen alive.
@@ -156,45 +149,29 @@ impl CallerPids {
     }
 }
 
-/// The `NSpid` line of `dir/status`: the process's pid in each PID namespace, from the
-/// procfs's own inward; `None` when it cannot be read (gone, or a kernel without it).
-pub fn namespace_pids(dir: &Path) -> Option<Vec<u32>> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(dir.join("status"))
-        .ok()?
-        .take(64 * 1024)
-        .read_to_string(&mut text)
-        .ok()?;
-    let line = text.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    let pids: Vec<u32> = line
-        .split_whitespace()
-        .map(|n| n.parse().ok())
-        .collect::<Option<_>>()?;
-    (!pids.is_empty()).then_some(pids)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn fake_proc(status: &str) -> tempfile::TempDir {
+    fn fake_proc(status: &str) -> (tempfile::TempDir, ProcFs) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("self")).unwrap();
         std::fs::write(dir.path().join("self/status"), status).unwrap();
-        dir
+        let proc = ProcFs::open(dir.path()).unwrap();
+        (dir, proc)
     }
 
     #[test]
     fn an_unreadable_self_is_the_host_namespace() {
         let empty = tempfile::tempdir().unwrap();
-        let c = CallerNamespace::of_self(empty.path());
+        let proc = ProcFs::open(empty.path()).unwrap();
+        let c = CallerNamespace::of_self(&proc);
         assert!(c.is_root());
-        assert_eq!(c.pid_of(empty.path(), 4121), Some(4121));
+        assert_eq!(c.pid_of(&proc, 4121), Some(4121));
         // No NSpid line (an old kernel), or garbage in it.
         for status in ["Name:\tx\nPid:\t7\n", "NSpid:\t7\tx\n", "NSpid:\n"] {
-            let p = fake_proc(status);
-            assert!(CallerNamespace::of_self(p.path()).is_root(), "{status:?}");
+            let (_dir, p) = fake_proc(status);
+            assert!(CallerNamespace::of_self(&p).is_root(), "{status:?}");
         }
     }
 
@@ -202,29 +179,30 @@ mod tests {
     fn a_namespace_that_cannot_be_identified_is_the_host_namespace() {
         // NSpid says "one level down", but its ns/pid cannot be read: nothing to compare
         // holders' namespaces with, so no holder is hidden.
-        let p = fake_proc("NSpid:\t4121\t1\n");
-        let c = CallerNamespace::of_self(p.path());
+        let (_dir, p) = fake_proc("NSpid:\t4121\t1\n");
+        let c = CallerNamespace::of_self(&p);
         assert!(c.is_root());
-        assert_eq!(c.pid_of(p.path(), 77), Some(77));
-        assert_eq!(c.root_pid_of(p.path(), 77), Some(77));
+        assert_eq!(c.pid_of(&p, 77), Some(77));
+        assert_eq!(c.root_pid_of(&p, 77), Some(77));
     }
 
     #[test]
     fn the_real_caller_on_the_host_is_in_the_host_namespace() {
         // The test runs on the host (or wherever /proc is its own): its NSpid has one entry.
-        let c = CallerNamespace::of_self(Path::new("/proc"));
-        if namespace_pids(Path::new("/proc/self")).is_some_and(|n| n.len() == 1) {
+        let proc = ProcFs::own().unwrap();
+        let c = CallerNamespace::of_self(&proc);
+        if proc
+            .namespace_pids(ProcDir::Reader)
+            .is_some_and(|n| n.len() == 1)
+        {
             assert!(c.is_root());
         }
     }
 
     #[test]
     fn nspid_is_read_whole_or_not_at_all() {
-        let p = fake_proc("Name:\tpython3\nNSpid:\t4121\t57\t1\nNSsid:\t1\n");
-        assert_eq!(
-            namespace_pids(&p.path().join("self")),
-            Some(vec![4121, 57, 1])
-        );
-        assert_eq!(namespace_pids(&p.path().join("gone")), None);
+        let (_dir, p) = fake_proc("Name:\tpython3\nNSpid:\t4121\t57\t1\nNSsid:\t1\n");
+        assert_eq!(p.namespace_pids(ProcDir::Reader), Some(vec![4121, 57, 1]));
+        assert_eq!(p.namespace_pids(ProcDir::Pid(4122)), None);
     }
 }

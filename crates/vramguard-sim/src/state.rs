@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use vramguard_proc::{ProcDir, ProcFs};
 
 /// The whole simulated machine, as written in the state file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,7 +36,7 @@ fn default_driver_version() -> String {
 }
 
 fn default_proc_root() -> PathBuf {
-    PathBuf::from("/proc")
+    PathBuf::from(vramguard_proc::OWN_PROC)
 }
 
 fn default_true() -> bool {
@@ -531,6 +532,13 @@ impl SimState {
             field,
             problem,
         };
+        // Opened only when a reported pid needs checking against its NSpid.
+        let proc = self
+            .allocations
+            .iter()
+            .any(|a| a.reported_pid.is_some())
+            .then(|| ProcFs::open(&self.proc_root).ok())
+            .flatten();
         for (i, a) in self.allocations.iter().enumerate() {
             let Some(gpu) = self.gpus.get(a.gpu as usize) else {
                 return Err(invalid(
@@ -570,8 +578,9 @@ impl SimState {
                 ));
             }
             if let Some(reported) = a.reported_pid
-                && let Some(nspid) =
-                    crate::namespace::namespace_pids(&self.proc_root.join(a.pid.to_string()))
+                && let Some(nspid) = proc
+                    .as_ref()
+                    .and_then(|p| p.namespace_pids(ProcDir::Pid(a.pid)))
                 && !nspid.contains(&reported)
             {
                 return Err(invalid(
@@ -644,7 +653,7 @@ mod tests {
         assert_eq!(s.allocations[1].after_exit, AfterExit::ReleaseAfterMs(1500));
         assert_eq!(s.allocations[2].after_exit, AfterExit::Leak);
         assert!(s.allocations[1].listed);
-        assert_eq!(s.proc_root, PathBuf::from("/proc"));
+        assert_eq!(s.proc_root, PathBuf::from(vramguard_proc::OWN_PROC));
         assert_eq!(s.nvml_version(), "13.580.159.03");
     }
 

@@ -226,12 +226,9 @@ fn a_leak_stays_until_reset_and_reset_is_refused_while_in_use() {
             .unwrap(),
     );
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !vramguard_sim::model::device_file_holders(
-        Path::new("/proc"),
-        &w.dir.path().join("dev"),
-        1,
-    )
-    .contains(&holder.0.id())
+    let proc = vramguard_proc::ProcFs::own().unwrap();
+    while !vramguard_sim::model::device_file_holders(&proc, &w.dir.path().join("dev"), 1)
+        .contains(&holder.0.id())
     {
         assert!(
             Instant::now() < deadline,
