@@ -65,6 +65,8 @@ fn proc_(pid: u32, ppid: u32, pgid: u32, comm: &str, gpus: &[u32]) -> ProcessFac
         } else {
             FdScan::Scanned(files)
         },
+        // As every kernel since 4.1 writes it: the pid in each namespace, here only the host's.
+        nspid: vec![pid],
         ..Default::default()
     }
 }
@@ -116,6 +118,7 @@ fn init() -> ProcessFacts {
         state: Some('S'),
         comm: Some("systemd".into()),
         device_files: FdScan::Scanned(vec![]),
+        nspid: vec![1],
         ..Default::default()
     }
 }
@@ -460,6 +463,8 @@ fn a_kernel_thread_at_the_reported_pid_means_the_listed_process_exited_and_its_p
         comm: Some("kthreadd".into()),
         flags: Some(PF_KTHREAD),
         device_files: FdScan::Scanned(vec![]),
+        // Its own NSpid line names the reported pid: no nested namespace uses it for all that.
+        nspid: vec![2],
         ..Default::default()
     };
     let s = snapshot(
@@ -2280,5 +2285,205 @@ fn a_keeper_seen_forked_by_the_exited_pid_is_tied_to_it_directly() {
         k.evidence[0].contains("was forked by it (an earlier collection saw the parent)"),
         "{:?}",
         k.evidence
+    );
+}
+
+/// What a listed pid that maps to no holder here is taken for, branch by branch of the
+/// resolution (`classify.rs`, `resolve`): exited (reused by a process holding no device file,
+/// when every process's files were read) or foreign, and the reason each foreign pid gives.
+#[test]
+fn a_listed_pid_reused_by_an_ordinary_process_is_exited_only_when_every_file_was_read() {
+    let mut reused = proc_(4121, 1, 4121, "bash", &[]);
+    reused.cmdline = Some(vec!["bash".into()]);
+    let s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init(), reused],
+    );
+    let h = holder_of(&s, 4121);
+    assert_eq!(h.class, Class::Exited, "{h:#?}");
+    assert!(
+        h.evidence[0].contains("bash (another process)"),
+        "{:?}",
+        h.evidence
+    );
+    // Seen as a user who sees every process but not their open files: the reused pid might
+    // be a holder after all.
+    let mut partial = s.clone();
+    partial.host.euid = 1000;
+    let mut other = proc_(4200, 1, 4200, "python3", &[]);
+    other.uid = Some(2000);
+    other.device_files = FdScan::Denied;
+    partial.processes.push(other);
+    partial.normalize();
+    let h = holder_of(&partial, 4121);
+    assert_eq!(h.class, Class::Foreign, "{h:#?}");
+    assert!(
+        h.evidence[0].contains("pid 4121 here is bash (another process)"),
+        "{:?}",
+        h.evidence
+    );
+}
+
+#[test]
+fn each_foreign_pid_says_why_it_cannot_be_mapped() {
+    let why = |s: &Snapshot, pid: u32| {
+        let h = holder_of(s, pid);
+        assert_eq!(h.class, Class::Foreign, "{h:#?}");
+        h.evidence[0].clone()
+    };
+    let base = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init()],
+    );
+
+    // In a container, the driver lists host pids.
+    let mut container = base.clone();
+    container.host.pid_namespace_is_host = Some(false);
+    let w = why(&container, 4121);
+    assert!(w.contains("vramguard runs in a container"), "{w}");
+
+    // On the host, but /proc hides other users' processes: whether it lives is unknown.
+    let mut hidden = base.clone();
+    hidden.host.euid = 1000;
+    let w = why(&hidden, 4121);
+    assert!(w.contains("(hidepid)"), "{w}");
+
+    // Where the namespace is unknown, both readings are given.
+    let mut unknown = hidden.clone();
+    unknown.host.pid_namespace_is_host = None;
+    let w = why(&unknown, 4121);
+    assert!(
+        w.contains("has exited, or the driver reports a pid from another PID namespace"),
+        "{w}"
+    );
+
+    // Seen exiting: a teardown under way, and one that never ended.
+    for (ago_ms, says) in [
+        (5_000, "tearing the context down"),
+        (600_000, "never torn down"),
+    ] {
+        let mut departed = hidden.clone();
+        departed.departed.push(DepartedProcess {
+            pid: 4121,
+            comm: Some("python3".into()),
+            cmdline: None,
+            gone_at_ms: NOW_MS - ago_ms,
+        });
+        let w = why(&departed, 4121);
+        assert!(w.contains("pid 4121 (python3) exited"), "{w}");
+        assert!(w.contains(says), "{ago_ms} ms: {w}");
+    }
+
+    // Two processes of nested namespaces have the pid there: it cannot be mapped to either.
+    let mut twins = base.clone();
+    for (pid, leader) in [(5123, 5100), (6123, 6100)] {
+        let mut inside = proc_(pid, leader, leader, "python", &[0]);
+        inside.nspid = vec![pid, 4121];
+        twins.processes.push(proc_(leader, 1, leader, "bash", &[]));
+        twins.processes.push(inside);
+    }
+    twins.normalize();
+    let w = why(&twins, 4121);
+    assert!(
+        w.contains("2 processes have pid 4121 inside their namespace"),
+        "{w}"
+    );
+}
+
+/// In a container, a pid seen exiting here is what the driver means only when the driver is
+/// seen listing this namespace's pids: another listed pid that is a holder here. A listed pid
+/// that is no process here, or a process here holding no device file, shows nothing of the
+/// kind (`departed_listed`).
+#[test]
+fn in_a_container_an_exit_seen_here_explains_a_listed_pid_only_when_the_driver_lists_our_pids() {
+    let with_other = |other: Option<ProcessFacts>| {
+        let mut s = snapshot(
+            vec![gpu(
+                0,
+                10 * GIB,
+                &[(4121, Some(8 * GIB)), (7777, Some(2 * GIB))],
+            )],
+            vec![init()],
+        );
+        s.host.pid_namespace_is_host = Some(false);
+        s.departed.push(DepartedProcess {
+            pid: 4121,
+            comm: Some("python3".into()),
+            cmdline: None,
+            gone_at_ms: NOW_MS - 5_000,
+        });
+        s.processes.extend(other);
+        s.normalize();
+        holder_of(&s, 4121).evidence[0].clone()
+    };
+    let container = "vramguard runs in a container and the driver reports host pids";
+    // 7777 is no process here: the driver's pids are the host's.
+    let w = with_other(None);
+    assert!(w.contains(container), "{w}");
+    // 7777 is a process here, but holds no device file: a host pid that collides.
+    let w = with_other(Some(proc_(7777, 1, 7777, "sshd", &[])));
+    assert!(w.contains(container), "{w}");
+    // 7777 is a holder here: the driver lists our pids, and 4121 is the one seen exiting.
+    let w = with_other(Some(proc_(7777, 1, 7777, "python3", &[0])));
+    assert!(w.contains("pid 4121 (python3) exited 5.0s ago"), "{w}");
+}
+
+/// A teardown is "in progress" up to and including [`STALE_TEARDOWN_MS`] after the exit.
+#[test]
+fn a_teardown_is_stale_only_after_the_whole_allowance() {
+    use vramguard_core::classify::STALE_TEARDOWN_MS;
+    let mut s = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init()],
+    );
+    s.host.euid = 1000;
+    for (ago, says) in [
+        (STALE_TEARDOWN_MS, "tearing the context down"),
+        (STALE_TEARDOWN_MS + 1, "never torn down"),
+    ] {
+        let mut at = s.clone();
+        at.departed.push(DepartedProcess {
+            pid: 4121,
+            comm: Some("python3".into()),
+            cmdline: None,
+            gone_at_ms: NOW_MS - ago,
+        });
+        let h = holder_of(&at, 4121);
+        assert!(h.evidence[0].contains(says), "{ago} ms: {:?}", h.evidence);
+    }
+}
+
+/// Whom an exited pid names as its (possible) keepers: its own keepers, never another exited
+/// pid's; and, when none is tied to it, the unlisted holders of a context here that nothing
+/// ties to any exited pid (files received from another process, a child of a live parent).
+#[test]
+fn an_exited_pid_names_only_its_own_or_untied_possible_keepers() {
+    // 446 led the group its workers 576 and 577 are in; 900 is listed too, with no process.
+    let mut s = dead_trainer_with_forked_workers(446, 446);
+    s.gpus[0] = gpu(0, 30 * GIB, &[(446, Some(20 * GIB)), (900, Some(10 * GIB))]);
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    let exited = |pid: u32| r.gpus[0].holders.iter().find(|h| h.pid == pid).unwrap();
+    assert_eq!(exited(446).keepers, vec![576, 577]);
+    assert!(exited(900).keepers.is_empty(), "{:#?}", exited(900));
+
+    // A holder of GPU 0's context that a live parent started: tied to no exited pid, but it
+    // may keep 446's context (the device files came from somewhere).
+    let mut untied = snapshot(
+        vec![gpu(0, 20 * GIB, &[(446, Some(20 * GIB))])],
+        vec![init(), proc_(436, 1, 436, "bash", &[])],
+    );
+    untied.processes.push(proc_(700, 436, 436, "python3", &[0]));
+    untied.normalize();
+    untied.work = Some(WorkWindow::all_idle(&untied, 2000));
+    let h = holder_of(&untied, 446);
+    assert_eq!(h.class, Class::Exited);
+    assert_eq!(h.keepers, vec![700], "{h:#?}");
+    assert!(
+        h.evidence
+            .iter()
+            .any(|e| e.contains("possibly kept alive by 700")),
+        "{:?}",
+        h.evidence
     );
 }
