@@ -317,7 +317,7 @@ impl Agent {
             snap,
             &self.config.policy,
             report,
-            vramguard_core::WatchFor::Reclaim,
+            watch_for(&self.config),
         );
         if pids.is_empty() {
             return false;
@@ -879,6 +879,23 @@ fn return_free_heap_pages() {
     }
 }
 
+/// Whose work the agent observes. As `status`, only where a class rests on it (holders whose
+/// job is gone or unknown), unless an automatic reclaim may take idle holders (`[reclaim]
+/// auto` with `idle` included): an idle holder's class rests on GPU utilization alone, and
+/// reading every idle holder's `/proc` each second was most of the agent's CPU on a busy node.
+fn watch_for(config: &Config) -> vramguard_core::WatchFor {
+    if config.reclaim.auto
+        && config
+            .reclaim
+            .include
+            .contains(&vramguard_core::report::Class::Idle)
+    {
+        vramguard_core::WatchFor::Reclaim
+    } else {
+        vramguard_core::WatchFor::Classes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The agent's loop on a scripted node: samples are taken by hand, time moves on the
@@ -942,6 +959,22 @@ mod tests {
             node.manual_clock().advance(Duration::from_secs(1));
         }
         (agent, dir)
+    }
+
+    /// Idle holders are watched for work only when an automatic reclaim may take them: else
+    /// the agent, like `status`, reads no idle holder's `/proc` each sample.
+    #[test]
+    fn idle_holders_are_watched_only_when_an_automatic_reclaim_may_take_them() {
+        use vramguard_core::WatchFor;
+        use vramguard_core::report::Class;
+        let mut c = Config::default();
+        assert_eq!(watch_for(&c), WatchFor::Classes);
+        c.reclaim.auto = true;
+        assert_eq!(watch_for(&c), WatchFor::Classes, "auto, without idle");
+        c.reclaim.include.push(Class::Idle);
+        assert_eq!(watch_for(&c), WatchFor::Reclaim);
+        c.reclaim.auto = false;
+        assert_eq!(watch_for(&c), WatchFor::Classes, "idle, but no auto");
     }
 
     #[test]
