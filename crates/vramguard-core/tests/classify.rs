@@ -249,6 +249,12 @@ fn zombie_leader_with_running_thread_is_killable() {
             state: 'S',
             wchan: Some("futex_wait_queue".into()),
         },
+        // A thread that has exited too: it holds nothing.
+        ThreadFacts {
+            tid: 402,
+            state: 'Z',
+            wchan: None,
+        },
     ]);
     let s = snapshot(
         vec![gpu(0, 4 * GIB, &[(400, Some(4 * GIB))])],
@@ -265,6 +271,13 @@ fn zombie_leader_with_running_thread_is_killable() {
         "{:?}",
         h.evidence
     );
+    // Only threads other than the zombie main thread, and only live ones, hold the device.
+    let held = h
+        .evidence
+        .iter()
+        .find(|e| e.starts_with("threads still holding the device: "))
+        .unwrap();
+    assert!(!held.contains("400 (") && !held.contains("402 ("), "{held}");
     assert_eq!(r.gpus[0].ghost_bytes, 4 * GIB);
 }
 
@@ -1615,6 +1628,13 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
     let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
     assert!(!k.action.reclaimable);
     assert!(k.action.summary.contains("is working"), "{:?}", k.action);
+    // The exited pid's action quotes the keeper that holds its memory back, not the idle one.
+    let exited = r.gpus[0].holders.iter().find(|h| h.pid == 446).unwrap();
+    assert!(
+        exited.action.summary.ends_with(&k.action.summary),
+        "{:?}",
+        exited.action
+    );
     assert_eq!(r.gpus[0].ghost_bytes, 20 * GIB, "still ghost memory");
 
     // A live process of the same group listed on the GPU: the workers may have inherited its
@@ -1695,6 +1715,12 @@ fn unprivileged_an_exited_pid_is_unexplained_not_a_live_jobs() {
     assert_eq!(exited.class, Class::Exited);
     assert!(exited.keepers.is_empty());
     assert!(exited.kept_by_unseen);
+    assert_eq!(
+        exited.action.command.as_deref(),
+        Some("sudo vramguard diagnose"),
+        "{:?}",
+        exited.action
+    );
     assert!(
         exited
             .evidence
