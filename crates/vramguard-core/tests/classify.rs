@@ -1167,6 +1167,25 @@ fn cgroup_jobs_outrank_the_process_group() {
         classify(&s, &Policy::default()).gpus[0].holders[0].class,
         Class::Active
     );
+    // Listed but unreadable (no step daemon seen, because nothing could be read): the same.
+    let unreadable = {
+        let mut s = snapshot(
+            vec![gpu(0, GIB, &[(701, Some(GIB))])],
+            vec![init(), p.clone()],
+        );
+        s.job_cgroups.push(JobCgroupFacts {
+            root: root.clone(),
+            readable: false,
+            members: 0,
+            namespace_inits: vec![],
+            step_daemons: vec![],
+            nested_pid_namespace: false,
+        });
+        classify(&s, &Policy::default())
+    };
+    let h = &unreadable.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    assert!(h.dead_job.is_none());
 
     // A container with its own PID namespace cannot outlive its init.
     let id = "ab12".repeat(16);
@@ -2452,6 +2471,10 @@ fn in_a_container_an_exit_seen_here_explains_a_listed_pid_only_when_the_driver_l
     // 7777 is a holder here: the driver lists our pids, and 4121 is the one seen exiting.
     let w = with_other(Some(proc_(7777, 1, 7777, "python3", &[0])));
     assert!(w.contains("pid 4121 (python3) exited 5.0s ago"), "{w}");
+    assert!(
+        w.contains("its context outlives it"),
+        "exited, not foreign: {w}"
+    );
 }
 
 /// A teardown is "in progress" up to and including [`STALE_TEARDOWN_MS`] after the exit.
@@ -2511,5 +2534,210 @@ fn an_exited_pid_names_only_its_own_or_untied_possible_keepers() {
             .any(|e| e.contains("possibly kept alive by 700")),
         "{:?}",
         h.evidence
+    );
+}
+
+/// An orphan (its job's leader 200 is gone) under the default policy, with one worker 202 of
+/// its job beside it; both idle over a window of `observed_ms`.
+fn orphan_with_sibling(observed_ms: u64) -> Snapshot {
+    let mut s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(201, Some(4 * GIB))])],
+        vec![
+            init(),
+            proc_(201, 1, 200, "python", &[0]),
+            proc_(202, 201, 200, "python", &[]),
+        ],
+    );
+    s.work = Some(WorkWindow::all_idle(&s, observed_ms));
+    s
+}
+
+fn sample_of(s: &mut Snapshot, pid: u32) -> &mut WorkSample {
+    let w = s.work.as_mut().unwrap();
+    w.processes.iter_mut().find(|w| w.pid == pid).unwrap()
+}
+
+/// Idle needs a window of at least `work_min_window_ms`: shorter, the work is unknown and
+/// nothing is reclaimed (`process_work`'s window rule, at its boundary).
+#[test]
+fn idleness_needs_the_whole_minimum_window() {
+    let min = Policy::default().work_min_window_ms;
+    let h = holder_of(&orphan_with_sibling(min), 201);
+    assert_eq!(h.class, Class::Orphan, "{h:#?}");
+    assert!(h.action.reclaimable);
+    let h = holder_of(&orphan_with_sibling(min - 1), 201);
+    assert!(!h.action.reclaimable, "{h:#?}");
+    assert!(
+        h.evidence.iter().any(|e| e.contains("observed for only")),
+        "{:?}",
+        h.evidence
+    );
+}
+
+/// Threads running in more than half of at least three observations are work; exactly half
+/// is not.
+#[test]
+fn running_threads_are_work_only_in_more_than_half_the_observations() {
+    for (running, works) in [(2, false), (3, true)] {
+        let mut s = orphan_with_sibling(2000);
+        let w = sample_of(&mut s, 201);
+        w.observations = 4;
+        w.running_observations = running;
+        let h = holder_of(&s, 201);
+        assert_eq!(h.action.reclaimable, !works, "{running} of 4: {h:#?}");
+    }
+}
+
+/// A process of the dead job whose work is unknown (not observed) makes the job's work
+/// unknown: an idle holder beside it is not reclaimed (`job_work`).
+#[test]
+fn a_job_member_whose_work_is_unknown_keeps_the_holder_from_being_reclaimed() {
+    let mut s = orphan_with_sibling(2000);
+    s.work.as_mut().unwrap().processes.retain(|w| w.pid != 202);
+    let h = holder_of(&s, 201);
+    assert!(!h.action.reclaimable, "{h:#?}");
+    assert!(
+        h.evidence
+            .iter()
+            .any(|e| e.contains("of its job: it was not observed in the sampling window")),
+        "{:?}",
+        h.evidence
+    );
+}
+
+/// vramguard itself, a descendant of a holder (`vramguard run` asking about its own job, a
+/// shell's `vramguard status`), is not weighed as the job's work.
+#[test]
+fn vramguard_itself_is_not_weighed_as_its_ancestors_work() {
+    let mut s = orphan_with_sibling(2000);
+    let mut me = proc_(999_999, 201, 200, "vramguard", &[]);
+    me.cmdline = Some(vec!["vramguard".into(), "status".into()]);
+    s.processes.push(me);
+    s.normalize();
+    // Not observed (vramguard does not watch itself): its work would be unknown.
+    let h = holder_of(&s, 201);
+    assert!(h.action.reclaimable, "{h:#?}");
+}
+
+/// A job leader's pid now held by a live process of another group is a reused pid; a zombie
+/// leader of the group is a dead one (`group_job_view`).
+#[test]
+fn a_leader_pid_reused_outside_the_group_or_a_zombie_leader_leaves_the_job_gone() {
+    for leader in [proc_(200, 1, 7000, "sshd", &[]), {
+        let mut z = proc_(200, 1, 200, "python", &[]);
+        z.state = Some('Z');
+        z
+    }] {
+        let mut s = orphan_with_sibling(2000);
+        s.processes.push(leader.clone());
+        s.normalize();
+        s.work = Some(WorkWindow::all_idle(&s, 2000));
+        let h = holder_of(&s, 201);
+        assert_eq!(h.class, Class::Orphan, "leader {leader:?}: {h:#?}");
+        assert_eq!(
+            h.dead_job.as_ref().unwrap().leader_is_zombie,
+            leader.state == Some('Z')
+        );
+    }
+}
+
+/// A tree re-parented to a supervisor that is itself a zombie, or to vramguard, is not kept
+/// alive by it (`adopted_by_supervisor`).
+#[test]
+fn a_dead_or_self_supervisor_keeps_no_adopted_tree_alive() {
+    for (pid, comm, state) in [(60, "tini", 'Z'), (999_999, "vramguard", 'S')] {
+        let mut s = orphan_with_sibling(2000);
+        let mut sup = proc_(pid, 1, pid, comm, &[]);
+        sup.state = Some(state);
+        sup.cmdline = Some(if comm == "tini" {
+            vec!["tini".into(), "--".into(), "python3".into()]
+        } else {
+            vec![
+                "vramguard".into(),
+                "run".into(),
+                "--".into(),
+                "python3".into(),
+            ]
+        });
+        s.processes.push(sup);
+        for p in s.processes.iter_mut().filter(|p| p.pid == 201) {
+            p.ppid = Some(pid);
+        }
+        s.normalize();
+        s.work = Some(WorkWindow::all_idle(&s, 2000));
+        let h = holder_of(&s, 201);
+        assert_eq!(h.class, Class::Orphan, "{comm} ({state}): {h:#?}");
+    }
+}
+
+/// A process group led from outside this PID namespace (pgid 0) is labelled by its pid.
+#[test]
+fn a_group_led_from_outside_the_namespace_is_labelled_by_pid() {
+    let s = snapshot(
+        vec![gpu(0, 4 * GIB, &[(201, Some(4 * GIB))])],
+        vec![init(), proc_(201, 1, 0, "python", &[0])],
+    );
+    let h = holder_of(&s, 201);
+    assert_eq!(h.job.as_ref().unwrap().label, "pid:201", "{h:#?}");
+}
+
+/// A departed leader with an empty command line is shown by its name.
+#[test]
+fn a_departed_leader_without_a_command_line_is_shown_by_its_name() {
+    let mut s = orphan_with_sibling(2000);
+    s.departed.push(DepartedProcess {
+        pid: 200,
+        comm: Some("sh".into()),
+        cmdline: Some(vec![]),
+        gone_at_ms: NOW_MS - 5000,
+    });
+    let h = holder_of(&s, 201);
+    assert_eq!(
+        h.dead_job.as_ref().unwrap().leader_command.as_deref(),
+        Some("sh"),
+        "{h:#?}"
+    );
+}
+
+/// A container job whose init lives is alive on that evidence.
+#[test]
+fn a_container_whose_init_lives_is_alive_by_its_init() {
+    let id = "cd34".repeat(16);
+    let mut p = proc_(701, 1, 701, "python", &[0]);
+    p.cgroup = Some(format!("/system.slice/docker-{id}.scope"));
+    p.container = Some(ContainerRef {
+        runtime: "docker".into(),
+        id,
+        name: None,
+    });
+    let mut s = snapshot(vec![gpu(0, GIB, &[(701, Some(GIB))])], vec![init(), p]);
+    let root = s.processes[1].cgroup.clone().unwrap();
+    s.job_cgroups.push(JobCgroupFacts {
+        root,
+        readable: true,
+        members: 2,
+        namespace_inits: vec![650],
+        step_daemons: vec![],
+        nested_pid_namespace: false,
+    });
+    let h = holder_of(&s, 701);
+    let job = h.job.as_ref().unwrap();
+    assert_eq!(job.alive, Some(true), "{h:#?}");
+    assert!(job.evidence.contains("whose init 650 lives"), "{job:?}");
+}
+
+/// A hidden holder of a live job that works is told to ask its owner, like an idle one.
+#[test]
+fn a_working_hidden_holder_of_a_live_job_is_its_owners() {
+    let mut s = snapshot(
+        vec![gpu(0, 10 * GIB, &[])],
+        vec![init(), proc_(700, 50, 700, "python", &[0])],
+    );
+    sample_of(&mut s, 700).cpu_ticks = 200;
+    let h = holder_of(&s, 700);
+    assert_eq!(h.class, Class::Hidden);
+    assert_eq!(
+        h.action.summary, "its job is alive: ask its owner before stopping it",
+        "{h:#?}"
     );
 }
