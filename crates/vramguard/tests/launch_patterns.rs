@@ -420,12 +420,20 @@ fn a_slurm_v1_job_on_a_hybrid_host_is_named_by_its_freezer_cgroup() {
     v2.enter("system.slice/slurmd.service", stepd.pid);
     let procs = cg.leaf(&format!("{job}/step_batch"));
     let unit = v2.leaf("system.slice/slurmd.service");
+    // task/cgroup's memory constraint: the same job directory in the memory hierarchy (mounted
+    // before the freezer), with the tasks but not the step daemon.
+    let mut memory = cg.same_in_v1("memory");
+    let task = memory
+        .as_mut()
+        .map(|m| m.leaf(&format!("{job}/step_batch/task_0")));
     // The leader of the holder's process group (the script) is gone: by its process group
     // alone the holder would be an orphan of a dead job.
     let script = format!(
-        "echo $$ > {}\necho $$ > {}\n{}exit 0\n",
+        "echo $$ > {}\necho $$ > {}\n{}{}exit 0\n",
         procs.display(),
         unit.display(),
+        task.map(|t| format!("echo $$ > {}\n", t.display()))
+            .unwrap_or_default(),
         nohup(0, "train.py")
     );
     let mut l = launch(&world, &script, vec![holder_spec(&world, 7, 0, 0)]);

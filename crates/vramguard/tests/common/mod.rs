@@ -447,6 +447,19 @@ impl TestCgroup {
         })
     }
 
+    /// The same top directory in the v1 hierarchy `controller` (Slurm's v1 plugin makes a
+    /// job's directory in every controller it constrains, under the same path).
+    pub fn same_in_v1(&self, controller: &str) -> Option<TestCgroup> {
+        let mount = cgroup_v1_mount(controller)?;
+        let top = mount.join(self.top_rel.trim_start_matches('/'));
+        std::fs::create_dir(&top).unwrap();
+        Some(TestCgroup {
+            made: vec![top.clone()],
+            top,
+            top_rel: self.top_rel.clone(),
+        })
+    }
+
     pub fn new() -> TestCgroup {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
