@@ -262,7 +262,7 @@ mod tests {
         assert!(names_slurm_job("/slurm/uid_0/job_3"));
         assert!(!names_slurm_job("/slurm_gpu07/uid_0"));
         assert!(!names_slurm_job(
-            "/process_api/7f949ce43bd1007dbdfb115eee0d4ad7"
+            "/sandbox_api/7f949ce43bd1007dbdfb115eee0d4ad7"
         ));
         assert!(!names_slurm_job("/slurm/uid_0/job_/step_0"));
         let no_step = cgroup_job(&facts("/slurm/uid_0/job_7")).unwrap();
