@@ -10,7 +10,8 @@
 # job's contexts down before anything is reclaimed: 6 x 5 s by default); VRAMGUARD_HEAL=0
 # leaves a drained node to the admin instead of `vramguard slurm heal` (which waits until no
 # job runs on the node, VRAMGUARD_HEAL_WAIT, 1h by default, asking every VRAMGUARD_HEAL_POLL,
-# 5s, then resets the GPUs under the --reset=auto rules and resumes the node).
+# 5s, then resets every GPU whose residue is proven under the --reset=auto rules and resumes
+# the node once all its GPUs are clean).
 set -uo pipefail
 # One line per message in the log and in the drain reason, whatever the terminal.
 export COLUMNS=1000
@@ -58,13 +59,15 @@ log "draining $NODE: $reason"
 scontrol update NodeName="$NODE" State=DRAIN Reason="vramguard: $reason" >>"$LOG" 2>&1
 # The loop closed: once the node is idle, reset what only a reset frees and resume it. Only a
 # drain whose reason still starts with "vramguard:" is touched (an admin's drain is theirs);
-# a failed reset keeps the node drained with the reason updated. In a session of its own, so
-# that the epilog returns now.
+# a failed reset keeps the node drained with the reason updated. --detach starts it in a
+# session of its own and returns once it is there: slurmd kills the epilog's process group
+# when the epilog ends (`setsid … &` lost that race under load).
 if [ "${VRAMGUARD_HEAL:-1}" != 0 ]; then
-    setsid "$VRAMGUARD" slurm heal --node "$NODE" --gpu "$GPUS" \
+    # Its output (the pid first) goes to the log, never to slurmd's pipe.
+    "$VRAMGUARD" slurm heal --detach --node "$NODE" \
         --wait "${VRAMGUARD_HEAL_WAIT:-1h}" --poll "${VRAMGUARD_HEAL_POLL:-5s}" \
-        --audit-log "$AUDIT" >>"$LOG" 2>&1 </dev/null &
-    log "scheduled vramguard slurm heal for $NODE (pid $!)"
+        --audit-log "$AUDIT" >>"$LOG" 2>&1 </dev/null
+    log "scheduled vramguard slurm heal for $NODE (exit $?)"
 fi
 # An epilog failure would itself drain the node with a less useful reason: exit 0.
 exit 0

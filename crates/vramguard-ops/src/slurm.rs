@@ -11,7 +11,6 @@ use crate::audit::{AuditError, AuditLog};
 use crate::reclaim::{ExecuteError, ExecuteOptions, ReclaimOutcome, ResetMode};
 use serde::Serialize;
 use serde_json::json;
-use std::collections::BTreeSet;
 use std::time::Duration;
 use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
 use vramguard_core::policy::Policy;
@@ -48,8 +47,6 @@ pub trait Scheduler {
 pub struct HealOptions {
     /// The Slurm node name (this machine's).
     pub node: String,
-    /// The GPUs to reset (the epilog passes the job's); `None`: every GPU of the node.
-    pub gpus: Option<BTreeSet<u32>>,
     /// How long to wait for the node to have no job.
     pub wait: Duration,
     /// How often to ask Slurm meanwhile.
@@ -196,16 +193,15 @@ pub fn heal(
         }
     }
 
-    let gpus: Option<Vec<u32>> = opts.gpus.as_ref().map(|g| g.iter().copied().collect());
+    // Every GPU of the node, not only the drained job's: the node is idle, a later job's
+    // epilog may have drained it again for another GPU (Slurm keeps one reason), and the node
+    // is resumed only when all of them are clean.
     audit.record_at(
         node.clock().wall_ms(),
         "heal_reset",
-        json!({"node": name, "gpus": gpus}),
+        json!({"node": name, "gpus": "all"}),
     )?;
-    let reclaim_opts = ReclaimOptions {
-        gpus: opts.gpus.clone(),
-        ..ReclaimOptions::default()
-    };
+    let reclaim_opts = ReclaimOptions::default();
     let prepared = crate::prepare(node, policy, opts.sample, |snap, report| {
         plan_reclaim(snap, report, &reclaim_opts)
     })?;
@@ -329,7 +325,6 @@ mod tests {
     fn opts() -> HealOptions {
         HealOptions {
             node: "gpu07".into(),
-            gpus: Some(BTreeSet::from([1])),
             wait: Duration::from_secs(60),
             poll: Duration::from_secs(5),
             sample: Duration::from_secs(1),

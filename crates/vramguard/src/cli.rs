@@ -140,7 +140,7 @@ pub enum Command {
     /// Slurm: bring back a node vramguard drained once a GPU reset has freed its memory
     #[command(
         subcommand,
-        after_help = "Examples:\n  vramguard slurm heal --node gpu07 --gpu 1\n  vramguard slurm heal --node $(hostname -s) --wait 2h --json"
+        after_help = "Examples:\n  vramguard slurm heal --node gpu07\n  vramguard slurm heal --node $(hostname -s) --wait 2h --json"
     )]
     Slurm(SlurmCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
@@ -743,12 +743,12 @@ pub struct AgentArgs {
 #[derive(Debug, Subcommand)]
 pub enum SlurmCommand {
     /// For a node vramguard drained (its reason starts with "vramguard:"): wait until no job
-    /// runs on it, reset its GPUs under the --reset=auto rules (proven residue, nothing
-    /// holding the device), check the memory is back, resume it. A node drained by anyone
+    /// runs on it, reset every GPU whose residue is proven and that nothing holds
+    /// (--reset=auto), check all of them are clean, resume it. A node drained by anyone
     /// else, or for another reason, is left alone. Exit 0 resumed or nothing to do, 1 the node
     /// stays drained (reset failed, memory held, still busy), 2 error
     #[command(
-        after_help = "Examples:\n  vramguard slurm heal --node gpu07 --gpu 1\n  vramguard slurm heal --node $(hostname -s) --wait 2h --json"
+        after_help = "Examples:\n  vramguard slurm heal --node gpu07\n  vramguard slurm heal --node $(hostname -s) --wait 2h --json"
     )]
     Heal(HealArgs),
 }
@@ -758,9 +758,6 @@ pub struct HealArgs {
     /// The Slurm node name of this machine [default: the short host name]
     #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
-    /// GPU indices to reset (the drained job's, e.g. 0,1) [default: all]
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<u32>,
     /// How long to wait for the node to have no running or completing job
     #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = duration)]
     pub wait: Duration,
@@ -786,6 +783,11 @@ pub struct HealArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// Start the heal in a session of its own and return at once, printing its pid (what the
+    /// epilog does: the heal is out of the epilog's process group before the epilog ends, so
+    /// slurmd's clean-up of that group cannot reach it)
+    #[arg(long)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Subcommand)]

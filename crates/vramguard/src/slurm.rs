@@ -132,8 +132,42 @@ fn short_hostname() -> Option<String> {
     host.split('.').next().map(str::to_string)
 }
 
+/// `--detach`: the same command line without it, in a new session. `spawn` returns once the
+/// child has exec'd (Rust waits for the exec through a close-on-exec pipe), so the child has
+/// called setsid() by then: when the caller (the epilog) exits and slurmd kills its process
+/// group, the heal is no longer in it. A shell's `setsid cmd &` leaves a window in which the
+/// forked child is still in the group, and slurmd's SIGKILL of the group did hit it there.
+fn detach() -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding this executable to start the heal")?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--detach")
+        .collect();
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null());
+    // SAFETY: setsid() is async-signal-safe and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("starting the heal in the background")?;
+    crate::print(&format!(
+        "vramguard slurm heal started in the background (pid {})\n",
+        child.id()
+    ))?;
+    // Not waited for: it outlives this process, and init reaps it.
+    std::mem::forget(child);
+    Ok(0)
+}
+
 /// Runs `vramguard slurm heal`.
 pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
+    if args.detach {
+        return detach();
+    }
     crate::reclaim::check_own_proc(&settings.proc_root)?;
     let name = match &args.node {
         Some(n) => n.clone(),
@@ -144,9 +178,32 @@ pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
     let mut audit = AuditLog::open(&args.audit_log, &host).with_context(
         || "no action is taken without an audit trail (choose another file with --audit-log)",
     )?;
+    // One heal at a time: two drains in a row (two jobs' epilogs) start two heals, and one
+    // reset of the node is enough. The lock lives next to the audit log, which is the node's.
+    let mut lock_path = args.audit_log.clone().into_os_string();
+    lock_path.push(".heal-lock");
+    let lock_path = std::path::PathBuf::from(lock_path);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening the heal lock {}", lock_path.display()))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            crate::print(&format!(
+                "another vramguard slurm heal holds {}: it does this node's work; nothing done\n",
+                lock_path.display()
+            ))?;
+            return Ok(0);
+        }
+        Err(e) => {
+            return Err(anyhow::anyhow!("locking {}: {e}", lock_path.display()));
+        }
+    }
     let opts = HealOptions {
         node: name.clone(),
-        gpus: (!args.gpu.is_empty()).then(|| args.gpu.iter().copied().collect()),
         wait: args.wait,
         poll: args.poll,
         sample: args.sample,
@@ -190,5 +247,6 @@ pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
         text.push('\n');
         crate::print(&text)?;
     }
+    drop(lock);
     Ok(outcome.exit_code())
 }

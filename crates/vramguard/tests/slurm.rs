@@ -373,7 +373,8 @@ impl Cluster {
             .collect()
     }
 
-    /// The pids of the heals the epilog scheduled (from its log), tracked for cleanup.
+    /// The pids of the heals the epilog started (`… started in the background (pid N)` in its
+    /// log), tracked for cleanup.
     fn track_heals(&mut self) -> Vec<u32> {
         let pids: Vec<u32> = self
             .epilog_log()
@@ -628,9 +629,31 @@ fn residue_drains_the_node_and_the_heal_resets_and_resumes_it_once_idle() {
     let heals = c.track_heals();
     assert_eq!(heals.len(), 1, "{}", c.epilog_log());
     // Still busy: the heal waits, nothing is reset, the node stays drained.
-    c.wait(30, "the heal to wait for the other job", || {
-        c.audit().iter().any(|r| r["event"] == "heal_waiting")
-    });
+    let t_wait = Instant::now();
+    while !c.audit().iter().any(|r| r["event"] == "heal_waiting") {
+        if t_wait.elapsed_since() > Duration::from_secs(45) {
+            let ps = Command::new("ps")
+                .args(["-eo", "pid,ppid,pgid,sid,stat,wchan:24,etime,args"])
+                .output()
+                .unwrap();
+            let ps = String::from_utf8_lossy(&ps.stdout);
+            let related: Vec<&str> = ps
+                .lines()
+                .filter(|l| {
+                    heals.iter().any(|h| l.contains(&h.to_string()))
+                        || l.contains("scontrol")
+                        || l.contains("squeue")
+                        || l.contains("slurm")
+                })
+                .collect();
+            panic!(
+                "the heal never waited for the other job\n{}\n{}",
+                related.join("\n"),
+                c.logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(c.node_state().contains("DRAIN"), "{}", c.node_state());
     let used = |world: &World| -> u64 {
         status(world)["gpus"][0]["memory"]["used"]
@@ -686,9 +709,7 @@ fn an_admins_drain_stays_and_a_failed_reset_keeps_the_node_drained() {
     let heal = |extra: &[&str]| {
         Vg::new(&world, Path_::Nvml)
             .env("SLURM_CONF", &c.conf)
-            .args([
-                "slurm", "heal", "--node", &c.node, "--gpu", "0", "--wait", "5s",
-            ])
+            .args(["slurm", "heal", "--node", &c.node, "--wait", "5s"])
             .args(["--poll", "0.2s", "--sample", "0"])
             .arg_path("--audit-log", &audit)
             .args(extra)
@@ -746,6 +767,29 @@ fn an_admins_drain_stays_and_a_failed_reset_keeps_the_node_drained() {
         .collect();
     assert!(events.contains(&"heal_failed".to_string()), "{events:?}");
     assert!(events.contains(&"heal_skipped".to_string()), "{events:?}");
+
+    // Another heal holds the lock (`flock`, started here, ended by its pid): nothing done.
+    let lock = PathBuf::from(format!("{}.heal-lock", audit.display()));
+    let mut holder = Reaped(
+        Command::new("flock")
+            .arg(&lock)
+            .args(["sleep", "60"])
+            .spawn()
+            .unwrap(),
+    );
+    let held = holder.pid();
+    wait_until(10, "flock to hold the lock", || {
+        children(held).iter().any(|p| alive(*p))
+    });
+    let out = heal(&[]).code(0);
+    assert!(stdout(&out).contains("nothing done"), "{}", stdout(&out));
+    assert!(c.node_state().contains("DRAIN"), "{}", c.node_state());
+    let mut sleeper = Spawned::default();
+    for p in children(held) {
+        sleeper.track(p);
+    }
+    sleeper.kill_all();
+    let _ = holder.0.wait();
 
     // The same drain with a working reset: resumed.
     let out = heal(&[]).code(0);
