@@ -93,6 +93,22 @@ struct Cluster {
     made_cgroup: Option<PathBuf>,
     /// Processes the jobs started (holders, their workers, a scheduled heal): killed by pid.
     pub spawned: Spawned,
+    /// Held while the cluster runs: another test binary (a second checkout's suite on the same
+    /// machine) starts its cluster only after this one is gone. Dropped last.
+    _host_lock: std::fs::File,
+}
+
+/// Slurm names its v1 cgroups after the node (`/slurm_<node>/uid_U/job_N`): two clusters on
+/// one host would share them. One at a time per host, whatever process runs it.
+fn host_lock() -> std::fs::File {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/vramguard-slurm-tests.lock")
+        .unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    f
 }
 
 impl Cluster {
@@ -101,6 +117,7 @@ impl Cluster {
     fn start(world: &World, gpus: u32) -> Cluster {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let host_lock = host_lock();
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_path_buf();
         use std::os::unix::fs::PermissionsExt;
@@ -184,7 +201,7 @@ impl Cluster {
                  SwitchType=switch/none\nJobCompType=jobcomp/none\n\
                  AccountingStorageType=accounting_storage/none\n\
                  SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nKillWait=2\n\
-                 MinJobAge=5\nGresTypes=gpu\nEpilog={epilog}\n\
+                 MinJobAge=5\nGresTypes=gpu\nEpilog={epilog}\nFirstJobId={first_job}\n\
                  NodeName={node} NodeAddr=127.0.0.1 Gres=gpu:{gpus} CPUs={cpus} \
                  RealMemory=1000 State=UNKNOWN\n\
                  PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP \
@@ -192,6 +209,8 @@ impl Cluster {
                 d = d.display(),
                 epilog = epilog.display(),
                 cpus = 2,
+                // Job ids of their own (job_N cgroups, labels): never 1, 2, … of another run.
+                first_job = 1000 + (std::process::id() % 60_000) * 1000 + n * 100,
             ),
         )
         .unwrap();
@@ -215,6 +234,7 @@ impl Cluster {
             daemons: Vec::new(),
             made_cgroup,
             spawned: Spawned::default(),
+            _host_lock: host_lock,
         };
         let log = |name: &str| std::fs::File::create(d.join(name)).unwrap();
         let daemon = |program: &str, args: Vec<String>, out: &str| {
