@@ -31,6 +31,12 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v strace >/dev/null 2>&1 || need+=(strace)
 # The systemd unit in deploy/ is checked with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# A real single-node Slurm cluster (munged, slurmctld, slurmd) runs the epilog and the heal
+# loop (crates/vramguard/tests/slurm.rs).
+for tool in slurmctld slurmd sbatch; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || need+=(slurm-wlm)
+done
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
     mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
     if command -v apt-get >/dev/null 2>&1; then

@@ -7,7 +7,11 @@
 # Environment from slurmd: SLURM_JOB_ID, SLURM_JOB_GPUS (e.g. "0,1"), SLURMD_NODENAME.
 # Knobs: VRAMGUARD (the binary), VRAMGUARD_EPILOG_LOG, VRAMGUARD_AUDIT_LOG,
 # VRAMGUARD_EPILOG_TRIES and VRAMGUARD_EPILOG_SLEEP (how long the driver gets to tear the
-# job's contexts down before anything is reclaimed: 6 x 5 s by default).
+# job's contexts down before anything is reclaimed: 6 x 5 s by default); VRAMGUARD_HEAL=0
+# leaves a drained node to the admin instead of `vramguard slurm heal` (which waits until no
+# job runs on the node, VRAMGUARD_HEAL_WAIT, 1h by default, asking every VRAMGUARD_HEAL_POLL,
+# 5s, then resets every GPU whose residue is proven under the --reset=auto rules and resumes
+# the node once all its GPUs are clean).
 set -uo pipefail
 # One line per message in the log and in the drain reason, whatever the terminal.
 export COLUMNS=1000
@@ -53,5 +57,17 @@ reason=$(NO_COLOR=1 "$VRAMGUARD" diagnose --gpu "$GPUS" 2>&1 | sed -n 's/^verdic
 reason=${reason:-"GPU memory still held after job ${SLURM_JOB_ID:-?}"}
 log "draining $NODE: $reason"
 scontrol update NodeName="$NODE" State=DRAIN Reason="vramguard: $reason" >>"$LOG" 2>&1
+# The loop closed: once the node is idle, reset what only a reset frees and resume it. Only a
+# drain whose reason still starts with "vramguard:" is touched (an admin's drain is theirs);
+# a failed reset keeps the node drained with the reason updated. --detach starts it in a
+# session of its own and returns once it is there: slurmd kills the epilog's process group
+# when the epilog ends (`setsid … &` lost that race under load).
+if [ "${VRAMGUARD_HEAL:-1}" != 0 ]; then
+    # Its output (the pid first) goes to the log, never to slurmd's pipe.
+    "$VRAMGUARD" slurm heal --detach --node "$NODE" \
+        --wait "${VRAMGUARD_HEAL_WAIT:-1h}" --poll "${VRAMGUARD_HEAL_POLL:-5s}" \
+        --audit-log "$AUDIT" >>"$LOG" 2>&1 </dev/null
+    log "scheduled vramguard slurm heal for $NODE (exit $?)"
+fi
 # An epilog failure would itself drain the node with a less useful reason: exit 0.
 exit 0

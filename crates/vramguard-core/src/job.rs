@@ -89,8 +89,18 @@ pub fn cgroup_job(p: &ProcessFacts) -> Option<CgroupJob> {
     unit_job(&segments)
 }
 
+/// Whether a cgroup path names a Slurm job (`job_N`, with or without a step below): what
+/// `/proc/PID/cgroup`'s reader looks for among a hybrid host's v1 hierarchies, where Slurm's
+/// cgroup/v1 plugin puts a job (`freezer:/slurm_<node>/uid_0/job_3/step_batch`) while the
+/// unified line names slurmd's own unit or the root.
+pub fn names_slurm_job(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    slurm_job(&segments).is_some()
+}
+
 /// `job_N` followed (anywhere below) by `step_M`: `/slurm/uid_1000/job_42/step_0/task_0`
-/// (v1), `/system.slice/slurmstepd.scope/job_42/step_0/user/task_0` (v2).
+/// (v1, also `/slurm_<node>/uid_0/job_3/step_batch`, Slurm's name with a node's
+/// `NodeName` in it), `/system.slice/slurmstepd.scope/job_42/step_0/user/task_0` (v2).
 fn slurm_job(segments: &[&str]) -> Option<CgroupJob> {
     let (i, id) = segments.iter().enumerate().find_map(|(i, s)| {
         let n = s.strip_prefix("job_")?;
@@ -239,6 +249,22 @@ mod tests {
         .unwrap();
         assert_eq!(v2.label, "slurm:1234.batch");
         assert_eq!(v2.root, "/system.slice/slurmstepd.scope/job_1234");
+        // Slurm 22.05's cgroup/v1 plugin, a node name in the top directory (#31).
+        let node = cgroup_job(&facts("/slurm_gpu07/uid_0/job_3/step_batch")).unwrap();
+        assert_eq!(
+            (node.kind, node.label.as_str()),
+            (JobKind::Slurm, "slurm:3.batch")
+        );
+        assert_eq!(node.root, "/slurm_gpu07/uid_0/job_3");
+        let ext = cgroup_job(&facts("/slurm_gpu07/uid_1000/job_421/step_extern/task_0")).unwrap();
+        assert_eq!(ext.label, "slurm:421.extern");
+        assert!(names_slurm_job("/slurm_gpu07/uid_0/job_3/step_0"));
+        assert!(names_slurm_job("/slurm/uid_0/job_3"));
+        assert!(!names_slurm_job("/slurm_gpu07/uid_0"));
+        assert!(!names_slurm_job(
+            "/sandbox_api/7f949ce43bd1007dbdfb115eee0d4ad7"
+        ));
+        assert!(!names_slurm_job("/slurm/uid_0/job_/step_0"));
         let no_step = cgroup_job(&facts("/slurm/uid_0/job_7")).unwrap();
         assert_eq!(no_step.label, "slurm:7");
         assert!(

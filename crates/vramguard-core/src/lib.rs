@@ -20,6 +20,7 @@ pub mod quirks;
 pub mod release;
 pub mod report;
 pub mod sanitize;
+pub mod slurm;
 pub mod snapshot;
 pub mod trend;
 pub mod units;

@@ -3,13 +3,15 @@
 //! Everything that sends a signal or writes a record lives here, apart from the pure core:
 //! [`audit`] appends fsynced JSON lines; [`reclaim`] runs a plan on a
 //! [`vramguard_node::Node`] (which signals only a process whose pid *and* start time match the
-//! plan, through a pidfd); [`supervise`] is the `run` supervisor.
+//! plan, through a pidfd); [`supervise`] is the `run` supervisor; [`slurm`] brings back a node vramguard drained,
+//! once a reset has freed its GPUs.
 #![deny(missing_docs)]
 
 pub mod audit;
 pub mod cgroup;
 pub mod gpus;
 pub mod reclaim;
+pub mod slurm;
 /// Process spawning lives with the process facts ([`vramguard_proc::spawn`]).
 pub use vramguard_proc::spawn;
 pub mod supervise;

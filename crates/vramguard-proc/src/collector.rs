@@ -234,7 +234,7 @@ impl ProcCollector {
         roots.into_iter().map(|r| self.read_job_cgroup(r)).collect()
     }
 
-    /// Reads the members of one job cgroup's subtree, in the first hierarchy that has it.
+    /// Reads the members of one job cgroup's subtree, in every hierarchy that has it.
     fn read_job_cgroup(&self, root: String) -> JobCgroupFacts {
         let mut facts = JobCgroupFacts {
             root,
@@ -248,16 +248,20 @@ impl ProcCollector {
         if rel.split('/').any(|s| s == ".." || s == ".") {
             return facts;
         }
-        let Some(dir) = self
+        // Every hierarchy that has it: with Slurm's cgroup/v1 plugin the job's directory is in
+        // the freezer (where slurmstepd sits, proctrack/cgroup) and, with task/cgroup's
+        // constraints, in memory, devices and cpuset too (tasks only). Reading one of those
+        // alone would miss the step daemon and take a live job for a dead one.
+        let mut dirs: Vec<PathBuf> = self
             .cgroup_mounts
             .iter()
             .map(|m| m.join(rel))
-            .find(|d| d.is_dir())
-        else {
+            .filter(|d| d.is_dir())
+            .collect();
+        if dirs.is_empty() {
             return facts;
-        };
+        }
         let mut pids = Vec::new();
-        let mut dirs = vec![dir];
         let mut visited = 0;
         while let Some(d) = dirs.pop() {
             visited += 1;

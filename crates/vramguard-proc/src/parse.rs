@@ -225,23 +225,40 @@ pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// The most useful cgroup path from `/proc/PID/cgroup`: the v2 path (`0::/...`) when it is not
-/// the root, else the longest v1 path (hybrid hosts keep container paths in v1 hierarchies).
+/// The most useful cgroup path from `/proc/PID/cgroup`: a path that names a Slurm job, in
+/// any hierarchy (the freezer's first: Slurm's v1 `proctrack/cgroup` tracks a job there);
+/// else the v2 path (`0::/...`) when it is not the root; else the longest v1 path (hybrid
+/// hosts keep container paths in v1 hierarchies).
+///
+/// Slurm first because on a hybrid host its cgroup/v1 plugin moves a job's processes into
+/// `/slurm_<node>/uid_N/job_N/step_X` of the v1 controllers only: the unified line still names
+/// slurmd's unit (or the root), and another v1 controller may keep a longer path of whatever
+/// started slurmd; either would hide the job (`pgid:4924` instead of `slurm:3`, #31).
 pub fn parse_cgroup(bytes: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(bytes);
     let mut v2 = None;
     let mut best_v1: Option<&str> = None;
+    let mut slurm: Option<(bool, &str)> = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(_controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
         else {
             continue;
         };
+        if vramguard_core::job::names_slurm_job(path) {
+            let freezer = controllers.split(',').any(|c| c == "freezer");
+            if slurm.is_none_or(|(f, _)| freezer && !f) {
+                slurm = Some((freezer, path));
+            }
+        }
         if id == "0" {
             v2 = Some(path);
         } else if best_v1.is_none_or(|b| path.len() > b.len()) {
             best_v1 = Some(path);
         }
+    }
+    if let Some((_, p)) = slurm {
+        return Some(p.to_string());
     }
     match (v2, best_v1) {
         (Some(p), _) if p != "/" => Some(p.to_string()),
@@ -481,6 +498,23 @@ mod tests {
         let hybrid = b"12:memory:/docker/0123456789ab0123456789ab0123456789ab0123456789ab0123456789ab0123\n1:name=systemd:/\n0::/\n";
         assert!(parse_cgroup(hybrid).unwrap().starts_with("/docker/"));
         assert_eq!(parse_cgroup(b"0::/\n").as_deref(), Some("/"));
+        // Slurm's cgroup/v1 plugin on a hybrid host (#31): the job is in the v1 controllers,
+        // a longer path of the sandbox that started slurmd in another, the unified line names
+        // slurmd's unit. The freezer (proctrack/cgroup) wins over another controller's path.
+        let slurm_v1 = b"9:name=systemd:/system.slice/slurmd.service\n\
+            6:freezer:/slurm_gpu07/uid_0/job_3/step_batch\n\
+            5:devices:/slurm_gpu07/uid_0/job_3/step_batch/task_0\n\
+            4:memory:/process_api/7f949ce43bd1007dbdfb115eee0d4ad7\n\
+            0::/system.slice/slurmd.service\n";
+        assert_eq!(
+            parse_cgroup(slurm_v1).as_deref(),
+            Some("/slurm_gpu07/uid_0/job_3/step_batch")
+        );
+        let devices_only = b"5:devices:/slurm/uid_0/job_9/step_0/task_0\n4:memory:/process_api/7f949ce43bd1007dbdfb115eee0d4ad7000000\n0::/\n";
+        assert_eq!(
+            parse_cgroup(devices_only).as_deref(),
+            Some("/slurm/uid_0/job_9/step_0/task_0")
+        );
         assert_eq!(parse_cgroup(b"garbage"), None);
     }
 

@@ -137,6 +137,12 @@ pub enum Command {
         after_help = "Examples:\n  vramguard probe release --gpu 0 --size 8GiB --signals TERM,INT,KILL --repeat 5 --report out/\n  vramguard probe concurrent --gpu 0 --workers 8 --size 2GiB --kill random\n  vramguard probe soak --gpu 0 --duration 30m --cycle 5s"
     )]
     Probe(ProbeCommand),
+    /// Slurm: bring back a node vramguard drained once a GPU reset has freed its memory
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  vramguard slurm heal --node gpu07\n  vramguard slurm heal --node $(hostname -s) --wait 2h --json"
+    )]
+    Slurm(SlurmCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
     /// `vramguard completions bash > /etc/bash_completion.d/vramguard`
     #[command(
@@ -732,6 +738,56 @@ pub struct AgentArgs {
     /// Log debug messages too
     #[arg(long, short = 'v')]
     pub verbose: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SlurmCommand {
+    /// For a node vramguard drained (its reason starts with "vramguard:"): wait until no job
+    /// runs on it, reset every GPU whose residue is proven and that nothing holds
+    /// (--reset=auto), check all of them are clean, resume it. A node drained by anyone
+    /// else, or for another reason, is left alone. Exit 0 resumed or nothing to do, 1 the node
+    /// stays drained (reset failed, memory held, still busy), 2 error
+    #[command(
+        after_help = "Examples:\n  vramguard slurm heal --node gpu07\n  vramguard slurm heal --node $(hostname -s) --wait 2h --json"
+    )]
+    Heal(HealArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct HealArgs {
+    /// The Slurm node name of this machine [default: the short host name]
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// How long to wait for the node to have no running or completing job
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = duration)]
+    pub wait: Duration,
+    /// How often to ask Slurm while waiting
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = duration)]
+    pub poll: Duration,
+    /// Time between SIGTERM and SIGKILL for leftovers the plan targets
+    #[arg(long, default_value = defaults::GRACE, value_name = "DURATION", value_parser = duration)]
+    pub grace: Duration,
+    /// Time to wait for the driver to release the memory
+    #[arg(long, default_value = defaults::RELEASE_TIMEOUT, value_name = "DURATION", value_parser = duration)]
+    pub release_timeout: Duration,
+    /// Reset command, run without a shell; {index}, {uuid} and {pci_bus_id} are replaced
+    /// [default: nvidia-smi --gpu-reset -i {index}; the simulator's reset with --sim]
+    #[arg(long, value_name = "COMMAND")]
+    pub reset_command: Option<String>,
+    /// Audit log (JSON lines, fsynced per record)
+    #[arg(long, default_value = defaults::AUDIT_LOG, value_name = "FILE")]
+    pub audit_log: std::path::PathBuf,
+    /// Watch CPU use and running threads this long before deciding
+    #[arg(long, default_value = defaults::RECLAIM_SAMPLE, value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: std::time::Duration,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Start the heal in a session of its own and return at once, printing its pid (what the
+    /// epilog does: the heal is out of the epilog's process group before the epilog ends, so
+    /// slurmd's clean-up of that group cannot reach it)
+    #[arg(long)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Subcommand)]

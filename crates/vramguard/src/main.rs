@@ -15,6 +15,7 @@ mod render;
 mod run;
 mod settings;
 mod simcmd;
+mod slurm;
 mod top;
 mod watch;
 
@@ -196,6 +197,7 @@ fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i3
         Command::Pick(args) => run::pick_command(&settings, &args),
         Command::Agent(args) => agent::run(settings, &args),
         Command::Probe(cmd) => probe::run(&settings, &cmd),
+        Command::Slurm(cli::SlurmCommand::Heal(args)) => slurm::heal(&settings, &args),
         Command::CudaHold { .. }
         | Command::Watchdog { .. }
         | Command::Demo(_)

@@ -210,6 +210,7 @@ fn the_use_cases_tell_time_by_the_nodes_clock() {
         "vramguard-ops/src/reclaim.rs",
         "vramguard-ops/src/audit.rs",
         "vramguard-ops/src/gpus.rs",
+        "vramguard-ops/src/slurm.rs",
         "vramguard-agent/src/agent.rs",
     ] {
         let path = crates_dir().join(f);

@@ -59,6 +59,9 @@ fn epilog(world: &World, gpus: &str) -> Epilog {
         .env("VRAMGUARD_AUDIT_LOG", dir.join("audit.jsonl"))
         .env("VRAMGUARD_EPILOG_TRIES", "2")
         .env("VRAMGUARD_EPILOG_SLEEP", "0.2")
+        // The stand-in scontrol cannot answer `vramguard slurm heal` (tests/slurm.rs runs it
+        // against a real cluster).
+        .env("VRAMGUARD_HEAL", "0")
         .env("SLURM_JOB_ID", "4242")
         .env("SLURM_JOB_GPUS", gpus)
         .env("SLURMD_NODENAME", "gpu07")

@@ -86,7 +86,7 @@ fn man_pages_are_written_for_the_program_and_each_command_readable_by_every_user
     assert_eq!(
         stdout(&out),
         format!(
-            "wrote 16 man pages to {} (man vramguard)\n",
+            "wrote 17 man pages to {} (man vramguard)\n",
             dir.path().display()
         )
     );
@@ -233,7 +233,7 @@ fn man_without_dir_writes_to_usr_local_share_man_and_says_so() {
     assert!(out.status.success(), "{text}{}", stderr(&out));
     assert_eq!(
         text,
-        "wrote 16 man pages to /usr/local/share/man/man1 (man vramguard)\n\
+        "wrote 17 man pages to /usr/local/share/man/man1 (man vramguard)\n\
          644 /usr/local/share/man/man1/vramguard.1\n"
     );
     assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);

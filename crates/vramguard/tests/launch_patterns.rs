@@ -397,6 +397,70 @@ fn a_slurm_step_lives_while_its_step_daemon_does() {
     assert_eq!(targets, BTreeSet::from([l.pid(0)]));
 }
 
+/// Slurm's cgroup/v1 plugin on a hybrid host (#31): a job's processes in
+/// `freezer:/slurm_<node>/uid_0/job_N/step_batch`, its step daemon in the job's directory, and
+/// the sandbox that started everything keeping a longer path in another v1 hierarchy. The
+/// holders are `slurm:N.batch` (not `pgid:…`), alive while slurmstepd lives, orphans after.
+#[test]
+fn a_slurm_v1_job_on_a_hybrid_host_is_named_by_its_freezer_cgroup() {
+    let Some(mut cg) = TestCgroup::new_v1("freezer") else {
+        eprintln!("SKIPPED: no cgroup v1 freezer hierarchy here (a pure cgroup v2 host)");
+        return;
+    };
+    let world = World::new(1);
+    let job = "slurm_gpu07/uid_0/job_4243";
+    let mut stepd_spec = spec(&world, json!([]));
+    stepd_spec["comm"] = json!("slurmstepd");
+    stepd_spec["new_session"] = json!(true);
+    let stepd = start(&world, &["slurmstepd"], stepd_spec);
+    cg.enter(job, stepd.pid);
+    // The unified hierarchy names slurmd's unit, as on a systemd host: the v1 plugin never
+    // moves anything there.
+    let mut v2 = TestCgroup::new();
+    v2.enter("system.slice/slurmd.service", stepd.pid);
+    let procs = cg.leaf(&format!("{job}/step_batch"));
+    let unit = v2.leaf("system.slice/slurmd.service");
+    // task/cgroup's memory constraint: the same job directory in the memory hierarchy (mounted
+    // before the freezer), with the tasks but not the step daemon.
+    let mut memory = cg.same_in_v1("memory");
+    let task = memory
+        .as_mut()
+        .map(|m| m.leaf(&format!("{job}/step_batch/task_0")));
+    // The leader of the holder's process group (the script) is gone: by its process group
+    // alone the holder would be an orphan of a dead job.
+    let script = format!(
+        "echo $$ > {}\necho $$ > {}\n{}{}exit 0\n",
+        procs.display(),
+        unit.display(),
+        task.map(|t| format!("echo $$ > {}\n", t.display()))
+            .unwrap_or_default(),
+        nohup(0, "train.py")
+    );
+    let mut l = launch(&world, &script, vec![holder_spec(&world, 7, 0, 0)]);
+    l.script_exits();
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["job"]["label"], "slurm:4243.batch", "{h:#}");
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert!(h["evidence"].to_string().contains("slurmstepd"), "{h:#}");
+    assert!(
+        targets.is_empty(),
+        "a live Slurm job's process is no target"
+    );
+
+    drop(stepd);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "orphan", "{h:#}");
+    assert!(
+        h["evidence"]
+            .to_string()
+            .contains("its job slurm:4243.batch is gone"),
+        "{h:#}"
+    );
+    assert_eq!(targets, BTreeSet::from([l.pid(0)]));
+}
+
 /// A torchrun-like agent (group leader) with two ranks: rank 0 computes, rank 1 idles.
 fn torchrun(world: &World) -> Holding {
     let mut agent = spec(world, json!([]));

@@ -414,7 +414,52 @@ pub struct TestCgroup {
     made: Vec<PathBuf>,
 }
 
+/// Where the cgroup v1 hierarchy with `controller` is mounted (`freezer` → usually
+/// `/sys/fs/cgroup/freezer`), from `/proc/self/mountinfo`; `None` on a pure v2 host.
+pub fn cgroup_v1_mount(controller: &str) -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (fstype, _source, options) = (r.next()?, r.next()?, r.next()?);
+        if fstype != "cgroup" || !options.split(',').any(|o| o == controller) {
+            return None;
+        }
+        left.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
 impl TestCgroup {
+    /// A subtree of the cgroup v1 hierarchy `controller` (e.g. `freezer`, where Slurm's
+    /// cgroup/v1 plugin tracks jobs) below a uniquely named top directory; `None` where the
+    /// host has no such hierarchy (a pure v2 host).
+    pub fn new_v1(controller: &str) -> Option<TestCgroup> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mount = cgroup_v1_mount(controller)?;
+        let name = format!("vramguard-test-v1-{}-{n}", std::process::id());
+        let top = mount.join(&name);
+        std::fs::create_dir(&top).unwrap();
+        Some(TestCgroup {
+            made: vec![top.clone()],
+            top,
+            top_rel: format!("/{name}"),
+        })
+    }
+
+    /// The same top directory in the v1 hierarchy `controller` (Slurm's v1 plugin makes a
+    /// job's directory in every controller it constrains, under the same path).
+    pub fn same_in_v1(&self, controller: &str) -> Option<TestCgroup> {
+        let mount = cgroup_v1_mount(controller)?;
+        let top = mount.join(self.top_rel.trim_start_matches('/'));
+        std::fs::create_dir(&top).unwrap();
+        Some(TestCgroup {
+            made: vec![top.clone()],
+            top,
+            top_rel: self.top_rel.clone(),
+        })
+    }
+
     pub fn new() -> TestCgroup {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -1,0 +1,252 @@
+//! `vramguard slurm heal`: the heal loop ([`vramguard_ops::slurm::heal`]) with Slurm reached
+//! through its own commands (`scontrol`, `squeue`, found on `PATH`; `SLURM_CONF` says which
+//! cluster, as for every Slurm command).
+
+use crate::cli::HealArgs;
+use crate::settings::Settings;
+use anyhow::{Context, Result};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use vramguard_core::sanitize::{fit, shown};
+use vramguard_core::slurm::{SlurmNode, parse_job_ids, parse_node};
+use vramguard_ops::slurm::{HealOptions, HealResult, Scheduler, SlurmError, heal as heal_loop};
+use vramguard_ops::{AuditLog, ExecuteOptions, ResetMode};
+
+/// Most of a Slurm command's output read: a node's line is a few hundred bytes.
+const MAX_OUTPUT: u64 = 256 * 1024;
+/// How long one Slurm command may take (slurmctld answers in milliseconds, or not at all).
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Slurm through `scontrol` and `squeue`.
+pub struct SlurmCommands;
+
+impl SlurmCommands {
+    /// Runs `program args`, bounded in time and output; its stdout on success.
+    fn run(program: &str, args: &[&str], node: &str) -> Result<String, SlurmError> {
+        let command = format!("{program} {}", args.join(" "));
+        let fail = |what: String| SlurmError {
+            command: shown(&command),
+            node: shown(node),
+            what,
+        };
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| fail(format!("could not start {program}: {e}")))?;
+        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(fail("no pipes".into()));
+        };
+        let read = |pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let _ = pipe.take(MAX_OUTPUT).read_to_end(&mut buf);
+                buf
+            })
+        };
+        let (out, err) = (read(Box::new(out)), read(Box::new(err)));
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    // Our own child: killing it by its handle cannot hit another process.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(fail(format!(
+                        "no answer within {}s",
+                        COMMAND_TIMEOUT.as_secs()
+                    )));
+                }
+                Err(e) => return Err(fail(format!("waiting for it: {e}"))),
+            }
+        };
+        let out = out.join().unwrap_or_default();
+        let err = err.join().unwrap_or_default();
+        if !status.success() {
+            let first = String::from_utf8_lossy(&err);
+            let first = first.lines().next().unwrap_or("").trim();
+            return Err(fail(format!("{status}: {}", fit(first, 200))));
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
+impl Scheduler for SlurmCommands {
+    fn node(&mut self, name: &str) -> Result<SlurmNode, SlurmError> {
+        let text = Self::run("scontrol", &["show", "node", name, "--oneliner"], name)?;
+        let node = parse_node(&text).map_err(|e| SlurmError {
+            command: format!("scontrol show node {}", shown(name)),
+            node: shown(name),
+            what: e.to_string(),
+        })?;
+        if node.name != name {
+            return Err(SlurmError {
+                command: format!("scontrol show node {}", shown(name)),
+                node: shown(name),
+                what: format!("it described node {} instead", node.name),
+            });
+        }
+        Ok(node)
+    }
+
+    fn jobs_on(&mut self, name: &str) -> Result<Vec<String>, SlurmError> {
+        let text = Self::run(
+            "squeue",
+            &[
+                "-h",
+                "-w",
+                name,
+                "-t",
+                "RUNNING,COMPLETING,SUSPENDED",
+                "-o",
+                "%i",
+            ],
+            name,
+        )?;
+        Ok(parse_job_ids(&text))
+    }
+
+    fn resume(&mut self, name: &str) -> Result<(), SlurmError> {
+        let node = format!("NodeName={name}");
+        Self::run("scontrol", &["update", &node, "State=RESUME"], name).map(drop)
+    }
+
+    fn set_reason(&mut self, name: &str, reason: &str) -> Result<(), SlurmError> {
+        let node = format!("NodeName={name}");
+        // The state is said again: Slurm only takes a reason with a DRAIN (or DOWN) state.
+        let reason = format!("Reason={reason}");
+        Self::run("scontrol", &["update", &node, "State=DRAIN", &reason], name).map(drop)
+    }
+}
+
+/// This machine's short host name, as Slurm's `NodeName` usually is.
+fn short_hostname() -> Option<String> {
+    let host = vramguard_proc::ProcFs::own().ok()?.hostname()?;
+    host.split('.').next().map(str::to_string)
+}
+
+/// `--detach`: the same command line without it, in a new session. `spawn` returns once the
+/// child has exec'd (Rust waits for the exec through a close-on-exec pipe), so the child has
+/// called setsid() by then: when the caller (the epilog) exits and slurmd kills its process
+/// group, the heal is no longer in it. A shell's `setsid cmd &` leaves a window in which the
+/// forked child is still in the group, and slurmd's SIGKILL of the group did hit it there.
+fn detach() -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding this executable to start the heal")?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--detach")
+        .collect();
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null());
+    // SAFETY: setsid() is async-signal-safe and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("starting the heal in the background")?;
+    crate::print(&format!(
+        "vramguard slurm heal started in the background (pid {})\n",
+        child.id()
+    ))?;
+    // Not waited for: it outlives this process, and init reaps it.
+    std::mem::forget(child);
+    Ok(0)
+}
+
+/// Runs `vramguard slurm heal`.
+pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
+    if args.detach {
+        return detach();
+    }
+    crate::reclaim::check_own_proc(&settings.proc_root)?;
+    let name = match &args.node {
+        Some(n) => n.clone(),
+        None => short_hostname().context("no --node given and no host name to use instead")?,
+    };
+    let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
+    let host = short_hostname().unwrap_or_default();
+    let mut audit = AuditLog::open(&args.audit_log, &host).with_context(
+        || "no action is taken without an audit trail (choose another file with --audit-log)",
+    )?;
+    // One heal at a time: two drains in a row (two jobs' epilogs) start two heals, and one
+    // reset of the node is enough. The lock lives next to the audit log, which is the node's.
+    let mut lock_path = args.audit_log.clone().into_os_string();
+    lock_path.push(".heal-lock");
+    let lock_path = std::path::PathBuf::from(lock_path);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening the heal lock {}", lock_path.display()))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            crate::print(&format!(
+                "another vramguard slurm heal holds {}: it does this node's work; nothing done\n",
+                lock_path.display()
+            ))?;
+            return Ok(0);
+        }
+        Err(e) => {
+            return Err(anyhow::anyhow!("locking {}: {e}", lock_path.display()));
+        }
+    }
+    let opts = HealOptions {
+        node: name.clone(),
+        wait: args.wait,
+        poll: args.poll,
+        sample: args.sample,
+        execute: ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Auto),
+    };
+    let outcome = heal_loop(
+        &mut node,
+        &mut SlurmCommands,
+        &mut audit,
+        &settings.config.policy,
+        &opts,
+    )
+    .with_context(|| format!("healing Slurm node {}", shown(&name)))?;
+    if args.json {
+        crate::print_json(&outcome)?;
+    } else {
+        let name = shown(&name);
+        let line = match &outcome.result {
+            HealResult::NotDrained => format!("node {name} is not drained: nothing to do"),
+            HealResult::NotOurs { reason } => format!(
+                "node {name} is drained by someone else ({}): left alone",
+                reason.as_deref().unwrap_or("no reason")
+            ),
+            HealResult::Unhealthy { state } => {
+                format!("node {name} is {state}: left alone, nothing reset")
+            }
+            HealResult::TimedOut { why } => format!(
+                "node {name} still busy after {}s ({why}): left drained, nothing reset",
+                args.wait.as_secs()
+            ),
+            HealResult::Resumed => format!("node {name}: GPUs clean, resumed"),
+            HealResult::KeptDrained { reason } => {
+                format!("node {name} kept drained: {reason}")
+            }
+        };
+        let mut text = String::new();
+        if let Some(o) = &outcome.reclaim {
+            text.push_str(&crate::reclaim::render_outcome(o, audit.path()));
+        }
+        text.push_str(&line);
+        text.push('\n');
+        crate::print(&text)?;
+    }
+    drop(lock);
+    Ok(outcome.exit_code())
+}
