@@ -2741,3 +2741,94 @@ fn a_working_hidden_holder_of_a_live_job_is_its_owners() {
         "{h:#?}"
     );
 }
+
+/// Pod names from the kubelet's device allocations (`name_pods`): a GPU allocated to exactly
+/// one container and held by processes of one pod UID is named; a GPU allocated to two
+/// containers, or held by two pod UIDs, or whose allocation names another GPU, stays by UID.
+#[test]
+fn a_gpu_held_by_one_pod_and_allocated_to_one_container_is_named_and_nothing_less_certain() {
+    let uuid0 = "GPU-00000000-0000-0000-0000-000000000000";
+    let pod = |name: &str, devices: Vec<String>| KubePod {
+        namespace: "ml".into(),
+        name: name.into(),
+        containers: vec![KubeContainer {
+            name: "trainer".into(),
+            devices,
+        }],
+    };
+    let case = |pods: Vec<KubePod>, uids: [&str; 2]| {
+        let mut s = snapshot(
+            vec![gpu(
+                0,
+                8 * GIB,
+                &[(701, Some(4 * GIB)), (702, Some(4 * GIB))],
+            )],
+            vec![
+                init(),
+                proc_(701, 1, 701, "python", &[0]),
+                proc_(702, 1, 702, "python", &[0]),
+            ],
+        );
+        for (p, uid) in s.processes.iter_mut().skip(1).zip(uids) {
+            p.pod_uid = Some(uid.into());
+        }
+        s.kubelet_pods = Some(pods);
+        let r = classify(&s, &Policy::default());
+        r.gpus[0]
+            .holders
+            .iter()
+            .map(|h| {
+                h.pod
+                    .as_ref()
+                    .map(|p| format!("{}/{}/{}", p.namespace, p.name, p.container))
+            })
+            .collect::<Vec<_>>()
+    };
+    let named = Some("ml/train-0/trainer".to_string());
+    // One container has this GPU (a MIG or time-slice suffix after `::` still names it).
+    assert_eq!(
+        case(
+            vec![pod("train-0", vec![format!("{uuid0}::1")])],
+            ["u1", "u1"]
+        ),
+        vec![named.clone(), named.clone()]
+    );
+    // Its only allocation is another GPU.
+    assert_eq!(
+        case(vec![pod("train-0", vec!["GPU-ffff".into()])], ["u1", "u1"]),
+        vec![None, None]
+    );
+    // Two pods have it.
+    assert_eq!(
+        case(
+            vec![
+                pod("train-0", vec![uuid0.into()]),
+                pod("train-1", vec![uuid0.into()])
+            ],
+            ["u1", "u1"]
+        ),
+        vec![None, None]
+    );
+    // Two pod UIDs hold it (the old pod's orphan and the new pod).
+    assert_eq!(
+        case(vec![pod("train-0", vec![uuid0.into()])], ["u1", "u2"]),
+        vec![None, None]
+    );
+    // The same container listed twice is one owner.
+    let mut twice = pod("train-0", vec![uuid0.into()]);
+    twice.containers.push(twice.containers[0].clone());
+    assert_eq!(case(vec![twice], ["u1", "u1"]), vec![named.clone(), named]);
+}
+
+/// The keepers of an exited pid's context in a live job are watched for `status` too: whether
+/// they may go rests on their work.
+#[test]
+fn keepers_in_a_live_job_are_watched_for_classes() {
+    let s = dead_trainer_with_forked_workers(436, 436);
+    let r = classify(&s, &Policy::default());
+    let watched = vramguard_core::work_watch_list(&s, &Policy::default(), &r, WatchFor::Classes);
+    assert!(
+        watched.contains(&576) && watched.contains(&577),
+        "{watched:?}"
+    );
+}
