@@ -2623,11 +2623,13 @@ fn vramguard_itself_is_not_weighed_as_its_ancestors_work() {
 /// leader of the group is a dead one (`group_job_view`).
 #[test]
 fn a_leader_pid_reused_outside_the_group_or_a_zombie_leader_leaves_the_job_gone() {
-    for leader in [proc_(200, 1, 7000, "sshd", &[]), {
-        let mut z = proc_(200, 1, 200, "python", &[]);
+    let zombie = |pgid: u32| {
+        let mut z = proc_(200, 1, pgid, "python", &[]);
         z.state = Some('Z');
         z
-    }] {
+    };
+    // The third: a zombie, but of another group (the pid was reused, then that one died).
+    for leader in [proc_(200, 1, 7000, "sshd", &[]), zombie(200), zombie(7000)] {
         let mut s = orphan_with_sibling(2000);
         s.processes.push(leader.clone());
         s.normalize();
@@ -2636,7 +2638,7 @@ fn a_leader_pid_reused_outside_the_group_or_a_zombie_leader_leaves_the_job_gone(
         assert_eq!(h.class, Class::Orphan, "leader {leader:?}: {h:#?}");
         assert_eq!(
             h.dead_job.as_ref().unwrap().leader_is_zombie,
-            leader.state == Some('Z')
+            leader.state == Some('Z') && leader.pgid == Some(200)
         );
     }
 }
@@ -2831,4 +2833,102 @@ fn keepers_in_a_live_job_are_watched_for_classes() {
         watched.contains(&576) && watched.contains(&577),
         "{watched:?}"
     );
+}
+
+/// vramguard itself, listed by the driver (it holds the device while it asks), is no holder;
+/// a pid the driver lists twice (two kinds of context) is one holder (`gpu_report`).
+#[test]
+fn vramguard_itself_is_no_holder_and_a_pid_listed_twice_is_one() {
+    let mut s = snapshot(
+        vec![gpu(
+            0,
+            6 * GIB,
+            &[(100, Some(4 * GIB)), (100, Some(GIB)), (999_999, Some(GIB))],
+        )],
+        vec![
+            init(),
+            proc_(100, 50, 100, "python", &[0]),
+            proc_(999_999, 1, 999_999, "vramguard", &[0]),
+        ],
+    );
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    let pids: Vec<u32> = r.gpus[0].holders.iter().map(|h| h.pid).collect();
+    assert_eq!(pids, vec![100], "{:#?}", r.gpus[0].holders);
+}
+
+/// A pid the driver still lists long after it exited, that no process keeps, is residue: its
+/// bytes are not "accounted for" by anyone. An exited pid whose keepers hold it is accounted
+/// for, however long ago it exited; so is a pid whose teardown may still be under way.
+#[test]
+fn stale_listings_without_keepers_are_residue_and_kept_ones_are_accounted_for() {
+    let gone = |ago_ms: u64| DepartedProcess {
+        pid: 4121,
+        comm: Some("python3".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - ago_ms,
+    };
+    let accounted = |s: &Snapshot| classify(s, &Policy::default()).gpus[0].accounted_bytes;
+    // Exited (root sees everything), no keeper, ten minutes ago: residue.
+    let mut exited = snapshot(
+        vec![gpu(0, 8 * GIB, &[(4121, Some(8 * GIB))])],
+        vec![init()],
+    );
+    exited.departed.push(gone(600_000));
+    assert_eq!(holder_of(&exited, 4121).class, Class::Exited);
+    assert_eq!(accounted(&exited), 0);
+    // Five seconds ago: a teardown, still accounted for.
+    let mut fresh = exited.clone();
+    fresh.departed = vec![gone(5_000)];
+    assert_eq!(accounted(&fresh), 8 * GIB);
+    // Foreign (hidepid hides whether it lives), ten minutes ago: residue too.
+    let mut foreign = exited.clone();
+    foreign.host.euid = 1000;
+    assert_eq!(holder_of(&foreign, 4121).class, Class::Foreign);
+    assert_eq!(accounted(&foreign), 0);
+    // Kept alive by the workers it forked: accounted for.
+    let mut kept = dead_trainer_with_forked_workers(446, 446);
+    kept.departed.push(DepartedProcess {
+        pid: 446,
+        ..gone(600_000)
+    });
+    assert_eq!(holder_of(&kept, 446).keepers, vec![576, 577]);
+    assert_eq!(accounted(&kept), 20 * GIB);
+}
+
+/// Each MIG device's memory that its listed processes do not account for, above the
+/// tolerance, is its unaccounted (and ghost) memory; within the tolerance, none.
+#[test]
+fn a_mig_devices_unaccounted_memory_is_what_its_processes_leave_above_the_tolerance() {
+    let tolerance = Policy::default().tolerance_for(20 * GIB);
+    let report = |used: u64| {
+        let mut g = gpu(0, used, &[(300, Some(4 * GIB))]);
+        g.mig_devices = vec![MigDeviceSample {
+            gpu_instance: Some(1),
+            compute_instance: Some(0),
+            uuid: Some("MIG-0000".into()),
+            name: Some("1g.20gb".into()),
+            memory: Some(GpuMemory {
+                total: 20 * GIB,
+                reserved: 0,
+                used,
+                free: 20 * GIB - used,
+            }),
+            processes: vec![GpuProcess {
+                pid: 300,
+                kinds: vec![ProcessKind::Compute],
+                used_bytes: Some(4 * GIB),
+            }],
+        }];
+        let s = snapshot(vec![g], vec![init(), proc_(300, 50, 300, "python", &[0])]);
+        classify(&s, &Policy::default()).gpus[0].mig_devices.clone()
+    };
+    let over = report(4 * GIB + tolerance + 1);
+    assert_eq!(over.len(), 1);
+    assert_eq!(over[0].holders, vec![300]);
+    assert_eq!(over[0].unaccounted_bytes, tolerance + 1);
+    assert_eq!(over[0].ghost_bytes, tolerance + 1);
+    let at = report(4 * GIB + tolerance);
+    assert_eq!(at[0].unaccounted_bytes, 0);
+    assert_eq!(report(4 * GIB)[0].unaccounted_bytes, 0);
 }
