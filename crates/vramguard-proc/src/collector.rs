@@ -121,6 +121,9 @@ pub struct ProcCollector {
     shm_dirs: Vec<PathBuf>,
     /// What the last full scan found in them.
     last_shm: Vec<ShmDirFacts>,
+    /// The tree's fork counter when `/proc` was last listed: a [`ScanDepth::NewProcesses`]
+    /// collection that finds it unchanged skips the listing, since no process can be new.
+    forks_at_listing: Option<u64>,
 }
 
 impl ProcCollector {
@@ -156,6 +159,7 @@ impl ProcCollector {
             containers: Default::default(),
             shm_dirs: vec![PathBuf::from("/dev/shm")],
             last_shm: Vec::new(),
+            forks_at_listing: None,
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -552,6 +556,12 @@ impl ProcCollector {
 
     /// The pids in `/proc` (none at the shallow depths: a pid is then presumed present until
     /// reading it says otherwise); every known process missing from it has departed.
+    ///
+    /// [`ScanDepth::NewProcesses`] lists only when the fork counter moved since the last
+    /// listing (read before listing, so a fork during it brings another): on a quiet node the
+    /// listing, most of the agent's periodic cost, is skipped, and nothing new is missed. What
+    /// a listing would also find, processes that exited, is left to the shallow depths' own
+    /// re-reads (holders and their relatives) and to the next listing.
     fn list_and_depart(
         &mut self,
         depth: ScanDepth,
@@ -559,7 +569,19 @@ impl ProcCollector {
     ) -> Result<Option<Vec<u32>>, ProcError> {
         let listing = match depth {
             ScanDepth::Holders | ScanDepth::Cached => None,
-            _ => Some(self.lister.list()?),
+            ScanDepth::NewProcesses | ScanDepth::Full => {
+                let forks = self.fs.forks_since_boot();
+                if depth == ScanDepth::NewProcesses
+                    && forks.is_some()
+                    && forks == self.forks_at_listing
+                {
+                    None
+                } else {
+                    let pids = self.lister.list()?;
+                    self.forks_at_listing = forks;
+                    Some(pids)
+                }
+            }
         };
         if let Some(pids) = &listing {
             let present: HashSet<u32> = pids.iter().copied().collect();

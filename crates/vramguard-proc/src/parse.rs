@@ -363,6 +363,15 @@ pub fn parse_boot_time(bytes: &[u8]) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Tasks created since boot (`processes` of `/proc/stat`: every fork and clone, threads
+/// included, in any PID namespace).
+pub fn parse_forks(bytes: &[u8]) -> Option<u64> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .find_map(|l| l.strip_prefix("processes "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The cgroup v2 mount point from `/proc/self/mountinfo` (field 5 of the `cgroup2` line).
 /// Hosts mount it at `/sys/fs/cgroup` (unified) or `/sys/fs/cgroup/unified` (hybrid).
 pub fn parse_cgroup2_mount(bytes: &[u8]) -> Option<String> {

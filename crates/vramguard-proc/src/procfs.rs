@@ -667,6 +667,13 @@ impl ProcFs {
         parse::parse_boot_time(&bytes).map(|s| s * 1000)
     }
 
+    /// Tasks created since boot (`stat`'s `processes`): while it stays the same, no process
+    /// can have appeared.
+    pub fn forks_since_boot(&self) -> Option<u64> {
+        let bytes = self.read("stat").ok()?.ok()?;
+        parse::parse_forks(&bytes)
+    }
+
     /// `sys/kernel/hostname`.
     pub fn hostname(&self) -> Option<String> {
         let bytes = self.read("sys/kernel/hostname").ok()?.ok()?;

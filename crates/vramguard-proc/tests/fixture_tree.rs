@@ -154,3 +154,49 @@ fn a_fifo_or_a_link_to_dev_zero_in_a_fixture_tree_neither_hangs_nor_exhausts_mem
         "{bytes}"
     );
 }
+
+/// A collection for new processes lists `/proc` only when the fork counter (`stat`'s
+/// `processes`) moved since the last listing: a process that appears without it is not looked
+/// for (none can, on a real kernel), one that appears with it is found and fd-scanned.
+#[test]
+fn new_processes_are_looked_for_only_when_the_fork_counter_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("proc");
+    let ok = std::process::Command::new("cp")
+        .args(["-a"])
+        .arg(fixtures().join("proc"))
+        .arg(&tree)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let mut c = ProcCollector::new(&tree, "/dev")
+        .unwrap()
+        .with_passwd(fixtures().join("passwd"));
+    let holds = |c: &vramguard_proc::Collected, pid: u32| c.processes.iter().any(|p| p.pid == pid);
+    let first = c.collect(&[], ScanDepth::NewProcesses, 1_000).unwrap();
+    assert!(holds(&first, 4121), "the first collection lists");
+    assert!(!holds(&first, 4999));
+    // A copy of holder 4121 appears as pid 4999, the counter unchanged: not listed.
+    let ok = std::process::Command::new("cp")
+        .args(["-a"])
+        .arg(tree.join("4121"))
+        .arg(tree.join("4999"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let same = c.collect(&[], ScanDepth::NewProcesses, 2_000).unwrap();
+    assert!(!holds(&same, 4999), "listed although nothing forked");
+    // The counter moves: listed, scanned, a holder.
+    let stat = std::fs::read_to_string(tree.join("stat")).unwrap();
+    std::fs::write(
+        tree.join("stat"),
+        stat.replace("processes 9000", "processes 9001"),
+    )
+    .unwrap();
+    let moved = c.collect(&[], ScanDepth::NewProcesses, 3_000).unwrap();
+    assert!(holds(&moved, 4999), "not listed after a fork");
+    // A full collection always lists.
+    std::fs::remove_dir_all(tree.join("4999")).unwrap();
+    let full = c.collect(&[], ScanDepth::Full, 4_000).unwrap();
+    assert!(!holds(&full, 4999));
+}
