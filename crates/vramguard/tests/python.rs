@@ -15,7 +15,22 @@ fn tests_dir() -> PathBuf {
 /// Runs one Python test (`module.Class.test_name`) and fails with its output unless it
 /// passed: a skipped test is a failure here, never a pass.
 fn python_test(name: &str) {
-    let out = std::process::Command::new("python3")
+    use std::os::unix::process::CommandExt;
+    let mut python = std::process::Command::new("python3");
+    // A suite started by a shell without job control (`scripts/test.sh &`, nohup) runs with
+    // SIGINT and SIGQUIT ignored, which every process below inherits; Python then installs
+    // no KeyboardInterrupt handler and the guard, rightly, leaves an ignored SIGINT ignored,
+    // so the SIGINT test would wait out its timeout. The tests are about a process whose
+    // SIGINT is at its default, so that is what they get, however the suite was started.
+    // SAFETY: signal(2) is async-signal-safe and touches nothing of the parent's memory.
+    unsafe {
+        python.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let out = python
         .args(["-m", "unittest", "-v", name])
         .current_dir(tests_dir())
         .env("VRAMGUARD_TEST_BINARY", BIN)
@@ -57,6 +72,13 @@ fn test_sigterm_to_the_guarded_process_ends_the_child_and_exits_143() {
 fn test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler() {
     python_test(
         "test_guard.GuardTest.test_sigint_cleans_then_raises_keyboard_interrupt_and_restores_the_handler",
+    );
+}
+
+#[test]
+fn test_an_ignored_sigint_stays_ignored_and_the_children_are_ended_on_exit() {
+    python_test(
+        "test_guard.GuardTest.test_an_ignored_sigint_stays_ignored_and_the_children_are_ended_on_exit",
     );
 }
 

@@ -200,7 +200,14 @@ class Script:
         # The scripts print a few lines (far below a pipe's buffer): wait, then read what it
         # wrote without waiting for an end of file that a child still holding the pipe
         # would delay.
-        self.proc.wait(timeout=secs)
+        try:
+            self.proc.wait(timeout=secs)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self._reader.join(timeout=5)
+            raise AssertionError("the script still ran after %g s; its stderr:\n%s" % (
+                secs, self.peek_stderr()))
         os.set_blocking(self.proc.stdout.fileno(), False)
         out = self.proc.stdout.read() or b""
         self._reader.join(timeout=secs)

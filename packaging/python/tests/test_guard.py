@@ -88,6 +88,33 @@ except KeyboardInterrupt:
         self.assertIn("KeyboardInterrupt of pid", err)
         self.assert_ended_and_released(script)
 
+    def test_an_ignored_sigint_stays_ignored_and_the_children_are_ended_on_exit(self):
+        # `nohup`, or a shell without job control starting `python train.py &`: the process
+        # chose not to die of Ctrl-C, and the guard must not make it.
+        go = os.path.join(self.world.dir, "go-%d" % time.monotonic_ns())
+        script = Script(self.world, PREAMBLE + """
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+with vramguard.guard(grace=5):
+    child = hold()
+    print("READY 0 0", flush=True)
+    wait_until("the test's go", lambda: os.path.exists(%(go)r), secs=30)
+print("DONE", signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+""" % {"go": go})
+        script.expect("HOLDER")
+        script.expect("READY")
+        script.proc.send_signal(signal.SIGINT)
+        # Time for a handler, had one been installed, to run before the script goes on.
+        time.sleep(0.3)
+        open(go, "w").close()
+        code, out, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assertIn("DONE True", out)
+        self.assertNotIn("SIGINT received", err)
+        pid = script.seen["HOLDER"][0]
+        self.assertIn("exit of pid %d: SIGTERM sent to its child pid %d" % (script.proc.pid, pid),
+                      err)
+        self.assert_ended_and_released(script)
+
     def test_a_child_that_ignores_sigterm_gets_sigkill_after_the_grace(self):
         script = Script(self.world, PREAMBLE + """
 with vramguard.guard(grace=0.5):
