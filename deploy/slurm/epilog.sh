@@ -27,6 +27,32 @@ log() { echo "$(date -Is) job=${SLURM_JOB_ID:-?} $*" >>"$LOG"; }
 
 [ -x "$VRAMGUARD" ] || { log "no vramguard at $VRAMGUARD"; exit 0; }
 
+# The loop closed: once the node is idle, reset what only a reset frees and resume it. Only a
+# drain whose reason still starts with "vramguard:" is touched (an admin's drain is theirs);
+# a failed reset keeps the node drained with the reason updated. --detach starts it in a
+# session of its own and returns once it is there: slurmd kills the epilog's process group
+# when the epilog ends (`setsid … &` lost that race under load). One heal runs at a time per
+# node (a second one finds the lock taken and does nothing).
+schedule_heal() {
+    [ "${VRAMGUARD_HEAL:-1}" != 0 ] || return 0
+    # Its output (the pid first) goes to the log, never to slurmd's pipe.
+    "$VRAMGUARD" slurm heal --detach --node "$NODE" \
+        --wait "${VRAMGUARD_HEAL_WAIT:-1h}" --poll "${VRAMGUARD_HEAL_POLL:-5s}" \
+        --audit-log "$AUDIT" >>"$LOG" 2>&1 </dev/null
+    log "scheduled vramguard slurm heal for $NODE (exit $?)"
+}
+
+# Leaving a clean job: a heal that gave up waiting (a long job still ran when its --wait
+# ended) left the node drained by vramguard; the epilog of a job that ends there starts the
+# heal again, and that heal waits for this job to leave. The heal checks the drain itself;
+# this only spares a heal start (and an audit record) per job on a node nobody drained.
+heal_if_drained_by_us() {
+    [ "${VRAMGUARD_HEAL:-1}" != 0 ] || return 0
+    scontrol show node "$NODE" --oneliner 2>/dev/null | grep -q ' Reason=vramguard:' || return 0
+    log "node $NODE is still drained by vramguard"
+    schedule_heal
+}
+
 # No GPU list from slurmd (no GRES environment): the job's own leftovers are found by their
 # cgroup (job_<id>, the layout vramguard reads for every view) on whatever GPU they hold, and
 # only they are reclaimed.
@@ -35,12 +61,17 @@ if [ -z "$GPUS" ]; then
     "$VRAMGUARD" reclaim --yes --job "slurm:${SLURM_JOB_ID}" --grace 10s --release-timeout 60s \
         --audit-log "$AUDIT" >>"$LOG" 2>&1
     log "no SLURM_JOB_GPUS: reclaimed what job ${SLURM_JOB_ID}'s cgroup still held (exit $?)"
+    heal_if_drained_by_us
     exit 0
 fi
 
 # Only the job's GPUs: another job's problem is that job's epilog's business.
 for ((i = 1; i <= TRIES; i++)); do
-    "$VRAMGUARD" diagnose --gpu "$GPUS" >/dev/null 2>&1 && { log "GPUs $GPUS clean"; exit 0; }
+    if "$VRAMGUARD" diagnose --gpu "$GPUS" >/dev/null 2>&1; then
+        log "GPUs $GPUS clean"
+        heal_if_drained_by_us
+        exit 0
+    fi
     [ "$i" -lt "$TRIES" ] && sleep "$SLEEP"
 done
 
@@ -50,6 +81,7 @@ log "GPUs $GPUS not clean after the job; reclaiming"
 rc=$?
 if [ $rc -eq 0 ] && "$VRAMGUARD" diagnose --gpu "$GPUS" >/dev/null 2>&1; then
     log "reclaimed"
+    heal_if_drained_by_us
     exit 0
 fi
 # The verdict line of the diagnosis is the reason an admin reads in `sinfo -R`.
@@ -57,17 +89,6 @@ reason=$(NO_COLOR=1 "$VRAMGUARD" diagnose --gpu "$GPUS" 2>&1 | sed -n 's/^verdic
 reason=${reason:-"GPU memory still held after job ${SLURM_JOB_ID:-?}"}
 log "draining $NODE: $reason"
 scontrol update NodeName="$NODE" State=DRAIN Reason="vramguard: $reason" >>"$LOG" 2>&1
-# The loop closed: once the node is idle, reset what only a reset frees and resume it. Only a
-# drain whose reason still starts with "vramguard:" is touched (an admin's drain is theirs);
-# a failed reset keeps the node drained with the reason updated. --detach starts it in a
-# session of its own and returns once it is there: slurmd kills the epilog's process group
-# when the epilog ends (`setsid … &` lost that race under load).
-if [ "${VRAMGUARD_HEAL:-1}" != 0 ]; then
-    # Its output (the pid first) goes to the log, never to slurmd's pipe.
-    "$VRAMGUARD" slurm heal --detach --node "$NODE" \
-        --wait "${VRAMGUARD_HEAL_WAIT:-1h}" --poll "${VRAMGUARD_HEAL_POLL:-5s}" \
-        --audit-log "$AUDIT" >>"$LOG" 2>&1 </dev/null
-    log "scheduled vramguard slurm heal for $NODE (exit $?)"
-fi
+schedule_heal
 # An epilog failure would itself drain the node with a less useful reason: exit 0.
 exit 0

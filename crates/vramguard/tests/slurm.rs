@@ -174,6 +174,7 @@ impl Cluster {
                  export VRAMGUARD_EPILOG_LOG={d}/epilog.log VRAMGUARD_AUDIT_LOG={d}/audit.jsonl\n\
                  export VRAMGUARD_EPILOG_TRIES=2 VRAMGUARD_EPILOG_SLEEP=0.2\n\
                  export VRAMGUARD_HEAL_WAIT=60s VRAMGUARD_HEAL_POLL=0.5s\n\
+                 [ -f {d}/heal_wait ] && export VRAMGUARD_HEAL_WAIT=$(cat {d}/heal_wait)\n\
                  exec /bin/bash {deploy}\n",
                 bin = BIN,
                 state = world.state_path().display(),
@@ -708,6 +709,80 @@ fn residue_drains_the_node_and_the_heal_resets_and_resumes_it_once_idle() {
         assert!(events.contains(&e.to_string()), "{e}: {events:?}");
     }
     c.wait(60, "the heal to exit", || !heals.iter().any(|p| alive(*p)));
+    figure("test total", Instant::now() - t_test);
+}
+
+/// A heal that gave up waiting (a long job still ran when its `--wait` ended) leaves the node
+/// drained by vramguard; when that job ends, its epilog starts the heal again, which waits for
+/// the job to leave, resets the GPU and resumes the node: no admin needed.
+#[test]
+fn a_heal_that_gave_up_waiting_is_taken_up_by_the_epilog_of_the_job_it_waited_for() {
+    if !slurm_installed("slurm") {
+        return;
+    }
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let t_test = Instant::now();
+    let world = World::new(2);
+    let mut c = Cluster::start(&world, 2);
+    let heal_wait = c.dir.path().join("heal_wait");
+    std::fs::write(&heal_wait, "1s").unwrap();
+    let leak = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 3 * GIB, "after_exit": "leak" }]),
+    );
+    let (job, trainer, _) = c.trainer_job("leaky", Some("gpu:1"), leak);
+    let (long, _, _) = c.trainer_job("long", None, spec(&world, json!([hold(1, 1)])));
+    c.run("scancel", &[&job.to_string()]);
+    c.wait(30, "the trainer to be killed by Slurm", || !alive(trainer));
+    c.wait(60, "the epilog to drain the node", || {
+        c.node_state().contains("DRAIN")
+    });
+    c.wait(60, "the first heal to give up waiting", || {
+        c.audit().iter().any(|r| r["event"] == "heal_timed_out")
+    });
+    let first = c.track_heals();
+    assert_eq!(first.len(), 1, "{}", c.epilog_log());
+    assert!(c.node_state().contains("DRAIN"), "{}", c.node_state());
+    assert!(
+        !c.audit().iter().any(|r| r["event"] == "heal_reset"),
+        "nothing is reset under a running job: {:?}",
+        c.audit()
+    );
+
+    // The long job ends: its epilog finds the node still drained by vramguard and starts
+    // the heal again.
+    std::fs::write(&heal_wait, "60s").unwrap();
+    let t1 = Instant::now();
+    c.run("scancel", &[&long.to_string()]);
+    c.wait(60, "the second heal to resume the node", || {
+        c.node_state() == "IDLE"
+    });
+    figure("long job's scancel -> resumed", t1.elapsed_since());
+    let log = c.epilog_log();
+    assert!(
+        log.contains(&format!(
+            "job={long} node {} is still drained by vramguard",
+            c.node
+        )),
+        "{log}"
+    );
+    let used = status(&world)["gpus"][0]["memory"]["used"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert_eq!(used, 0, "the reset freed the residue");
+    let events: Vec<String> = c
+        .audit()
+        .iter()
+        .map(|r| r["event"].as_str().unwrap_or("").to_string())
+        .collect();
+    let pos = |e: &str| events.iter().position(|x| x == e);
+    assert!(
+        pos("heal_timed_out") < pos("heal_resumed") && pos("heal_resumed").is_some(),
+        "{events:?}"
+    );
+    let heals = c.track_heals();
+    assert_eq!(heals.len(), 2, "{log}");
+    c.wait(60, "the heals to exit", || !heals.iter().any(|p| alive(*p)));
     figure("test total", Instant::now() - t_test);
 }
 
