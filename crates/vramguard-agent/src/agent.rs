@@ -9,6 +9,7 @@
 
 use crate::alerts::AlertEngine;
 use crate::config::{AlertsConfig, Config};
+use crate::heal::HealWatch;
 use crate::history::History;
 use crate::http::{Published, Server, Shared};
 use crate::metrics::{Metrics, SampleFacts};
@@ -99,6 +100,8 @@ struct Agent {
     last_observed: Option<Instant>,
     /// When the last collection succeeded.
     last_good: Option<Instant>,
+    /// The Slurm heal's steps, followed in the audit log.
+    heal: HealWatch,
 }
 
 impl Agent {
@@ -183,6 +186,10 @@ impl Agent {
         for n in self.alerts.evaluate(&report, gpu_trends, wall_ms) {
             self.notifier.send(n);
         }
+        for n in self.heal.poll(report.hostname.as_deref(), wall_ms) {
+            self.notifier.send(n);
+        }
+        self.metrics.heal(&self.heal);
         let firing = self.alerts.firing();
         self.metrics.update(
             &report,
@@ -647,6 +654,9 @@ impl Agent {
                     );
                 }
                 self.alerts.set_rules(&c.alerts);
+                if c.reclaim.audit_log != self.config.reclaim.audit_log {
+                    self.heal = HealWatch::start(&c.reclaim.audit_log);
+                }
                 *self.alerts_config.write().expect("alerts config") = c.alerts.clone();
                 if c.policy != self.config.policy {
                     // The node asks the driver for utilisation over the policy's idle window.
@@ -790,6 +800,7 @@ impl Agent {
             work: WorkSampler::new(),
             last_observed: None,
             last_good: None,
+            heal: HealWatch::start(&setup.config.reclaim.audit_log),
             config: setup.config.clone(),
         })
     }

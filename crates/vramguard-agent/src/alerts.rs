@@ -17,8 +17,8 @@ pub struct Notification {
     pub status: &'static str,
     /// The rule's name.
     pub rule: String,
-    /// The GPU.
-    pub gpu: u32,
+    /// The GPU; none for a node's incident (a Slurm heal that failed).
+    pub gpu: Option<u32>,
     /// Its UUID.
     pub uuid: Option<String>,
     /// The host.
@@ -157,7 +157,7 @@ impl AlertEngine {
                 let note = |status, started_at_ms| Notification {
                     status,
                     rule: rule.name.clone(),
-                    gpu: g.index,
+                    gpu: Some(g.index),
                     uuid: g.uuid.clone(),
                     host: report.hostname.clone(),
                     value,

@@ -85,6 +85,17 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeStepLabels {
+    node: String,
+    step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
     rule: String,
     gpu: String,
@@ -199,6 +210,10 @@ pub struct Metrics {
     errors: Family<KindLabels, Counter>,
     last_collection: F64Gauge,
     alerts: Family<RuleLabels, Gauge>,
+    heal_steps: Family<StepLabels, Counter>,
+    heal_last: Family<NodeStepLabels, Gauge>,
+    heal_last_at: Family<Vec<(String, String)>, F64Gauge>,
+    heal_failed: Family<Vec<(String, String)>, Gauge>,
     driver: Family<DriverLabels, Gauge>,
     remapped_rows: Family<CauseLabels, Gauge>,
     remap_pending: Family<GpuLabels, Gauge>,
@@ -442,6 +457,10 @@ impl Metrics {
             errors: Family::default(),
             last_collection: F64Gauge::default(),
             alerts: Family::default(),
+            heal_steps: Family::default(),
+            heal_last: Family::default(),
+            heal_last_at: Family::default(),
+            heal_failed: Family::default(),
             driver: Family::default(),
             remapped_rows: Family::default(),
             remap_pending: Family::default(),
@@ -458,6 +477,7 @@ impl Metrics {
         m.register_trends_and_reclaim(&mut r);
         m.register_collections(&mut r);
         m.register_health(&mut r);
+        m.register_heal(&mut r);
         m.host.register(&mut r);
         register_build_info(&mut r);
         Metrics { registry: r, ..m }
@@ -603,6 +623,31 @@ impl Metrics {
         );
     }
 
+    /// Registers the Slurm heal's steps (from the audit log).
+    fn register_heal(&self, r: &mut Registry) {
+        r.register(
+            "slurm_heal_steps",
+            "Steps of vramguard slurm heal seen in the audit log since the agent started \
+             (waiting, reset, resumed, failed, timed_out, skipped)",
+            self.heal_steps.clone(),
+        );
+        r.register(
+            "slurm_heal_last_step",
+            "The latest heal step on this node (value 1 for it, 0 for the others)",
+            self.heal_last.clone(),
+        );
+        r.register(
+            "slurm_heal_last_step_timestamp_seconds",
+            "When the latest heal step was written",
+            self.heal_last_at.clone(),
+        );
+        r.register(
+            "slurm_heal_failed",
+            "1 while the latest heal failed (the node stays drained) and no later heal resumed it",
+            self.heal_failed.clone(),
+        );
+    }
+
     /// Registers memory health: remapped rows, retired pages, Xid events.
     fn register_health(&self, r: &mut Registry) {
         r.register(
@@ -649,6 +694,40 @@ impl Metrics {
             self.up.get_or_create(gl).set(0);
         }
         self.last_sample_age.set(age_secs);
+    }
+
+    /// The heal's state: its steps counted, the latest one, and whether it failed. Nothing
+    /// is shown on a node no heal has run on.
+    pub fn heal(&self, watch: &crate::heal::HealWatch) {
+        for (step, n) in &watch.counts {
+            let counter = self
+                .heal_steps
+                .get_or_create(&StepLabels { step: step.name() });
+            let shown = counter.get();
+            if *n > shown {
+                counter.inc_by(*n - shown);
+            }
+        }
+        if let Some(last) = &watch.last {
+            self.heal_last.clear();
+            for step in crate::heal::HealStep::ALL {
+                self.heal_last
+                    .get_or_create(&NodeStepLabels {
+                        node: last.node.clone(),
+                        step: step.name(),
+                    })
+                    .set(i64::from(step == last.step));
+            }
+            let node = vec![("node".to_string(), last.node.clone())];
+            self.heal_last_at.clear();
+            self.heal_last_at
+                .get_or_create(&node)
+                .set(last.at_ms as f64 / 1000.0);
+            self.heal_failed.clear();
+            self.heal_failed
+                .get_or_create(&node)
+                .set(i64::from(watch.failing()));
+        }
     }
 
     /// Records one collection error.

@@ -146,9 +146,9 @@ fn dispatch(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>, stop:
         if cfg.log {
             match n.status {
                 "firing" => {
-                    tracing::warn!(rule = %n.rule, gpu = n.gpu, value = n.value, "alert firing: {}", n.summary)
+                    tracing::warn!(rule = %n.rule, gpu = ?n.gpu, value = n.value, "alert firing: {}", n.summary)
                 }
-                _ => tracing::info!(rule = %n.rule, gpu = n.gpu, "alert resolved: {}", n.summary),
+                _ => tracing::info!(rule = %n.rule, gpu = ?n.gpu, "alert resolved: {}", n.summary),
             }
         }
         let keys: Vec<SinkKey> = cfg
@@ -278,10 +278,25 @@ fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), Delivery
 /// cannot be made (no cgroup2, not root): the process group is the fallback.
 fn command_cgroup() -> Option<vramguard_ops::cgroup::JobCgroup> {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    // An agent killed while a command ran (SIGKILL, a crash, outside systemd, which would
+    // remove the unit's cgroups itself) left that command's empty cgroup behind.
+    SWEPT.call_once(|| {
+        let n = vramguard_ops::cgroup::remove_stale(ALERT_CGROUP_PREFIX);
+        if n > 0 {
+            tracing::info!("removed {n} empty alert-command cgroups a killed agent left");
+        }
+    });
     let n = N.fetch_add(1, Ordering::Relaxed);
-    vramguard_ops::cgroup::JobCgroup::create(&format!("vramguard-alert-{}-{n}", std::process::id()))
-        .ok()
+    vramguard_ops::cgroup::JobCgroup::create(&format!(
+        "{ALERT_CGROUP_PREFIX}{}-{n}",
+        std::process::id()
+    ))
+    .ok()
 }
+
+/// Alert commands' cgroups are named `<this><agent pid>-<n>`.
+const ALERT_CGROUP_PREFIX: &str = "vramguard-alert-";
 
 /// Kills what an alert command started: its cgroup when it has one (then removed), else its
 /// process group; reaps the command.
@@ -339,7 +354,10 @@ fn exec_in(
         .args(&x.argv[1..])
         .env("VRAMGUARD_ALERT_STATUS", n.status)
         .env("VRAMGUARD_ALERT_RULE", &n.rule)
-        .env("VRAMGUARD_ALERT_GPU", n.gpu.to_string())
+        .env(
+            "VRAMGUARD_ALERT_GPU",
+            n.gpu.map(|g| g.to_string()).unwrap_or_default(),
+        )
         .env("VRAMGUARD_ALERT_UUID", n.uuid.as_deref().unwrap_or(""))
         .env("VRAMGUARD_ALERT_HOST", n.host.as_deref().unwrap_or(""))
         .env("VRAMGUARD_ALERT_VALUE", n.value.to_string())
@@ -385,7 +403,7 @@ mod tests {
         Notification {
             status: "firing",
             rule: "ghost".into(),
-            gpu: 0,
+            gpu: Some(0),
             uuid: None,
             host: None,
             value: 1.0,

@@ -173,8 +173,10 @@ pub fn read_regular_no_link(path: &Path, max: u64) -> Result<Vec<u8>, FileError>
     read_bounded(path, max, OFlags::NOFOLLOW)
 }
 
-fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileError> {
-    let fd = rustix::fs::open(
+/// Opens `path` for reading without blocking on a FIFO; with `NOFOLLOW` in `extra`, a link
+/// is refused as not a regular file.
+fn open_for_reading(path: &Path, extra: OFlags) -> Result<rustix::fd::OwnedFd, FileError> {
+    rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | extra,
         Mode::empty(),
@@ -188,7 +190,11 @@ fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileErr
         } else {
             io(path)(e)
         }
-    })?;
+    })
+}
+
+fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileError> {
+    let fd = open_for_reading(path, extra)?;
     let size = check_regular(path, &fd)?;
     if size > max {
         return Err(FileError::TooLarge {
@@ -211,6 +217,55 @@ fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileErr
         });
     }
     Ok(buf)
+}
+
+/// A piece of a growing file, and which file it came from: a follower that sees another
+/// device and inode, or a size below what it already read, knows the file was rotated or
+/// truncated and starts again from its beginning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// The file's device.
+    pub dev: u64,
+    /// Its inode.
+    pub ino: u64,
+    /// Its size when it was read.
+    pub size: u64,
+    /// The bytes from the offset asked for, at most the bound given.
+    pub bytes: Vec<u8>,
+}
+
+/// Reads at most `max` bytes from `offset` of the regular file at `path`, never through a
+/// symbolic link and never from a FIFO (which would block) or a device: for following a log.
+pub fn read_regular_from_no_link(path: &Path, offset: u64, max: u64) -> Result<Chunk, FileError> {
+    use std::os::unix::fs::FileExt;
+    let fd = open_for_reading(path, OFlags::NOFOLLOW)?;
+    check_regular(path, &fd)?;
+    let st = rustix::fs::fstat(&fd).map_err(io(path))?;
+    let size = st.st_size as u64;
+    let want = size.saturating_sub(offset).min(max) as usize;
+    let mut bytes = vec![0u8; want];
+    let file = File::from(fd);
+    let mut got = 0;
+    while got < want {
+        match file.read_at(&mut bytes[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(cause) => {
+                return Err(FileError::Io {
+                    path: path.to_path_buf(),
+                    cause,
+                });
+            }
+        }
+    }
+    bytes.truncate(got);
+    Ok(Chunk {
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
+        size,
+        bytes,
+    })
 }
 
 /// [`read_regular`] as UTF-8 text.
@@ -436,6 +491,39 @@ mod tests {
                 .unwrap_err()
                 .is_not_found()
         );
+    }
+
+    #[test]
+    fn a_follower_reads_a_bounded_piece_from_an_offset_of_a_regular_file_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.jsonl");
+        std::fs::write(&log, b"0123456789").unwrap();
+        let c = read_regular_from_no_link(&log, 3, 4).unwrap();
+        assert_eq!(c.bytes, b"3456");
+        assert_eq!(c.size, 10);
+        let whole = read_regular_from_no_link(&log, 0, 100).unwrap();
+        assert_eq!(whole.bytes, b"0123456789");
+        assert_eq!((whole.dev, whole.ino), (c.dev, c.ino));
+        // Past the end (a truncated file): nothing, and the size that says so.
+        let past = read_regular_from_no_link(&log, 50, 100).unwrap();
+        assert!(past.bytes.is_empty());
+        assert_eq!(past.size, 10);
+        let link = dir.path().join("link");
+        symlink(&log, &link).unwrap();
+        assert!(matches!(
+            read_regular_from_no_link(&link, 0, 100),
+            Err(FileError::NotRegular {
+                kind: "symbolic link",
+                ..
+            })
+        ));
+        let fifo = make_fifo(dir.path());
+        let t = Instant::now();
+        assert!(matches!(
+            read_regular_from_no_link(&fifo, 0, 100),
+            Err(FileError::NotRegular { kind: "FIFO", .. })
+        ));
+        assert!(t.elapsed() < Duration::from_secs(1), "no hang on a FIFO");
     }
 
     #[test]

@@ -21,6 +21,44 @@ pub fn own_cgroup() -> Option<String> {
     vramguard_proc::ProcFs::own().ok()?.own_cgroup()
 }
 
+/// This process's own cgroup v2 directory, where [`JobCgroup::create`] makes its children.
+pub fn own_cgroup_dir() -> Option<PathBuf> {
+    Some(cgroup2_mount()?.join(own_cgroup()?.trim_start_matches('/')))
+}
+
+/// Removes the empty cgroups named `<prefix><pid>-<n>` next to this process's own children
+/// whose creator `<pid>` is no process any more: what a killed (SIGKILL, a crash) run of the
+/// same program left behind. A populated one is left alone (what runs in it is not ours to
+/// judge); a pid that was reused only delays the clean-up. Returns how many were removed.
+pub fn remove_stale(prefix: &str) -> usize {
+    let Some(dir) = own_cgroup_dir() else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        // kill(pid, 0): sends nothing, answers ESRCH for no such process.
+        let gone = rustix::process::Pid::from_raw(pid as i32)
+            .is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
+        if pid == std::process::id() || !gone {
+            continue;
+        }
+        if std::fs::remove_dir(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// A cgroup created for one job, removed by [`JobCgroup::remove`].
 #[derive(Debug, Clone)]
 pub struct JobCgroup {
@@ -120,5 +158,65 @@ impl JobCgroup {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the test made, undone on drop (a failed assertion included): its sleeper killed by
+    /// pid, its cgroups removed.
+    #[derive(Default)]
+    struct Made {
+        sleeper: Option<std::process::Child>,
+        cgroups: Vec<JobCgroup>,
+    }
+
+    impl Drop for Made {
+        fn drop(&mut self) {
+            if let Some(c) = &mut self.sleeper {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            for cg in &self.cgroups {
+                cg.wait_empty(Duration::from_secs(5));
+                cg.remove();
+            }
+        }
+    }
+
+    #[test]
+    fn only_empty_cgroups_of_dead_creators_are_removed() {
+        let prefix = format!("vramguard-stale-test-{}x", std::process::id());
+        let mut made = Made::default();
+        // A creator that is gone: a child run to its end and reaped.
+        let dead = std::process::Command::new("true")
+            .spawn()
+            .and_then(|mut c| c.wait().map(|_| c.id()))
+            .unwrap();
+        let Ok(stale) = JobCgroup::create(&format!("{prefix}{dead}-0")) else {
+            // No writable cgroup v2 here (not root, no cgroup2): nothing to test.
+            return;
+        };
+        made.cgroups.push(stale.clone());
+        // pid 1 lives: its cgroup stays.
+        let live = JobCgroup::create(&format!("{prefix}1-0")).unwrap();
+        made.cgroups.push(live.clone());
+        // A dead creator's cgroup with a process in it (a sleep of ours): left alone.
+        let busy = JobCgroup::create(&format!("{prefix}{dead}-1")).unwrap();
+        made.cgroups.push(busy.clone());
+        let sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = sleeper.id();
+        made.sleeper = Some(sleeper);
+        std::fs::write(busy.procs_file(), pid.to_string()).unwrap();
+        assert_eq!(busy.pids(), [pid]);
+        assert_eq!(remove_stale(&prefix), 1);
+        assert!(!stale.dir().exists());
+        assert!(live.dir().exists());
+        assert!(busy.dir().exists());
     }
 }

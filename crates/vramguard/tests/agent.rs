@@ -810,7 +810,33 @@ fn metrics_are_openmetrics_for_prometheus_and_plain_text_that_promtool_accepts_o
     let world = World::new(1);
     let h = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60);
     world.allocate(allocation(0, h.pid(), GIB));
-    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    // A Slurm heal's steps in the audit log the agent follows: its metrics are checked too.
+    let audit = world.dir.path().join("audit.jsonl");
+    let heal_record = |event: &str| {
+        format!("{{\"ts_ms\":1796219394123,\"event\":\"{event}\",\"node\":\"gpu07\"}}\n")
+    };
+    std::fs::write(&audit, heal_record("heal_waiting")).unwrap();
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        &format!(
+            "[agent]\ninterval = \"200ms\"\n\n[reclaim]\naudit_log = \"{}\"\n",
+            audit.display()
+        ),
+    );
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&audit)
+        .unwrap();
+    log.write_all(heal_record("heal_failed").as_bytes())
+        .unwrap();
+    wait_until(10, "the heal's failure in the metrics", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_slurm_heal_failed",
+            &["node=\"gpu07\""],
+        ) == Some(1.0)
+    });
     // What Prometheus asks for.
     let (code, head, body) = http_get_accepting(
         agent.addr,
@@ -860,6 +886,18 @@ fn metrics_are_openmetrics_for_prometheus_and_plain_text_that_promtool_accepts_o
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success() && said.is_empty(), "promtool: {said}");
+    for line in [
+        "vramguard_slurm_heal_steps_total{step=\"failed\"} 1",
+        "vramguard_slurm_heal_last_step{node=\"gpu07\",step=\"failed\"} 1",
+        "vramguard_slurm_heal_last_step{node=\"gpu07\",step=\"waiting\"} 0",
+        "vramguard_slurm_heal_last_step_timestamp_seconds{node=\"gpu07\"} 1796219394.123",
+    ] {
+        assert!(body.contains(line), "{line} in:\n{body}");
+    }
+    assert!(
+        !body.contains("step=\"waiting\"} 1"),
+        "a step already in the log at start is the state, not counted again"
+    );
     // The agent's own heap, to tell a leak from fragmentation next to its RSS.
     let heap = sample(&body, "vramguard_agent_heap_in_use_bytes", &[]).unwrap();
     assert!(heap > 100_000.0, "{heap}");
@@ -2062,7 +2100,11 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
         // A call timeout above the 15 s stall below: that stall must hold the collection
         // up for the stall alert to fire (at the default 5 s, a stalled GPU is reported
         // down after 5 s and collection goes on).
-        "[agent]\ninterval = \"250ms\"\ntrend_window = \"20s\"\n[driver]\ncall_timeout = \"60s\"\n",
+        &format!(
+            "[agent]\ninterval = \"250ms\"\ntrend_window = \"20s\"\n[driver]\ncall_timeout = \"60s\"\n\
+             [reclaim]\naudit_log = \"{}\"\n",
+            world.dir.path().join("audit.jsonl").display()
+        ),
     );
     let dir = tempfile::tempdir().unwrap();
     let (_prom, prom) = scraping_prometheus(dir.path(), agent.addr);
@@ -2271,6 +2313,28 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
         || {
             Command::new("kill").args(["-CONT", &pid]).status().unwrap();
         },
+    );
+
+    // A Slurm heal whose reset failed, then a later one that resumed the node: the heal
+    // writes its steps to the audit log the agent follows.
+    let heal_step = |event: &str| {
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(world.dir.path().join("audit.jsonl"))
+            .unwrap();
+        writeln!(
+            log,
+            "{{\"ts_ms\":1796219394123,\"event\":\"{event}\",\"node\":\"gpu07\",\"reason\":\"vramguard: GPU reset did not free the memory\"}}"
+        )
+        .unwrap();
+    };
+    fires_and_resolves(
+        prom,
+        &mut tested,
+        "VramguardSlurmHealFailed",
+        || heal_step("heal_failed"),
+        || heal_step("heal_resumed"),
     );
 
     // Tested on its own, with an agent in a PID namespace of its own (below).

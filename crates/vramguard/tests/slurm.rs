@@ -801,6 +801,20 @@ fn an_admins_drain_stays_and_a_failed_reset_keeps_the_node_drained() {
     a.after_exit = vramguard_sim::state::AfterExit::Leak;
     world.allocate(a);
     let audit = c.dir.path().join("heal-audit.jsonl");
+    // The node's agent follows the same audit log: the heal's steps become its metrics, and
+    // a failed heal its alert.
+    let alerts = c.dir.path().join("alerts.log");
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        &format!(
+            "[agent]\ninterval = \"200ms\"\n\n[reclaim]\naudit_log = {audit:?}\n\n\
+             [[alerts.exec]]\nargv = [\"sh\", \"-c\", \"echo $VRAMGUARD_ALERT_STATUS \
+             $VRAMGUARD_ALERT_RULE gpu=[$VRAMGUARD_ALERT_GPU] $VRAMGUARD_ALERT_SUMMARY >> '{}'\"]\n",
+            alerts.display()
+        ),
+    );
+    let alert_lines = || std::fs::read_to_string(&alerts).unwrap_or_default();
     let heal = |extra: &[&str]| {
         Vg::new(&world, Path_::Nvml)
             .env("SLURM_CONF", &c.conf)
@@ -862,6 +876,39 @@ fn an_admins_drain_stays_and_a_failed_reset_keeps_the_node_drained() {
         .collect();
     assert!(events.contains(&"heal_failed".to_string()), "{events:?}");
     assert!(events.contains(&"heal_skipped".to_string()), "{events:?}");
+    // The agent alerts once, for the node (no GPU), with the reason, and shows the steps.
+    c.wait(20, "the agent's heal alert", || {
+        alert_lines().contains("firing slurm_heal_failed")
+    });
+    let line = alert_lines();
+    assert!(
+        line.contains(&format!(
+            "firing slurm_heal_failed gpu=[] Slurm node {} kept drained: vramguard: GPU reset did not free the memory",
+            c.node
+        )),
+        "{line}"
+    );
+    let node_label = format!("node=\"{}\"", c.node);
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "vramguard_slurm_heal_failed", &[&node_label]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "vramguard_slurm_heal_steps_total", &["step=\"failed\""]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_slurm_heal_last_step",
+            &[&node_label, "step=\"failed\""]
+        ),
+        Some(1.0),
+        "{m}"
+    );
 
     // Another heal holds the lock (`flock`, started here, ended by its pid): nothing done.
     let lock = PathBuf::from(format!("{}.heal-lock", audit.display()));
@@ -891,6 +938,36 @@ fn an_admins_drain_stays_and_a_failed_reset_keeps_the_node_drained() {
     assert!(stdout(&out).contains("resumed"), "{}", stdout(&out));
     // Right after a resume slurmctld shows NOT_RESPONDING until it has pinged slurmd.
     c.wait(30, "the node to be idle", || c.node_state() == "IDLE");
+    // The incident is resolved, once.
+    c.wait(20, "the agent's resolved heal alert", || {
+        alert_lines().contains("resolved slurm_heal_failed")
+    });
+    agent.wait_collections(3);
+    let lines = alert_lines();
+    assert_eq!(
+        lines.lines().count(),
+        2,
+        "one firing, one resolved: {lines}"
+    );
+    assert!(
+        lines.contains(&format!("Slurm node {}: GPUs clean, resumed", c.node)),
+        "{lines}"
+    );
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "vramguard_slurm_heal_failed", &[&node_label]),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "vramguard_slurm_heal_steps_total",
+            &["step=\"resumed\""]
+        ),
+        Some(1.0),
+        "{m}"
+    );
     figure("test total", Instant::now() - t_test);
 }
 

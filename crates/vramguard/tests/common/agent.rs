@@ -14,6 +14,26 @@ pub struct Agent {
     log: Arc<Mutex<Vec<String>>>,
 }
 
+/// SIGTERM first, as systemd stops it: the agent finishes what its notifier is doing (an
+/// alert command's cgroup is removed) before it exits. `Reaped`'s SIGKILL comes only after
+/// 5 s (a test that left a delivery hanging).
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let child = &mut self.child.0;
+        if let Ok(None) = child.try_wait() {
+            // SAFETY: kill(2) on our own child, not reaped yet: its pid cannot be reused.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_secs(5) {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+}
+
 impl Agent {
     pub fn start(world: &World, path: Path_, config: &str) -> Agent {
         Agent::start_with_nofile(world, path, config, None)
