@@ -48,7 +48,9 @@ schedule_heal() {
 # this only spares a heal start (and an audit record) per job on a node nobody drained.
 heal_if_drained_by_us() {
     [ "${VRAMGUARD_HEAL:-1}" != 0 ] || return 0
-    scontrol show node "$NODE" --oneliner 2>/dev/null | grep -q ' Reason=vramguard:' || return 0
+    # Bounded: an unreachable slurmctld must not hold the epilog (and the job's end) up.
+    timeout 30 scontrol show node "$NODE" --oneliner 2>/dev/null | grep -q ' Reason=vramguard:' ||
+        return 0
     log "node $NODE is still drained by vramguard"
     schedule_heal
 }

@@ -186,10 +186,13 @@ impl Agent {
         for n in self.alerts.evaluate(&report, gpu_trends, wall_ms) {
             self.notifier.send(n);
         }
-        for n in self.heal.poll(report.hostname.as_deref(), wall_ms) {
-            self.notifier.send(n);
+        match self.heal.poll(report.hostname.as_deref(), wall_ms) {
+            Ok(notes) => notes.into_iter().for_each(|n| self.notifier.send(n)),
+            Err(_) => self.metrics.error("audit_log"),
         }
-        self.metrics.heal(&self.heal);
+        if self.heal.take_changed() {
+            self.metrics.heal(&self.heal);
+        }
         let firing = self.alerts.firing();
         self.metrics.update(
             &report,
@@ -655,7 +658,10 @@ impl Agent {
                 }
                 self.alerts.set_rules(&c.alerts);
                 if c.reclaim.audit_log != self.config.reclaim.audit_log {
+                    // The counters go on from what they counted; the new log's state is shown.
+                    let counts = std::mem::take(&mut self.heal.counts);
                     self.heal = HealWatch::start(&c.reclaim.audit_log);
+                    self.heal.counts = counts;
                 }
                 *self.alerts_config.write().expect("alerts config") = c.alerts.clone();
                 if c.policy != self.config.policy {

@@ -247,6 +247,11 @@ pub struct HealWatch {
     pub last: Option<HealRecord>,
     /// When the failure being alerted on started, ms since the epoch.
     failing_since: Option<u64>,
+    /// The last read error, logged once until it changes or a read succeeds (a log that is
+    /// a link would otherwise fill the journal at every sample).
+    last_error: Option<String>,
+    /// Whether the state changed since [`HealWatch::take_changed`] last asked.
+    changed: bool,
 }
 
 impl HealWatch {
@@ -266,9 +271,17 @@ impl HealWatch {
         HealWatch {
             follower,
             counts: BTreeMap::new(),
+            changed: last.is_some(),
             last,
             failing_since,
+            last_error: None,
         }
+    }
+
+    /// Whether the counts, the latest step or the failure changed since the last call: the
+    /// metrics are redrawn only then, not at every sample.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
     }
 
     /// Whether the heal's alert is firing.
@@ -279,14 +292,32 @@ impl HealWatch {
     /// Reads the new heal steps; returns the notifications they make: one `firing` when a
     /// heal fails (the node stays drained), one `resolved` when a later heal resumes the node
     /// or finds the drain no longer vramguard's.
-    pub fn poll(&mut self, host: Option<&str>, now_ms: u64) -> Vec<Notification> {
+    ///
+    /// A log that cannot be read is an error (the caller counts it); it is logged once until
+    /// it changes or a read succeeds.
+    pub fn poll(
+        &mut self,
+        host: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Vec<Notification>, FileError> {
         let records = match self.follower.poll() {
-            Ok(r) => r,
+            Ok(r) => {
+                self.last_error = None;
+                r
+            }
             Err(e) => {
-                tracing::warn!("following the audit log for heal steps: {e}");
-                return Vec::new();
+                let text = e.to_string();
+                if self.last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(
+                        "following the audit log for heal steps: {text} (heal metrics and the \
+                         slurm_heal_failed alert wait until it can be read)"
+                    );
+                    self.last_error = Some(text);
+                }
+                return Err(e);
             }
         };
+        self.changed |= !records.is_empty();
         let mut out = Vec::new();
         for r in records {
             *self.counts.entry(r.step).or_default() += 1;
@@ -337,7 +368,7 @@ impl HealWatch {
             }
             self.last = Some(r);
         }
-        out
+        Ok(out)
     }
 }
 
@@ -477,10 +508,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let mut w = HealWatch::start(&path);
-        assert!(w.poll(Some("n1"), 0).is_empty());
+        assert!(w.poll(Some("n1"), 0).unwrap().is_empty());
         append(&path, &rec("heal_waiting", 1, ",\"why\":\"job 7\""));
         append(&path, &rec("heal_reset", 2, ""));
-        assert!(w.poll(Some("n1"), 2).is_empty(), "progress is no alert");
+        assert!(
+            w.poll(Some("n1"), 2).unwrap().is_empty(),
+            "progress is no alert"
+        );
         append(
             &path,
             &rec(
@@ -489,7 +523,7 @@ mod tests {
                 ",\"reason\":\"vramguard: GPU reset did not free\"",
             ),
         );
-        let n = w.poll(Some("n1"), 3);
+        let n = w.poll(Some("n1"), 3).unwrap();
         assert_eq!(n.len(), 1);
         assert_eq!((n[0].status, n[0].rule.as_str()), ("firing", HEAL_RULE));
         assert_eq!(n[0].gpu, None);
@@ -503,9 +537,9 @@ mod tests {
         assert!(w.failing());
         // A second failure of the same incident says nothing more.
         append(&path, &rec("heal_failed", 4, ",\"reason\":\"again\""));
-        assert!(w.poll(Some("n1"), 4).is_empty());
+        assert!(w.poll(Some("n1"), 4).unwrap().is_empty());
         append(&path, &rec("heal_resumed", 5, ""));
-        let n = w.poll(Some("n1"), 5);
+        let n = w.poll(Some("n1"), 5).unwrap();
         assert_eq!(n.len(), 1);
         assert_eq!(n[0].status, "resolved");
         assert_eq!(n[0].started_at_ms, 3);
@@ -513,6 +547,32 @@ mod tests {
         assert_eq!(w.counts[&HealStep::Failed], 2);
         assert_eq!(w.counts[&HealStep::Waiting], 1);
         assert_eq!(w.last.as_ref().unwrap().step, HealStep::Resumed);
+    }
+
+    #[test]
+    fn the_metrics_are_redrawn_only_on_a_change_and_an_unreadable_log_is_an_error_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut w = HealWatch::start(&path);
+        assert!(!w.take_changed(), "no log, no heal: nothing to show");
+        append(&path, &rec("signal", 1, ""));
+        w.poll(None, 1).unwrap();
+        assert!(!w.take_changed(), "no heal record");
+        append(&path, &rec("heal_waiting", 2, ""));
+        w.poll(None, 2).unwrap();
+        assert!(w.take_changed());
+        assert!(!w.take_changed());
+        w.poll(None, 3).unwrap();
+        assert!(!w.take_changed(), "quiet samples redraw nothing");
+        // A link in its place: an error at every poll (counted by the agent), logged once.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
+        assert!(w.poll(None, 4).is_err());
+        assert!(w.poll(None, 5).is_err());
+        assert!(w.last_error.is_some());
+        std::fs::remove_file(&path).unwrap();
+        w.poll(None, 6).unwrap();
+        assert!(w.last_error.is_none());
     }
 
     #[test]
@@ -530,7 +590,7 @@ mod tests {
             &path,
             &rec("heal_skipped", 8, ",\"why\":\"drained by someone else\""),
         );
-        let n = w.poll(None, 8);
+        let n = w.poll(None, 8).unwrap();
         assert_eq!(n.len(), 1);
         assert_eq!(n[0].status, "resolved");
         assert!(

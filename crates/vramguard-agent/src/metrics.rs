@@ -603,7 +603,7 @@ impl Metrics {
         );
         r.register(
             "collection_errors",
-            "Collection errors, by kind (gpu_call, source, proc)",
+            "Collection errors, by kind (gpu_call, source, proc, audit_log)",
             self.errors.clone(),
         );
         r.register(

@@ -612,6 +612,25 @@ fn a_real_slurm_jobs_leftovers_are_named_by_its_cgroup_and_reclaimed_by_its_epil
     figure("test total", Instant::now() - t_test);
 }
 
+/// A job whose trainer leaves 3 GiB of driver residue on GPU 0 is cancelled while another job
+/// (on no GPU of Slurm's, holding 1 GiB of GPU 1) keeps running; returns once the epilog has
+/// drained the node: the running job's id and when the cancel was sent.
+fn residue_under_a_running_job(c: &mut Cluster, world: &World) -> (u32, Instant) {
+    let leak = spec(
+        world,
+        json!([{ "gpu": 0, "bytes": 3 * GIB, "after_exit": "leak" }]),
+    );
+    let (job, trainer, _) = c.trainer_job("leaky", Some("gpu:1"), leak);
+    let (running, _, _) = c.trainer_job("running", None, spec(world, json!([hold(1, 1)])));
+    let t0 = Instant::now();
+    c.run("scancel", &[&job.to_string()]);
+    c.wait(30, "the trainer to be killed by Slurm", || !alive(trainer));
+    c.wait(60, "the epilog to drain the node", || {
+        c.node_state().contains("DRAIN")
+    });
+    (running, t0)
+}
+
 /// Memory no process holds (driver residue) after a job: the epilog drains the node with a
 /// readable reason; once the node is idle, the heal it scheduled resets the GPU under the
 /// `--reset=auto` rules and resumes the node, on its own.
@@ -624,21 +643,8 @@ fn residue_drains_the_node_and_the_heal_resets_and_resumes_it_once_idle() {
     let t_test = Instant::now();
     let world = World::new(2);
     let mut c = Cluster::start(&world, 2);
-    let leak = spec(
-        &world,
-        json!([{ "gpu": 0, "bytes": 3 * GIB, "after_exit": "leak" }]),
-    );
-    let (job, trainer, _) = c.trainer_job("leaky", Some("gpu:1"), leak);
-    // Another job keeps the node busy meanwhile: the heal waits for it.
-    let (other, _, _) = c.trainer_job("other", None, spec(&world, json!([hold(1, 1)])));
-    let t0 = Instant::now();
-    c.run("scancel", &[&job.to_string()]);
-    c.wait(30, "the trainer to be killed by Slurm", || !alive(trainer));
-    let drain = c.wait(60, "the epilog to drain the node", || {
-        c.node_state().contains("DRAIN")
-    });
+    let (other, t0) = residue_under_a_running_job(&mut c, &world);
     figure("scancel -> drain", t0.elapsed_since());
-    let _ = drain;
     let reason = c.node_reason();
     assert!(
         reason.starts_with("vramguard: ghost memory: 3.0 GiB on GPU 0"),
@@ -726,17 +732,7 @@ fn a_heal_that_gave_up_waiting_is_taken_up_by_the_epilog_of_the_job_it_waited_fo
     let mut c = Cluster::start(&world, 2);
     let heal_wait = c.dir.path().join("heal_wait");
     std::fs::write(&heal_wait, "1s").unwrap();
-    let leak = spec(
-        &world,
-        json!([{ "gpu": 0, "bytes": 3 * GIB, "after_exit": "leak" }]),
-    );
-    let (job, trainer, _) = c.trainer_job("leaky", Some("gpu:1"), leak);
-    let (long, _, _) = c.trainer_job("long", None, spec(&world, json!([hold(1, 1)])));
-    c.run("scancel", &[&job.to_string()]);
-    c.wait(30, "the trainer to be killed by Slurm", || !alive(trainer));
-    c.wait(60, "the epilog to drain the node", || {
-        c.node_state().contains("DRAIN")
-    });
+    let (long, _) = residue_under_a_running_job(&mut c, &world);
     c.wait(60, "the first heal to give up waiting", || {
         c.audit().iter().any(|r| r["event"] == "heal_timed_out")
     });
