@@ -79,7 +79,13 @@ struct Known {
     /// Its pid in its innermost PID namespace when that is not this one (`Some(None)`: not
     /// nested), read once: a process never changes PID namespace.
     inner_pid: Option<Option<u32>>,
+    /// `VmPin` and `VmLck` from the `status` its identity was read from, with the number of
+    /// the collection that read it: host memory reuses them within that collection.
+    status_memory: Option<(u64, StatusMemory)>,
 }
+
+/// `VmPin` and `VmLck` of a `status` read, in bytes.
+type StatusMemory = (Option<u64>, Option<u64>);
 
 const DEPARTED_KEEP: usize = 256;
 /// Ancestors followed above a holder (its parent, the parent's parent...).
@@ -93,6 +99,8 @@ const CGROUP_PROCS_MAX_BYTES: u64 = 64 * 1024;
 const DEPARTED_MAX_AGE_MS: u64 = 3_600_000;
 /// Below this many processes to fd-scan, threads cost more than they save.
 const PARALLEL_SCAN_MIN: usize = 64;
+/// Pids a scan thread takes at a time.
+const SCAN_BATCH: usize = 16;
 
 /// Gathers process facts, remembering what it saw between collections.
 #[derive(Debug)]
@@ -124,6 +132,8 @@ pub struct ProcCollector {
     /// The tree's fork counter when `/proc` was last listed: a [`ScanDepth::NewProcesses`]
     /// collection that finds it unchanged skips the listing, since no process can be new.
     forks_at_listing: Option<u64>,
+    /// Collections made so far, this one included.
+    collections: u64,
 }
 
 impl ProcCollector {
@@ -160,6 +170,7 @@ impl ProcCollector {
             shm_dirs: vec![PathBuf::from("/dev/shm")],
             last_shm: Vec::new(),
             forks_at_listing: None,
+            collections: 0,
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -185,6 +196,12 @@ impl ProcCollector {
         self.passwd = path.into();
         self.users = None;
         self
+    }
+
+    /// Processes whose exit this collector watches (a pidfd each). None after the first
+    /// collection: only a collector that collects again opens them.
+    pub fn exit_watches(&self) -> usize {
+        self.known.values().filter(|k| k.pidfd.is_some()).count()
     }
 
     /// The `/proc` tree.
@@ -388,9 +405,13 @@ impl ProcCollector {
         Ok(facts)
     }
 
-    /// Keeps the facts just read, and opens a pidfd for the process if it has none.
+    /// Keeps the facts just read, and opens a pidfd for the process if it has none. Not in
+    /// the first collection: a pidfd serves only later ones ([`ScanDepth::Cached`]), and a
+    /// one-shot command (`status`, `diagnose`) makes no other; a collector that collects
+    /// again opens them then.
     fn follow(&mut self, pid: u32, facts: &ProcessFacts) {
-        let (usable, room) = (self.pidfds_usable, self.open_stat_fds < self.max_stat_fds);
+        let usable = self.pidfds_usable && self.collections > 1;
+        let room = self.open_stat_fds < self.max_stat_fds;
         let Some(k) = self.known.get_mut(&pid) else {
             return;
         };
@@ -441,6 +462,7 @@ impl ProcCollector {
         depth: ScanDepth,
         now_ms: u64,
     ) -> Result<Collected, ProcError> {
+        self.collections += 1;
         if depth == ScanDepth::Full {
             self.refresh_host();
             self.devices = DeviceTable::load(&self.dev_dir);
@@ -503,7 +525,14 @@ impl ProcCollector {
                 .map(|d| d.dev)
                 .collect();
             for p in processes.iter() {
-                if let Ok(Found::Yes(m)) = crate::host::process_memory(&self.fs, p.pid, &devs)
+                let read_now = self
+                    .known
+                    .get(&p.pid)
+                    .and_then(|k| k.status_memory)
+                    .filter(|(at, _)| *at == self.collections)
+                    .map(|(_, m)| m);
+                if let Ok(Found::Yes(m)) =
+                    crate::host::process_memory(&self.fs, p.pid, &devs, read_now)
                     && let Some(k) = self.known.get_mut(&p.pid)
                 {
                     k.host_memory = Some(m);
@@ -536,7 +565,8 @@ impl ProcCollector {
             for p in processes.iter() {
                 if let Some(k) = self.known.get(&p.pid)
                     && k.host_memory.is_none()
-                    && let Ok(Found::Yes(m)) = crate::host::process_memory(&self.fs, p.pid, &devs)
+                    && let Ok(Found::Yes(m)) =
+                        crate::host::process_memory(&self.fs, p.pid, &devs, None)
                     && let Some(k) = self.known.get_mut(&p.pid)
                 {
                     k.host_memory = Some(m);
@@ -795,14 +825,24 @@ impl ProcCollector {
         if threads < 2 {
             return scan_chunk(pids);
         }
-        let chunk = pids.len().div_ceil(threads);
+        // Handed out a few pids at a time from one counter: the fd tables are of very
+        // different sizes, and fixed halves left one thread idle while the other worked.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let take = || {
+            let at = next.fetch_add(SCAN_BATCH, std::sync::atomic::Ordering::Relaxed);
+            pids.get(at..(at + SCAN_BATCH).min(pids.len()))
+        };
         std::thread::scope(|scope| {
-            let handles: Vec<_> = pids
-                .chunks(chunk)
-                .map(|c| scope.spawn(move || scan_chunk(c)))
-                .collect();
-            let mut all = Vec::with_capacity(pids.len());
-            for h in handles {
+            let work = || -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
+                let mut done = Vec::new();
+                while let Some(batch) = take() {
+                    done.extend(scan_chunk(batch)?);
+                }
+                Ok(done)
+            };
+            let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+            let mut all = work()?;
+            for h in helpers {
                 all.extend(h.join().expect("fd scan thread panicked")?);
             }
             Ok(all)
@@ -824,6 +864,8 @@ impl ProcCollector {
         }
         let user = status.uid.and_then(|u| self.user_name(u));
         let exe = self.fs.exe(pid)?.ok();
+        let collection = self.collections;
+        self.known.entry(pid).or_default().status_memory = Some((collection, status.memory));
         Ok(ProcessFacts {
             pid,
             exe,

@@ -230,22 +230,25 @@ fn open_fds(
 
 /// Pinned, locked and shared memory of one process: `status` (`VmPin`, `VmLck`) and `maps`
 /// (each shared-memory file once, at its largest mapping). `Gone` when it exited.
+/// `status_memory`: `VmPin` and `VmLck` when this collection has already read `status`.
 pub fn process_memory(
     fs: &ProcFs,
     pid: u32,
     devs: &BTreeSet<u64>,
+    status_memory: Option<(Option<u64>, Option<u64>)>,
 ) -> Result<Found<ProcessHostMemory>, ProcError> {
     let mut buf = Vec::new();
     let mut memory = ProcessHostMemory::default();
-    match fs.read_into(&format!("{pid}/status"), &mut buf)? {
-        Found::Yes(()) => {
-            let (pinned, locked) = crate::parse::parse_status_memory(&buf);
-            memory.pinned_bytes = pinned;
-            memory.locked_bytes = locked;
-        }
-        Found::Gone => return Ok(Found::Gone),
-        Found::Denied => {}
-    }
+    let (pinned, locked) = match status_memory {
+        Some(read) => read,
+        None => match fs.read_into(&format!("{pid}/status"), &mut buf)? {
+            Found::Yes(()) => crate::parse::parse_status_memory(&buf),
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => (None, None),
+        },
+    };
+    memory.pinned_bytes = pinned;
+    memory.locked_bytes = locked;
     if let Found::Yes(()) = fs.read_into(&format!("{pid}/maps"), &mut buf)? {
         let mut largest: BTreeMap<(u64, u64), u64> = BTreeMap::new();
         for (dev, inode, len) in crate::parse::parse_maps_files(&buf) {

@@ -93,6 +93,9 @@ pub struct Status {
     pub nspid: Vec<u32>,
     /// `SigIgn:` bit mask of ignored signals (bit n-1 for signal n).
     pub sig_ignored: Option<u64>,
+    /// `VmPin:` and `VmLck:` in bytes: read with the rest, so that a collection that reads a
+    /// process's identity does not read its `status` a second time for its host memory.
+    pub memory: (Option<u64>, Option<u64>),
 }
 
 /// Parses `status`, line by line; unknown and malformed lines are skipped.
@@ -121,6 +124,8 @@ pub fn parse_status(bytes: &[u8]) -> Status {
                 status.nspid = parsed.unwrap_or_default();
             }
             "SigIgn" => status.sig_ignored = u64::from_str_radix(value, 16).ok(),
+            "VmPin" => status.memory.0 = kib_value(value),
+            "VmLck" => status.memory.1 = kib_value(value),
             _ => {}
         }
     }
@@ -434,6 +439,14 @@ pub fn parse_passwd(bytes: &[u8]) -> Vec<(u32, String)> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn status_carries_pinned_and_locked_memory() {
+        let st = parse_status(b"Name:\tx\nUid:\t7 7 7 7\nVmLck:\t    8 kB\nVmPin:\t  16 kB\n");
+        assert_eq!(st.memory, (Some(16 * 1024), Some(8 * 1024)));
+        assert_eq!(parse_status(b"Uid:\t0 0 0 0\n").memory, (None, None));
+    }
+
     use super::*;
 
     const STAT: &[u8] = b"4121 (python) S 4100 4100 4100 0 -1 4194560 29 0 0 0 120 30 0 0 20 0 9 0 512345 100000 200 18446744073709551615 1 1 0 0 0 0 0 16781312 17610 0 0 0 17 1 0 0 0 0 0\n";

@@ -430,3 +430,22 @@ fn namespace_and_open_file_facts_name_the_process_asked_about() {
     ));
     assert_eq!(proc.namespace_pids(ProcDir::Pid(pid)), None, "gone");
 }
+
+#[test]
+fn a_one_shot_collection_watches_no_exit_and_a_second_one_does() {
+    let dev = dev_dir();
+    let h = holder(dev.path(), &["nvidia0"]);
+    let pid = h.0.id();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    assert!(holds(&mut c, pid, ScanDepth::Full).is_some_and(|d| d.holds_any() == Some(true)));
+    assert_eq!(
+        c.exit_watches(),
+        0,
+        "a command that collects once (status, diagnose) opens no pidfd"
+    );
+    holds(&mut c, pid, ScanDepth::Holders).unwrap();
+    assert!(
+        c.exit_watches() >= 1,
+        "a collector that collects again watches its holders' exits"
+    );
+}
