@@ -102,7 +102,22 @@ struct Agent {
     last_good: Option<Instant>,
     /// The Slurm heal's steps, followed in the audit log.
     heal: HealWatch,
+    /// Device opens are watched (fanotify): a new holder wakes the loop, and the full scan
+    /// can be rare.
+    watching_opens: bool,
+    /// Opens lost (a queue overflow): the next collection is a full scan.
+    opens_lost: bool,
+    /// When the last sample began: a sample asked for by an open waits until
+    /// [`OPEN_SAMPLE_GAP`] after it.
+    last_sample: Option<Instant>,
+    /// When the sample that opens asked for is due; `None` when none is.
+    open_sample_due: Option<Instant>,
 }
+
+/// The least time between two samples that opens of the device files ask for: an open is
+/// seen within this, and a flood of opens (a `watch nvidia-smi`, a hostile loop) costs at most
+/// one extra sample per gap.
+const OPEN_SAMPLE_GAP: Duration = Duration::from_millis(250);
 
 impl Agent {
     /// One collection, classification, and everything that follows from it.
@@ -118,6 +133,8 @@ impl Agent {
 
     fn sample(&mut self) {
         let t0 = self.now();
+        self.last_sample = Some(t0);
+        self.open_sample_due = None;
         let depth = self.depth_due();
         let snap = match self.node.snapshot(depth) {
             Ok(s) => s,
@@ -137,6 +154,7 @@ impl Agent {
         let now = self.now();
         match depth {
             ScanDepth::Full => {
+                self.opens_lost = false;
                 self.last_full = Some(now);
                 self.last_discover = now;
                 self.last_recheck = now;
@@ -228,8 +246,8 @@ impl Agent {
     fn depth_due(&self) -> ScanDepth {
         let full_due = self
             .last_full
-            .is_none_or(|t| self.since(t) >= self.config.agent.full_scan_every)
-            || (self.needs_full
+            .is_none_or(|t| self.since(t) >= self.full_scan_every())
+            || ((self.needs_full || self.opens_lost)
                 && self
                     .last_full
                     .is_none_or(|t| self.since(t) >= Duration::from_secs(10)));
@@ -242,6 +260,40 @@ impl Agent {
         } else {
             ScanDepth::Cached
         }
+    }
+
+    /// The full fd scan's period: the configured one, else long while opens are watched.
+    fn full_scan_every(&self) -> Duration {
+        self.config
+            .agent
+            .full_scan_every
+            .unwrap_or(if self.watching_opens {
+                vramguard_config::FULL_SCAN_EVERY_WATCHED
+            } else {
+                vramguard_config::FULL_SCAN_EVERY
+            })
+    }
+
+    /// Starts watching the device files for opens, when the config asks for it; says once
+    /// why not where it cannot.
+    fn start_watching_opens(&mut self) {
+        self.watching_opens = false;
+        if !self.config.agent.watch_opens {
+            self.metrics.open_watch(false);
+            return;
+        }
+        match self.node.watch_opens() {
+            Ok(files) => {
+                self.watching_opens = true;
+                tracing::info!(
+                    files,
+                    full_scan_every = ?self.full_scan_every(),
+                    "watching the GPU device files for opens"
+                );
+            }
+            Err(e) => tracing::warn!("{e} (full fd scan every {:?})", self.full_scan_every()),
+        }
+        self.metrics.open_watch(self.watching_opens);
     }
 
     /// Feeds this sample into the trend and timeline history, refits the trends when a bucket
@@ -432,7 +484,10 @@ impl Agent {
     /// Sleeps until `deadline` (the node's clock), a holder's exit, or the wake pipe;
     /// returns the exits, timed by the node.
     fn wait(&mut self, deadline: Instant, wake: &OwnedFd) -> Vec<(u32, Watched, Instant)> {
-        let gone = self.node.wait_watched(deadline, Some(wake.as_fd()));
+        // Once a sample is due for opens, more opens need not wake the loop: they are read
+        // at the next wait after that sample.
+        let opens = self.open_sample_due.is_none();
+        let gone = self.node.wait_watched(deadline, Some(wake.as_fd()), opens);
         // The pipe is non-blocking: empty it whether or not it woke the wait.
         let mut buf = [0u8; 64];
         while matches!(rustix::io::read(wake, &mut buf), Ok(n) if n > 0) {}
@@ -465,6 +520,30 @@ impl Agent {
             self.on_exits(exits);
             // A kill may have left a ghost: report it now, not at the next tick.
             next = self.now();
+        }
+        let opened = self.node.take_opens();
+        if opened.overflowed {
+            self.opens_lost = true;
+        }
+        if let Some(e) = opened.stopped {
+            self.watching_opens = false;
+            self.metrics.open_watch(false);
+            tracing::warn!(
+                "reading device opens failed ({e}): no longer watched; full fd scans every {:?}",
+                self.full_scan_every()
+            );
+        }
+        if !opened.pids.is_empty() || opened.overflowed {
+            self.metrics.device_opens(opened.pids.len() as u64);
+            // A new holder: sample soon, at most once per gap however many opens come.
+            let soon = self
+                .last_sample
+                .map_or(self.now(), |t| t + OPEN_SAMPLE_GAP)
+                .max(self.now());
+            self.open_sample_due = Some(soon);
+        }
+        if let Some(due) = self.open_sample_due {
+            next = next.min(due);
         }
         if !self.pending.is_empty() && self.poll_lags() {
             // Memory came back: sample now, so the ghost and the lag are exported together.
@@ -650,6 +729,8 @@ impl Agent {
                     tracing::warn!("{note}");
                 }
                 let c = loaded.config;
+                let mut reopened = false;
+                let rewatch = c.agent.watch_opens != self.config.agent.watch_opens;
                 if c.agent.listen != self.config.agent.listen {
                     tracing::warn!(
                         "a new listen address ({}) takes effect at the next restart",
@@ -667,7 +748,10 @@ impl Agent {
                 if c.policy != self.config.policy {
                     // The node asks the driver for utilisation over the policy's idle window.
                     match (self.make_node)(&c.policy) {
-                        Ok(node) => self.node = node,
+                        Ok(node) => {
+                            self.node = node;
+                            reopened = true;
+                        }
                         Err(e) => tracing::error!("reopening the node with the new policy: {e}"),
                     }
                 }
@@ -677,6 +761,9 @@ impl Agent {
                 self.config = c;
                 self.config.agent.listen = listen;
                 self.config.agent.web_config = web_config;
+                if reopened || rewatch {
+                    self.start_watching_opens();
+                }
                 tracing::info!("config reloaded");
             }
             Err(e) => tracing::error!("config reload failed, keeping the running config: {e}"),
@@ -781,6 +868,7 @@ impl Agent {
             metrics: {
                 let mut m = Metrics::new();
                 m.track_own_heap();
+                m.track_open_watch();
                 m
             },
             history: History::default(),
@@ -808,6 +896,10 @@ impl Agent {
             last_good: None,
             heal: HealWatch::start(&setup.config.reclaim.audit_log),
             config: setup.config.clone(),
+            watching_opens: false,
+            opens_lost: false,
+            last_sample: None,
+            open_sample_due: None,
         })
     }
 }
@@ -867,6 +959,7 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
     let mut agent = Agent::new(&setup, shared)?;
     agent.reclaim_stop = reclaim_stop;
+    agent.start_watching_opens();
     let mut next = agent.now();
     while !shutdown.load(Ordering::SeqCst) {
         if reload.swap(false, Ordering::SeqCst) {

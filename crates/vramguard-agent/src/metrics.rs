@@ -186,6 +186,9 @@ pub struct Metrics {
     registry: Registry,
     /// The agent's own heap in use, when tracked ([`Metrics::track_own_heap`]).
     heap: Option<Gauge>,
+    /// Device opens watched (1) or not (0), and the openers seen, when tracked
+    /// ([`Metrics::track_open_watch`]).
+    open_watch: Option<(Gauge, Counter)>,
     up: Family<GpuLabels, Gauge>,
     /// The GPUs of the last good sample: what `up` goes to 0 for when collection fails.
     seen_gpus: std::sync::Mutex<Vec<GpuLabels>>,
@@ -472,6 +475,7 @@ impl Metrics {
             host: HostMetrics::default(),
             registry: Registry::default(),
             heap: None,
+            open_watch: None,
         };
         m.register_gpu_memory(&mut r);
         m.register_trends_and_reclaim(&mut r);
@@ -494,6 +498,38 @@ impl Metrics {
             g.clone(),
         );
         self.heap = Some(g);
+    }
+
+    /// Adds whether the GPU device files are watched for opens, and the processes seen opening
+    /// them. For the agent only (a one-off collection watches nothing).
+    pub fn track_open_watch(&mut self) {
+        let (watching, openers) = (Gauge::default(), Counter::default());
+        self.registry.register(
+            "agent_watching_opens",
+            "The GPU device files are watched for opens (1: new holders are seen at once) or not \
+             (0: only /proc scans find them)",
+            watching.clone(),
+        );
+        self.registry.register(
+            "agent_device_openers",
+            "Processes seen opening a GPU device file (each one fd-scanned at once)",
+            openers.clone(),
+        );
+        self.open_watch = Some((watching, openers));
+    }
+
+    /// Whether device opens are watched.
+    pub fn open_watch(&self, watching: bool) {
+        if let Some((g, _)) = &self.open_watch {
+            g.set(i64::from(watching));
+        }
+    }
+
+    /// Counts processes seen opening a device file.
+    pub fn device_opens(&self, openers: u64) {
+        if let Some((_, c)) = &self.open_watch {
+            c.inc_by(openers);
+        }
     }
 
     /// Registers memory per GPU and per holder class, ghost memory, the largest holders.

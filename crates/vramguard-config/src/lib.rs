@@ -127,6 +127,7 @@ struct RawAgent {
     discover_every: Option<String>,
     recheck_every: Option<String>,
     full_scan_every: Option<String>,
+    watch_opens: Option<bool>,
     top_holders: Option<usize>,
     trend_window: Option<String>,
     timeline: Option<String>,
@@ -238,6 +239,14 @@ fn line_of(text: &str, key: &str) -> Option<usize> {
     None
 }
 
+/// The agent's full fd scan period when device opens are not watched: the scan is then the
+/// only way an old process that opens a device file without making a context is found.
+pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(60);
+/// The full fd scan period while device opens are watched: opens name new holders at once,
+/// new processes are found by the listing, and the scan remains a safety net (inherited
+/// files of a process it missed, a container's own device nodes).
+pub const FULL_SCAN_EVERY_WATCHED: Duration = Duration::from_secs(600);
+
 /// `[agent]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -252,9 +261,14 @@ pub struct AgentConfig {
     /// exited (exits are seen at once through pidfds). Bounds how late a leader thread that
     /// exits while another thread hangs in D state is seen. Default 5 s.
     pub recheck_every: Duration,
-    /// How often to scan every process's open files (hidden holders). Default 60 s, and
-    /// whenever a GPU shows unaccounted memory (at most every 10 s).
-    pub full_scan_every: Duration,
+    /// How often to scan every process's open files (hidden holders), besides whenever a GPU
+    /// shows unaccounted memory (at most every 10 s). `None` (the default):
+    /// [`FULL_SCAN_EVERY_WATCHED`] while device opens are watched, else [`FULL_SCAN_EVERY`].
+    pub full_scan_every: Option<Duration>,
+    /// Watch the device files for opens (fanotify, as root): a process that opens one is seen
+    /// at once instead of at the next full scan. Default true; where the kernel or privileges
+    /// do not allow it, the agent says so once and relies on scans.
+    pub watch_opens: bool,
     /// Holders exported per GPU; the rest are rolled up as `pid="other"`. Default 10.
     pub top_holders: usize,
     /// Show command lines on `/` and `/api/status`. Default false: any local user can reach
@@ -794,11 +808,11 @@ fn agent(c: &Checker, a: &RawAgent) -> Result<AgentConfig, ConfigError> {
             &a.recheck_every,
             Duration::from_secs(5),
         )?,
-        full_scan_every: c.dur(
-            "agent.full_scan_every",
-            &a.full_scan_every,
-            Duration::from_secs(60),
-        )?,
+        full_scan_every: match a.full_scan_every {
+            None => None,
+            Some(_) => Some(c.dur("agent.full_scan_every", &a.full_scan_every, FULL_SCAN_EVERY)?),
+        },
+        watch_opens: a.watch_opens.unwrap_or(true),
         top_holders: a.top_holders.unwrap_or(10),
         show_cmdline: a.show_cmdline.unwrap_or(false),
         dcgm_labels: a.dcgm_labels.unwrap_or(false),

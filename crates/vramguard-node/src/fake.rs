@@ -511,6 +511,7 @@ impl Node for FakeNode {
         &mut self,
         deadline: Instant,
         _wake: Option<std::os::fd::BorrowedFd<'_>>,
+        _opens: bool,
     ) -> Vec<(Identity, Instant)> {
         let now = self.clock.now();
         let exits: Vec<(Identity, Instant)> = {

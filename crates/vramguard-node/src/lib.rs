@@ -116,13 +116,30 @@ pub trait Node: Send {
     fn watch_exits(&mut self, ids: &[Identity]) -> usize;
 
     /// Sleeps until `deadline` on the node's clock, the exit of a process watched by
-    /// [`Node::watch_exits`], or `wake` becoming readable. Returns the watched processes seen
+    /// [`Node::watch_exits`], an open of a device file (once [`Node::watch_opens`] started,
+    /// and when `opens` is true: a caller that already has a sample due for opens lets
+    /// further opens queue instead of waking it for each one), or `wake` becoming readable. Returns the watched processes seen
     /// gone and when, on the node's clock; they are watched no more.
     fn wait_watched(
         &mut self,
         deadline: Instant,
         wake: Option<std::os::fd::BorrowedFd<'_>>,
+        opens: bool,
     ) -> Vec<(Identity, Instant)>;
+
+    /// Starts watching the device files for opens (fanotify): a process that opens one is
+    /// fd-scanned by the next snapshot, whatever its depth, and [`Node::wait_watched`] wakes
+    /// for it. Returns how many files are watched; an error says why not (no privilege, an
+    /// old kernel, a node without device files), and new holders are then found by scans.
+    fn watch_opens(&mut self) -> Result<usize, vramguard_proc::opens::OpenWatchError> {
+        Err(vramguard_proc::opens::OpenWatchError::Unsupported)
+    }
+
+    /// The processes seen opening a device file since the last call (read by
+    /// [`Node::wait_watched`]); already queued for the next snapshot's scan.
+    fn take_opens(&mut self) -> vramguard_proc::opens::Openers {
+        Default::default()
+    }
 
     /// What keeps a process alive that survived SIGKILL (its threads and wait channels).
     fn why_alive(&self, pid: u32) -> String;

@@ -28,6 +28,10 @@ pub struct MachineNode {
     watched: BTreeMap<Identity, Verified>,
     clock: SystemClock,
     kubelet: Option<Kubelet>,
+    /// Opens of the device files, once [`Node::watch_opens`] started watching them.
+    opens: Option<vramguard_proc::opens::DeviceOpens>,
+    /// Openers read by the last waits, for [`Node::take_opens`].
+    openers: vramguard_proc::opens::Openers,
 }
 
 /// Where and how patiently the kubelet's pod-resources API is asked for pod names.
@@ -73,6 +77,8 @@ impl MachineNode {
             watched: BTreeMap::new(),
             clock: SystemClock,
             kubelet: None,
+            opens: None,
+            openers: Default::default(),
         }
     }
 
@@ -152,6 +158,12 @@ impl MachineNode {
 
 impl Node for MachineNode {
     fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
+        if depth == ScanDepth::Full
+            && let Some(opens) = self.opens.as_mut()
+        {
+            // Device files made since (a new GPU, a driver reload) are watched from now on.
+            opens.mark_all();
+        }
         let mut snap = take_snapshot(
             self.source.as_mut(),
             &mut self.collector,
@@ -262,6 +274,7 @@ impl Node for MachineNode {
         &mut self,
         deadline: Instant,
         wake: Option<std::os::fd::BorrowedFd<'_>>,
+        opens: bool,
     ) -> Vec<(Identity, Instant)> {
         use rustix::event::{PollFd, PollFlags, poll};
         let ids: Vec<Identity> = self.watched.keys().copied().collect();
@@ -271,6 +284,10 @@ impl Node for MachineNode {
         }
         if let Some(w) = &wake {
             fds.push(PollFd::from_borrowed_fd(*w, PollFlags::IN));
+        }
+        let opens_at = fds.len();
+        if let Some(watch) = self.opens.as_ref().filter(|_| opens) {
+            fds.push(PollFd::from_borrowed_fd(watch.as_fd(), PollFlags::IN));
         }
         let timeout = deadline.saturating_duration_since(self.clock.now());
         let ts = rustix::time::Timespec {
@@ -288,7 +305,25 @@ impl Node for MachineNode {
                     .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
             })
             .collect();
+        let opened = fds
+            .get(opens_at)
+            .is_some_and(|f| f.revents().contains(PollFlags::IN));
         drop(fds);
+        if opened && let Some(opens) = self.opens.as_mut() {
+            match opens.drain() {
+                Ok(found) => {
+                    self.collector.opened_by(found.pids.iter().copied());
+                    self.openers.pids.extend(found.pids);
+                    self.openers.overflowed |= found.overflowed;
+                }
+                Err(e) => {
+                    // What it would have said is lost: a full scan makes up for it.
+                    self.opens = None;
+                    self.openers.overflowed = true;
+                    self.openers.stopped = Some(e);
+                }
+            }
+        }
         let mut exits = Vec::new();
         for (id, gone) in ids.into_iter().zip(fired) {
             if gone {
@@ -297,6 +332,17 @@ impl Node for MachineNode {
             }
         }
         exits
+    }
+
+    fn watch_opens(&mut self) -> Result<usize, vramguard_proc::opens::OpenWatchError> {
+        let opens = vramguard_proc::opens::DeviceOpens::new(self.collector.dev_dir())?;
+        let files = opens.watched_files();
+        self.opens = Some(opens);
+        Ok(files)
+    }
+
+    fn take_opens(&mut self) -> vramguard_proc::opens::Openers {
+        std::mem::take(&mut self.openers)
     }
 
     fn why_alive(&self, pid: u32) -> String {

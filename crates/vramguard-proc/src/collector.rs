@@ -134,6 +134,9 @@ pub struct ProcCollector {
     forks_at_listing: Option<u64>,
     /// Collections made so far, this one included.
     collections: u64,
+    /// Processes seen opening a device file since the last collection: scanned by the next
+    /// one, whatever its depth.
+    opened: BTreeSet<u32>,
 }
 
 impl ProcCollector {
@@ -171,6 +174,7 @@ impl ProcCollector {
             last_shm: Vec::new(),
             forks_at_listing: None,
             collections: 0,
+            opened: BTreeSet::new(),
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -196,6 +200,12 @@ impl ProcCollector {
         self.passwd = path.into();
         self.users = None;
         self
+    }
+
+    /// Processes seen opening a device file (fanotify): the next collection scans their open
+    /// files, at any depth, so that an old process that opens the device is a holder at once.
+    pub fn opened_by(&mut self, pids: impl IntoIterator<Item = u32>) {
+        self.opened.extend(pids);
     }
 
     /// Processes whose exit this collector watches (a pidfd each). None after the first
@@ -647,7 +657,7 @@ impl ProcCollector {
                 || (listed_set.contains(pid)
                     && k.is_none_or(|k| k.devices.holds_any() != Some(true)))
         };
-        let to_scan: Vec<u32> = match listing {
+        let mut to_scan: Vec<u32> = match listing {
             Some(pids) => pids
                 .iter()
                 .copied()
@@ -659,11 +669,22 @@ impl ProcCollector {
                 .filter(|p| needs_scan(p, &self.known))
                 .collect(),
         };
+        // An opener is scanned again even if an earlier scan found it holding: it may hold
+        // another GPU's file now.
+        let opened = std::mem::take(&mut self.opened);
+        let queued: HashSet<u32> = to_scan.iter().copied().collect();
+        to_scan.extend(opened.iter().copied().filter(|p| !queued.contains(p)));
         for (pid, found) in self.scan_fds(&to_scan)? {
             match found {
                 Found::Yes(devices) => self.known.entry(pid).or_default().devices = devices,
                 Found::Denied => self.known.entry(pid).or_default().devices = FdScan::Denied,
                 Found::Gone => self.depart(pid, now_ms),
+            }
+            // Facts kept for reuse carry the old scan: an opener is read afresh.
+            if opened.contains(&pid)
+                && let Some(k) = self.known.get_mut(&pid)
+            {
+                k.last = None;
             }
         }
         Ok(self

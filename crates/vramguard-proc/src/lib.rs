@@ -14,6 +14,7 @@ pub mod collector;
 pub mod containers;
 pub mod devices;
 pub mod host;
+pub mod opens;
 pub mod parse;
 pub mod procfs;
 pub mod spawn;

@@ -2408,3 +2408,112 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
     drop(live);
     drop(big);
 }
+
+/// A process that already ran when the agent started, and opens a GPU device file later,
+/// without making a context: no driver listing and no listing of new processes names it. The
+/// agent sees it through its watch of device opens, long before its next sample or full
+/// scan; with the watch off, it does not.
+#[test]
+fn an_old_process_that_opens_a_device_file_is_seen_at_once_through_the_open_watch() {
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let seen_within = |watch: bool, limit: Duration| -> Option<Duration> {
+        let world = World::new(1);
+        let go = world.dir.path().join("go");
+        // The new processes its loop starts are never listed (no discovery for an hour).
+        let script = format!(
+            "while [ ! -e {go} ]; do sleep 0.02; done; exec 3<{dev}; exec sleep 60",
+            go = go.display(),
+            dev = world.dev("nvidia0").display()
+        );
+        let holder = Killed(
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = holder.0.id();
+        let agent = Agent::start(
+            &world,
+            Path_::InProcess,
+            &format!(
+                "[agent]\ninterval = \"30s\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\nwatch_opens = {watch}\n"
+            ),
+        );
+        wait_until(20, "the agent's first collection", || {
+            collections(&agent.metrics()) >= 1.0
+        });
+        let mentions = || {
+            agent
+                .get("/api/status")
+                .1
+                .contains(&format!("\"pid\":{pid},"))
+        };
+        assert!(!mentions(), "not a holder before it opens the file");
+        assert_eq!(
+            sample(&agent.metrics(), "vramguard_agent_watching_opens", &[]),
+            Some(if watch { 1.0 } else { 0.0 })
+        );
+        std::fs::write(&go, b"").unwrap();
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if mentions() {
+                return Some(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(holder);
+        None
+    };
+    let seen = seen_within(true, Duration::from_secs(5)).expect("seen through the open watch");
+    eprintln!("an opener seen {seen:?} after it was told to open");
+    assert!(seen < Duration::from_secs(2), "{seen:?}");
+    assert_eq!(
+        seen_within(false, Duration::from_secs(3)),
+        None,
+        "without the watch, only the next full scan (an hour away) finds it"
+    );
+}
+
+/// Another user's loop that opens a device file over and over wakes the agent, but costs at
+/// most one sample per quarter second, however fast it opens.
+#[test]
+fn a_flood_of_device_opens_costs_at_most_four_samples_a_second() {
+    let world = World::new(1);
+    let agent = Agent::start(
+        &world,
+        Path_::InProcess,
+        "[agent]\ninterval = \"30s\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n",
+    );
+    wait_until(20, "the agent's first collection", || {
+        collections(&agent.metrics()) >= 1.0
+    });
+    let before = collections(&agent.metrics());
+    let script = format!(
+        "end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do : <{dev}; : <{dev}; : <{dev}; done",
+        dev = world.dev("nvidia0").display()
+    );
+    let t = Instant::now();
+    let flood = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(flood.success());
+    let secs = t.elapsed().as_secs_f64();
+    let metrics = agent.metrics();
+    let samples = collections(&metrics) - before;
+    let openers = sample(&metrics, "vramguard_agent_device_openers_total", &[]).unwrap_or(0.0);
+    eprintln!("{openers} openers over {secs:.1} s: {samples} samples");
+    assert!(openers >= 1.0, "the flood was seen");
+    assert!(
+        samples <= (secs * 4.0).ceil() + 1.0,
+        "{samples} samples in {secs:.1} s"
+    );
+}
