@@ -112,6 +112,8 @@ struct Agent {
     last_sample: Option<Instant>,
     /// When the sample that opens asked for is due; `None` when none is.
     open_sample_due: Option<Instant>,
+    /// Why the open watch could not start, as last logged.
+    open_watch_failure: Option<String>,
 }
 
 /// The least time between two samples that opens of the device files ask for: an open is
@@ -155,6 +157,9 @@ impl Agent {
         match depth {
             ScanDepth::Full => {
                 self.opens_lost = false;
+                if self.config.agent.watch_opens && !self.watching_opens {
+                    self.start_watching_opens();
+                }
                 self.last_full = Some(now);
                 self.last_discover = now;
                 self.last_recheck = now;
@@ -279,19 +284,29 @@ impl Agent {
     fn start_watching_opens(&mut self) {
         self.watching_opens = false;
         if !self.config.agent.watch_opens {
+            self.node.unwatch_opens();
             self.metrics.open_watch(false);
             return;
         }
         match self.node.watch_opens() {
             Ok(files) => {
                 self.watching_opens = true;
+                self.open_watch_failure = None;
                 tracing::info!(
                     files,
                     full_scan_every = ?self.full_scan_every(),
                     "watching the GPU device files for opens"
                 );
             }
-            Err(e) => tracing::warn!("{e} (full fd scan every {:?})", self.full_scan_every()),
+            Err(e) => {
+                // Said once per different reason: the watch is tried again at each full scan
+                // (device files that appear after boot, a driver loaded late).
+                let why = e.to_string();
+                if self.open_watch_failure.as_deref() != Some(why.as_str()) {
+                    tracing::warn!("{why} (full fd scan every {:?})", self.full_scan_every());
+                    self.open_watch_failure = Some(why);
+                }
+            }
         }
         self.metrics.open_watch(self.watching_opens);
     }
@@ -900,6 +915,7 @@ impl Agent {
             opens_lost: false,
             last_sample: None,
             open_sample_due: None,
+            open_watch_failure: None,
         })
     }
 }

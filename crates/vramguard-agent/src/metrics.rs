@@ -512,7 +512,7 @@ impl Metrics {
         );
         self.registry.register(
             "agent_device_openers",
-            "Processes seen opening a GPU device file (each one fd-scanned at once)",
+            "Openers of a GPU device file, counted once per wake-up of the agent that saw them (each one fd-scanned at its next sample)",
             openers.clone(),
         );
         self.open_watch = Some((watching, openers));

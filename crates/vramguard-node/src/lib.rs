@@ -135,6 +135,9 @@ pub trait Node: Send {
         Err(vramguard_proc::opens::OpenWatchError::Unsupported)
     }
 
+    /// Stops watching the device files for opens (a reloaded config turned it off).
+    fn unwatch_opens(&mut self) {}
+
     /// The processes seen opening a device file since the last call (read by
     /// [`Node::wait_watched`]); already queued for the next snapshot's scan.
     fn take_opens(&mut self) -> vramguard_proc::opens::Openers {

@@ -158,10 +158,11 @@ impl MachineNode {
 
 impl Node for MachineNode {
     fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
-        if depth == ScanDepth::Full
+        if matches!(depth, ScanDepth::Full | ScanDepth::NewProcesses)
             && let Some(opens) = self.opens.as_mut()
         {
-            // Device files made since (a new GPU, a driver reload) are watched from now on.
+            // Device files made since (a new GPU, a driver reload, `nvidia-uvm` loaded on
+            // first use) are watched from now on: within a listing period, not a full scan's.
             opens.mark_all();
         }
         let mut snap = take_snapshot(
@@ -335,10 +336,22 @@ impl Node for MachineNode {
     }
 
     fn watch_opens(&mut self) -> Result<usize, vramguard_proc::opens::OpenWatchError> {
-        let opens = vramguard_proc::opens::DeviceOpens::new(self.collector.dev_dir())?;
+        use vramguard_proc::opens::{DeviceOpens, OpenWatchError};
+        if !self.collector.sees_own_namespace() {
+            return Err(OpenWatchError::OtherNamespace);
+        }
+        // Through pid 1's root as well: in a container whose runtime made its own device
+        // nodes, the workloads open the host's, which only that path reaches.
+        let host_dev = self.collector.procfs().root().join("1/root/dev");
+        let opens = DeviceOpens::of_dirs(&[self.collector.dev_dir().to_path_buf(), host_dev])?;
         let files = opens.watched_files();
         self.opens = Some(opens);
         Ok(files)
+    }
+
+    fn unwatch_opens(&mut self) {
+        self.opens = None;
+        self.openers = Default::default();
     }
 
     fn take_opens(&mut self) -> vramguard_proc::opens::Openers {

@@ -202,6 +202,12 @@ impl ProcCollector {
         self
     }
 
+    /// Whether the tree is the one of vramguard's own PID namespace (a pid it names is the
+    /// pid the kernel gives vramguard for that process, as in pidfds and fanotify events).
+    pub fn sees_own_namespace(&self) -> bool {
+        self.pidfds_usable
+    }
+
     /// Processes seen opening a device file (fanotify): the next collection scans their open
     /// files, at any depth, so that an old process that opens the device is a holder at once.
     pub fn opened_by(&mut self, pids: impl IntoIterator<Item = u32>) {

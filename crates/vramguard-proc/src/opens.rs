@@ -43,6 +43,12 @@ pub enum OpenWatchError {
     /// This node has no device files (a node built from a snapshot).
     #[error("this node has no device files to watch")]
     Unsupported,
+    /// The `/proc` vramguard reads is not its own PID namespace's: fanotify names openers by
+    /// their pid in vramguard's namespace, which that tree does not show.
+    #[error(
+        "cannot watch device opens: the /proc read is another PID namespace's, and fanotify names openers by their pid in vramguard's own; new holders are found by /proc scans instead"
+    )]
+    OtherNamespace,
     /// No `nvidia*` file of the device directory could be marked.
     #[error("cannot watch device opens: no nvidia* file in {dir} could be watched{}", .last.map(|e| format!(" (fanotify_mark: {e})")).unwrap_or_default())]
     NothingMarked {
@@ -69,7 +75,7 @@ pub struct Openers {
 #[derive(Debug)]
 pub struct DeviceOpens {
     group: OwnedFd,
-    dev_dir: PathBuf,
+    dev_dirs: Vec<PathBuf>,
     own_pid: u32,
     marked: usize,
 }
@@ -77,6 +83,18 @@ pub struct DeviceOpens {
 impl DeviceOpens {
     /// Starts watching every `nvidia*` file of `dev_dir` (links are not followed).
     pub fn new(dev_dir: &Path) -> Result<DeviceOpens, OpenWatchError> {
+        DeviceOpens::of_dirs(&[dev_dir.to_path_buf()])
+    }
+
+    /// Starts watching every `nvidia*` file of each of `dev_dirs`: the device directory
+    /// vramguard reads, and the host's own `/dev` seen through `/proc/1/root` when vramguard
+    /// runs in a container whose runtime made its own device nodes (other inodes, whose marks
+    /// would never see the workloads' opens). Marking one file twice is harmless.
+    pub fn of_dirs(dev_dirs: &[PathBuf]) -> Result<DeviceOpens, OpenWatchError> {
+        let dev_dir = dev_dirs
+            .first()
+            .map(PathBuf::as_path)
+            .unwrap_or(Path::new("/dev"));
         // SAFETY: plain syscall; the result is checked before use.
         let raw = unsafe {
             libc::fanotify_init(
@@ -96,7 +114,7 @@ impl DeviceOpens {
         let group = unsafe { OwnedFd::from_raw_fd(raw) };
         let mut watch = DeviceOpens {
             group,
-            dev_dir: dev_dir.to_path_buf(),
+            dev_dirs: dev_dirs.to_vec(),
             own_pid: std::process::id(),
             marked: 0,
         };
@@ -114,11 +132,13 @@ impl DeviceOpens {
     /// appeared, a driver reload that made new nodes) is watched from now on; marking a
     /// watched file again changes nothing. Returns the last error, if a mark failed.
     pub fn mark_all(&mut self) -> Option<Errno> {
-        let Ok(entries) = std::fs::read_dir(&self.dev_dir) else {
-            return None;
-        };
         let (mut marked, mut last) = (0, None);
-        for e in entries.flatten() {
+        let entries = self
+            .dev_dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|entries| entries.flatten());
+        for e in entries {
             let name = e.file_name();
             if !name.as_encoded_bytes().starts_with(b"nvidia") {
                 continue;

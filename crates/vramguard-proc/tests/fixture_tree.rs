@@ -200,3 +200,15 @@ fn new_processes_are_looked_for_only_when_the_fork_counter_moved() {
     let full = c.collect(&[], ScanDepth::Full, 4_000).unwrap();
     assert!(!holds(&full, 4999));
 }
+
+#[test]
+fn a_tree_that_is_not_our_namespace_says_so_and_the_live_one_does() {
+    // Device opens are named by their pid in vramguard's namespace: the open watch is only
+    // started over a tree that shows that namespace.
+    assert!(!collector().sees_own_namespace());
+    assert!(
+        ProcCollector::new("/proc", "/dev")
+            .unwrap()
+            .sees_own_namespace()
+    );
+}

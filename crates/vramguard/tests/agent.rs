@@ -2517,3 +2517,56 @@ fn a_flood_of_device_opens_costs_at_most_four_samples_a_second() {
         "{samples} samples in {secs:.1} s"
     );
 }
+
+/// A reload that turns the open watch off stops it: the gauge says 0, and opens are no longer
+/// read (the counter stays), as if the agent had started with it off.
+#[test]
+fn a_reload_that_turns_the_open_watch_off_stops_reading_opens() {
+    let world = World::new(1);
+    // Metrics are drawn at each sample: a short interval shows the reload soon.
+    let config =
+        "[agent]\ninterval = \"200ms\"\ndiscover_every = \"1h\"\nfull_scan_every = \"1h\"\n";
+    let agent = Agent::start(&world, Path_::InProcess, config);
+    let openers = || {
+        sample(
+            &agent.metrics(),
+            "vramguard_agent_device_openers_total",
+            &[],
+        )
+        .unwrap_or(0.0)
+    };
+    let open_once = || {
+        let ok = Command::new("sh")
+            .args(["-c", &format!(": <{}", world.dev("nvidia0").display())])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    };
+    open_once();
+    wait_until(5, "an open to be counted", || openers() >= 1.0);
+    let cfg = world
+        .dir
+        .path()
+        .join(format!("agent-{}.toml", std::process::id()));
+    std::fs::write(&cfg, format!("{config}watch_opens = false\n")).unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &agent.child.pid().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_until(5, "the reload", || {
+        sample(&agent.metrics(), "vramguard_agent_watching_opens", &[]) == Some(0.0)
+    });
+    let before = openers();
+    open_once();
+    // Five samples later, a watch that still ran would have counted it.
+    agent.wait_collections(5);
+    assert_eq!(
+        openers(),
+        before,
+        "opens are still read after the watch was turned off"
+    );
+}
