@@ -163,9 +163,10 @@ impl AuditFollower {
         let from = size.saturating_sub(TAIL);
         let chunk = vramguard_fs::read_regular_from_no_link(&self.path, from, TAIL)?;
         let mut bytes = &chunk.bytes[..];
+        let mut skip = 0;
         if from > 0 {
             // The first line is cut: it starts before the piece read.
-            let skip = bytes
+            skip = bytes
                 .iter()
                 .position(|b| *b == b'\n')
                 .map_or(bytes.len(), |i| i + 1);
@@ -174,7 +175,9 @@ impl AuditFollower {
         let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         let latest = bytes[..whole].rsplit(|b| *b == b'\n').find_map(parse_line);
         self.file = Some((chunk.dev, chunk.ino));
-        self.offset = chunk.size - (bytes.len() - whole) as u64;
+        // Up to the last whole line read, not the file's size now: records appended between
+        // the size asked and the read are read by the next poll, not skipped.
+        self.offset = from + (skip + whole) as u64;
         Ok(latest)
     }
 

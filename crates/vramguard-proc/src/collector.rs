@@ -879,7 +879,10 @@ impl ProcCollector {
     /// What does not change while a process lives (after its exec): executable, owner,
     /// command line, PID namespaces, cgroup and container. Read once per process.
     fn identity(&mut self, pid: u32) -> Result<ProcessFacts, ProcError> {
-        let status = self.fs.status(pid)?.ok().unwrap_or_default();
+        let status = self.fs.status(pid)?.ok();
+        // Only a status actually read stands in for host memory's own read.
+        let read_memory = status.as_ref().map(|s| s.memory);
+        let status = status.unwrap_or_default();
         let cmdline = self.fs.cmdline(pid)?.ok();
         let cgroup = self.fs.cgroup(pid)?.ok().flatten();
         let (mut container, pod_uid) = cgroup
@@ -892,7 +895,7 @@ impl ProcCollector {
         let user = status.uid.and_then(|u| self.user_name(u));
         let exe = self.fs.exe(pid)?.ok();
         let collection = self.collections;
-        self.known.entry(pid).or_default().status_memory = Some((collection, status.memory));
+        self.known.entry(pid).or_default().status_memory = read_memory.map(|m| (collection, m));
         Ok(ProcessFacts {
             pid,
             exe,

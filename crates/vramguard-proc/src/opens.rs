@@ -132,7 +132,7 @@ impl DeviceOpens {
     /// appeared, a driver reload that made new nodes) is watched from now on; marking a
     /// watched file again changes nothing. Returns the last error, if a mark failed.
     pub fn mark_all(&mut self) -> Option<Errno> {
-        let (mut marked, mut last) = (0, None);
+        let (mut marked, mut last) = (BTreeSet::new(), None);
         let entries = self
             .dev_dirs
             .iter()
@@ -141,6 +141,17 @@ impl DeviceOpens {
         for e in entries {
             let name = e.file_name();
             if !name.as_encoded_bytes().starts_with(b"nvidia") {
+                continue;
+            }
+            // The same file reached through both directories is marked, and counted, once.
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            let id = {
+                use std::os::unix::fs::MetadataExt;
+                (meta.dev(), meta.ino())
+            };
+            if marked.contains(&id) {
                 continue;
             }
             let Ok(path) = std::ffi::CString::new(e.path().into_os_string().into_encoded_bytes())
@@ -158,14 +169,14 @@ impl DeviceOpens {
                 )
             };
             if r == 0 {
-                marked += 1;
+                marked.insert(id);
             } else {
                 last = Some(Errno::from_raw_os_error(
                     std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
                 ));
             }
         }
-        self.marked = marked;
+        self.marked = marked.len();
         last
     }
 
@@ -188,7 +199,11 @@ impl DeviceOpens {
         for _ in 0..MAX_READS {
             match rustix::io::read(&self.group, &mut buf) {
                 Ok(0) | Err(Errno::AGAIN) => break,
-                Ok(n) => parse_events(&buf[..n], self.own_pid, &mut found),
+                Ok(n) => read_events(&buf[..n], self.own_pid, &mut found, |fd| {
+                    // Not asked for (a FID group reports none), but never leaked if one came.
+                    // SAFETY: the kernel installed this descriptor for us; nothing else owns it.
+                    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                }),
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e),
             }
@@ -201,6 +216,12 @@ impl DeviceOpens {
 /// or unknown record ends the parse: the rest of that read is dropped, and the drain is
 /// marked overflowed so that a full scan makes up for it.
 pub fn parse_events(bytes: &[u8], own_pid: u32, found: &mut Openers) {
+    read_events(bytes, own_pid, found, |_| {});
+}
+
+/// [`parse_events`], handing each event's descriptor (`fd >= 0`) to `close`: only bytes the
+/// kernel wrote carry descriptors that are ours to close.
+fn read_events(bytes: &[u8], own_pid: u32, found: &mut Openers, mut close: impl FnMut(i32)) {
     let mut at = 0usize;
     while bytes.len().saturating_sub(at) >= METADATA_LEN {
         let field = |off: usize, len: usize| &bytes[at + off..at + off + len];
@@ -219,9 +240,7 @@ pub fn parse_events(bytes: &[u8], own_pid: u32, found: &mut Openers) {
             return;
         }
         if fd >= 0 {
-            // Not asked for (FID groups report none), but never leaked if one came.
-            // SAFETY: the kernel installed this descriptor for us; nothing else owns it.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            close(fd);
         }
         if mask & libc::FAN_Q_OVERFLOW != 0 {
             found.overflowed = true;
@@ -306,6 +325,13 @@ mod tests {
         }
         let mut watch = DeviceOpens::new(dir.path()).expect("root can watch opens");
         assert_eq!(watch.watched_files(), 2);
+        let twice = DeviceOpens::of_dirs(&[dir.path().to_path_buf(), dir.path().join(".")])
+            .expect("root can watch opens");
+        assert_eq!(
+            twice.watched_files(),
+            2,
+            "one file reached twice is one file"
+        );
         // Our own open is left out.
         drop(std::fs::File::open(dir.path().join("nvidia0")).unwrap());
         let child = std::process::Command::new("sh")

@@ -2415,13 +2415,6 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
 /// scan; with the watch off, it does not.
 #[test]
 fn an_old_process_that_opens_a_device_file_is_seen_at_once_through_the_open_watch() {
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let seen_within = |watch: bool, limit: Duration| -> Option<Duration> {
         let world = World::new(1);
         let go = world.dir.path().join("go");
@@ -2431,7 +2424,7 @@ fn an_old_process_that_opens_a_device_file_is_seen_at_once_through_the_open_watc
             go = go.display(),
             dev = world.dev("nvidia0").display()
         );
-        let holder = Killed(
+        let holder = vramguard_testkit::Reaped(
             Command::new("sh")
                 .args(["-c", &script])
                 .stdin(Stdio::null())
