@@ -13,6 +13,7 @@
 //!   `diagnose`, when a GPU shows unaccounted memory, and periodically.
 
 use crate::devices::DeviceTable;
+use crate::parse::{Stat, Status};
 use crate::procfs::{Found, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -20,7 +21,8 @@ use std::path::{Path, PathBuf};
 use vramguard_core::host::{HostMemoryFacts, ProcessHostMemory, ShmDirFacts};
 use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
-    DepartedProcess, FdScan, HostFacts, JobCgroupFacts, PF_EXITING, ProcessFacts, ScanFacts,
+    DepartedProcess, ExeFacts, FdScan, HostFacts, JobCgroupFacts, PF_EXITING, ProcessFacts,
+    ScanFacts,
 };
 
 /// How deep a collection looks (see the module documentation).
@@ -137,6 +139,97 @@ pub struct ProcCollector {
     /// Processes seen opening a device file since the last collection: scanned by the next
     /// one, whatever its depth.
     opened: BTreeSet<u32>,
+    /// Threads for reading many processes at once (the cores this process may use, at most
+    /// 8), asked once: the answer reads cgroup files, too dear for every collection.
+    threads: std::sync::OnceLock<usize>,
+    /// Files of processes first seen in this collection, read on every core before the
+    /// serial walk over holders and relatives takes them; empty between collections.
+    first_reads: HashMap<u32, FirstRead>,
+    /// Every pidfd in one epoll set: a collection asks it which exited instead of polling
+    /// each (hundreds of holders, every sample). `None` where epoll could not be had or
+    /// refused one: each pidfd is then polled.
+    exit_set: Option<OwnedFd>,
+}
+
+/// What the first read of a process takes from `/proc`: its `stat` (kept open for later
+/// re-reads) and the files its identity comes from. After a full scan that finds hundreds of
+/// holders, reading these one process after another was a fifth of `status`'s time; they
+/// are read for all of them at once, on every core.
+#[derive(Debug, Default)]
+struct FirstRead {
+    stat: Option<(OwnedFd, Stat)>,
+    identity: Option<Result<IdentityFiles, ProcError>>,
+}
+
+/// The files [`ProcCollector::identity`] reads.
+#[derive(Debug)]
+struct IdentityFiles {
+    status: Found<Status>,
+    cmdline: Found<Vec<String>>,
+    cgroup: Found<Option<String>>,
+    exe: Found<ExeFacts>,
+}
+
+impl IdentityFiles {
+    fn read(fs: &ProcFs, pid: u32) -> Result<IdentityFiles, ProcError> {
+        Ok(IdentityFiles {
+            status: fs.status(pid)?,
+            cmdline: fs.cmdline(pid)?,
+            cgroup: fs.cgroup(pid)?,
+            exe: fs.exe(pid)?,
+        })
+    }
+}
+
+impl FirstRead {
+    /// Reads `stat` and, when `identity` is asked for, the identity files; `None` when the
+    /// process is gone or unreadable (the serial walk then looks for itself).
+    fn read(fs: &ProcFs, pid: u32, identity: bool) -> Option<FirstRead> {
+        let Ok(Found::Yes(fd)) = fs.open_stat(pid) else {
+            return None;
+        };
+        let Ok(Found::Yes(stat)) = fs.reread_stat(pid, &fd) else {
+            return None;
+        };
+        Some(FirstRead {
+            stat: Some((fd, stat)),
+            identity: identity.then(|| IdentityFiles::read(fs, pid)),
+        })
+    }
+}
+
+/// `f` of each pid, on up to `threads` threads (the calling one included), handed out
+/// [`SCAN_BATCH`] pids at a time from one counter: processes differ widely in cost (fd
+/// tables of 3 and of 3,000), and fixed shares left one thread idle while another worked.
+fn on_every_core<T: Send>(
+    pids: &[u32],
+    threads: usize,
+    f: impl Fn(u32) -> T + Sync,
+) -> Vec<(u32, T)> {
+    let run = |chunk: &[u32]| chunk.iter().map(|&pid| (pid, f(pid))).collect::<Vec<_>>();
+    if pids.len() < PARALLEL_SCAN_MIN || threads < 2 {
+        return run(pids);
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let take = || {
+        let at = next.fetch_add(SCAN_BATCH, std::sync::atomic::Ordering::Relaxed);
+        pids.get(at..(at + SCAN_BATCH).min(pids.len()))
+    };
+    std::thread::scope(|scope| {
+        let work = || {
+            let mut done = Vec::new();
+            while let Some(batch) = take() {
+                done.extend(run(batch));
+            }
+            done
+        };
+        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+        let mut all = work();
+        for h in helpers {
+            all.extend(h.join().expect("a /proc reading thread panicked"));
+        }
+        all
+    })
 }
 
 impl ProcCollector {
@@ -175,6 +268,9 @@ impl ProcCollector {
             forks_at_listing: None,
             collections: 0,
             opened: BTreeSet::new(),
+            threads: std::sync::OnceLock::new(),
+            first_reads: HashMap::new(),
+            exit_set: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC).ok(),
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -369,16 +465,31 @@ impl ProcCollector {
     /// Processes whose pidfd says they exited since their facts were read; their pidfds are
     /// closed (the exit is news once). `None` when polling failed: treat it as news.
     fn take_exits(&mut self) -> Option<Vec<u32>> {
-        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        use rustix::event::{PollFd, PollFlags, Timespec, epoll, poll};
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if let Some(set) = &self.exit_set {
+            // Level-triggered: a pidfd stays ready until it is closed, below.
+            let mut events: Vec<epoll::Event> = Vec::with_capacity(self.known.len().min(1024));
+            epoll::wait(set, rustix::buffer::spare_capacity(&mut events), Some(&now)).ok()?;
+            let exited: Vec<u32> = events.iter().map(|e| e.data.u64() as u32).collect();
+            for pid in &exited {
+                if let Some(k) = self.known.get_mut(pid)
+                    && let Some(fd) = k.pidfd.take()
+                {
+                    let _ = epoll::delete(set, &fd);
+                    self.open_stat_fds -= 1;
+                }
+            }
+            return Some(exited);
+        }
         let (pids, mut fds): (Vec<u32>, Vec<PollFd<'_>>) = self
             .known
             .iter()
             .filter_map(|(pid, k)| Some((*pid, PollFd::new(k.pidfd.as_ref()?, PollFlags::IN))))
             .unzip();
-        let now = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
         poll(&mut fds, Some(&now)).ok()?;
         let exited: Vec<u32> = pids
             .into_iter()
@@ -449,6 +560,18 @@ impl ProcCollector {
         // not reused before the pidfd was opened.
         if matches!(self.fs.reread_stat(pid, stat_fd), Ok(Found::Yes(s)) if s.start_ticks == facts.start_ticks)
         {
+            if let Some(set) = &self.exit_set
+                && rustix::event::epoll::add(
+                    set,
+                    &fd,
+                    rustix::event::epoll::EventData::new_u64(u64::from(pid)),
+                    rustix::event::epoll::EventFlags::IN,
+                )
+                .is_err()
+            {
+                // Refused (a limit): every pidfd is polled from now on.
+                self.exit_set = None;
+            }
             k.pidfd = Some(fd);
             self.open_stat_fds += 1;
         }
@@ -540,16 +663,22 @@ impl ProcCollector {
                 .filter(|d| d.error.is_none())
                 .map(|d| d.dev)
                 .collect();
-            for p in processes.iter() {
-                let read_now = self
-                    .known
-                    .get(&p.pid)
-                    .and_then(|k| k.status_memory)
-                    .filter(|(at, _)| *at == self.collections)
-                    .map(|(_, m)| m);
-                if let Ok(Found::Yes(m)) =
-                    crate::host::process_memory(&self.fs, p.pid, &devs, read_now)
-                    && let Some(k) = self.known.get_mut(&p.pid)
+            // Each process's maps, on every core: hundreds of holders after a full scan.
+            let read_now: HashMap<u32, StatusMemory> = processes
+                .iter()
+                .filter_map(|p| {
+                    let (at, m) = self.known.get(&p.pid)?.status_memory?;
+                    (at == self.collections).then_some((p.pid, m))
+                })
+                .collect();
+            let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+            let (fs, devs_ref) = (&self.fs, &devs);
+            let read = on_every_core(&pids, self.threads(), |pid| {
+                crate::host::process_memory(fs, pid, devs_ref, read_now.get(&pid).copied())
+            });
+            for (pid, found) in read {
+                if let Ok(Found::Yes(m)) = found
+                    && let Some(k) = self.known.get_mut(&pid)
                 {
                     k.host_memory = Some(m);
                 }
@@ -680,7 +809,15 @@ impl ProcCollector {
         let opened = std::mem::take(&mut self.opened);
         let queued: HashSet<u32> = to_scan.iter().copied().collect();
         to_scan.extend(opened.iter().copied().filter(|p| !queued.contains(p)));
-        for (pid, found) in self.scan_fds(&to_scan)? {
+        let scanned = self.scan_fds(&to_scan)?;
+        // Room for every new pid at once: growing one step at a time moved the (large) facts
+        // of thousands of processes several times over.
+        let new = scanned
+            .iter()
+            .filter(|(pid, _)| !self.known.contains_key(pid))
+            .count();
+        self.known.reserve(new);
+        for (pid, found) in scanned {
             match found {
                 Found::Yes(devices) => self.known.entry(pid).or_default().devices = devices,
                 Found::Denied => self.known.entry(pid).or_default().devices = FdScan::Denied,
@@ -718,6 +855,7 @@ impl ProcCollector {
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
+        self.read_first_on_every_core(&wanted);
 
         let mut out: HashMap<u32, ProcessFacts> = HashMap::new();
         let mut relatives: VecDeque<(u32, usize)> = VecDeque::new();
@@ -779,6 +917,9 @@ impl ProcCollector {
                 None => self.depart(pid, now_ms),
             }
         }
+        // What the walk did not take (a process that exited meanwhile) is not kept: the next
+        // collection reads afresh.
+        self.first_reads.clear();
         let mut processes: Vec<ProcessFacts> = out.into_values().collect();
         processes.sort_by_key(|p| p.pid);
         Ok(processes)
@@ -836,55 +977,63 @@ impl ProcCollector {
     /// Fd-scans `pids`, on every core when there are many.
     fn scan_fds(&self, pids: &[u32]) -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
         let (fs, devices) = (&self.fs, &self.devices);
-        let scan_chunk = |chunk: &[u32]| -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
-            chunk
-                .iter()
-                .map(|&pid| Ok((pid, fs.device_files(pid, devices)?)))
-                .collect()
-        };
-        if pids.len() < PARALLEL_SCAN_MIN {
-            return scan_chunk(pids);
-        }
-        // Asked only here: it reads cgroup files, too dear for every steady-state sample.
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8);
-        if threads < 2 {
-            return scan_chunk(pids);
-        }
-        // Handed out a few pids at a time from one counter: the fd tables are of very
-        // different sizes, and fixed halves left one thread idle while the other worked.
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let take = || {
-            let at = next.fetch_add(SCAN_BATCH, std::sync::atomic::Ordering::Relaxed);
-            pids.get(at..(at + SCAN_BATCH).min(pids.len()))
-        };
-        std::thread::scope(|scope| {
-            let work = || -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
-                let mut done = Vec::new();
-                while let Some(batch) = take() {
-                    done.extend(scan_chunk(batch)?);
-                }
-                Ok(done)
-            };
-            let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
-            let mut all = work()?;
-            for h in helpers {
-                all.extend(h.join().expect("fd scan thread panicked")?);
-            }
-            Ok(all)
+        on_every_core(pids, self.threads(), |pid| fs.device_files(pid, devices))
+            .into_iter()
+            .map(|(pid, found)| Ok((pid, found?)))
+            .collect()
+    }
+
+    /// Threads for reading many processes at once (see [`ProcCollector::threads`]'s field).
+    fn threads(&self) -> usize {
+        *self.threads.get_or_init(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8)
         })
+    }
+
+    /// Reads, on every core, what the serial walk will need of the processes in `pids` it
+    /// has never read: their `stat` and identity files. Only where there are many (after a
+    /// full scan or a listing); a few are read one by one as they come.
+    fn read_first_on_every_core(&mut self, pids: &[u32]) {
+        self.first_reads.clear();
+        let fresh: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|pid| {
+                self.known
+                    .get(pid)
+                    .is_none_or(|k| k.stat_fd.is_none() && k.facts.is_none())
+            })
+            .collect();
+        if fresh.len() < PARALLEL_SCAN_MIN {
+            return;
+        }
+        let fs = &self.fs;
+        self.first_reads =
+            on_every_core(&fresh, self.threads(), |pid| FirstRead::read(fs, pid, true))
+                .into_iter()
+                .filter_map(|(pid, read)| Some((pid, read?)))
+                .collect();
     }
 
     /// What does not change while a process lives (after its exec): executable, owner,
     /// command line, PID namespaces, cgroup and container. Read once per process.
     fn identity(&mut self, pid: u32) -> Result<ProcessFacts, ProcError> {
-        let status = self.fs.status(pid)?.ok();
+        let files = match self
+            .first_reads
+            .get_mut(&pid)
+            .and_then(|r| r.identity.take())
+        {
+            Some(read) => read?,
+            None => IdentityFiles::read(&self.fs, pid)?,
+        };
+        let status = files.status.ok();
         // Only a status actually read stands in for host memory's own read.
         let read_memory = status.as_ref().map(|s| s.memory);
         let status = status.unwrap_or_default();
-        let cmdline = self.fs.cmdline(pid)?.ok();
-        let cgroup = self.fs.cgroup(pid)?.ok().flatten();
+        let cmdline = files.cmdline.ok();
+        let cgroup = files.cgroup.ok().flatten();
         let (mut container, pod_uid) = cgroup
             .as_deref()
             .map(crate::parse::container_from_cgroup)
@@ -893,7 +1042,7 @@ impl ProcCollector {
             c.name = self.containers.name(c);
         }
         let user = status.uid.and_then(|u| self.user_name(u));
-        let exe = self.fs.exe(pid)?.ok();
+        let exe = files.exe.ok();
         let collection = self.collections;
         self.known.entry(pid).or_default().status_memory = read_memory.map(|m| (collection, m));
         Ok(ProcessFacts {
@@ -925,11 +1074,18 @@ impl ProcCollector {
         let stat = match stat {
             Some(s) => s,
             None => {
-                let Found::Yes(fd) = self.fs.open_stat(pid)? else {
-                    return Ok(None);
-                };
-                let Found::Yes(s) = self.fs.reread_stat(pid, &fd)? else {
-                    return Ok(None);
+                let read_first = self.first_reads.get_mut(&pid).and_then(|r| r.stat.take());
+                let (fd, s) = match read_first {
+                    Some(read) => read,
+                    None => {
+                        let Found::Yes(fd) = self.fs.open_stat(pid)? else {
+                            return Ok(None);
+                        };
+                        let Found::Yes(s) = self.fs.reread_stat(pid, &fd)? else {
+                            return Ok(None);
+                        };
+                        (fd, s)
+                    }
                 };
                 let reused = self
                     .known

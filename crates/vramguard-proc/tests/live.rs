@@ -325,6 +325,10 @@ fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
     assert_eq!(state_of(&mut c, ScanDepth::Holders).0, Some('T'));
     assert_eq!(state_of(&mut c, ScanDepth::Cached).0, Some('T'));
     pidfd_send_signal(&worker_fd.0, Signal::CONT).unwrap();
+    wait_until("the worker to run again", || {
+        std::fs::read_to_string(format!("/proc/{worker}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('S'))
+    });
 
     // The job's leader exits: its pidfd announces it, and the cached collection re-reads
     // everything, seeing the worker re-parented.
@@ -336,6 +340,19 @@ fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
         Some(leader),
         "the orphaned worker's new parent is seen at once"
     );
+    // An exit is news once: the next cached collection reuses facts again (a pidfd left
+    // readable would make every collection a full re-read).
+    pidfd_send_signal(&worker_fd.0, Signal::STOP).unwrap();
+    wait_until("the worker to stop again", || {
+        std::fs::read_to_string(format!("/proc/{worker}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('T'))
+    });
+    assert_eq!(
+        state_of(&mut c, ScanDepth::Cached).0,
+        Some('S'),
+        "the leader's exit was announced again"
+    );
+    pidfd_send_signal(&worker_fd.0, Signal::CONT).unwrap();
     drop(worker_fd);
 }
 
@@ -448,4 +465,48 @@ fn a_one_shot_collection_watches_no_exit_and_a_second_one_does() {
         c.exit_watches() >= 1,
         "a collector that collects again watches its holders' exits"
     );
+}
+
+#[test]
+fn many_holders_found_by_one_scan_each_get_their_own_identity() {
+    // Enough new holders for their first reads to be made on every core at once: each must
+    // come back under its own pid (its own command line, its own stat), none under another's.
+    let dev = dev_dir();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    let holders: Vec<(Reaped, String)> = (0..80)
+        .map(|i| {
+            let arg = format!("600.{i}");
+            let script = format!(
+                "exec 3<{} ; exec sleep {arg}",
+                dev.path().join("nvidia0").display()
+            );
+            let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+            (h, arg)
+        })
+        .collect();
+    for (h, _) in &holders {
+        let pid = h.0.id();
+        wait_until("a holder to open its file", || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        });
+    }
+    let got = c.collect(&[], ScanDepth::Full, 0).unwrap();
+    for (h, arg) in &holders {
+        let pid = h.0.id();
+        let p = got
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .unwrap_or_else(|| panic!("holder {pid} not collected"));
+        assert_eq!(p.device_files.holds_any(), Some(true), "holder {pid}");
+        assert_eq!(
+            p.cmdline.as_deref(),
+            Some(&["sleep".to_string(), arg.clone()][..]),
+            "holder {pid}'s command line"
+        );
+        assert_eq!(p.ppid, Some(std::process::id()), "holder {pid}'s parent");
+        assert_eq!(p.uid, Some(rustix::process::getuid().as_raw()));
+        assert!(p.exe.as_ref().is_some_and(|e| e.path.ends_with("sleep")));
+        assert!(p.host_memory.is_some(), "holder {pid}'s host memory");
+    }
 }

@@ -361,7 +361,7 @@ pub struct Sim {
     state_stamp: Option<Stamp>,
     runtime: Runtime,
     runtime_stamp: Option<Stamp>,
-    calls: HashMap<(String, Option<u32>), u64>,
+    calls: HashMap<String, HashMap<Option<u32>, u64>>,
     cache: Option<(Instant, Observation)>,
     cache_ttl: Duration,
     /// The lifetime to restore when a held instant ends ([`Sim::hold_instant`]).
@@ -552,7 +552,12 @@ impl Sim {
     pub fn fault_hit(&mut self, call: &str, gpu: Option<u32>) -> Option<FaultHit> {
         // A state file that cannot be read now keeps the faults last read.
         let _ = self.reload_state();
-        let count = self.calls.entry((call.to_string(), gpu)).or_insert(0);
+        // The call's name is allocated once, at its first call.
+        let per_gpu = match self.calls.get_mut(call) {
+            Some(m) => m,
+            None => self.calls.entry(call.to_string()).or_default(),
+        };
+        let count = per_gpu.entry(gpu).or_insert(0);
         let n = *count;
         *count += 1;
         let faults = match gpu {

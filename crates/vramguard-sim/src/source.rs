@@ -349,13 +349,18 @@ impl DeviceCalls for SimDevice<'_> {
 
 impl GpuReader for SimSource {
     fn head(&self) -> Result<DriverHead, SourceError> {
-        let state = lock(&self.sim).state().clone();
+        // The two versions only: the whole state (every allocation) was cloned here.
+        let (driver, nvml) = {
+            let sim = lock(&self.sim);
+            let state = sim.state();
+            (state.driver_version.clone(), state.nvml_version())
+        };
         let driver_version = match meet_fault(&self.sim, "nvmlSystemGetDriverVersion", None) {
-            None => Some(state.driver_version.clone()),
+            None => Some(driver),
             Some(_) => None,
         };
         let nvml_version = match meet_fault(&self.sim, "nvmlSystemGetNVMLVersion", None) {
-            None => Some(state.nvml_version()),
+            None => Some(nvml),
             Some(_) => None,
         };
         if let Some(code) = meet_fault(&self.sim, "nvmlDeviceGetCount_v2", None) {
