@@ -1006,6 +1006,11 @@ impl ProcCollector {
                     .is_none_or(|k| k.stat_fd.is_none() && k.facts.is_none())
             })
             .collect();
+        // Each read holds a `stat` fd until the walk takes it: no more than the fd budget
+        // kept for them has room for (the rest are read one by one, as before).
+        let room = self.max_stat_fds.saturating_sub(self.open_stat_fds);
+        let mut fresh = fresh;
+        fresh.truncate(room);
         if fresh.len() < PARALLEL_SCAN_MIN {
             return;
         }

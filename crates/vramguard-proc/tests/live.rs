@@ -310,10 +310,10 @@ fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
         let p = got.processes.into_iter().find(|p| p.pid == worker).unwrap();
         (p.state, p.ppid)
     };
-    assert_eq!(
-        state_of(&mut c, ScanDepth::Cached),
-        (Some('S'), Some(leader))
-    );
+    // Sleeping, or running for a moment on a loaded machine: not stopped.
+    let (before, ppid) = state_of(&mut c, ScanDepth::Cached);
+    assert_eq!(ppid, Some(leader));
+    assert!(matches!(before, Some('S' | 'R')), "{before:?}");
 
     // Stopping it announces nothing: a cached collection does not see it, a re-read does.
     pidfd_send_signal(&worker_fd.0, Signal::STOP).unwrap();
@@ -321,13 +321,13 @@ fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
         std::fs::read_to_string(format!("/proc/{worker}/stat"))
             .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('T'))
     });
-    assert_eq!(state_of(&mut c, ScanDepth::Cached).0, Some('S'));
+    assert_eq!(state_of(&mut c, ScanDepth::Cached).0, before);
     assert_eq!(state_of(&mut c, ScanDepth::Holders).0, Some('T'));
     assert_eq!(state_of(&mut c, ScanDepth::Cached).0, Some('T'));
     pidfd_send_signal(&worker_fd.0, Signal::CONT).unwrap();
     wait_until("the worker to run again", || {
         std::fs::read_to_string(format!("/proc/{worker}/stat"))
-            .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('S'))
+            .is_ok_and(|s| !s.rsplit(')').next().unwrap().trim_start().starts_with('T'))
     });
 
     // The job's leader exits: its pidfd announces it, and the cached collection re-reads
@@ -347,9 +347,9 @@ fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
         std::fs::read_to_string(format!("/proc/{worker}/stat"))
             .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('T'))
     });
-    assert_eq!(
+    assert_ne!(
         state_of(&mut c, ScanDepth::Cached).0,
-        Some('S'),
+        Some('T'),
         "the leader's exit was announced again"
     );
     pidfd_send_signal(&worker_fd.0, Signal::CONT).unwrap();
