@@ -114,6 +114,8 @@ struct Agent {
     open_sample_due: Option<Instant>,
     /// Why the open watch could not start, as last logged.
     open_watch_failure: Option<String>,
+    /// The node's name in the last good sample: the heal's alert names it while samples fail.
+    last_hostname: Option<String>,
 }
 
 /// The least time between two samples that opens of the device files ask for: an open is
@@ -149,6 +151,10 @@ impl Agent {
                 tracing::error!("collection failed: {e}");
                 let age = self.last_good.map_or(0.0, |t| self.since(t).as_secs_f64());
                 self.metrics.collection_failed(age);
+                // A failed heal matters most when the GPUs cannot be read (a reset that left
+                // the driver unable to answer): its steps are followed all the same.
+                let host = self.last_hostname.clone();
+                self.poll_heal(host.as_deref(), self.node.clock().wall_ms());
                 self.publish_metrics_only();
                 return;
             }
@@ -203,18 +209,12 @@ impl Agent {
                 .is_some_and(|u| u.significant && u.cause == Some(UnaccountedCause::Unknown))
         });
         let holder_trends = self.record_history(&report);
-        let gpu_trends = &self.gpu_trends;
-
         let wall_ms = self.node.clock().wall_ms();
+        self.last_hostname.clone_from(&report.hostname);
+        self.poll_heal(report.hostname.as_deref(), wall_ms);
+        let gpu_trends = &self.gpu_trends;
         for n in self.alerts.evaluate(&report, gpu_trends, wall_ms) {
             self.notifier.send(n);
-        }
-        match self.heal.poll(report.hostname.as_deref(), wall_ms) {
-            Ok(notes) => notes.into_iter().for_each(|n| self.notifier.send(n)),
-            Err(_) => self.metrics.error("audit_log"),
-        }
-        if self.heal.take_changed() {
-            self.metrics.heal(&self.heal);
         }
         let firing = self.alerts.firing();
         self.metrics.update(
@@ -242,6 +242,17 @@ impl Agent {
         self.publish(report, &firing);
         if depth == ScanDepth::Full {
             return_free_heap_pages();
+        }
+    }
+
+    /// Reads the Slurm heal's new steps from the audit log: notifications and metrics.
+    fn poll_heal(&mut self, host: Option<&str>, wall_ms: u64) {
+        match self.heal.poll(host, wall_ms) {
+            Ok(notes) => notes.into_iter().for_each(|n| self.notifier.send(n)),
+            Err(_) => self.metrics.error("audit_log"),
+        }
+        if self.heal.take_changed() {
+            self.metrics.heal(&self.heal);
         }
     }
 
@@ -916,6 +927,7 @@ impl Agent {
             last_sample: None,
             open_sample_due: None,
             open_watch_failure: None,
+            last_hostname: None,
         })
     }
 }
@@ -1085,6 +1097,36 @@ mod tests {
             node.manual_clock().advance(Duration::from_secs(1));
         }
         (agent, dir)
+    }
+
+    /// A heal that fails while the GPUs cannot be read (a reset that left the driver unable
+    /// to answer) is alerted on all the same: its steps are followed in failed samples too.
+    #[test]
+    fn a_failed_heal_is_seen_while_every_collection_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = dir.path().join("audit.jsonl");
+        let mut config = Config::default();
+        config.reclaim.audit_log = audit.clone();
+        let node = demo();
+        let mut agent = agent_on(&node, config);
+        agent.sample();
+        node.driver_gone(true);
+        std::fs::write(
+            &audit,
+            "{\"ts_ms\":7,\"run_id\":\"r\",\"host\":\"h\",\"event\":\"heal_failed\",\
+             \"node\":\"gpu07\",\"reason\":\"held\"}\n",
+        )
+        .unwrap();
+        agent.sample();
+        assert!(agent.last_good.is_some(), "the first sample was good");
+        assert!(agent.heal.failing(), "the failed heal was not followed");
+        let metrics = agent.metrics.render();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("vramguard_slurm_heal_failed{") && l.ends_with(" 1")),
+            "{metrics}"
+        );
     }
 
     /// Idle holders are watched for work only when an automatic reclaim may take them: else

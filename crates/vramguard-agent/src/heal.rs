@@ -255,6 +255,10 @@ pub struct HealWatch {
     last_error: Option<String>,
     /// Whether the state changed since [`HealWatch::take_changed`] last asked.
     changed: bool,
+    /// The start at the log's end failed (a log that was a link for a moment, EMFILE): it is
+    /// tried again before anything is read, never replaced by a read from the log's first
+    /// byte, which would send every past heal step again as new.
+    start_owed: bool,
 }
 
 impl HealWatch {
@@ -262,23 +266,35 @@ impl HealWatch {
     /// a failure there is an incident already firing (not notified again: it was, by the agent
     /// that ran then).
     pub fn start(audit_log: &Path) -> HealWatch {
-        let mut follower = AuditFollower::new(audit_log);
-        let last = follower.start_at_end().unwrap_or_else(|e| {
-            tracing::warn!("following the audit log for heal steps: {e}");
-            None
-        });
-        let failing_since = last
+        let mut watch = HealWatch {
+            follower: AuditFollower::new(audit_log),
+            counts: BTreeMap::new(),
+            changed: false,
+            last: None,
+            failing_since: None,
+            last_error: None,
+            start_owed: true,
+        };
+        if let Err(e) = watch.start_at_end() {
+            tracing::warn!(
+                "following the audit log for heal steps: {e} (tried again at each sample)"
+            );
+            watch.last_error = Some(e.to_string());
+        }
+        watch
+    }
+
+    /// Takes the state from the log's end, as at start.
+    fn start_at_end(&mut self) -> Result<(), FileError> {
+        let last = self.follower.start_at_end()?;
+        self.start_owed = false;
+        self.failing_since = last
             .as_ref()
             .filter(|r| r.step == HealStep::Failed)
             .map(|r| r.at_ms);
-        HealWatch {
-            follower,
-            counts: BTreeMap::new(),
-            changed: last.is_some(),
-            last,
-            failing_since,
-            last_error: None,
-        }
+        self.changed |= last.is_some();
+        self.last = last;
+        Ok(())
     }
 
     /// Whether the counts, the latest step or the failure changed since the last call: the
@@ -303,7 +319,12 @@ impl HealWatch {
         host: Option<&str>,
         now_ms: u64,
     ) -> Result<Vec<Notification>, FileError> {
-        let records = match self.follower.poll() {
+        let read = if self.start_owed {
+            self.start_at_end().map(|()| Vec::new())
+        } else {
+            self.follower.poll()
+        };
+        let records = match read {
             Ok(r) => {
                 self.last_error = None;
                 r
@@ -601,5 +622,31 @@ mod tests {
             "{}",
             n[0].summary
         );
+    }
+
+    #[test]
+    fn a_log_unreadable_at_start_is_started_at_its_end_once_readable_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.jsonl");
+        let path = dir.path().join("audit.jsonl");
+        // Old steps: a failure and its resolution, then a failure still in force.
+        append(&real, &rec("heal_failed", 1, ",\"reason\":\"held\""));
+        append(&real, &rec("heal_resumed", 2, ""));
+        append(&real, &rec("heal_failed", 3, ",\"reason\":\"held\""));
+        // At start the log is a link: refused, so the start is owed.
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        let mut w = HealWatch::start(&path);
+        assert!(!w.failing());
+        assert!(w.poll(None, 4).is_err(), "still a link");
+        // Once it is a regular file, the state comes from its end; nothing is sent again.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::rename(&real, &path).unwrap();
+        assert_eq!(w.poll(None, 5).unwrap().len(), 0, "old steps sent again");
+        assert!(w.failing());
+        assert!(w.counts.is_empty());
+        append(&path, &rec("heal_resumed", 6, ""));
+        let n = w.poll(None, 6).unwrap();
+        assert_eq!(n.len(), 1);
+        assert_eq!(n[0].status, "resolved");
     }
 }

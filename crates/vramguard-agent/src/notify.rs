@@ -146,9 +146,9 @@ fn dispatch(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>, stop:
         if cfg.log {
             match n.status {
                 "firing" => {
-                    tracing::warn!(rule = %n.rule, gpu = ?n.gpu, value = n.value, "alert firing: {}", n.summary)
+                    tracing::warn!(rule = %n.rule, gpu = n.gpu, value = n.value, "alert firing: {}", n.summary)
                 }
-                _ => tracing::info!(rule = %n.rule, gpu = ?n.gpu, "alert resolved: {}", n.summary),
+                _ => tracing::info!(rule = %n.rule, gpu = n.gpu, "alert resolved: {}", n.summary),
             }
         }
         let keys: Vec<SinkKey> = cfg
@@ -287,12 +287,25 @@ fn command_cgroup() -> Option<vramguard_ops::cgroup::JobCgroup> {
             tracing::info!("removed {n} empty alert-command cgroups a killed agent left");
         }
     });
+    static SAID: std::sync::Once = std::sync::Once::new();
     let n = N.fetch_add(1, Ordering::Relaxed);
-    vramguard_ops::cgroup::JobCgroup::create(&format!(
+    match vramguard_ops::cgroup::JobCgroup::create(&format!(
         "{ALERT_CGROUP_PREFIX}{}-{n}",
         std::process::id()
-    ))
-    .ok()
+    )) {
+        Ok(cg) => Some(cg),
+        Err(e) => {
+            // Said once: commands then run in a process group of their own, which a command
+            // that calls setsid can leave.
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "alert commands run without a cgroup of their own ({e}); a command that \
+                     starts its own session outlives its time limit"
+                )
+            });
+            None
+        }
+    }
 }
 
 /// Alert commands' cgroups are named `<this><agent pid>-<n>`.

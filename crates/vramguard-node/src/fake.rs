@@ -18,7 +18,7 @@ use rustix::process::Signal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use vramguard_core::snapshot::{GpuSample, Snapshot};
+use vramguard_core::snapshot::{CallError, GpuSample, Snapshot};
 use vramguard_proc::{ProcFs, ScanDepth, WorkSampler};
 
 /// What a scripted process does when signalled.
@@ -87,6 +87,8 @@ struct FakeState {
     signals: Vec<SentSignal>,
     resets: Vec<u32>,
     removed_segments: Vec<String>,
+    /// Every snapshot fails as a driver that stopped answering would.
+    driver_gone: bool,
 }
 
 /// A scripted node; see the module documentation.
@@ -135,6 +137,7 @@ impl FakeNode {
                 signals: Vec::new(),
                 resets: Vec::new(),
                 removed_segments: Vec::new(),
+                driver_gone: false,
             })),
         }
     }
@@ -195,6 +198,13 @@ impl FakeNode {
     /// otherwise): a driver that gives memory back a few polls after the reset.
     pub fn reset_lag(&self, lag: Duration) -> &FakeNode {
         self.state().reset_lag = lag;
+        self
+    }
+
+    /// Makes every snapshot fail (`true`) as a driver that stopped answering would, or work
+    /// again (`false`).
+    pub fn driver_gone(&self, gone: bool) -> &FakeNode {
+        self.state().driver_gone = gone;
         self
     }
 
@@ -317,6 +327,15 @@ impl FakeState {
 
 impl Node for FakeNode {
     fn snapshot(&mut self, _depth: ScanDepth) -> Result<Snapshot, NodeError> {
+        if self.state().driver_gone {
+            return Err(NodeError::Gpu(vramguard_gpu::SourceError::Call(
+                CallError {
+                    call: "nvmlDeviceGetCount_v2".into(),
+                    code: Some(15),
+                    message: "GPU is lost (simulated)".into(),
+                },
+            )));
+        }
         let (now, wall) = (self.clock.now(), self.clock.wall_ms());
         let mut snap = self.state().snapshot_at(now, wall);
         // Like the real node: no window, no work sample.

@@ -30,7 +30,7 @@ pub struct MachineNode {
     /// polls three descriptors whatever the number of holders (polling 200 pidfds at each
     /// wake-up was a tenth of the agent's CPU per sample). `None` where epoll could not be
     /// had: each pidfd is then polled.
-    exit_set: Option<std::os::fd::OwnedFd>,
+    exit_set: Option<vramguard_proc::exits::ExitSet>,
     clock: SystemClock,
     kubelet: Option<Kubelet>,
     /// Opens of the device files, once [`Node::watch_opens`] started watching them.
@@ -80,7 +80,7 @@ impl MachineNode {
             signal_proc: signal_proc.to_path_buf(),
             pinned: BTreeMap::new(),
             watched: BTreeMap::new(),
-            exit_set: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC).ok(),
+            exit_set: vramguard_proc::exits::ExitSet::new(),
             clock: SystemClock,
             kubelet: None,
             opens: None,
@@ -265,13 +265,12 @@ impl Node for MachineNode {
     }
 
     fn watch_exits(&mut self, ids: &[Identity]) -> usize {
-        use rustix::event::epoll;
         let wanted: BTreeSet<Identity> = ids.iter().copied().collect();
         let set = &mut self.exit_set;
         self.watched.retain(|id, v| {
             let keep = wanted.contains(id);
             if !keep && let Some(s) = set.as_ref() {
-                let _ = epoll::delete(s, &*v);
+                s.remove(&*v);
             }
             keep
         });
@@ -280,13 +279,7 @@ impl Node for MachineNode {
                 && let Ok(v) = identity::verify(&self.signal_proc, id)
             {
                 if let Some(s) = set.as_ref()
-                    && epoll::add(
-                        s,
-                        &v,
-                        epoll::EventData::new_u64(u64::from(id.pid)),
-                        epoll::EventFlags::IN,
-                    )
-                    .is_err()
+                    && s.add(&v, id.pid).is_err()
                 {
                     // A set that refuses one (out of memory, a limit): every pidfd is polled
                     // from now on, as without epoll.
@@ -304,7 +297,7 @@ impl Node for MachineNode {
         wake: Option<std::os::fd::BorrowedFd<'_>>,
         opens: bool,
     ) -> Vec<(Identity, Instant)> {
-        use rustix::event::{PollFd, PollFlags, epoll, poll};
+        use rustix::event::{PollFd, PollFlags, poll};
         // Without the epoll set, every pidfd is polled itself.
         let ids: Vec<Identity> = match self.exit_set {
             Some(_) => Vec::new(),
@@ -350,43 +343,46 @@ impl Node for MachineNode {
                 .is_some_and(|f| f.revents().contains(PollFlags::IN));
         drop(fds);
         let mut gone_in_set: Vec<Identity> = Vec::new();
+        let mut set_failed = false;
         if set_fired && let Some(set) = &self.exit_set {
-            let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
             let zero = rustix::time::Timespec {
                 tv_sec: 0,
                 tv_nsec: 0,
             };
-            if epoll::wait(
-                set,
-                rustix::buffer::spare_capacity(&mut events),
-                Some(&zero),
-            )
-            .is_ok()
-            {
-                for event in &events {
-                    let pid = event.data.u64() as u32;
-                    // The pid names the process; its pidfd says whether this one exited (a
-                    // pid may be watched twice, a reused pid beside the one that left).
-                    for (id, v) in self.watched.range(
-                        Identity {
+            match set.ready(self.watched.len()) {
+                Ok(ready) => {
+                    for pid in ready {
+                        // The pid names the process; its pidfd says whether this one exited
+                        // (a pid may be watched twice, a reused pid beside the one that left).
+                        let of_pid = Identity {
                             pid,
                             start_ticks: 0,
                         }..=Identity {
                             pid,
                             start_ticks: u64::MAX,
-                        },
-                    ) {
-                        let mut one = [PollFd::new(v, PollFlags::IN)];
-                        if poll(&mut one, Some(&zero)).is_ok()
-                            && one[0]
-                                .revents()
-                                .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
-                        {
-                            gone_in_set.push(*id);
+                        };
+                        for (id, v) in self.watched.range(of_pid) {
+                            let mut one = [PollFd::new(v, PollFlags::IN)];
+                            if poll(&mut one, Some(&zero)).is_ok()
+                                && one[0]
+                                    .revents()
+                                    .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
+                            {
+                                gone_in_set.push(*id);
+                            }
                         }
                     }
                 }
+                Err(_) => {
+                    // A set that cannot be asked stays readable and would spin the loop: each
+                    // process's pidfd is polled from now on, as without epoll (the old way,
+                    // only dearer).
+                    set_failed = true;
+                }
             }
+        }
+        if set_failed {
+            self.exit_set = None;
         }
         if opened && let Some(opens) = self.opens.as_mut() {
             match opens.drain() {
@@ -411,7 +407,7 @@ impl Node for MachineNode {
         for id in polled.chain(gone_in_set) {
             if let Some(v) = self.watched.remove(&id) {
                 if let Some(set) = &self.exit_set {
-                    let _ = epoll::delete(set, &v);
+                    set.remove(&v);
                 }
                 exits.push((id, now));
             }

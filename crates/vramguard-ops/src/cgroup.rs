@@ -27,9 +27,12 @@ pub fn own_cgroup_dir() -> Option<PathBuf> {
 }
 
 /// Removes the empty cgroups named `<prefix><pid>-<n>` next to this process's own children
-/// whose creator `<pid>` is no process any more: what a killed (SIGKILL, a crash) run of the
-/// same program left behind. A populated one is left alone (what runs in it is not ours to
-/// judge); a pid that was reused only delays the clean-up. Returns how many were removed.
+/// whose creator `<pid>` is no process any more, or is this process: what a killed (SIGKILL,
+/// a crash) run of the same program left behind. Call it before this process makes any such
+/// cgroup of its own (a run with the same pid, as pid 1 of a container is every time, left
+/// the ones named after it). A populated one is left alone (what runs in it is not ours to
+/// judge; the kernel refuses to remove it anyway); a live pid only delays the clean-up; a name
+/// not of exactly that form is never touched. Returns how many were removed.
 pub fn remove_stale(prefix: &str) -> usize {
     let Some(dir) = own_cgroup_dir() else {
         return 0;
@@ -40,23 +43,35 @@ pub fn remove_stale(prefix: &str) -> usize {
     let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(creator_pid)
+        else {
             continue;
         };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        // kill(pid, 0): sends nothing, answers ESRCH for no such process.
-        let gone = rustix::process::Pid::from_raw(pid as i32)
-            .is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
-        if pid == std::process::id() || !gone {
-            continue;
-        }
-        if std::fs::remove_dir(e.path()).is_ok() {
+        // kill(pid, 0): sends nothing, answers ESRCH for no such process. `pid` is positive:
+        // never a process group, never "every process".
+        let gone = pid == std::process::id()
+            || rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
+                rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH)
+            });
+        if gone && std::fs::remove_dir(e.path()).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// The creator's pid of a cgroup name's rest `<pid>-<n>`: both plain decimal numbers (no
+/// sign, no leading zero), the pid from 1 to `i32::MAX`, nothing after `n`.
+fn creator_pid(rest: &str) -> Option<u32> {
+    let (pid, n) = rest.split_once('-')?;
+    let decimal = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !decimal(pid) || !decimal(n) || pid.starts_with('0') || n.parse::<u64>().is_err() {
+        return None;
+    }
+    pid.parse::<i32>().ok().filter(|p| *p > 0).map(|p| p as u32)
 }
 
 /// A cgroup created for one job, removed by [`JobCgroup::remove`].
@@ -187,25 +202,39 @@ mod tests {
     }
 
     #[test]
-    fn only_empty_cgroups_of_dead_creators_are_removed() {
+    fn only_empty_cgroups_of_dead_creators_or_of_this_pid_are_removed() {
         let prefix = format!("vramguard-stale-test-{}x", std::process::id());
         let mut made = Made::default();
-        // A creator that is gone: a child run to its end and reaped.
-        let dead = std::process::Command::new("true")
-            .spawn()
-            .and_then(|mut c| c.wait().map(|_| c.id()))
-            .unwrap();
+        let mut make = |name: String| {
+            let cg = JobCgroup::create(&format!("{prefix}{name}"))
+                .expect("a writable cgroup v2 (the suite runs as root)");
+            made.cgroups.push(cg.clone());
+            cg
+        };
+        // A creator that cannot exist: above the largest pid_max Linux allows (2^22).
+        let dead = 4_194_305u32;
         // The suite runs as root with a cgroup v2 mount (scripts/test.sh): without one this
         // test fails rather than passing on nothing.
-        let stale = JobCgroup::create(&format!("{prefix}{dead}-0"))
-            .expect("a writable cgroup v2 (the suite runs as root)");
-        made.cgroups.push(stale.clone());
+        let stale = make(format!("{dead}-0"));
+        // Named after this very process, which has made none yet: an earlier run's.
+        let own = make(format!("{}-0", std::process::id()));
         // pid 1 lives: its cgroup stays.
-        let live = JobCgroup::create(&format!("{prefix}1-0")).unwrap();
-        made.cgroups.push(live.clone());
+        let live = make("1-0".into());
+        // Names not exactly `<pid>-<n>`: never touched (4294967295 was a negative pid, a
+        // process group, and a panic in debug builds).
+        let odd: Vec<JobCgroup> = [
+            "4294967295-0",
+            "+5-0",
+            &format!("0{dead}-0"),
+            &format!("{dead}-0-x"),
+            &format!("{dead}-"),
+            &format!("{dead}"),
+        ]
+        .iter()
+        .map(|n| make(n.to_string()))
+        .collect();
         // A dead creator's cgroup with a process in it (a sleep of ours): left alone.
-        let busy = JobCgroup::create(&format!("{prefix}{dead}-1")).unwrap();
-        made.cgroups.push(busy.clone());
+        let busy = make(format!("{dead}-1"));
         let sleeper = std::process::Command::new("sleep")
             .arg("60")
             .spawn()
@@ -214,9 +243,34 @@ mod tests {
         made.sleeper = Some(sleeper);
         std::fs::write(busy.procs_file(), pid.to_string()).unwrap();
         assert_eq!(busy.pids(), [pid]);
-        assert_eq!(remove_stale(&prefix), 1);
+        assert_eq!(remove_stale(&prefix), 2);
         assert!(!stale.dir().exists());
+        assert!(!own.dir().exists());
         assert!(live.dir().exists());
         assert!(busy.dir().exists());
+        for cg in &odd {
+            assert!(cg.dir().exists(), "{} was removed", cg.dir().display());
+        }
+    }
+
+    #[test]
+    fn a_creator_pid_is_a_plain_positive_decimal() {
+        assert_eq!(creator_pid("12-0"), Some(12));
+        assert_eq!(creator_pid("2147483647-3"), Some(i32::MAX as u32));
+        for bad in [
+            "2147483648-0",
+            "0-0",
+            "012-0",
+            "+12-0",
+            "-12-0",
+            "12",
+            "12-",
+            "12-0-1",
+            "12-x",
+            " 12-0",
+            "",
+        ] {
+            assert_eq!(creator_pid(bad), None, "{bad:?}");
+        }
     }
 }

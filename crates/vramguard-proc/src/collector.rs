@@ -148,7 +148,7 @@ pub struct ProcCollector {
     /// Every pidfd in one epoll set: a collection asks it which exited instead of polling
     /// each (hundreds of holders, every sample). `None` where epoll could not be had or
     /// refused one: each pidfd is then polled.
-    exit_set: Option<OwnedFd>,
+    exit_set: Option<crate::exits::ExitSet>,
 }
 
 /// What the first read of a process takes from `/proc`: its `stat` (kept open for later
@@ -182,18 +182,20 @@ impl IdentityFiles {
 }
 
 impl FirstRead {
-    /// Reads `stat` and, when `identity` is asked for, the identity files; `None` when the
-    /// process is gone or unreadable (the serial walk then looks for itself).
-    fn read(fs: &ProcFs, pid: u32, identity: bool) -> Option<FirstRead> {
+    /// Reads `stat` (kept open) and the identity files; `None` when the process is gone or
+    /// unreadable (the serial walk then looks for itself).
+    fn read(fs: &ProcFs, pid: u32) -> Option<FirstRead> {
         let Ok(Found::Yes(fd)) = fs.open_stat(pid) else {
             return None;
         };
         let Ok(Found::Yes(stat)) = fs.reread_stat(pid, &fd) else {
             return None;
         };
+        // Whether they are this process's, not a reused pid's, is checked when they are
+        // taken (`refresh`), as for files read then.
         Some(FirstRead {
             stat: Some((fd, stat)),
-            identity: identity.then(|| IdentityFiles::read(fs, pid)),
+            identity: Some(IdentityFiles::read(fs, pid)),
         })
     }
 }
@@ -270,7 +272,7 @@ impl ProcCollector {
             opened: BTreeSet::new(),
             threads: std::sync::OnceLock::new(),
             first_reads: HashMap::new(),
-            exit_set: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC).ok(),
+            exit_set: crate::exits::ExitSet::new(),
         };
         c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
         c.refresh_host();
@@ -465,26 +467,28 @@ impl ProcCollector {
     /// Processes whose pidfd says they exited since their facts were read; their pidfds are
     /// closed (the exit is news once). `None` when polling failed: treat it as news.
     fn take_exits(&mut self) -> Option<Vec<u32>> {
-        use rustix::event::{PollFd, PollFlags, Timespec, epoll, poll};
-        let now = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
         if let Some(set) = &self.exit_set {
-            // Level-triggered: a pidfd stays ready until it is closed, below.
-            let mut events: Vec<epoll::Event> = Vec::with_capacity(self.known.len().min(1024));
-            epoll::wait(set, rustix::buffer::spare_capacity(&mut events), Some(&now)).ok()?;
-            let exited: Vec<u32> = events.iter().map(|e| e.data.u64() as u32).collect();
+            let Ok(exited) = set.ready(self.open_stat_fds) else {
+                // Asked again it would likely fail again: each pidfd is polled from now on,
+                // and this collection re-reads everything.
+                self.exit_set = None;
+                return None;
+            };
             for pid in &exited {
                 if let Some(k) = self.known.get_mut(pid)
                     && let Some(fd) = k.pidfd.take()
                 {
-                    let _ = epoll::delete(set, &fd);
+                    set.remove(&fd);
                     self.open_stat_fds -= 1;
                 }
             }
             return Some(exited);
         }
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         let (pids, mut fds): (Vec<u32>, Vec<PollFd<'_>>) = self
             .known
             .iter()
@@ -561,13 +565,7 @@ impl ProcCollector {
         if matches!(self.fs.reread_stat(pid, stat_fd), Ok(Found::Yes(s)) if s.start_ticks == facts.start_ticks)
         {
             if let Some(set) = &self.exit_set
-                && rustix::event::epoll::add(
-                    set,
-                    &fd,
-                    rustix::event::epoll::EventData::new_u64(u64::from(pid)),
-                    rustix::event::epoll::EventFlags::IN,
-                )
-                .is_err()
+                && set.add(&fd, pid).is_err()
             {
                 // Refused (a limit): every pidfd is polled from now on.
                 self.exit_set = None;
@@ -807,9 +805,18 @@ impl ProcCollector {
         // An opener is scanned again even if an earlier scan found it holding: it may hold
         // another GPU's file now.
         let opened = std::mem::take(&mut self.opened);
-        let queued: HashSet<u32> = to_scan.iter().copied().collect();
-        to_scan.extend(opened.iter().copied().filter(|p| !queued.contains(p)));
-        let scanned = self.scan_fds(&to_scan)?;
+        if !opened.is_empty() {
+            let queued: HashSet<u32> = to_scan.iter().copied().collect();
+            to_scan.extend(opened.iter().copied().filter(|p| !queued.contains(p)));
+        }
+        let scanned = match self.scan_fds(&to_scan) {
+            Ok(scanned) => scanned,
+            Err(e) => {
+                // Not lost with the failed scan: the next collection scans them.
+                self.opened.extend(opened);
+                return Err(e);
+            }
+        };
         // Room for every new pid at once: growing one step at a time moved the (large) facts
         // of thousands of processes several times over.
         let new = scanned
@@ -917,9 +924,8 @@ impl ProcCollector {
                 None => self.depart(pid, now_ms),
             }
         }
-        // What the walk did not take (a process that exited meanwhile) is not kept: the next
-        // collection reads afresh.
-        self.first_reads.clear();
+        // What the walk did not take is not kept: the next collection reads afresh.
+        self.drop_first_reads();
         let mut processes: Vec<ProcessFacts> = out.into_values().collect();
         processes.sort_by_key(|p| p.pid);
         Ok(processes)
@@ -996,7 +1002,7 @@ impl ProcCollector {
     /// has never read: their `stat` and identity files. Only where there are many (after a
     /// full scan or a listing); a few are read one by one as they come.
     fn read_first_on_every_core(&mut self, pids: &[u32]) {
-        self.first_reads.clear();
+        self.drop_first_reads();
         let fresh: Vec<u32> = pids
             .iter()
             .copied()
@@ -1015,11 +1021,23 @@ impl ProcCollector {
             return;
         }
         let fs = &self.fs;
-        self.first_reads =
-            on_every_core(&fresh, self.threads(), |pid| FirstRead::read(fs, pid, true))
-                .into_iter()
-                .filter_map(|(pid, read)| Some((pid, read?)))
-                .collect();
+        self.first_reads = on_every_core(&fresh, self.threads(), |pid| FirstRead::read(fs, pid))
+            .into_iter()
+            .filter_map(|(pid, read)| Some((pid, read?)))
+            .collect();
+        // Their `stat` fds count against the budget while they are held.
+        self.open_stat_fds += self.first_reads.len();
+    }
+
+    /// Forgets what the walk did not take (a process that exited meanwhile), with its fds.
+    fn drop_first_reads(&mut self) {
+        let held = self
+            .first_reads
+            .values()
+            .filter(|r| r.stat.is_some())
+            .count();
+        self.open_stat_fds -= held;
+        self.first_reads.clear();
     }
 
     /// What does not change while a process lives (after its exec): executable, owner,
@@ -1066,6 +1084,8 @@ impl ProcCollector {
 
     /// Fresh `stat` plus cached identity facts for one pid; `None` if it is gone.
     fn refresh(&mut self, pid: u32) -> Result<Option<ProcessFacts>, ProcError> {
+        // A `stat` opened here but not kept (the fd budget is spent), for the identity check.
+        let mut unheld: Option<OwnedFd> = None;
         let held = self.known.get(&pid).and_then(|k| k.stat_fd.as_ref());
         let stat = match held {
             Some(fd) => match self.fs.reread_stat(pid, fd)? {
@@ -1081,7 +1101,11 @@ impl ProcCollector {
             None => {
                 let read_first = self.first_reads.get_mut(&pid).and_then(|r| r.stat.take());
                 let (fd, s) = match read_first {
-                    Some(read) => read,
+                    Some(read) => {
+                        // In hand now: counted again below if it is kept.
+                        self.open_stat_fds -= 1;
+                        read
+                    }
                     None => {
                         let Found::Yes(fd) = self.fs.open_stat(pid)? else {
                             return Ok(None);
@@ -1110,13 +1134,34 @@ impl ProcCollector {
                 if self.open_stat_fds < self.max_stat_fds {
                     self.known.get_mut(&pid).expect("just inserted").stat_fd = Some(fd);
                     self.open_stat_fds += 1;
+                } else {
+                    unheld = Some(fd);
                 }
                 s
             }
         };
         let needs_identity = self.known.get(&pid).is_none_or(|k| k.facts.is_none());
         let identity = if needs_identity {
-            Some(self.identity(pid)?)
+            let identity = self.identity(pid)?;
+            // The identity files are read by pid: they are this process's only if it still
+            // lives after them (a pid is not reused while its process, or its zombie,
+            // exists). Else it is gone, and the next collection looks afresh.
+            let fd = self
+                .known
+                .get(&pid)
+                .and_then(|k| k.stat_fd.as_ref())
+                .or(unheld.as_ref());
+            let same = match fd {
+                Some(fd) => matches!(
+                    self.fs.reread_stat(pid, fd)?,
+                    Found::Yes(again) if again.start_ticks == stat.start_ticks
+                ),
+                None => false,
+            };
+            if !same {
+                return Ok(None);
+            }
+            Some(identity)
         } else {
             None
         };

@@ -249,7 +249,13 @@ pub fn process_memory(
     };
     memory.pinned_bytes = pinned;
     memory.locked_bytes = locked;
-    if let Found::Yes(()) = fs.read_into(&format!("{pid}/maps"), &mut buf)? {
+    let maps = fs.read_into(&format!("{pid}/maps"), &mut buf)?;
+    if maps == Found::Gone {
+        // Gone since its status was read (or, with figures reused, since the collection
+        // began): no figures rather than empty ones.
+        return Ok(Found::Gone);
+    }
+    if let Found::Yes(()) = maps {
         let mut largest: BTreeMap<(u64, u64), u64> = BTreeMap::new();
         for (dev, inode, len) in crate::parse::parse_maps_files(&buf) {
             if devs.contains(&dev) {

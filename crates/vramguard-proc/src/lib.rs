@@ -13,6 +13,7 @@
 pub mod collector;
 pub mod containers;
 pub mod devices;
+pub mod exits;
 pub mod host;
 pub mod opens;
 pub mod parse;
