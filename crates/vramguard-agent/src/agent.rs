@@ -140,6 +140,11 @@ impl Agent {
         self.last_sample = Some(t0);
         self.open_sample_due = None;
         let depth = self.depth_due();
+        if depth == ScanDepth::Full && self.config.agent.watch_opens && !self.watching_opens {
+            // Before the scan: an open during it (hundreds of ms on a busy node) is then seen
+            // now, not at the next full scan.
+            self.start_watching_opens();
+        }
         let snap = match self.node.snapshot(depth) {
             Ok(s) => s,
             Err(e) => {
@@ -163,9 +168,6 @@ impl Agent {
         match depth {
             ScanDepth::Full => {
                 self.opens_lost = false;
-                if self.config.agent.watch_opens && !self.watching_opens {
-                    self.start_watching_opens();
-                }
                 self.last_full = Some(now);
                 self.last_discover = now;
                 self.last_recheck = now;
@@ -559,6 +561,19 @@ impl Agent {
                 self.full_scan_every()
             );
         }
+        if let Some((file, e)) = opened.unmarked {
+            // Said once per file and reason: the files are marked again at every listing.
+            let why = format!(
+                "cannot watch {} for opens (fanotify_mark: {e}): its new holders are found by \
+                 full fd scans only, every {:?}",
+                vramguard_core::sanitize::shown(&file.display().to_string()),
+                self.full_scan_every()
+            );
+            if self.open_watch_failure.as_deref() != Some(why.as_str()) {
+                tracing::warn!("{why}");
+                self.open_watch_failure = Some(why);
+            }
+        }
         if !opened.pids.is_empty() || opened.overflowed {
             self.metrics.device_opens(opened.pids.len() as u64);
             // A new holder: sample soon, at most once per gap however many opens come.
@@ -767,8 +782,19 @@ impl Agent {
                 if c.reclaim.audit_log != self.config.reclaim.audit_log {
                     // The counters go on from what they counted; the new log's state is shown.
                     let counts = std::mem::take(&mut self.heal.counts);
-                    self.heal = HealWatch::start(&c.reclaim.audit_log);
+                    let wall_ms = self.node.clock().wall_ms();
+                    let next = HealWatch::start(&c.reclaim.audit_log);
+                    if !next.failing()
+                        && let Some(n) = self
+                            .heal
+                            .stop_following(self.last_hostname.as_deref(), wall_ms)
+                    {
+                        self.notifier.send(n);
+                    }
+                    self.heal = next;
                     self.heal.counts = counts;
+                    // Drawn from the new log's state, even when it holds no heal step.
+                    self.metrics.heal(&self.heal);
                 }
                 *self.alerts_config.write().expect("alerts config") = c.alerts.clone();
                 if c.policy != self.config.policy {
@@ -1126,6 +1152,46 @@ mod tests {
                 .lines()
                 .any(|l| l.starts_with("vramguard_slurm_heal_failed{") && l.ends_with(" 1")),
             "{metrics}"
+        );
+    }
+
+    /// A reload that names another audit log shows that log's heal state, and nothing of
+    /// the old one's (its failure no longer exported, nor left firing).
+    #[test]
+    fn a_reload_onto_another_audit_log_drops_the_old_logs_heal_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old_log, new_log) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
+        std::fs::write(
+            &old_log,
+            "{\"ts_ms\":7,\"run_id\":\"r\",\"host\":\"h\",\"event\":\"heal_failed\",\
+             \"node\":\"gpu07\",\"reason\":\"held\"}\n",
+        )
+        .unwrap();
+        let mut config = Config::default();
+        config.reclaim.audit_log = old_log;
+        let node = demo();
+        let mut agent = agent_on(&node, config);
+        agent.sample();
+        let failed_series = |agent: &Agent| {
+            agent
+                .metrics
+                .render()
+                .lines()
+                .any(|l| l.starts_with("vramguard_slurm_heal_failed{"))
+        };
+        assert!(agent.heal.failing() && failed_series(&agent));
+        let cfg = dir.path().join("vramguard.toml");
+        std::fs::write(
+            &cfg,
+            format!("[reclaim]\naudit_log = \"{}\"\n", new_log.display()),
+        )
+        .unwrap();
+        agent.reload(Some(&cfg));
+        assert_eq!(agent.config.reclaim.audit_log, new_log, "reloaded");
+        assert!(!agent.heal.failing());
+        assert!(
+            !failed_series(&agent),
+            "the old log's failure is still exported"
         );
     }
 

@@ -133,6 +133,12 @@ pub struct AuditFollower {
     offset: u64,
     /// A line longer than a whole read is being skipped up to its newline.
     skipping: bool,
+    /// The file's size when the last read reached its end on a line without its newline
+    /// (still being written, or torn until the log is repaired): not read again until it
+    /// grows.
+    torn_at: Option<u64>,
+    /// Reads made (what a poll that has nothing to read must not add to).
+    reads: u64,
 }
 
 impl AuditFollower {
@@ -143,6 +149,8 @@ impl AuditFollower {
             file: None,
             offset: 0,
             skipping: false,
+            torn_at: None,
+            reads: 0,
         }
     }
 
@@ -188,7 +196,9 @@ impl AuditFollower {
         match std::fs::symlink_metadata(&self.path) {
             Ok(m) => {
                 use std::os::unix::fs::MetadataExt;
-                if self.file == Some((m.dev(), m.ino())) && m.len() == self.offset {
+                let same = self.file == Some((m.dev(), m.ino()));
+                // Nothing new, or only the torn line already read once (until it grows).
+                if same && (m.len() == self.offset || self.torn_at == Some(m.len())) {
                     return Ok(Vec::new());
                 }
             }
@@ -206,8 +216,11 @@ impl AuditFollower {
             self.file = Some((chunk.dev, chunk.ino));
             self.offset = 0;
             self.skipping = false;
+            self.torn_at = None;
             chunk = vramguard_fs::read_regular_from_no_link(&self.path, 0, READ_MAX)?;
         }
+        self.reads += 1;
+        let reached_end = self.offset + chunk.bytes.len() as u64 >= chunk.size;
         let mut bytes = &chunk.bytes[..];
         let mut consumed = 0usize;
         if self.skipping {
@@ -235,6 +248,9 @@ impl AuditFollower {
             .filter_map(parse_line)
             .collect();
         self.offset += (consumed + whole) as u64;
+        // A line still being written (or torn, until the log is repaired) is read again only
+        // once the file has grown.
+        self.torn_at = (reached_end && self.offset < chunk.size).then_some(chunk.size);
         Ok(records)
     }
 }
@@ -306,6 +322,27 @@ impl HealWatch {
     /// Whether the heal's alert is firing.
     pub fn failing(&self) -> bool {
         self.failing_since.is_some()
+    }
+
+    /// The `resolved` for a failure this watch alerted on, when its log stops being followed
+    /// (a reload that names another audit log): receivers would otherwise keep the incident
+    /// open for good.
+    pub fn stop_following(&self, host: Option<&str>, now_ms: u64) -> Option<Notification> {
+        let since = self.failing_since?;
+        Some(Notification {
+            status: "resolved",
+            rule: HEAL_RULE.into(),
+            gpu: None,
+            uuid: None,
+            host: host.map(str::to_string),
+            value: 0.0,
+            summary: format!(
+                "Slurm heal: {} is no longer followed (config reloaded with another audit log)",
+                vramguard_core::sanitize::shown(&self.follower.path.display().to_string())
+            ),
+            started_at_ms: since,
+            at_ms: now_ms,
+        })
     }
 
     /// Reads the new heal steps; returns the notifications they make: one `firing` when a
@@ -445,6 +482,25 @@ mod tests {
                 step.name()
             );
         }
+    }
+
+    #[test]
+    fn a_torn_last_line_is_read_again_only_once_the_log_grew() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        append(&path, &rec("signal", 1, ""));
+        let mut f = AuditFollower::new(&path);
+        f.start_at_end().unwrap();
+        let half = rec("heal_failed", 2, "");
+        append(&path, &half[..20]);
+        assert!(f.poll().unwrap().is_empty());
+        let reads = f.reads;
+        for _ in 0..3 {
+            assert!(f.poll().unwrap().is_empty());
+        }
+        assert_eq!(f.reads, reads, "the torn line was read again at every poll");
+        append(&path, &half[20..]);
+        assert_eq!(steps(&f.poll().unwrap()), ["failed"]);
     }
 
     #[test]
@@ -622,6 +678,20 @@ mod tests {
             "{}",
             n[0].summary
         );
+    }
+
+    #[test]
+    fn a_failure_no_longer_followed_is_resolved_and_nothing_else_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        append(&path, &rec("heal_resumed", 1, ""));
+        let w = HealWatch::start(&path);
+        assert!(w.stop_following(None, 2).is_none(), "nothing was firing");
+        append(&path, &rec("heal_failed", 3, ",\"reason\":\"held\""));
+        let w = HealWatch::start(&path);
+        let n = w.stop_following(Some("gpu07"), 4).unwrap();
+        assert_eq!((n.status, n.rule.as_str()), ("resolved", HEAL_RULE));
+        assert_eq!((n.started_at_ms, n.at_ms), (3, 4));
     }
 
     #[test]

@@ -744,8 +744,10 @@ impl Metrics {
                 counter.inc_by(*n - shown);
             }
         }
+        self.heal_last.clear();
+        self.heal_last_at.clear();
+        self.heal_failed.clear();
         if let Some(last) = &watch.last {
-            self.heal_last.clear();
             for step in crate::heal::HealStep::ALL {
                 self.heal_last
                     .get_or_create(&NodeStepLabels {
@@ -755,11 +757,9 @@ impl Metrics {
                     .set(i64::from(step == last.step));
             }
             let node = vec![("node".to_string(), last.node.clone())];
-            self.heal_last_at.clear();
             self.heal_last_at
                 .get_or_create(&node)
                 .set(last.at_ms as f64 / 1000.0);
-            self.heal_failed.clear();
             self.heal_failed
                 .get_or_create(&node)
                 .set(i64::from(watch.failing()));

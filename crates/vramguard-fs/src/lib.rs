@@ -150,7 +150,7 @@ fn kind_name(t: FileType) -> &'static str {
     }
 }
 
-fn check_regular(path: &Path, fd: &impl rustix::fd::AsFd) -> Result<u64, FileError> {
+fn check_regular(path: &Path, fd: &impl rustix::fd::AsFd) -> Result<rustix::fs::Stat, FileError> {
     let st = rustix::fs::fstat(fd).map_err(io(path))?;
     let t = FileType::from_raw_mode(st.st_mode);
     if t != FileType::RegularFile {
@@ -159,7 +159,7 @@ fn check_regular(path: &Path, fd: &impl rustix::fd::AsFd) -> Result<u64, FileErr
             kind: kind_name(t),
         });
     }
-    Ok(st.st_size as u64)
+    Ok(st)
 }
 
 /// Reads the regular file at `path` (links followed), at most `max` bytes.
@@ -195,7 +195,7 @@ fn open_for_reading(path: &Path, extra: OFlags) -> Result<rustix::fd::OwnedFd, F
 
 fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileError> {
     let fd = open_for_reading(path, extra)?;
-    let size = check_regular(path, &fd)?;
+    let size = check_regular(path, &fd)?.st_size as u64;
     if size > max {
         return Err(FileError::TooLarge {
             path: path.to_path_buf(),
@@ -239,8 +239,7 @@ pub struct Chunk {
 pub fn read_regular_from_no_link(path: &Path, offset: u64, max: u64) -> Result<Chunk, FileError> {
     use std::os::unix::fs::FileExt;
     let fd = open_for_reading(path, OFlags::NOFOLLOW)?;
-    check_regular(path, &fd)?;
-    let st = rustix::fs::fstat(&fd).map_err(io(path))?;
+    let st = check_regular(path, &fd)?;
     let size = st.st_size as u64;
     let want = size.saturating_sub(offset).min(max) as usize;
     let mut bytes = vec![0u8; want];
@@ -261,8 +260,8 @@ pub fn read_regular_from_no_link(path: &Path, offset: u64, max: u64) -> Result<C
     }
     bytes.truncate(got);
     Ok(Chunk {
-        dev: st.st_dev as u64,
-        ino: st.st_ino as u64,
+        dev: st.st_dev,
+        ino: st.st_ino,
         size,
         bytes,
     })

@@ -169,7 +169,9 @@ impl Node for MachineNode {
         {
             // Device files made since (a new GPU, a driver reload, `nvidia-uvm` loaded on
             // first use) are watched from now on: within a listing period, not a full scan's.
-            opens.mark_all();
+            if let Some(failed) = opens.mark_all() {
+                self.openers.unmarked = Some(failed);
+            }
         }
         let mut snap = take_snapshot(
             self.source.as_mut(),

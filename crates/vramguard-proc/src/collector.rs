@@ -99,6 +99,9 @@ const CGROUP_MAX_INSPECTED: usize = 512;
 /// Largest `cgroup.procs` read (a pid per line).
 const CGROUP_PROCS_MAX_BYTES: u64 = 64 * 1024;
 const DEPARTED_MAX_AGE_MS: u64 = 3_600_000;
+/// The longest host memory (shared-memory segments and their users, each process's pinned,
+/// locked and mapped memory) goes without a full read, whatever the depth.
+pub const HOST_MEMORY_EVERY_MS: u64 = 60_000;
 /// Below this many processes to fd-scan, threads cost more than they save.
 const PARALLEL_SCAN_MIN: usize = 64;
 /// Pids a scan thread takes at a time.
@@ -131,6 +134,9 @@ pub struct ProcCollector {
     shm_dirs: Vec<PathBuf>,
     /// What the last full scan found in them.
     last_shm: Vec<ShmDirFacts>,
+    /// When host memory (segments, each process's figures) was last read in full, on the
+    /// `now_ms` clock of `collect`.
+    host_memory_at_ms: Option<u64>,
     /// The tree's fork counter when `/proc` was last listed: a [`ScanDepth::NewProcesses`]
     /// collection that finds it unchanged skips the listing, since no process can be new.
     forks_at_listing: Option<u64>,
@@ -267,6 +273,7 @@ impl ProcCollector {
             containers: Default::default(),
             shm_dirs: vec![PathBuf::from("/dev/shm")],
             last_shm: Vec::new(),
+            host_memory_at_ms: None,
             forks_at_listing: None,
             collections: 0,
             opened: BTreeSet::new(),
@@ -290,6 +297,13 @@ impl ProcCollector {
     /// segment scan).
     pub fn with_shm_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
         self.shm_dirs = dirs;
+        self
+    }
+
+    /// Reads many processes at once on `threads` threads (the calling one included) instead
+    /// of one per core the process may use (at most 8).
+    pub fn with_read_threads(self, threads: usize) -> Self {
+        let _ = self.threads.set(threads.max(1));
         self
     }
 
@@ -608,7 +622,7 @@ impl ProcCollector {
         let denied = self.scan_what_changed(listed, depth, listing.as_deref(), now_ms)?;
         let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
         let mut processes = self.holders_and_relatives(listed, reuse, now_ms)?;
-        let host_memory = self.host_memory(&mut processes, listing.as_deref(), depth);
+        let host_memory = self.host_memory(&mut processes, listing.as_deref(), depth, now_ms);
         self.trim_departed(now_ms);
         let mut limitations = Vec::new();
         if denied > 0 && !self.host.privileges().sees_every_process() {
@@ -639,18 +653,35 @@ impl ProcCollector {
         })
     }
 
-    /// `meminfo` and memory pressure every time; at full depth also the shared-memory
-    /// segments with their users (one pass over every process's maps and open files, done only
-    /// when a segment exists) and each process's pinned, locked and shared memory, which later
-    /// collections reuse (a process first seen in between is read once when first seen).
+    /// `meminfo` and memory pressure every time; at full depth, and at least every
+    /// [`HOST_MEMORY_EVERY_MS`] whatever the depth, also the shared-memory segments with their
+    /// users (one pass over every process's maps and open files, done only when a segment
+    /// exists) and each process's pinned, locked and shared memory, which later collections
+    /// reuse (a process first seen in between is read once when first seen). The period is
+    /// its own: the agent's full fd scans can be ten minutes apart, and a leaked segment must
+    /// not wait that long.
     fn host_memory(
         &mut self,
         processes: &mut [ProcessFacts],
         listing: Option<&[u32]>,
         depth: ScanDepth,
+        now_ms: u64,
     ) -> HostMemoryFacts {
         let (mem_total_bytes, mem_available_bytes) = crate::host::meminfo(&self.fs);
-        if depth == ScanDepth::Full {
+        let due = self
+            .host_memory_at_ms
+            .is_none_or(|at| now_ms.saturating_sub(at) >= HOST_MEMORY_EVERY_MS);
+        if depth == ScanDepth::Full || due {
+            self.host_memory_at_ms = Some(now_ms);
+            // Without a listing in this collection, the processes the last one found.
+            let known: Vec<u32>;
+            let listing = match listing {
+                Some(l) => Some(l),
+                None => {
+                    known = self.known.keys().copied().collect();
+                    Some(known.as_slice())
+                }
+            };
             let mut dirs: Vec<ShmDirFacts> = self
                 .shm_dirs
                 .iter()

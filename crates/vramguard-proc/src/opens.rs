@@ -50,13 +50,30 @@ pub enum OpenWatchError {
     )]
     OtherNamespace,
     /// No `nvidia*` file of the device directory could be marked.
-    #[error("cannot watch device opens: no nvidia* file in {dir} could be watched{}", .last.map(|e| format!(" (fanotify_mark: {e})")).unwrap_or_default())]
+    #[error("cannot watch device opens: no nvidia* file in {} could be watched{}{}; new holders are found by /proc scans instead", shown_path(dir), .last.as_ref().map(|(f, e)| format!(" (fanotify_mark {}: {e})", shown_path(f))).unwrap_or_default(), no_fid_hint(.last.as_ref().map(|l| l.1)))]
     NothingMarked {
         /// The device directory.
         dir: PathBuf,
-        /// The last mark's error, if any file was tried.
-        last: Option<Errno>,
+        /// The last file whose mark failed, and why, if any file was tried.
+        last: Option<(PathBuf, Errno)>,
     },
+}
+
+/// Why a mark may fail on a kernel too old for this: fanotify_mark(2) answers ENODEV (no
+/// fsid) or EOPNOTSUPP (no file handles) where the filesystem cannot identify files by handle,
+/// which devtmpfs, being tmpfs, could not before Linux 6.6 or so.
+fn no_fid_hint(errno: Option<Errno>) -> &'static str {
+    match errno {
+        Some(Errno::NODEV | Errno::OPNOTSUPP) => {
+            ": the device directory's filesystem gives no file identifiers on this kernel"
+        }
+        _ => "",
+    }
+}
+
+/// A path for a message: a container's root may name files in its `/dev` as it likes.
+fn shown_path(p: &std::path::Path) -> String {
+    vramguard_core::sanitize::shown(&p.display().to_string())
 }
 
 /// What one drain found.
@@ -69,6 +86,9 @@ pub struct Openers {
     pub overflowed: bool,
     /// Reading the group failed and the watch was stopped (the scans go on alone).
     pub stopped: Option<Errno>,
+    /// A device file that could not be watched when the files were marked again, and why:
+    /// its opens are found by the scans only.
+    pub unmarked: Option<(PathBuf, Errno)>,
 }
 
 /// A fanotify group watching the `nvidia*` files of one device directory for opens.
@@ -130,8 +150,10 @@ impl DeviceOpens {
 
     /// Marks the directory's `nvidia*` files again: a file created since (a GPU that
     /// appeared, a driver reload that made new nodes) is watched from now on; marking a
-    /// watched file again changes nothing. Returns the last error, if a mark failed.
-    pub fn mark_all(&mut self) -> Option<Errno> {
+    /// watched file again changes nothing. Directories (`nvidia-caps`) and links (opening a
+    /// link opens its target, which is marked if it is a device file here) are left out.
+    /// Returns the last file whose mark failed, with why.
+    pub fn mark_all(&mut self) -> Option<(PathBuf, Errno)> {
         let (mut marked, mut last) = (BTreeSet::new(), None);
         let entries = self
             .dev_dirs
@@ -147,6 +169,9 @@ impl DeviceOpens {
             let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
                 continue;
             };
+            if meta.is_dir() || meta.file_type().is_symlink() {
+                continue;
+            }
             let id = {
                 use std::os::unix::fs::MetadataExt;
                 (meta.dev(), meta.ino())
@@ -171,9 +196,10 @@ impl DeviceOpens {
             if r == 0 {
                 marked.insert(id);
             } else {
-                last = Some(Errno::from_raw_os_error(
+                let errno = Errno::from_raw_os_error(
                     std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-                ));
+                );
+                last = Some((e.path(), errno));
             }
         }
         self.marked = marked.len();
@@ -317,12 +343,59 @@ mod tests {
         });
     }
 
+    /// Random bytes almost never make a valid header: here every record but the last is
+    /// well-formed (random masks, pids and info lengths), and the last is cut anywhere.
+    #[test]
+    fn well_formed_records_are_all_read_and_a_cut_last_one_never_panics() {
+        use proptest::prelude::*;
+        let records = proptest::collection::vec(
+            (
+                prop_oneof![
+                    Just(libc::FAN_OPEN),
+                    Just(libc::FAN_Q_OVERFLOW),
+                    Just(libc::FAN_OPEN | libc::FAN_ONDIR),
+                    any::<u64>()
+                ],
+                -3i32..100_000,
+                0usize..64,
+            ),
+            0..40,
+        );
+        proptest!(|(records in records, cut in 0usize..200)| {
+            let mut bytes = Vec::new();
+            let mut openers = std::collections::BTreeSet::new();
+            let mut overflow = false;
+            for (mask, pid, extra) in &records {
+                bytes.extend(event(*mask, *pid, *extra));
+                if mask & libc::FAN_Q_OVERFLOW != 0 {
+                    overflow = true;
+                } else if mask & libc::FAN_OPEN != 0 && *pid > 0 && *pid != 1 {
+                    openers.insert(*pid as u32);
+                }
+            }
+            let whole = bytes.len();
+            let mut found = Openers::default();
+            parse_events(&bytes, 1, &mut found);
+            prop_assert_eq!(&found.pids, &openers);
+            prop_assert_eq!(found.overflowed, overflow);
+            // The same with a torn record after them: the whole ones still count.
+            bytes.extend(event(libc::FAN_OPEN, 99_999, 16));
+            bytes.truncate(whole + cut.min(METADATA_LEN + 15));
+            let mut found = Openers::default();
+            parse_events(&bytes, 1, &mut found);
+            prop_assert!(openers.is_subset(&found.pids));
+        });
+    }
+
     #[test]
     fn an_open_by_another_process_is_reported_once_drained() {
         let dir = tempfile::tempdir().unwrap();
         for f in ["nvidia0", "nvidiactl", "other"] {
             std::fs::write(dir.path().join(f), b"").unwrap();
         }
+        // A directory (`nvidia-caps`) and a link are not device files to mark.
+        std::fs::create_dir(dir.path().join("nvidia-caps")).unwrap();
+        std::os::unix::fs::symlink("nvidia0", dir.path().join("nvidia-link")).unwrap();
         let mut watch = DeviceOpens::new(dir.path()).expect("root can watch opens");
         assert_eq!(watch.watched_files(), 2);
         let twice = DeviceOpens::of_dirs(&[dir.path().to_path_buf(), dir.path().join(".")])

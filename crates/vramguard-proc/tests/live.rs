@@ -472,7 +472,10 @@ fn many_holders_found_by_one_scan_each_get_their_own_identity() {
     // Enough new holders for their first reads to be made on every core at once: each must
     // come back under its own pid (its own command line, its own stat), none under another's.
     let dev = dev_dir();
-    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    // Threads even on a one-core runner: the parallel path is the one under test.
+    let mut c = ProcCollector::new("/proc", dev.path())
+        .unwrap()
+        .with_read_threads(4);
     let holders: Vec<(Reaped, String)> = (0..80)
         .map(|i| {
             let arg = format!("600.{i}");
@@ -509,4 +512,33 @@ fn many_holders_found_by_one_scan_each_get_their_own_identity() {
         assert!(p.exe.as_ref().is_some_and(|e| e.path.ends_with("sleep")));
         assert!(p.host_memory.is_some(), "holder {pid}'s host memory");
     }
+}
+
+#[test]
+fn shared_memory_is_read_again_within_its_own_period_at_any_depth() {
+    // The agent's full fd scans can be ten minutes apart: a leaked segment must show within
+    // HOST_MEMORY_EVERY_MS all the same, even in collections that re-read nothing.
+    let dev = dev_dir();
+    let shm = tempfile::tempdir().unwrap();
+    let mut c = ProcCollector::new("/proc", dev.path())
+        .unwrap()
+        .with_shm_dirs(vec![shm.path().to_path_buf()]);
+    let segments = |c: &mut ProcCollector, now_ms| {
+        c.collect(&[], ScanDepth::Cached, now_ms)
+            .unwrap()
+            .host_memory
+            .shm[0]
+            .segments
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
+    c.collect(&[], ScanDepth::Full, 0).unwrap();
+    std::fs::write(shm.path().join("leaked"), vec![1u8; 8192]).unwrap();
+    let every = vramguard_proc::collector::HOST_MEMORY_EVERY_MS;
+    assert!(
+        segments(&mut c, every / 2).is_empty(),
+        "read again too soon"
+    );
+    assert_eq!(segments(&mut c, every), ["leaked"]);
 }
