@@ -514,14 +514,15 @@ impl Node for FakeNode {
             .iter()
             .copied()
             .filter(|id| {
+                // One that exited already stays: the next wait reports it.
                 s.processes
                     .get(&id.pid)
                     .is_some_and(|p| p.start_ticks == Some(id.start_ticks))
-                    && s.alive(id.pid, now)
             })
             .collect();
+        let alive = watchable.iter().filter(|id| s.alive(id.pid, now)).count();
         s.watched = watchable;
-        s.watched.len()
+        alive
     }
 
     /// Moves the manual clock to the first watched exit or `deadline`, whichever comes

@@ -112,7 +112,9 @@ pub trait Node: Send {
 
     /// Watches `ids` for their exits from now on, in place of whatever was watched before
     /// (the agent's holders; a pidfd each on a real node, kept across calls). An identity
-    /// that is no longer its process is left out. Returns how many are watched.
+    /// that is no longer its process (it exited since the sample that saw it) is reported
+    /// gone by the next [`Node::wait_watched`], which does not wait then. Returns how many
+    /// are watched.
     fn watch_exits(&mut self, ids: &[Identity]) -> usize;
 
     /// Sleeps until `deadline` on the node's clock, the exit of a process watched by

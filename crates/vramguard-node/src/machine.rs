@@ -31,6 +31,10 @@ pub struct MachineNode {
     /// wake-up was a tenth of the agent's CPU per sample). `None` where epoll could not be
     /// had: each pidfd is then polled.
     exit_set: Option<vramguard_proc::exits::ExitSet>,
+    /// Processes asked to be watched that had already exited (no pidfd to open, or their pid
+    /// taken by another process): the next wait reports them at once. A holder seen by a
+    /// sample that exits before its watch starts still has its exit, and its release, timed.
+    gone_before_watched: BTreeMap<Identity, Instant>,
     clock: SystemClock,
     kubelet: Option<Kubelet>,
     /// Opens of the device files, once [`Node::watch_opens`] started watching them.
@@ -81,6 +85,7 @@ impl MachineNode {
             pinned: BTreeMap::new(),
             watched: BTreeMap::new(),
             exit_set: vramguard_proc::exits::ExitSet::new(),
+            gone_before_watched: BTreeMap::new(),
             clock: SystemClock,
             kubelet: None,
             opens: None,
@@ -276,18 +281,29 @@ impl Node for MachineNode {
             }
             keep
         });
+        self.gone_before_watched.retain(|id, _| wanted.contains(id));
+        let now = self.clock.now();
         for id in wanted {
-            if !self.watched.contains_key(&id)
-                && let Ok(v) = identity::verify(&self.signal_proc, id)
-            {
-                if let Some(s) = set.as_ref()
-                    && s.add(&v, id.pid).is_err()
-                {
-                    // A set that refuses one (out of memory, a limit): every pidfd is polled
-                    // from now on, as without epoll.
-                    *set = None;
+            if self.watched.contains_key(&id) || self.gone_before_watched.contains_key(&id) {
+                continue;
+            }
+            match identity::verify(&self.signal_proc, id) {
+                Ok(v) => {
+                    if let Some(s) = set.as_ref()
+                        && s.add(&v, id.pid).is_err()
+                    {
+                        // A set that refuses one (out of memory, a limit): every pidfd is
+                        // polled from now on, as without epoll.
+                        *set = None;
+                    }
+                    self.watched.insert(id, v);
                 }
-                self.watched.insert(id, v);
+                // Exited since the sample that saw it: its exit is news for the next wait.
+                Err(Refusal::Gone | Refusal::Reused { .. }) => {
+                    self.gone_before_watched.insert(id, now);
+                }
+                // Alive but not watchable (out of fds): left out, as the trait says.
+                Err(_) => {}
             }
         }
         self.watched.len()
@@ -320,7 +336,12 @@ impl Node for MachineNode {
         if let Some(watch) = self.opens.as_ref().filter(|_| opens) {
             fds.push(PollFd::from_borrowed_fd(watch.as_fd(), PollFlags::IN));
         }
-        let timeout = deadline.saturating_duration_since(self.clock.now());
+        // Exits already known are not waited for.
+        let timeout = if self.gone_before_watched.is_empty() {
+            deadline.saturating_duration_since(self.clock.now())
+        } else {
+            Duration::ZERO
+        };
         let ts = rustix::time::Timespec {
             tv_sec: timeout.as_secs() as i64,
             tv_nsec: timeout.subsec_nanos() as i64,
@@ -401,7 +422,9 @@ impl Node for MachineNode {
                 }
             }
         }
-        let mut exits = Vec::new();
+        let mut exits: Vec<(Identity, Instant)> = std::mem::take(&mut self.gone_before_watched)
+            .into_iter()
+            .collect();
         let polled = ids
             .into_iter()
             .zip(fired)
@@ -758,5 +781,48 @@ mod tests {
             ]
         );
         assert_eq!(kubelet.calls(), 1, "a failed kubelet asked again at once");
+    }
+
+    #[test]
+    fn a_holder_that_exits_before_its_watch_starts_is_reported_by_the_next_wait() {
+        let (mut node, _) = node();
+        let proc_root = Path::new(vramguard_proc::OWN_PROC);
+        let spawn = || {
+            let child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let start_ticks = identity::start_ticks(proc_root, child.id()).unwrap();
+            let id = Identity {
+                pid: child.id(),
+                start_ticks,
+            };
+            (child, id)
+        };
+        let (mut left, left_id) = spawn();
+        let (mut stays, stays_id) = spawn();
+        // Seen by a sample, then gone before the agent asked for its watch.
+        left.kill().unwrap();
+        left.wait().unwrap();
+        assert_eq!(node.watch_exits(&[left_id, stays_id]), 1);
+        let asked = Instant::now();
+        let gone = node.wait_watched(asked + Duration::from_secs(10), None, false);
+        assert_eq!(
+            gone.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            [left_id],
+            "the exit before the watch"
+        );
+        assert!(asked.elapsed() < Duration::from_secs(5), "it waited");
+        // Said once: the next wait sleeps to its deadline with the other one alive.
+        node.watch_exits(&[stays_id]);
+        let gone = node.wait_watched(Instant::now() + Duration::from_millis(50), None, false);
+        assert!(gone.is_empty(), "{gone:?}");
+        stays.kill().unwrap();
+        stays.wait().unwrap();
+        let gone = node.wait_watched(Instant::now() + Duration::from_secs(10), None, false);
+        assert_eq!(
+            gone.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            [stays_id]
+        );
     }
 }
