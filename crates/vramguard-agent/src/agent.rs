@@ -145,6 +145,8 @@ impl Agent {
             // now, not at the next full scan.
             self.start_watching_opens();
         }
+        // Unless shown, command lines are not even read (a config reload may turn them on).
+        self.node.set_command_lines(self.config.agent.show_cmdline);
         let snap = match self.node.snapshot(depth) {
             Ok(s) => s,
             Err(e) => {

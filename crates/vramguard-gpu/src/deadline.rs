@@ -11,9 +11,9 @@
 //! pile of blocked threads.
 
 use crate::{DriverSample, GpuReader, GpuSource, SourceError, now_ms, unreachable_gpu};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use vramguard_core::snapshot::{CallError, GpuSample};
 
@@ -61,20 +61,89 @@ impl Lane {
         self.stalled.then_some(self.given_at)
     }
 
-    /// Gives `call` to the thread; its answer arrives on the returned receiver.
+    /// Gives `call` to the thread; its answer arrives in the returned reply.
     fn submit<T: Send + 'static>(
         &mut self,
         call: impl FnOnce() -> T + Send + 'static,
-    ) -> Option<Receiver<T>> {
-        let (tx, rx) = mpsc::sync_channel(1);
+    ) -> Option<Arc<Reply<T>>> {
+        let reply = Arc::new(Reply::default());
+        let answer = Answer(Some(Arc::clone(&reply)));
         let job: Job = Box::new(move || {
-            // The caller may have given up waiting: then the answer has nobody to go to.
-            let _ = tx.send(call());
+            // The caller may have given up waiting: then the answer has nobody to read it.
+            answer.give(call());
         });
         self.jobs.send(job).ok()?;
         self.given += 1;
         self.given_at = Instant::now();
-        Some(rx)
+        Some(reply)
+    }
+}
+
+/// One call's answer, from its lane to the caller. A mutex and a condition variable: a std
+/// channel allocated a cache-aligned block per call, which glibc's `posix_memalign` made a
+/// twelfth of the agent's CPU per sample.
+struct Reply<T> {
+    slot: Mutex<Option<Result<T, Panicked>>>,
+    ready: Condvar,
+}
+
+impl<T> Default for Reply<T> {
+    fn default() -> Self {
+        Reply {
+            slot: Mutex::new(None),
+            ready: Condvar::new(),
+        }
+    }
+}
+
+/// The call ended without an answer: it panicked.
+struct Panicked;
+
+/// Why no answer came.
+enum NoAnswer {
+    Timeout,
+    Panicked,
+}
+
+impl<T> Reply<T> {
+    fn put(&self, answer: Result<T, Panicked>) {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(answer);
+        self.ready.notify_one();
+    }
+
+    /// The answer, waiting at most `left` for it.
+    fn wait(&self, left: Duration) -> Result<T, NoAnswer> {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut slot, _) = self
+            .ready
+            .wait_timeout_while(slot, left, |s| s.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        match slot.take() {
+            Some(Ok(answer)) => Ok(answer),
+            Some(Err(Panicked)) => Err(NoAnswer::Panicked),
+            None => Err(NoAnswer::Timeout),
+        }
+    }
+}
+
+/// The lane's side of a [`Reply`]: dropped without an answer (the call panicked), it says so,
+/// as a channel's disconnection did.
+struct Answer<T>(Option<Arc<Reply<T>>>);
+
+impl<T> Answer<T> {
+    fn give(mut self, answer: T) {
+        if let Some(reply) = self.0.take() {
+            reply.put(Ok(answer));
+        }
+    }
+}
+
+impl<T> Drop for Answer<T> {
+    fn drop(&mut self) {
+        if let Some(reply) = self.0.take() {
+            reply.put(Err(Panicked));
+        }
     }
 }
 
@@ -85,7 +154,25 @@ pub struct DeadlineSource<R: GpuReader> {
     driver: Option<Lane>,
     gpus: Vec<Option<Lane>>,
     /// The last good sample's identity of each GPU, to name a GPU that stopped answering.
-    known: Vec<Option<GpuSample>>,
+    known: Vec<Option<KnownGpu>>,
+}
+
+/// What names a GPU (a whole sample, with its process list, was cloned at every sample).
+#[derive(Debug, Clone, PartialEq)]
+struct KnownGpu {
+    uuid: Option<String>,
+    name: Option<String>,
+    pci_bus_id: Option<String>,
+    minor_number: Option<u32>,
+}
+
+impl KnownGpu {
+    fn matches(&self, s: &GpuSample) -> bool {
+        self.uuid == s.uuid
+            && self.name == s.name
+            && self.pci_bus_id == s.pci_bus_id
+            && self.minor_number == s.minor_number
+    }
 }
 
 impl<R: GpuReader> std::fmt::Debug for DeadlineSource<R> {
@@ -194,7 +281,7 @@ impl<R: GpuReader> DeadlineSource<R> {
         gpu: Option<u32>,
         what: &str,
         call: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<Receiver<T>, CallError> {
+    ) -> Result<Arc<Reply<T>>, CallError> {
         let timeout = self.timeout;
         let Some(lane) = self.lane(gpu) else {
             return Err(CallError {
@@ -216,18 +303,18 @@ impl<R: GpuReader> DeadlineSource<R> {
         what: &str,
         timeout: Duration,
         deadline: Instant,
-        rx: Receiver<T>,
+        rx: Arc<Reply<T>>,
     ) -> Result<T, CallError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        match rx.wait(left) {
             Ok(answer) => Ok(answer),
-            Err(RecvTimeoutError::Timeout) => {
+            Err(NoAnswer::Timeout) => {
                 if let Some(lane) = self.lane(gpu) {
                     lane.stalled = true;
                 }
                 Err(not_answering(what, timeout, None))
             }
-            Err(RecvTimeoutError::Disconnected) => Err(CallError {
+            Err(NoAnswer::Panicked) => Err(CallError {
                 call: what.to_string(),
                 code: None,
                 message: "the call panicked".into(),
@@ -286,8 +373,15 @@ impl<R: GpuReader> GpuSource for DeadlineSource<R> {
                     if self.known.len() <= i {
                         self.known.resize(i + 1, None);
                     }
-                    if sample.uuid.is_some() {
-                        self.known[i] = Some(sample.clone());
+                    if sample.uuid.is_some()
+                        && !self.known[i].as_ref().is_some_and(|k| k.matches(&sample))
+                    {
+                        self.known[i] = Some(KnownGpu {
+                            uuid: sample.uuid.clone(),
+                            name: sample.name.clone(),
+                            pci_bus_id: sample.pci_bus_id.clone(),
+                            minor_number: sample.minor_number,
+                        });
                     }
                     sample
                 }
@@ -421,6 +515,20 @@ mod tests {
             assert!(Instant::now() < deadline, "GPU 0 never read again");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    #[test]
+    fn a_call_that_panics_is_said_at_once_not_waited_for() {
+        let mut source = slow(&[0]);
+        let started = Instant::now();
+        // GPU 5 is past the scripted delays: the call panics on its lane.
+        let error = source.memory_used(5).unwrap_err();
+        assert_eq!(error.message, "the call panicked");
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "the panic was waited for as a timeout: {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -140,6 +140,10 @@ pub trait Node: Send {
     /// Stops watching the device files for opens (a reloaded config turned it off).
     fn unwatch_opens(&mut self) {}
 
+    /// Whether snapshots carry processes' command lines (default yes); a node that cannot
+    /// leave them out ignores it (the caller strips them itself).
+    fn set_command_lines(&mut self, _read: bool) {}
+
     /// The processes seen opening a device file since the last call (read by
     /// [`Node::wait_watched`]); already queued for the next snapshot's scan.
     fn take_opens(&mut self) -> vramguard_proc::opens::Openers {

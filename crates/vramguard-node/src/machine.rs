@@ -454,6 +454,10 @@ impl Node for MachineNode {
         Ok(files)
     }
 
+    fn set_command_lines(&mut self, read: bool) {
+        self.collector.set_command_lines(read);
+    }
+
     fn unwatch_opens(&mut self) {
         self.opens = None;
         self.openers = Default::default();

@@ -121,6 +121,8 @@ pub struct ProcCollector {
     host: HostFacts,
     open_stat_fds: usize,
     max_stat_fds: usize,
+    /// Whether command lines are read (see [`ProcCollector::set_command_lines`]).
+    command_lines: bool,
     /// The tree shows this process's PID namespace, so a pidfd names the process its pid
     /// names there.
     pidfds_usable: bool,
@@ -177,10 +179,15 @@ struct IdentityFiles {
 }
 
 impl IdentityFiles {
-    fn read(fs: &ProcFs, pid: u32) -> Result<IdentityFiles, ProcError> {
+    /// Without `cmdline`, the command line is not read (left unknown, as if denied).
+    fn read(fs: &ProcFs, pid: u32, cmdline: bool) -> Result<IdentityFiles, ProcError> {
         Ok(IdentityFiles {
             status: fs.status(pid)?,
-            cmdline: fs.cmdline(pid)?,
+            cmdline: if cmdline {
+                fs.cmdline(pid)?
+            } else {
+                Found::Denied
+            },
             cgroup: fs.cgroup(pid)?,
             exe: fs.exe(pid)?,
         })
@@ -190,7 +197,7 @@ impl IdentityFiles {
 impl FirstRead {
     /// Reads `stat` (kept open) and the identity files; `None` when the process is gone or
     /// unreadable (the serial walk then looks for itself).
-    fn read(fs: &ProcFs, pid: u32) -> Option<FirstRead> {
+    fn read(fs: &ProcFs, pid: u32, cmdline: bool) -> Option<FirstRead> {
         let Ok(Found::Yes(fd)) = fs.open_stat(pid) else {
             return None;
         };
@@ -201,7 +208,7 @@ impl FirstRead {
         // taken (`refresh`), as for files read then.
         Some(FirstRead {
             stat: Some((fd, stat)),
-            identity: Some(IdentityFiles::read(fs, pid)),
+            identity: Some(IdentityFiles::read(fs, pid, cmdline)),
         })
     }
 }
@@ -267,6 +274,7 @@ impl ProcCollector {
             open_stat_fds: 0,
             // Leave most of the fd budget to everything else.
             max_stat_fds: (nofile / 2).saturating_sub(64) as usize,
+            command_lines: true,
             pidfds_usable: false,
             cgroup_mounts: Vec::new(),
             last_job_cgroups: Vec::new(),
@@ -305,6 +313,21 @@ impl ProcCollector {
     pub fn with_read_threads(self, threads: usize) -> Self {
         let _ = self.threads.set(threads.max(1));
         self
+    }
+
+    /// Whether processes' command lines are read (default yes). The agent, which shows no
+    /// command line unless its config says so, turns them off: read once per process but
+    /// copied into every collection, a job's long argument lists were a quarter of the
+    /// allocations of its steady-state sample. Turned back on, every known process's
+    /// identity is read again at its next read, command line included.
+    pub fn set_command_lines(&mut self, read: bool) {
+        if read && !self.command_lines {
+            for k in self.known.values_mut() {
+                k.facts = None;
+                k.last = None;
+            }
+        }
+        self.command_lines = read;
     }
 
     /// Reads user names from another passwd file (fixture trees).
@@ -1052,10 +1075,13 @@ impl ProcCollector {
             return;
         }
         let fs = &self.fs;
-        self.first_reads = on_every_core(&fresh, self.threads(), |pid| FirstRead::read(fs, pid))
-            .into_iter()
-            .filter_map(|(pid, read)| Some((pid, read?)))
-            .collect();
+        let cmdline = self.command_lines;
+        self.first_reads = on_every_core(&fresh, self.threads(), |pid| {
+            FirstRead::read(fs, pid, cmdline)
+        })
+        .into_iter()
+        .filter_map(|(pid, read)| Some((pid, read?)))
+        .collect();
         // Their `stat` fds count against the budget while they are held.
         self.open_stat_fds += self.first_reads.len();
     }
@@ -1080,7 +1106,7 @@ impl ProcCollector {
             .and_then(|r| r.identity.take())
         {
             Some(read) => read?,
-            None => IdentityFiles::read(&self.fs, pid)?,
+            None => IdentityFiles::read(&self.fs, pid, self.command_lines)?,
         };
         let status = files.status.ok();
         // Only a status actually read stands in for host memory's own read.

@@ -542,3 +542,31 @@ fn shared_memory_is_read_again_within_its_own_period_at_any_depth() {
     );
     assert_eq!(segments(&mut c, every), ["leaked"]);
 }
+
+#[test]
+fn command_lines_are_left_out_when_turned_off_and_read_again_when_turned_on() {
+    let dev = dev_dir();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    c.set_command_lines(false);
+    let h = holder(dev.path(), &["nvidia0"]);
+    let pid = h.0.id();
+    let command_of = |c: &mut ProcCollector, depth| {
+        let got = c.collect(&[], depth, 0).unwrap();
+        let p = got.processes.into_iter().find(|p| p.pid == pid).unwrap();
+        (p.cmdline, p.comm)
+    };
+    let (cmdline, comm) = command_of(&mut c, ScanDepth::Full);
+    assert_eq!(cmdline, None);
+    assert_eq!(comm.as_deref(), Some("sleep"), "the rest is read");
+    for depth in [ScanDepth::Holders, ScanDepth::Cached] {
+        assert_eq!(command_of(&mut c, depth).0, None, "{depth:?}");
+    }
+    // Turned on: the very next collection, even a cached one, has it.
+    c.set_command_lines(true);
+    let (cmdline, _) = command_of(&mut c, ScanDepth::Cached);
+    assert_eq!(
+        cmdline,
+        Some(vec!["sleep".to_string(), "60".to_string()]),
+        "read again once turned on"
+    );
+}

@@ -368,6 +368,10 @@ pub struct Sim {
     held_ttl: Option<Duration>,
     /// How each allocation pid seen alive is followed between observations.
     tracked: HashMap<u32, Tracked>,
+    /// Every tracked pidfd in one epoll set, asked for the exited ones: polling each of 200
+    /// pidfds at every observation was half the simulated driver's cost per sample, which no
+    /// real driver pays. `None` where epoll failed: each pidfd is then polled.
+    exit_set: Option<vramguard_proc::exits::ExitSet>,
     /// The state's `proc_root`, open (`None` when it cannot be opened: every process there
     /// reads as gone).
     proc: Option<ProcFs>,
@@ -429,6 +433,7 @@ impl Sim {
             cache_ttl: Duration::from_millis(1),
             held_ttl: None,
             tracked: HashMap::new(),
+            exit_set: vramguard_proc::exits::ExitSet::new(),
             proc: None,
             pidfds_usable: false,
             caller: CallerNamespace::default(),
@@ -635,8 +640,15 @@ impl Sim {
     }
 
     /// The tracked pids whose pidfd says the process finished exiting.
-    fn poll_pidfds(&self) -> std::collections::HashSet<u32> {
+    fn poll_pidfds(&mut self) -> std::collections::HashSet<u32> {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        if let Some(set) = &self.exit_set {
+            // A pidfd leaves the set when it is closed (it is its file's only descriptor).
+            match set.ready(self.tracked.len()) {
+                Ok(ready) => return ready.into_iter().collect(),
+                Err(_) => self.exit_set = None,
+            }
+        }
         let (pids, mut fds): (Vec<u32>, Vec<PollFd<'_>>) = self
             .tracked
             .iter()
@@ -687,6 +699,12 @@ impl Sim {
             // The held stat file belongs to the process first read: if it still reads alive,
             // the pid was not reused before the pidfd was opened.
             Some(fd) if matches!(life_of(proc, pid, &mut held), Life::Alive { .. }) => {
+                if let Some(set) = &self.exit_set
+                    && set.add(&fd, pid).is_err()
+                {
+                    // From now on every pidfd is polled.
+                    self.exit_set = None;
+                }
                 self.tracked.insert(pid, Tracked::Pidfd { fd, start_ticks });
             }
             _ => {
