@@ -1073,28 +1073,30 @@ fn heap_in_use() -> u64 {
 /// counter family is named with its `_total` in HELP and TYPE, an info family becomes a
 /// gauge named `_info`, and the `# UNIT` and `# EOF` lines go. Samples are unchanged.
 pub fn as_prometheus_text(openmetrics: &str) -> String {
-    let mut counters = std::collections::HashSet::new();
-    let mut infos = std::collections::HashSet::new();
+    let mut counters: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut infos: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for line in openmetrics.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             match rest.split_once(' ') {
                 Some((name, "counter")) => {
-                    counters.insert(name.to_string());
+                    counters.insert(name);
                 }
                 Some((name, "info")) => {
-                    infos.insert(name.to_string());
+                    infos.insert(name);
                 }
                 _ => {}
             }
         }
     }
-    let renamed = |name: &str| {
+    // Written in place: a format per HELP and TYPE line was a fifth of the reallocations
+    // of the agent's sample (this runs at every one).
+    let suffix = |name: &str| {
         if counters.contains(name) {
-            format!("{name}_total")
+            "_total"
         } else if infos.contains(name) {
-            format!("{name}_info")
+            "_info"
         } else {
-            name.to_string()
+            ""
         }
     };
     let mut out = String::with_capacity(openmetrics.len());
@@ -1110,7 +1112,9 @@ pub fn as_prometheus_text(openmetrics: &str) -> String {
                 } else {
                     tail
                 };
-                out.push_str(&format!("{prefix}{} {tail}\n", renamed(name)));
+                for part in [prefix, name, suffix(name), " ", tail, "\n"] {
+                    out.push_str(part);
+                }
             }
         }
         if !line.starts_with("# HELP ") && !line.starts_with("# TYPE ") {

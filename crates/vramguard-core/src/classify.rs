@@ -44,7 +44,7 @@ use crate::snapshot::{
 /// after the exit, its memory is residue.
 pub const STALE_TEARDOWN_MS: u64 = 120_000;
 use crate::units::{format_bytes, format_duration};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 /// `snapshot` with its processes sorted by pid (lookups binary-search them), copied only when
@@ -232,6 +232,9 @@ struct Context<'a> {
     children: BTreeMap<u32, Vec<u32>>,
     /// Each process's own work, computed once.
     own_work: std::cell::RefCell<BTreeMap<u32, Work>>,
+    /// Each process as [`Context::describe`] names it, formatted once: a job's leader is
+    /// named in the evidence of each of its holders (hundreds of formats per sample).
+    described: std::cell::RefCell<HashMap<u32, String>>,
     /// Whether a pid the driver lists that is not a process here has really exited: vramguard
     /// sees the host's PID namespace and every process in it (root, the capabilities, or a
     /// `/proc` that shows other users' processes: no `hidepid`).
@@ -284,6 +287,7 @@ impl<'a> Context<'a> {
             tree: Default::default(),
             children: BTreeMap::new(),
             own_work: Default::default(),
+            described: Default::default(),
             pids_complete: (snap.host.pid_namespace_is_host == Some(true)
                 || (snap.host.pid_namespace_is_host == Some(false)
                     && driver_reports_our_pids(snap)))
@@ -702,10 +706,14 @@ impl<'a> Context<'a> {
     }
 
     fn describe(&self, pid: u32) -> String {
-        match self.snap.process(pid) {
-            Some(p) => format!("{pid} ({})", escape(p.comm.as_deref().unwrap_or("?"))),
-            None => pid.to_string(),
-        }
+        self.described
+            .borrow_mut()
+            .entry(pid)
+            .or_insert_with(|| match self.snap.process(pid) {
+                Some(p) => format!("{pid} ({})", escape(p.comm.as_deref().unwrap_or("?"))),
+                None => pid.to_string(),
+            })
+            .clone()
     }
 
     fn foreign_holder(&self, listed: &GpuProcess, why: String) -> Holder {
