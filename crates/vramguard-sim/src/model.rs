@@ -718,7 +718,6 @@ impl Sim {
 
     /// Checks every allocation's process and records first sightings in the runtime file.
     fn update_lives(&mut self, now: u64) -> Result<HashMap<u32, Life>, SimError> {
-        let mut lives = HashMap::new();
         let mut changes: Vec<(u32, PidRecord)> = Vec::new();
         let pids: Vec<u32> = self
             .state
@@ -726,6 +725,9 @@ impl Sim {
             .iter()
             .flat_map(|a| std::iter::once(a.pid).chain(a.held_by.iter().copied()))
             .collect();
+        // Sized once: grown step by step, its tables went through glibc's slow path several
+        // times per observation.
+        let mut lives = HashMap::with_capacity(pids.len());
         let exited = self.poll_pidfds();
         for pid in pids {
             if lives.contains_key(&pid) {
