@@ -1193,3 +1193,24 @@ fn send_term(pid: u32) {
     )
     .unwrap();
 }
+
+/// The harness's own guard against a race of its parallel tests: a copy of the binary that
+/// some process still holds open for writing cannot be executed (ETXTBSY) until it is closed.
+#[test]
+fn a_fresh_copy_still_open_for_writing_is_started_once_it_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = installed_copy(dir.path(), "busy-copy");
+    let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let e = Command::new(&path).arg("--version").spawn().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ExecutableFileBusy, "{e}");
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(writer);
+    });
+    let status = spawn_fresh_copy(Command::new(&path).arg("--version").stdout(Stdio::null()))
+        .expect("started once closed")
+        .wait()
+        .unwrap();
+    assert!(status.success());
+    closer.join().unwrap();
+}

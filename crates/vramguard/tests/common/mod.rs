@@ -227,6 +227,25 @@ pub fn installed_copy(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
+/// Spawns `cmd`, whose program may be a copy just written ([`installed_copy`]): while
+/// another test's child is between its fork and its exec it holds a copy of the writing fd
+/// (close-on-exec closes it only at that exec), and executing the file fails with ETXTBSY
+/// for that moment. Tried again for up to 5 s.
+pub fn spawn_fresh_copy(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match cmd.spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Starts a holder from the executable `exe` (a copy of the vramguard binary).
 pub fn start_exe(
     world: &World,
@@ -260,7 +279,7 @@ pub fn start_exe(
         cmd.process_group(0);
     }
     cmd.env("VRAMGUARD_HOLDER", spec.to_string());
-    let child = Reaped(cmd.spawn().expect("start holder"));
+    let child = Reaped(spawn_fresh_copy(&mut cmd).expect("start holder"));
     let (pid, workers) = wait_ready(&ready, child.pid());
     let mut cleanup = Spawned::default();
     for w in &workers {
@@ -543,21 +562,22 @@ impl SupervisedJob {
         )
         .unwrap();
         let run = Reaped(
-            std::process::Command::new(program)
-                .args(["run", "--isolation", isolation, "--grace", "1s", "--"])
-                .args(["bash", "-c", "setsid -f bash \"$1\"; exec sleep 300", "job"])
-                .arg(&helper)
-                .env("VG", BIN)
-                .env("H0", spec.to_string())
-                .env("VRAMGUARD_CONFIG", "none")
-                .env_remove("VRAMGUARD_SIM")
-                .env_remove("VRAMGUARD_NVML_LIB")
-                .env_remove("VRAMGUARD_HOLDER")
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("vramguard run"),
+            spawn_fresh_copy(
+                std::process::Command::new(program)
+                    .args(["run", "--isolation", isolation, "--grace", "1s", "--"])
+                    .args(["bash", "-c", "setsid -f bash \"$1\"; exec sleep 300", "job"])
+                    .arg(&helper)
+                    .env("VG", BIN)
+                    .env("H0", spec.to_string())
+                    .env("VRAMGUARD_CONFIG", "none")
+                    .env_remove("VRAMGUARD_SIM")
+                    .env_remove("VRAMGUARD_NVML_LIB")
+                    .env_remove("VRAMGUARD_HOLDER")
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null()),
+            )
+            .expect("vramguard run"),
         );
         let mut cleanup = Spawned::default();
         let (holder, _) = wait_ready(&ready, run.pid());
