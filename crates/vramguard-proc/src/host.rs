@@ -358,6 +358,34 @@ mod tests {
         );
     }
 
+    /// A process whose `maps` is gone after its `status` was read left meanwhile: it has no
+    /// figures, not "no shared memory".
+    #[test]
+    fn a_process_gone_before_its_maps_were_read_has_no_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("42")).unwrap();
+        std::fs::write(dir.path().join("42/status"), "VmPin:\t8 kB\nVmLck:\t4 kB\n").unwrap();
+        let fs = ProcFs::open(dir.path()).unwrap();
+        let devs = BTreeSet::from([1u64]);
+        assert_eq!(
+            process_memory(&fs, 42, &devs, None).unwrap(),
+            Found::Gone,
+            "maps gone"
+        );
+        assert_eq!(
+            process_memory(&fs, 42, &devs, Some((Some(1), Some(2)))).unwrap(),
+            Found::Gone,
+            "status figures reused, maps gone"
+        );
+        // With its maps there, it has figures.
+        std::fs::write(dir.path().join("42/maps"), "").unwrap();
+        let Found::Yes(m) = process_memory(&fs, 42, &devs, None).unwrap() else {
+            panic!("maps read");
+        };
+        assert_eq!((m.pinned_bytes, m.locked_bytes), (Some(8192), Some(4096)));
+        assert_eq!(m.shm_bytes, Some(0));
+    }
+
     #[test]
     fn a_segment_is_removed_only_while_it_is_the_file_judged() {
         let dir = tempfile::tempdir().unwrap();

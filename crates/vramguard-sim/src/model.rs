@@ -520,7 +520,7 @@ impl Sim {
             self.state = state;
             self.state_stamp = now;
             if moved {
-                self.tracked.clear();
+                self.untrack_where(|_| true);
                 self.open_proc_root();
                 self.caller_pids = CallerPids::default();
             }
@@ -643,7 +643,7 @@ impl Sim {
     fn poll_pidfds(&mut self) -> std::collections::HashSet<u32> {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
         if let Some(set) = &self.exit_set {
-            // A pidfd leaves the set when it is closed (it is its file's only descriptor).
+            // A pidfd leaves the set when it is no longer tracked (`untrack_where`).
             match set.ready(self.tracked.len()) {
                 Ok(ready) => return ready.into_iter().collect(),
                 Err(_) => self.exit_set = None,
@@ -672,6 +672,21 @@ impl Sim {
             .filter(|(_, fd)| !fd.revents().is_empty())
             .map(|(pid, _)| pid)
             .collect()
+    }
+
+    /// Stops following the pids `gone` names. Their pidfds leave the exit set before they
+    /// are closed: closing alone would leave them in it while a child forked meanwhile (an
+    /// alert command of the agent this runs in) still holds a copy, reporting an exit for
+    /// a pid no longer followed.
+    fn untrack_where(&mut self, gone: impl Fn(u32) -> bool) {
+        let set = &self.exit_set;
+        self.tracked.retain(|pid, t| {
+            let keep = !gone(*pid);
+            if !keep && let (Some(set), Tracked::Pidfd { fd, .. }) = (set, &*t) {
+                set.remove(fd);
+            }
+            keep
+        });
     }
 
     /// Whether `pid` is alive (not finished exiting), from its pidfd when tracked by one
@@ -740,7 +755,7 @@ impl Sim {
                 .cloned()
                 .unwrap_or_default();
             let mut life = if record.gone_since_ms.is_some() || exited.contains(&pid) {
-                self.tracked.remove(&pid);
+                self.untrack_where(|p| p == pid);
                 Life::Gone
             } else {
                 self.life_of(pid)
@@ -769,7 +784,7 @@ impl Sim {
             lives.insert(pid, life);
         }
         // Processes no allocation names any more need no following.
-        self.tracked.retain(|pid, _| lives.contains_key(pid));
+        self.untrack_where(|pid| !lives.contains_key(&pid));
         if !changes.is_empty() {
             self.update_runtime(|rt| {
                 // A pid no allocation names is history, dead or alive (an allocation removed
