@@ -786,7 +786,7 @@ impl<'a> Context<'a> {
             // What matters most about a keeper comes first: whose context it keeps.
             evidence.rotate_right(1);
         }
-        let inheritor = keeps.is_some() && self.inheritor_may_go(job);
+        let inheritor = keeps.is_some() && self.inheritor_may_go(p, job);
         if job_gone || keeps.is_some() {
             evidence.push(work_evidence(work));
         }
@@ -803,8 +803,10 @@ impl<'a> Context<'a> {
     /// lives: only in a plain process-group job (a script without job control still running
     /// after its trainer died). In a job something else owns (a systemd unit, a Slurm step, a
     /// pod or container, `vramguard run`), only when the job is named with `--job`.
-    fn inheritor_may_go(&self, job: &JobView) -> bool {
-        job.tree_top.is_some() && job.info.kind == JobKind::ProcessGroup
+    fn inheritor_may_go(&self, p: &ProcessFacts, job: &JobView) -> bool {
+        job.tree_top.is_some()
+            && job.info.kind == JobKind::ProcessGroup
+            && crate::job::live_supervisor_above(self.snap, p).is_none()
     }
 
     /// Whether `tie` is good enough to act on: a direct tie, or a re-parented holder that

@@ -194,6 +194,33 @@ pub fn run_cgroups(p: &ProcessFacts) -> Vec<RunCgroup> {
     out
 }
 
+/// The nearest live ancestor of `p` (not vramguard itself) that is a job
+/// supervisor ([`job_supervisor`]): its job is that supervisor's, which ends it with the job,
+/// whatever the job's cgroup or process group says. A group whose leader is outside this PID
+/// namespace, or a Slurm step run as `srun vramguard run …`, hides it from the job views;
+/// the planner and the keeper rule ask this directly.
+pub fn live_supervisor_above<'a>(
+    snap: &'a crate::snapshot::Snapshot,
+    p: &ProcessFacts,
+) -> Option<&'a ProcessFacts> {
+    let mut q = p;
+    for _ in 0..64 {
+        let parent = snap.process(q.ppid.filter(|pp| *pp > 0)?)?;
+        if parent.state == Some('Z') || parent.is_kernel_thread() {
+            return None;
+        }
+        // Pid 1 too: a container's init, seen from inside the container.
+        if parent.pid != snap.host.self_pid && job_supervisor(parent).is_some() {
+            return Some(parent);
+        }
+        if parent.pid == 1 {
+            return None;
+        }
+        q = parent;
+    }
+    None
+}
+
 /// Container inits that run one job and end with it: a process re-parented to a live one
 /// belongs to its job.
 pub const CONTAINER_INIT_COMMS: &[&str] = &["tini", "dumb-init", "docker-init"];

@@ -180,6 +180,19 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
             "the init of a PID namespace (a container): signalling it ends the container".into(),
         );
     }
+    // Never inside a job a live supervisor runs, whatever the job view says (its group's
+    // leader outside this PID namespace, a Slurm step around `vramguard run`): the supervisor
+    // ends it with its job. Found by the property test below.
+    if matches!(h.class, Class::Orphan | Class::Hidden | Class::Detached)
+        && let Some(sup) = proc_.and_then(|p| crate::job::live_supervisor_above(snap, p))
+    {
+        return Some(format!(
+            "its ancestor {} ({}) is a live job supervisor, which ends its job with it: stop \
+             that job to free it",
+            sup.pid,
+            crate::sanitize::shown(sup.comm.as_deref().unwrap_or("?"))
+        ));
+    }
     match h.class {
         Class::Active => {
             // A supervised job says which supervisor keeps it (already sanitised).

@@ -618,6 +618,93 @@ fn a_holder_of_a_live_supervised_job_is_never_planned() {
     }
 }
 
+/// `srun vramguard run --isolation group -- python train.py` in a live Slurm step: the
+/// trainer (pid 60) was SIGKILLed and is still listed by the driver, its forked worker keeps
+/// its context. The job view is the Slurm step, but the live supervisor above the worker runs
+/// its job: not a target, not even asked for by name with `--include keepers --job`.
+#[test]
+fn a_keeper_under_a_live_vramguard_run_inside_a_slurm_step_is_never_planned() {
+    let step = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0";
+    let in_step = |mut q: ProcessFacts| {
+        q.cgroup = Some(step.into());
+        q
+    };
+    let mut sup = in_step(p(50, 1, 50, "vramguard", &[]));
+    sup.cmdline = Some(
+        [
+            "vramguard",
+            "run",
+            "--isolation",
+            "group",
+            "--",
+            "python",
+            "train.py",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    // A CUDA context's files: the GPU's and nvidia-uvm.
+    let context = |mut q: ProcessFacts| {
+        q.device_files =
+            FdScan::Scanned(vec![DeviceFile::Ctl, DeviceFile::Uvm, DeviceFile::Gpu(0)]);
+        q
+    };
+    let worker = context(in_step(p(61, 50, 60, "pt_data_worker", &[0])));
+    let s = snap(
+        vec![gpu(0, 20 * GIB, &[(60, 20 * GIB)])],
+        vec![init(), sup, worker],
+    );
+    let report = classify(&s, &Policy::default());
+    let h = report.gpus[0].holders.iter().find(|h| h.pid == 61).unwrap();
+    assert_eq!(
+        (h.class, h.keeps_alive),
+        (Class::Hidden, Some(60)),
+        "{h:#?}"
+    );
+    for opts in [
+        ReclaimOptions {
+            include_keepers: true,
+            ..ReclaimOptions::default()
+        },
+        ReclaimOptions {
+            include_keepers: true,
+            job_label: Some("slurm:42.0".into()),
+            ..ReclaimOptions::default()
+        },
+    ] {
+        let plan = plan_reclaim(&s, &report, &opts);
+        assert_eq!(plan.targets().count(), 0, "{plan:#?}");
+        let alone = plan.left_alone.iter().find(|l| l.pid == 61).unwrap();
+        assert!(
+            alone
+                .reason
+                .contains("50 (vramguard) is a live job supervisor"),
+            "{}",
+            alone.reason
+        );
+    }
+    // The supervisor gone: the same keeper is planned when asked for by name.
+    let s = snap(
+        vec![gpu(0, 20 * GIB, &[(60, 20 * GIB)])],
+        vec![
+            init(),
+            context(in_step(p(61, 1, 60, "pt_data_worker", &[0]))),
+        ],
+    );
+    let plan = plan_of(
+        &s,
+        &ReclaimOptions {
+            include_keepers: true,
+            ..ReclaimOptions::default()
+        },
+    );
+    assert_eq!(
+        plan.targets().map(|t| t.pid).collect::<Vec<_>>(),
+        [61],
+        "{plan:#?}"
+    );
+}
+
 // ---- property test ----
 
 const COMMS: &[&str] = &[
