@@ -1187,6 +1187,21 @@ impl<'a> Context<'a> {
                 },
             )
         };
+        // Below a live job supervisor the job views can be wrong (a group whose leader is
+        // outside this PID namespace, a Slurm step around `vramguard run`); the planner refuses
+        // such a holder, so the report offers no command for it either.
+        let action = match crate::job::live_supervisor_above(self.snap, p) {
+            Some(sup) if matches!(class, Class::Orphan | Class::Hidden | Class::Detached) => {
+                let why = crate::job::supervised_by(sup);
+                evidence.push(why.clone());
+                Action {
+                    summary: why,
+                    command: None,
+                    reclaimable: false,
+                }
+            }
+            _ => action,
+        };
         if class != Class::System
             && p.ppid == Some(1)
             && dead_job.is_none()

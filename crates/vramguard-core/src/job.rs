@@ -221,6 +221,17 @@ pub fn live_supervisor_above<'a>(
     None
 }
 
+/// Why nothing is done to a holder below the live job supervisor `sup`
+/// ([`live_supervisor_above`]): the report's action and the planner's refusal say the same.
+pub fn supervised_by(sup: &ProcessFacts) -> String {
+    format!(
+        "its ancestor {} ({}) is a live job supervisor, which ends its job with it: stop that \
+         job to free it",
+        sup.pid,
+        crate::sanitize::shown(sup.comm.as_deref().unwrap_or("?"))
+    )
+}
+
 /// Container inits that run one job and end with it: a process re-parented to a live one
 /// belongs to its job.
 pub const CONTAINER_INIT_COMMS: &[&str] = &["tini", "dumb-init", "docker-init"];

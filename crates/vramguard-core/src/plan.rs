@@ -186,12 +186,7 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     if matches!(h.class, Class::Orphan | Class::Hidden | Class::Detached)
         && let Some(sup) = proc_.and_then(|p| crate::job::live_supervisor_above(snap, p))
     {
-        return Some(format!(
-            "its ancestor {} ({}) is a live job supervisor, which ends its job with it: stop \
-             that job to free it",
-            sup.pid,
-            crate::sanitize::shown(sup.comm.as_deref().unwrap_or("?"))
-        ));
+        return Some(crate::job::supervised_by(sup));
     }
     match h.class {
         Class::Active => {

@@ -661,6 +661,21 @@ fn a_keeper_under_a_live_vramguard_run_inside_a_slurm_step_is_never_planned() {
         (Class::Hidden, Some(60)),
         "{h:#?}"
     );
+    // The report offers no command the planner would refuse (it offered `--job slurm:42.0
+    // --include keepers`), and no bytes back.
+    assert_eq!(
+        (h.action.command.as_deref(), h.action.reclaimable),
+        (None, false),
+        "{h:#?}"
+    );
+    assert!(
+        h.action
+            .summary
+            .contains("50 (vramguard) is a live job supervisor"),
+        "{}",
+        h.action.summary
+    );
+    assert_eq!(report.gpus[0].reclaimable_bytes, 0, "{:#?}", report.gpus[0]);
     for opts in [
         ReclaimOptions {
             include_keepers: true,
@@ -1190,6 +1205,22 @@ proptest! {
         // Nothing is both a target and left alone.
         for l in &plan.left_alone {
             prop_assert!(plan.targets().all(|t| t.pid != l.pid));
+        }
+        // The report offers nothing the planner refuses below a live supervisor: no bytes
+        // expected back, no command that names its job or its keepers.
+        for h in report.gpus.iter().flat_map(|g| &g.holders) {
+            let Some(proc_) = s.process(h.pid) else { continue };
+            if matches!(h.class, Class::Orphan | Class::Hidden | Class::Detached)
+                && under_live_supervisor(&s, &policy, proc_)
+            {
+                let names_it = h.action.command.as_deref().is_some_and(|c| {
+                    c.contains("--include keepers") || c.contains("--job")
+                });
+                prop_assert!(
+                    !h.action.reclaimable && !names_it,
+                    "holder {} ({:?}) below a live supervisor is offered {:?}", h.pid, h.class, h.action
+                );
+            }
         }
     }
 }
