@@ -1190,8 +1190,13 @@ impl<'a> Context<'a> {
         // Below a live job supervisor the job views can be wrong (a group whose leader is
         // outside this PID namespace, a Slurm step around `vramguard run`); the planner refuses
         // such a holder, so the report offers no command for it either.
-        let action = match crate::job::live_supervisor_above(self.snap, p) {
-            Some(sup) if matches!(class, Class::Orphan | Class::Hidden | Class::Detached) => {
+        // (The walk is asked for only where the class could be acted on: it is most holders'
+        // ancestry, on every sample of the agent.)
+        let supervisor = matches!(class, Class::Orphan | Class::Hidden | Class::Detached)
+            .then(|| crate::job::live_supervisor_above(self.snap, p))
+            .flatten();
+        let action = match supervisor {
+            Some(sup) => {
                 let why = crate::job::supervised_by(sup);
                 evidence.push(why.clone());
                 Action {

@@ -86,6 +86,14 @@ struct Known {
     status_memory: Option<(u64, StatusMemory)>,
 }
 
+/// The known processes holding a device file (sorted) and the number whose files were
+/// unreadable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeviceIndex {
+    holding: Vec<u32>,
+    denied: usize,
+}
+
 /// `VmPin` and `VmLck` of a `status` read, in bytes.
 type StatusMemory = (Option<u64>, Option<u64>);
 
@@ -116,6 +124,11 @@ pub struct ProcCollector {
     devices: DeviceTable,
     passwd: PathBuf,
     known: HashMap<u32, Known>,
+    /// The device holders among `known` (by pid) and how many of them could not be scanned,
+    /// kept between collections: each pass over thousands of large `Known` entries cost a
+    /// cached sample more than everything else it reads. `None` once a scan result changed
+    /// or a process was forgotten; see [`ProcCollector::device_index`].
+    device_index: Option<DeviceIndex>,
     departed: VecDeque<DepartedProcess>,
     users: Option<HashMap<u32, String>>,
     host: HostFacts,
@@ -268,6 +281,7 @@ impl ProcCollector {
             dev_dir,
             passwd: PathBuf::from("/etc/passwd"),
             known: HashMap::new(),
+            device_index: None,
             departed: VecDeque::new(),
             users: None,
             host: HostFacts::default(),
@@ -497,6 +511,7 @@ impl ProcCollector {
 
     fn forget(&mut self, pid: u32) -> Option<Known> {
         let k = self.known.remove(&pid)?;
+        self.device_index = None;
         self.open_stat_fds -= usize::from(k.stat_fd.is_some()) + usize::from(k.pidfd.is_some());
         Some(k)
     }
@@ -880,8 +895,8 @@ impl ProcCollector {
         self.known.reserve(new);
         for (pid, found) in scanned {
             match found {
-                Found::Yes(devices) => self.known.entry(pid).or_default().devices = devices,
-                Found::Denied => self.known.entry(pid).or_default().devices = FdScan::Denied,
+                Found::Yes(devices) => self.set_devices(pid, devices),
+                Found::Denied => self.set_devices(pid, FdScan::Denied),
                 Found::Gone => self.depart(pid, now_ms),
             }
             // Facts kept for reuse carry the old scan: an opener is read afresh.
@@ -891,11 +906,39 @@ impl ProcCollector {
                 k.last = None;
             }
         }
-        Ok(self
-            .known
-            .values()
-            .filter(|k| matches!(k.devices, FdScan::Denied))
-            .count())
+        Ok(self.device_index().denied)
+    }
+
+    /// Records a process's device-file scan; the index is rebuilt when next asked for.
+    fn set_devices(&mut self, pid: u32, devices: FdScan) {
+        self.known.entry(pid).or_default().devices = devices;
+        self.device_index = None;
+    }
+
+    /// The holders and the unreadable count, from the index when nothing changed since it
+    /// was built. Debug builds (every test) check it against a fresh pass.
+    fn device_index(&mut self) -> &DeviceIndex {
+        let fresh = || {
+            let mut holding: Vec<u32> = self
+                .known
+                .iter()
+                .filter(|(_, k)| k.devices.holds_any() == Some(true))
+                .map(|(p, _)| *p)
+                .collect();
+            holding.sort_unstable();
+            let denied = self
+                .known
+                .values()
+                .filter(|k| matches!(k.devices, FdScan::Denied))
+                .count();
+            DeviceIndex { holding, denied }
+        };
+        if let Some(index) = &self.device_index {
+            debug_assert_eq!(*index, fresh(), "the device index missed a change");
+        } else {
+            self.device_index = Some(fresh());
+        }
+        self.device_index.as_ref().expect("just built")
     }
 
     /// The processes that matter: listed pids and device holders, then their relatives (every
@@ -907,13 +950,8 @@ impl ProcCollector {
         reuse: bool,
         now_ms: u64,
     ) -> Result<Vec<ProcessFacts>, ProcError> {
-        let mut wanted: Vec<u32> = self
-            .known
-            .iter()
-            .filter(|(_, k)| k.devices.holds_any() == Some(true))
-            .map(|(p, _)| *p)
-            .chain(listed.iter().copied())
-            .collect();
+        let mut wanted: Vec<u32> = self.device_index().holding.clone();
+        wanted.extend_from_slice(listed);
         wanted.sort_unstable();
         wanted.dedup();
         self.read_first_on_every_core(&wanted);
@@ -1186,10 +1224,11 @@ impl ProcCollector {
                 }
                 let known = self.known.entry(pid).or_default();
                 if matches!(known.devices, FdScan::NotScanned) {
-                    known.devices = match self.fs.device_files(pid, &self.devices)? {
+                    let devices = match self.fs.device_files(pid, &self.devices)? {
                         Found::Yes(d) => d,
                         _ => FdScan::Denied,
                     };
+                    self.set_devices(pid, devices);
                 }
                 if self.open_stat_fds < self.max_stat_fds {
                     self.known.get_mut(&pid).expect("just inserted").stat_fd = Some(fd);
@@ -1261,8 +1300,8 @@ impl ProcCollector {
                 Found::Gone => return Ok(None),
                 Found::Denied => FdScan::Denied,
             };
-            if let Some(k) = self.known.get_mut(&pid) {
-                k.devices = devices.clone();
+            if self.known.contains_key(&pid) {
+                self.set_devices(pid, devices.clone());
             }
             facts.device_files = devices;
         }

@@ -108,6 +108,12 @@ fn a_live_holder_is_found_and_its_departure_remembered() {
         .expect("departure recorded");
     assert_eq!(d.comm.as_deref(), Some("sleep"));
     assert_eq!(d.gone_at_ms, 42);
+    // Forgotten with its departure: later collections neither collect it nor find the
+    // collector's index of holders out of date (debug builds check it against a fresh pass).
+    for depth in [ScanDepth::Cached, ScanDepth::Holders] {
+        let got = c.collect(&[], depth, 43).unwrap();
+        assert!(got.processes.iter().all(|p| p.pid != pid));
+    }
 }
 
 #[test]

@@ -118,7 +118,7 @@ fn with_gpu_counted(
         {
             return code;
         }
-        match sim.observe() {
+        match sim.observed() {
             Ok(obs) => match (obs.gpus.get(index), mig) {
                 (Some(gpu), None) => f(sim, gpu),
                 (Some(gpu), Some(m)) => match mig_view(gpu, m) {

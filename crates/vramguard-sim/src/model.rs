@@ -362,7 +362,7 @@ pub struct Sim {
     runtime: Runtime,
     runtime_stamp: Option<Stamp>,
     calls: HashMap<String, HashMap<Option<u32>, u64>>,
-    cache: Option<(Instant, Observation)>,
+    cache: Option<(Instant, std::sync::Arc<Observation>)>,
     cache_ttl: Duration,
     /// The lifetime to restore when a held instant ends ([`Sim::hold_instant`]).
     held_ttl: Option<Duration>,
@@ -585,6 +585,12 @@ impl Sim {
 
     /// What the driver would report now.
     pub fn observe(&mut self) -> Result<Observation, SimError> {
+        Ok(std::sync::Arc::unwrap_or_clone(self.observed()?))
+    }
+
+    /// [`Sim::observe`], shared: every call of one sample reads the same observation, and a
+    /// copy of every GPU's processes for each of them was most of the simulated driver's cost.
+    pub fn observed(&mut self) -> Result<std::sync::Arc<Observation>, SimError> {
         if let Some((at, obs)) = &self.cache
             && at.elapsed() < self.cache_ttl
         {
@@ -598,7 +604,7 @@ impl Sim {
         let contexts = self.update_contexts(now)?;
         let lives = self.update_lives(now)?;
         let shown = self.caller_pids(&lives);
-        let obs = self.evaluate(now, &lives, &contexts, &shown);
+        let obs = std::sync::Arc::new(self.evaluate(now, &lives, &contexts, &shown));
         self.cache = Some((Instant::now(), obs.clone()));
         Ok(obs)
     }
@@ -734,14 +740,19 @@ impl Sim {
     /// Checks every allocation's process and records first sightings in the runtime file.
     fn update_lives(&mut self, now: u64) -> Result<HashMap<u32, Life>, SimError> {
         let mut changes: Vec<(u32, PidRecord)> = Vec::new();
-        let pids: Vec<u32> = self
+        // Both sized once: grown step by step (a flattened iterator has no size hint), they
+        // went through glibc's slow path several times per observation.
+        let count = self
             .state
             .allocations
             .iter()
-            .flat_map(|a| std::iter::once(a.pid).chain(a.held_by.iter().copied()))
-            .collect();
-        // Sized once: grown step by step, its tables went through glibc's slow path several
-        // times per observation.
+            .map(|a| 1 + a.held_by.len())
+            .sum();
+        let mut pids: Vec<u32> = Vec::with_capacity(count);
+        for a in &self.state.allocations {
+            pids.push(a.pid);
+            pids.extend_from_slice(&a.held_by);
+        }
         let mut lives = HashMap::with_capacity(pids.len());
         let exited = self.poll_pidfds();
         for pid in pids {
@@ -1057,7 +1068,7 @@ impl Sim {
     /// The simulator's `nvidia-smi --gpu-reset -i N`: refused while any live process holds
     /// the GPU (an allocation, or its device file open); otherwise clears its residue.
     pub fn reset(&mut self, gpu: u32) -> Result<ResetOutcome, SimError> {
-        let before = self.observe()?;
+        let before = self.observed()?;
         let count = before.gpus.len();
         let Some(g) = before.gpus.get(gpu as usize) else {
             return Err(SimError::NoSuchGpu { gpu, count });

@@ -122,7 +122,7 @@ impl SimDevice<'_> {
             return Err(fault_error(call, code));
         }
         let obs = lock(self.sim)
-            .observe()
+            .observed()
             .map_err(|_| fault_error(call, codes::UNKNOWN))?;
         let gpu = obs
             .gpus
@@ -369,7 +369,7 @@ impl GpuReader for SimSource {
                 code,
             )));
         }
-        let count = lock(&self.sim).observe().map_err(backend)?.gpus.len() as u32;
+        let count = lock(&self.sim).observed().map_err(backend)?.gpus.len() as u32;
         Ok(DriverHead {
             driver: DriverFacts {
                 source: DriverSource::Simulated,
@@ -452,7 +452,7 @@ impl SimSource {
             warnings.push(fault_error(CALL, code));
             return;
         }
-        let Ok(obs) = lock(&self.sim).observe() else {
+        let Ok(obs) = lock(&self.sim).observed() else {
             return;
         };
         let Some(g) = obs.gpus.get(gpu as usize) else {
