@@ -1127,6 +1127,36 @@ mod tests {
         (agent, dir)
     }
 
+    /// The device files are watched for opens before the first full scan, not after it: an
+    /// open during the scan (hundreds of ms on a busy node) is then seen at the next sample,
+    /// not ten minutes later at the next full scan.
+    #[test]
+    fn device_opens_are_watched_before_the_full_scan_that_the_watch_lets_wait() {
+        let node = demo();
+        node.opens_watchable();
+        let mut agent = agent_on(&node, Config::default());
+        agent.sample();
+        assert!(agent.watching_opens);
+        let calls = node.calls();
+        let watch = calls.iter().position(|c| c == "watch opens");
+        let scan = calls.iter().position(|c| c == "snapshot Full");
+        assert!(
+            matches!((watch, scan), (Some(w), Some(s)) if w < s),
+            "the watch must start before the full scan: {calls:?}"
+        );
+        // With the watch on, the full scan's period is the long one.
+        assert_eq!(
+            agent.full_scan_every(),
+            vramguard_config::FULL_SCAN_EVERY_WATCHED
+        );
+        node.manual_clock().advance(Duration::from_secs(1));
+        agent.sample();
+        assert_eq!(
+            node.calls().last().map(String::as_str),
+            Some("snapshot Cached")
+        );
+    }
+
     /// A heal that fails while the GPUs cannot be read (a reset that left the driver unable
     /// to answer) is alerted on all the same: its steps are followed in failed samples too.
     #[test]

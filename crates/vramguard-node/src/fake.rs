@@ -89,6 +89,10 @@ struct FakeState {
     removed_segments: Vec<String>,
     /// Every snapshot fails as a driver that stopped answering would.
     driver_gone: bool,
+    /// Whether [`Node::watch_opens`] succeeds (as root on a kernel with fanotify).
+    opens_watchable: bool,
+    /// Snapshots and open watches, in the order they were asked for.
+    calls: Vec<String>,
 }
 
 /// A scripted node; see the module documentation.
@@ -138,6 +142,8 @@ impl FakeNode {
                 resets: Vec::new(),
                 removed_segments: Vec::new(),
                 driver_gone: false,
+                opens_watchable: false,
+                calls: Vec::new(),
             })),
         }
     }
@@ -206,6 +212,19 @@ impl FakeNode {
     pub fn driver_gone(&self, gone: bool) -> &FakeNode {
         self.state().driver_gone = gone;
         self
+    }
+
+    /// Lets the device files be watched for opens (one file), as root on a kernel with
+    /// fanotify; by default the watch is refused as unsupported.
+    pub fn opens_watchable(&self) -> &FakeNode {
+        self.state().opens_watchable = true;
+        self
+    }
+
+    /// Snapshots (`snapshot Full`, `snapshot Cached`...) and open watches (`watch opens`,
+    /// `unwatch opens`), in the order they were asked for.
+    pub fn calls(&self) -> Vec<String> {
+        self.state().calls.clone()
     }
 
     /// Makes every reset fail with `reason`.
@@ -326,7 +345,21 @@ impl FakeState {
 }
 
 impl Node for FakeNode {
-    fn snapshot(&mut self, _depth: ScanDepth) -> Result<Snapshot, NodeError> {
+    fn watch_opens(&mut self) -> Result<usize, vramguard_proc::opens::OpenWatchError> {
+        let mut state = self.state();
+        if !state.opens_watchable {
+            return Err(vramguard_proc::opens::OpenWatchError::Unsupported);
+        }
+        state.calls.push("watch opens".into());
+        Ok(1)
+    }
+
+    fn unwatch_opens(&mut self) {
+        self.state().calls.push("unwatch opens".into());
+    }
+
+    fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
+        self.state().calls.push(format!("snapshot {depth:?}"));
         if self.state().driver_gone {
             return Err(NodeError::Gpu(vramguard_gpu::SourceError::Call(
                 CallError {

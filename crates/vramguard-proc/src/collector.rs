@@ -343,6 +343,12 @@ impl ProcCollector {
         }
         self.command_lines = read;
     }
+    /// Polls each watched process's pidfd instead of asking one epoll set, as where the
+    /// kernel gives no epoll set or the set refused a pidfd (a limit): the tests of that path.
+    pub fn with_exits_polled(mut self) -> Self {
+        self.exit_set = None;
+        self
+    }
 
     /// Reads user names from another passwd file (fixture trees).
     pub fn with_passwd(mut self, path: impl Into<PathBuf>) -> Self {
@@ -669,6 +675,7 @@ impl ProcCollector {
                  run as root (or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) to see every holder"
             ));
         }
+        self.check_fd_accounting();
         let job_cgroups = if reuse {
             self.last_job_cgroups.clone()
         } else {
@@ -689,6 +696,25 @@ impl ProcCollector {
             host: self.host.clone(),
             host_memory,
         })
+    }
+
+    /// Debug builds (every test) check that the count of held `stat` fds and pidfds, which
+    /// keeps the collector inside its fd budget, is what it holds: a count that drifts low
+    /// lets it run out of fds on a busy node, one that drifts high stops it following exits.
+    fn check_fd_accounting(&self) {
+        if cfg!(debug_assertions) {
+            let held: usize = self
+                .known
+                .values()
+                .map(|k| usize::from(k.stat_fd.is_some()) + usize::from(k.pidfd.is_some()))
+                .sum::<usize>()
+                + self
+                    .first_reads
+                    .values()
+                    .filter(|r| r.stat.is_some())
+                    .count();
+            assert_eq!(self.open_stat_fds, held, "the fd budget's count drifted");
+        }
     }
 
     /// `meminfo` and memory pressure every time; at full depth, and at least every

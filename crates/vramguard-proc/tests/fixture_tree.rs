@@ -212,3 +212,43 @@ fn a_tree_that_is_not_our_namespace_says_so_and_the_live_one_does() {
             .sees_own_namespace()
     );
 }
+
+/// A process seen opening a device file (the open watch) is scanned at the next collection;
+/// when that collection fails, it is not forgotten but scanned at the one after, whatever
+/// its depth: else a new holder would wait for the next full scan, ten minutes away.
+#[test]
+fn an_opener_is_still_scanned_after_a_collection_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("proc");
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    copy(&fixtures().join("proc"), &tree);
+    let mut c = ProcCollector::new(&tree, "/dev")
+        .unwrap()
+        .with_passwd(fixtures().join("passwd"));
+    c.collect(&[], ScanDepth::Full, 1_000).unwrap();
+    // A holder appears, its `fd` unreadable for now (a file, not a directory).
+    copy(&tree.join("4121"), &tree.join("4999"));
+    std::fs::remove_dir_all(tree.join("4999/fd")).unwrap();
+    std::fs::write(tree.join("4999/fd"), b"").unwrap();
+    c.opened_by([4999]);
+    let err = c.collect(&[], ScanDepth::Cached, 2_000).unwrap_err();
+    assert!(err.to_string().contains("4999/fd"), "{err}");
+    // Readable again: the next collection, cached, scans it all the same.
+    std::fs::remove_file(tree.join("4999/fd")).unwrap();
+    copy(&tree.join("4121/fd"), &tree.join("4999/fd"));
+    let got = c.collect(&[], ScanDepth::Cached, 3_000).unwrap();
+    let p = got
+        .processes
+        .iter()
+        .find(|p| p.pid == 4999)
+        .expect("the opener was forgotten with the failed collection");
+    assert_eq!(p.device_files.holds_any(), Some(true));
+}

@@ -282,13 +282,26 @@ fn the_steady_state_finds_a_listed_pid_it_never_saw() {
 
 #[test]
 fn a_cached_collection_reuses_facts_until_a_watched_process_exits() {
-    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
     let dev = dev_dir();
-    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    let c = ProcCollector::new("/proc", dev.path()).unwrap();
+    cached_collections_reuse_facts_until_a_watched_process_exits(c, dev.path());
+}
+
+#[test]
+fn without_an_epoll_set_each_pidfd_is_polled_and_an_exit_is_news_once() {
+    let dev = dev_dir();
+    let c = ProcCollector::new("/proc", dev.path())
+        .unwrap()
+        .with_exits_polled();
+    cached_collections_reuse_facts_until_a_watched_process_exits(c, dev.path());
+}
+
+fn cached_collections_reuse_facts_until_a_watched_process_exits(mut c: ProcCollector, dev: &Path) {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
     // A job: a shell whose child holds the device.
     let script = format!(
         "sh -c 'exec 3<{}; exec sleep 60' & wait",
-        dev.path().join("nvidia0").display()
+        dev.join("nvidia0").display()
     );
     let mut job = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
     let leader = job.0.id();
