@@ -6,6 +6,9 @@
 //!    killed; a reset blocker). A process that only took the name is an ordinary holder.
 //! 2. `zombie`   — its main thread is a zombie while other threads live, or it is exiting
 //!    (`PF_EXITING`). Memory is freed in `do_exit` when the last thread closes the device.
+//!    Only a whole process on its way out (every live thread in `do_exit` or with SIGKILL
+//!    pending) is killed without its work weighed: a main thread that exited alone
+//!    (`pthread_exit`) leaves a live process, and the job of its children lives with it.
 //! 3. `foreign`  — the driver lists a pid that does not exist here (or exists but is plainly a
 //!    different process, such as a kernel thread) and no process maps to it through `NSpid`.
 //! 4. `hidden`   — it holds `/dev/nvidiaN` but the driver lists it on no GPU.
@@ -831,7 +834,7 @@ impl<'a> Context<'a> {
             .any(|listed| {
                 self.snap.process(listed.pid).is_some_and(|q| {
                     q.pid != p.pid
-                        && q.state != Some('Z')
+                        && !q.is_finished()
                         && ((q.pgid.is_some() && q.pgid == p.pgid)
                             || (q.sid.is_some() && q.sid == p.sid))
                 })
@@ -1258,8 +1261,11 @@ impl<'a> Context<'a> {
     /// The zombie/exiting rule. Returns the action when it applies, pushing the evidence.
     fn zombie(&self, p: &ProcessFacts, work: &Work, evidence: &mut Vec<String>) -> Option<Action> {
         let leader_zombie = p.state == Some('Z');
-        let exiting = p.flags.is_some_and(|f| f & PF_EXITING != 0);
-        if !leader_zombie && !exiting {
+        // The whole process, not its main thread alone: a main thread that called
+        // `pthread_exit` is in `do_exit` too, while the others work on.
+        let exiting = p.is_exiting();
+        let leader_exiting = p.flags.is_some_and(|f| f & PF_EXITING != 0);
+        if !leader_zombie && !leader_exiting {
             return None;
         }
         let threads = p.threads.as_deref().unwrap_or(&[]);
@@ -1314,8 +1320,9 @@ impl<'a> Context<'a> {
                 )),
                 reclaimable: false,
             }
-        } else if leader_zombie && !exiting && !work.is_idle() {
-            // A main thread that called pthread_exit leaves a working process behind.
+        } else if !exiting && !work.is_idle() {
+            // A main thread that called pthread_exit leaves a working process behind: only a
+            // whole process on its way out (every live thread leaving) needs no work check.
             evidence.push(work_evidence(work));
             Action {
                 summary: if work.is_working() {
@@ -1354,7 +1361,7 @@ impl<'a> Context<'a> {
             .comm
             .as_deref()
             .is_some_and(|c| self.policy.is_subreaper_comm(c));
-        (parent.state != Some('Z') && !adopter && !parent.is_kernel_thread()).then_some(parent)
+        (!parent.is_finished() && !adopter && !parent.is_kernel_thread()).then_some(parent)
     }
 
     /// Walks up `p`'s tree inside its process group. Stops at a process that leads its group
@@ -1464,7 +1471,7 @@ impl<'a> Context<'a> {
             .into_iter()
             .chain(by_nspid)
             .find(|s| {
-                s.state != Some('Z')
+                !s.is_finished()
                     && !s.is_kernel_thread()
                     && s.pid != self.snap.host.self_pid
                     && (run.parent == "/" || s.cgroup.as_deref().is_none_or(|c| c == run.parent))
@@ -1485,7 +1492,7 @@ impl<'a> Context<'a> {
         let sup = self.snap.process(pp)?;
         // vramguard asking about its own job (`run`'s summary, after the job ended) is no
         // keeper of it.
-        if sup.state == Some('Z') || sup.is_kernel_thread() || pp == self.snap.host.self_pid {
+        if sup.is_finished() || sup.is_kernel_thread() || pp == self.snap.host.self_pid {
             return None;
         }
         let kind = job_supervisor(sup)?;
@@ -1635,13 +1642,13 @@ impl<'a> Context<'a> {
         let leader_is_zombie = match leader {
             // A process with that pid that is not in the group is a reused pid: the leader
             // is gone just the same.
-            Some(l) if l.pgid == Some(pgid) && l.state != Some('Z') => {
+            Some(l) if l.pgid == Some(pgid) && !l.is_finished() => {
                 return alive(format!(
                     "its job leader {} is alive{via}",
                     self.describe(pgid)
                 ));
             }
-            Some(l) => l.pgid == Some(pgid) && l.state == Some('Z'),
+            Some(l) => l.pgid == Some(pgid) && l.is_finished(),
             None => false,
         };
         if let Some(view) = self.adopted_by_supervisor(top, &via) {

@@ -206,7 +206,7 @@ pub fn live_supervisor_above<'a>(
     let mut q = p;
     for _ in 0..64 {
         let parent = snap.process(q.ppid.filter(|pp| *pp > 0)?)?;
-        if parent.state == Some('Z') || parent.is_kernel_thread() {
+        if parent.is_finished() || parent.is_kernel_thread() {
             return None;
         }
         // Pid 1 too: a container's init, seen from inside the container.

@@ -550,6 +550,12 @@ pub struct ThreadFacts {
     pub state: char,
     /// Kernel function the thread sleeps in (`/proc/PID/task/TID/wchan`), when readable.
     pub wchan: Option<String>,
+    /// On its way out: in `do_exit` (`PF_EXITING`) or with SIGKILL pending, which a group
+    /// exit (`exit_group`, a fatal signal) sets on every thread. `Some(false)`: a thread that
+    /// runs on after its main thread exited (`pthread_exit`), the process alive. `None`:
+    /// not read (snapshots taken before vramguard read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaving: Option<bool>,
 }
 
 /// A container a process belongs to, from its cgroup path.
@@ -649,6 +655,35 @@ pub const PF_EXITING: u32 = 0x0000_0004;
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 
 impl ProcessFacts {
+    /// Whether another thread of it runs on while its main thread is a zombie or exiting:
+    /// a live thread not on its way out, or one not known to be (see
+    /// [`ThreadFacts::leaving`]). Only read threads count: a process whose threads were
+    /// not read has none here.
+    pub fn thread_runs_on(&self) -> bool {
+        self.threads.as_deref().is_some_and(|threads| {
+            threads.iter().any(|t| {
+                t.tid != self.pid && !matches!(t.state, 'Z' | 'X') && t.leaving != Some(true)
+            })
+        })
+    }
+
+    /// Whether the process has finished: its main thread is a zombie and no other thread of
+    /// it runs on. A process whose main thread called `pthread_exit` shows `Z` in `stat`
+    /// while its other threads work: it has not finished, and its job lives with it.
+    pub fn is_finished(&self) -> bool {
+        self.state == Some('Z') && !self.thread_runs_on()
+    }
+
+    /// Whether the whole process is exiting: its main thread is in `do_exit` and every other
+    /// live thread is on its way out too. A main thread alone in `do_exit` (`pthread_exit`)
+    /// leaves a live process, whose other threads may be working.
+    pub fn is_exiting(&self) -> bool {
+        self.flags.is_some_and(|f| f & PF_EXITING != 0)
+            && self.threads.as_deref().unwrap_or(&[]).iter().all(|t| {
+                t.tid == self.pid || matches!(t.state, 'Z' | 'X') || t.leaving == Some(true)
+            })
+    }
+
     /// Whether this is a kernel thread.
     pub fn is_kernel_thread(&self) -> bool {
         self.flags.is_some_and(|f| f & PF_KTHREAD != 0)

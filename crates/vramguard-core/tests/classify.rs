@@ -243,17 +243,20 @@ fn zombie_leader_with_running_thread_is_killable() {
             tid: 400,
             state: 'Z',
             wchan: None,
+            leaving: None,
         },
         ThreadFacts {
             tid: 401,
             state: 'S',
             wchan: Some("futex_wait_queue".into()),
+            leaving: None,
         },
         // A thread that has exited too: it holds nothing.
         ThreadFacts {
             tid: 402,
             state: 'Z',
             wchan: None,
+            leaving: None,
         },
     ]);
     let s = snapshot(
@@ -290,11 +293,13 @@ fn thread_stuck_in_d_state_is_not_killable_and_says_why() {
             tid: 400,
             state: 'Z',
             wchan: None,
+            leaving: None,
         },
         ThreadFacts {
             tid: 402,
             state: 'D',
             wchan: Some("fuse_wait_answer".into()),
+            leaving: None,
         },
     ]);
     let s = snapshot(
@@ -329,6 +334,7 @@ fn exiting_process_is_a_zombie_class() {
         tid: 400,
         state: 'D',
         wchan: Some("nv_wait".into()),
+        leaving: None,
     }]);
     let s = snapshot(
         vec![gpu(0, 4 * GIB, &[(400, Some(4 * GIB))])],
@@ -1281,11 +1287,13 @@ fn a_zombie_leader_whose_threads_work_is_not_killable() {
             tid: 100,
             state: 'Z',
             wchan: None,
+            leaving: None,
         },
         ThreadFacts {
             tid: 101,
             state: 'R',
             wchan: None,
+            leaving: None,
         },
     ]);
     let mut s = snapshot(vec![gpu(0, GIB, &[(100, Some(GIB))])], vec![init(), z]);

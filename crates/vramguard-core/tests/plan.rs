@@ -529,6 +529,7 @@ fn zombies_with_running_threads_are_targets_only_when_included_and_stuck_ones_ne
         tid: 401,
         state: 'S',
         wchan: None,
+        leaving: None,
     }]);
     let mut stuck = p(410, 1, 410, "python", &[0]);
     stuck.state = Some('Z');
@@ -536,6 +537,7 @@ fn zombies_with_running_threads_are_targets_only_when_included_and_stuck_ones_ne
         tid: 411,
         state: 'D',
         wchan: Some("fuse_wait_answer".into()),
+        leaving: None,
     }]);
     let s = snap(
         vec![gpu(0, 2 * GIB, &[(400, GIB), (410, GIB)])],
@@ -551,6 +553,106 @@ fn zombies_with_running_threads_are_targets_only_when_included_and_stuck_ones_ne
             .iter()
             .any(|l| l.pid == 410 && l.reason.contains("uninterruptible"))
     );
+}
+
+/// A server (200, its own group, started by bash 100) whose main thread called
+/// `pthread_exit` while thread 201 works on: the kernel shows its leader `Z` with
+/// `PF_EXITING` (`stat` flags 0x40800c), the working thread without either.
+fn main_thread_exited(working: bool, leaving: bool) -> Snapshot {
+    let mut server = p(200, 100, 200, "server", &[0]);
+    server.state = Some('Z');
+    server.flags = Some(0x0040_800c);
+    server.threads = Some(vec![
+        ThreadFacts {
+            tid: 200,
+            state: 'Z',
+            wchan: None,
+            leaving: Some(true),
+        },
+        ThreadFacts {
+            tid: 201,
+            state: 'R',
+            wchan: None,
+            leaving: Some(leaving),
+        },
+    ]);
+    let mut s = snap(
+        vec![gpu(0, 9 * GIB, &[(200, 8 * GIB), (300, GIB)])],
+        vec![
+            init(),
+            p(100, 1, 100, "bash", &[]),
+            server,
+            // Its worker, idle: its parent shows `Z`, but the process lives.
+            p(300, 200, 200, "worker", &[0]),
+        ],
+    );
+    if working {
+        for w in &mut s.work.as_mut().unwrap().processes {
+            if w.pid == 200 {
+                w.cpu_ticks = 150;
+            }
+        }
+    }
+    s
+}
+
+fn holder_on_gpu0(report: &vramguard_core::Report, pid: u32) -> &vramguard_core::report::Holder {
+    report.gpus[0]
+        .holders
+        .iter()
+        .find(|h| h.pid == pid)
+        .unwrap()
+}
+
+#[test]
+fn a_process_whose_main_thread_exited_while_another_works_is_never_a_target() {
+    let s = main_thread_exited(true, false);
+    let report = classify(&s, &Policy::default());
+    let server = holder_on_gpu0(&report, 200);
+    assert_eq!(server.class, Class::Zombie);
+    assert!(!server.action.reclaimable, "{server:#?}");
+    assert!(
+        server
+            .action
+            .command
+            .as_deref()
+            .is_none_or(|c| !c.contains("kill")),
+        "{server:#?}"
+    );
+    let mut opts = ReclaimOptions::default();
+    opts.include.insert(Class::Zombie);
+    assert!(
+        plan_of(&s, &opts).targets().all(|t| t.pid != 200),
+        "a working process was planned"
+    );
+    // A group exit sets SIGKILL on every thread: then the whole process is on its way out,
+    // and SIGKILL finishes it whatever its threads were doing.
+    let s = main_thread_exited(true, true);
+    let plan = plan_of(&s, &opts);
+    assert!(plan.targets().any(|t| t.pid == 200));
+}
+
+#[test]
+fn the_children_of_a_process_whose_main_thread_exited_are_in_its_live_job() {
+    let s = main_thread_exited(false, false);
+    let report = classify(&s, &Policy::default());
+    let worker = holder_on_gpu0(&report, 300);
+    assert!(worker.dead_job.is_none(), "{worker:#?}");
+    assert!(
+        !matches!(worker.class, Class::Orphan | Class::Detached),
+        "{worker:#?}"
+    );
+    assert!(plan_of(&s, &ReclaimOptions::default()).is_empty());
+    // Once every thread of the server has finished, the worker is an orphan of a dead job.
+    let mut s = s;
+    for q in &mut s.processes {
+        if q.pid == 200 {
+            q.threads = Some(vec![]);
+        }
+    }
+    let report = classify(&s, &Policy::default());
+    let worker = holder_on_gpu0(&report, 300);
+    assert_eq!(worker.class, Class::Orphan, "{worker:#?}");
 }
 
 // ---- jobs under a live supervisor (issue 26) ----
@@ -867,7 +969,11 @@ fn arb_plain_process() -> impl Strategy<Value = ProcessFacts> {
         prop::option::of(1u64..1_000_000),
         prop::sample::select(vec![0u32, 1, 2, 7]),
         prop::option::of(prop::collection::vec(
-            prop::sample::select(vec!['S', 'D', 'Z']),
+            (
+                prop::sample::select(vec!['S', 'D', 'Z']),
+                // On its way out (PF_EXITING or SIGKILL pending), running on, or unread.
+                prop::option::of(any::<bool>()),
+            ),
             0..3,
         )),
     )
@@ -908,10 +1014,11 @@ fn arb_plain_process() -> impl Strategy<Value = ProcessFacts> {
                     threads: threads.map(|ts| {
                         ts.into_iter()
                             .enumerate()
-                            .map(|(i, st)| ThreadFacts {
+                            .map(|(i, (st, leaving))| ThreadFacts {
                                 tid: pid * 100 + i as u32,
                                 state: st,
                                 wchan: None,
+                                leaving,
                             })
                             .collect()
                     }),
@@ -1140,8 +1247,13 @@ proptest! {
                 Some(Ok(()))
             ));
             // No process with work evidence in the window, nor the parent of one, is a target
-            // unless `detached` was asked for by name (or it is already exiting).
-            let exiting = proc_.flags.is_some_and(|f| f & PF_EXITING != 0);
+            // unless `detached` was asked for by name (or the whole process is already exiting:
+            // its main thread in do_exit and every other live thread on its way out; a main
+            // thread alone in do_exit, after pthread_exit, leaves a process that may work).
+            let exiting = proc_.flags.is_some_and(|f| f & PF_EXITING != 0)
+                && proc_.threads.iter().flatten().all(|t| {
+                    t.tid == proc_.pid || matches!(t.state, 'Z' | 'X') || t.leaving == Some(true)
+                });
             if t.class != Class::Detached && !exiting {
                 let cpu_busy = |pid: u32| {
                     s.work_of(pid, s.process(pid).and_then(|p| p.start_ticks))

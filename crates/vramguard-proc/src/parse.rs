@@ -40,6 +40,9 @@ pub struct Stat {
     pub start_ticks: Option<u64>,
     /// Field 24: resident set size, in pages.
     pub rss_pages: Option<u64>,
+    /// (31) signals pending for this task (a thread's own, in `task/TID/stat`), the first
+    /// 31 as a bit mask (bit n-1 for signal n): a group exit sets SIGKILL on every thread.
+    pub pending_signals: Option<u64>,
 }
 
 /// Parses one `stat` line. The comm (field 2) is delimited by the first `(` and the *last*
@@ -81,6 +84,7 @@ pub fn parse_stat(bytes: &[u8]) -> Result<Stat, ParseError> {
         num_threads: num32(20),
         start_ticks: num(22),
         rss_pages: num(24),
+        pending_signals: num(31),
     })
 }
 
@@ -463,6 +467,14 @@ mod tests {
         assert_eq!(s.flags, Some(4194560));
         assert_eq!(s.num_threads, Some(9));
         assert_eq!(s.start_ticks, Some(512345));
+        assert_eq!(s.pending_signals, Some(0));
+        // A thread a group exit zapped: SIGKILL (9) pending, bit 8 of field 31.
+        let zapped =
+            String::from_utf8_lossy(STAT).replace(" 0 0 0 0 16781312", " 0 0 256 0 16781312");
+        assert_eq!(
+            parse_stat(zapped.as_bytes()).unwrap().pending_signals,
+            Some(256)
+        );
     }
 
     #[test]

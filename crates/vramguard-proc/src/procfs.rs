@@ -6,7 +6,7 @@ use rustix::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use std::path::{Path, PathBuf};
-use vramguard_core::snapshot::{DeviceFile, ExeFacts, FdScan, ThreadFacts};
+use vramguard_core::snapshot::{DeviceFile, ExeFacts, FdScan, PF_EXITING, ThreadFacts};
 
 /// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
 const INIT_PID_NS_INODE: &str = "pid:[4026531836]";
@@ -420,10 +420,16 @@ impl ProcFs {
                 .ok()
                 .map(|w| String::from_utf8_lossy(&w).trim().to_string())
                 .filter(|w| !w.is_empty() && w != "0");
+            // SIGKILL is signal 9: bit 8 of the pending mask.
+            let leaving = stat
+                .flags
+                .zip(stat.pending_signals)
+                .map(|(flags, pending)| flags & PF_EXITING != 0 || pending & (1 << 8) != 0);
             threads.push(ThreadFacts {
                 tid,
                 state: stat.state.unwrap_or('?'),
                 wchan,
+                leaving,
             });
         }
         Ok(Found::Yes(threads))

@@ -589,3 +589,49 @@ fn command_lines_are_left_out_when_turned_off_and_read_again_when_turned_on() {
         "read again once turned on"
     );
 }
+
+/// A process whose main thread exited (`SYS_exit`, as `pthread_exit` does) while another
+/// thread runs on: its threads are read, the running one not on its way out, so the process
+/// reads as alive; once SIGKILLed, it is gone.
+#[test]
+fn a_thread_that_runs_on_after_its_main_thread_exited_is_read_as_not_leaving() {
+    let dev = dev_dir();
+    let script = format!(
+        "import ctypes, os, threading, time\n\
+         f = open({:?})\n\
+         threading.Thread(target=lambda: time.sleep(60)).start()\n\
+         time.sleep(0.05)\n\
+         ctypes.CDLL(None).syscall(60, 0)\n",
+        dev.path().join("nvidia0").display().to_string()
+    );
+    let h = Reaped(
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .spawn()
+            .unwrap(),
+    );
+    let pid = h.0.id();
+    wait_until("the main thread to exit", || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().unwrap().trim_start().starts_with('Z'))
+    });
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    let got = c.collect(&[pid], ScanDepth::Full, 0).unwrap();
+    let p = got.processes.iter().find(|p| p.pid == pid).unwrap();
+    assert_eq!(p.state, Some('Z'));
+    let threads = p
+        .threads
+        .as_deref()
+        .expect("a zombie leader's threads are read");
+    let runner = threads
+        .iter()
+        .find(|t| t.tid != pid)
+        .expect("the running thread");
+    assert_eq!(runner.leaving, Some(false), "{threads:?}");
+    assert!(
+        p.thread_runs_on() && !p.is_finished() && !p.is_exiting(),
+        "{p:#?}"
+    );
+    drop(h);
+}

@@ -203,6 +203,56 @@ fn zombie_leader_with_a_running_thread_is_a_killable_zombie() {
     assert!(ev.contains("threads still holding the device"), "{ev}");
 }
 
+/// A server whose main thread exited while another thread works: the kernel shows its
+/// leader `Z` and in `do_exit` (`PF_EXITING`), the working thread neither. The process lives,
+/// and with it the job of the idle worker it started: neither is reclaimed, by default or
+/// with `--include zombie`.
+#[test]
+fn a_process_whose_main_thread_exited_while_another_works_is_alive_with_its_job() {
+    let world = World::new(1);
+    let mut s = spec(&world, json!([hold(0, 3)]));
+    s["group_leader"] = json!(true);
+    s["shape"] = json!("zombie_leader");
+    s["cpu_percent"] = json!(60);
+    s["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000,
+        "holds": [{ "gpu": 0, "bytes": GIB }] } }]);
+    let h = start(&world, &["python3", "serve.py"], s);
+    let worker = h.workers[0];
+    wait_until(10, "the leader to become a zombie", || {
+        state_of(h.pid) == Some('Z')
+    });
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json"])
+        .json(0);
+    let z = holder(&report, 0, h.pid);
+    assert_eq!(z["class"], "zombie", "{z:#}");
+    assert_eq!(z["action"]["reclaimable"], json!(false), "{z:#}");
+    let w = holder(&report, 0, worker);
+    assert!(w["dead_job"].is_null(), "{w:#}");
+    assert_ne!(w["class"], "orphan", "{w:#}");
+    let audit = world.dir.path().join("audit.jsonl");
+    for include in [None, Some("zombie")] {
+        let mut vg = Vg::new(&world, Path_::Nvml).args(["reclaim", "--yes", "--grace", "300ms"]);
+        if let Some(class) = include {
+            vg = vg.args(["--include", class]);
+        }
+        let _ = vg.arg_path("--audit-log", &audit).output();
+        // Its leader shows `Z`: alive means its working thread is still there.
+        let runs_on = std::fs::read_dir(format!("/proc/{}/task", h.pid))
+            .map(|tasks| {
+                tasks.flatten().any(|t| {
+                    t.file_name() != h.pid.to_string().as_str()
+                        && std::fs::read_to_string(t.path().join("stat"))
+                            .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+                })
+            })
+            .unwrap_or(false);
+        assert!(runs_on, "the working server was reclaimed ({include:?})");
+        assert!(alive(worker), "its worker was reclaimed ({include:?})");
+    }
+}
+
 #[test]
 fn a_thread_stuck_in_d_state_is_reported_and_not_killable() {
     let world = World::new(1);
