@@ -1558,6 +1558,15 @@ impl<'a> Context<'a> {
                     ),
                     None,
                 ),
+                Some(f) if f.readable && !f.complete => (
+                    None,
+                    format!(
+                        "in {}, whose cgroup holds more than vramguard looks at ({} members) and                          no slurmstepd among those it did: the job is taken as alive",
+                        shown(&cg.label),
+                        f.members
+                    ),
+                    None,
+                ),
                 Some(f) if f.readable => (
                     Some(false),
                     format!("in {}, whose slurmstepd is gone", shown(&cg.label)),

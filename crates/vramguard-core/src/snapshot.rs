@@ -118,6 +118,16 @@ pub struct JobCgroupFacts {
     /// namespace), as opposed to sharing the host's.
     #[serde(default)]
     pub nested_pid_namespace: bool,
+    /// Whether every member was looked at: a subtree larger than the collector's bounds
+    /// (directories, pids, members inspected) or a member unreadable leaves it `false`, and
+    /// no daemon found then proves nothing. Snapshots taken before vramguard recorded it
+    /// read as complete.
+    #[serde(default = "read_whole")]
+    pub complete: bool,
+}
+
+fn read_whole() -> bool {
+    true
 }
 
 /// The executable of a process (`/proc/PID/exe`), for telling a system service from a

@@ -1133,7 +1133,8 @@ fn cgroup_jobs_outrank_the_process_group() {
     // A Slurm step with and without its step daemon.
     p.cgroup = Some("/system.slice/slurmstepd.scope/job_42/step_0/user/task_0".into());
     let root = "/system.slice/slurmstepd.scope/job_42".to_string();
-    let with_stepd = |stepds: Vec<u32>| {
+    // The job's facts: `members` looked at (all of them when `complete`), these daemons.
+    let with_facts = |stepds: Vec<u32>, members: u32, complete: bool| {
         let mut s = snapshot(
             vec![gpu(0, GIB, &[(701, Some(GIB))])],
             vec![init(), p.clone()],
@@ -1141,13 +1142,15 @@ fn cgroup_jobs_outrank_the_process_group() {
         s.job_cgroups.push(JobCgroupFacts {
             root: root.clone(),
             readable: true,
-            members: 2,
+            members,
             namespace_inits: vec![],
             step_daemons: stepds,
             nested_pid_namespace: false,
+            complete,
         });
         classify(&s, &Policy::default())
     };
+    let with_stepd = |stepds: Vec<u32>| with_facts(stepds, 2, true);
     let live = with_stepd(vec![690]);
     assert_eq!(live.gpus[0].holders[0].class, Class::Active);
     assert_eq!(
@@ -1161,6 +1164,15 @@ fn cgroup_jobs_outrank_the_process_group() {
         h.evidence
             .iter()
             .any(|e| e.contains("its job slurm:42.0 is gone")),
+        "{h:#?}"
+    );
+    // A job larger than what was looked at, no daemon among those members: unknown, alive.
+    let partial = with_facts(vec![], 4096, false);
+    let h = &partial.gpus[0].holders[0];
+    assert_eq!(h.class, Class::Active, "{h:#?}");
+    assert!(h.dead_job.is_none());
+    assert!(
+        h.evidence.iter().any(|e| e.contains("4096 members")),
         "{h:#?}"
     );
     // Unreadable cgroup: liveness unknown, taken as alive.
@@ -1186,6 +1198,7 @@ fn cgroup_jobs_outrank_the_process_group() {
             namespace_inits: vec![],
             step_daemons: vec![],
             nested_pid_namespace: false,
+            complete: true,
         });
         classify(&s, &Policy::default())
     };
@@ -2058,6 +2071,7 @@ fn a_live_supervisor_outranks_a_slurm_step_whose_daemon_is_gone() {
         namespace_inits: vec![],
         step_daemons: vec![],
         nested_pid_namespace: false,
+        complete: true,
     }];
     let h = holder_of(&s, 47);
     assert_eq!(h.class, Class::Active, "{h:#?}");
@@ -2729,6 +2743,7 @@ fn a_container_whose_init_lives_is_alive_by_its_init() {
         namespace_inits: vec![650],
         step_daemons: vec![],
         nested_pid_namespace: false,
+        complete: true,
     });
     let h = holder_of(&s, 701);
     let job = h.job.as_ref().unwrap();

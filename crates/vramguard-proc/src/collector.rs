@@ -435,6 +435,7 @@ impl ProcCollector {
             namespace_inits: Vec::new(),
             step_daemons: Vec::new(),
             nested_pid_namespace: false,
+            complete: true,
         };
         let rel = facts.root.trim_start_matches('/');
         if rel.split('/').any(|s| s == ".." || s == ".") {
@@ -453,37 +454,70 @@ impl ProcCollector {
         if dirs.is_empty() {
             return facts;
         }
+        // The step daemon's own directories first (`…/step_N/slurm` under cgroup v2): in a
+        // job of thousands of tasks it is then among the members looked at.
+        let mut daemons_first: Vec<u32> = Vec::new();
         let mut pids = Vec::new();
         let mut visited = 0;
         while let Some(d) = dirs.pop() {
             visited += 1;
             if visited > CGROUP_MAX_DIRS || pids.len() >= CGROUP_MAX_PIDS {
+                facts.complete = false;
                 break;
             }
             let Some(text) = read_small(&d.join("cgroup.procs"), CGROUP_PROCS_MAX_BYTES) else {
+                facts.complete = false;
                 continue;
             };
             facts.readable = true;
-            pids.extend(
-                text.lines()
-                    .filter_map(|l| l.trim().parse::<u32>().ok())
-                    .take(CGROUP_MAX_PIDS),
-            );
-            if let Ok(entries) = std::fs::read_dir(&d) {
-                for e in entries.flatten() {
-                    // Never follow a link out of the hierarchy.
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        dirs.push(e.path());
+            if text.len() as u64 >= CGROUP_PROCS_MAX_BYTES {
+                facts.complete = false;
+            }
+            let listed = text
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .take(CGROUP_MAX_PIDS);
+            if d.file_name().is_some_and(|n| n == "slurm") {
+                daemons_first.extend(listed.clone());
+            }
+            pids.extend(listed);
+            match std::fs::read_dir(&d) {
+                Ok(entries) => {
+                    for e in entries {
+                        let Ok(e) = e else {
+                            facts.complete = false;
+                            continue;
+                        };
+                        // Never follow a link out of the hierarchy.
+                        if e.file_type().is_ok_and(|t| t.is_dir()) {
+                            dirs.push(e.path());
+                        }
                     }
                 }
+                Err(_) => facts.complete = false,
             }
         }
         pids.sort_unstable();
         pids.dedup();
         facts.members = pids.len() as u32;
-        for pid in pids.into_iter().take(CGROUP_MAX_INSPECTED) {
-            let Ok(Found::Yes(stat)) = self.fs.stat(pid) else {
-                continue;
+        if pids.len() > CGROUP_MAX_INSPECTED {
+            facts.complete = false;
+        }
+        let inspected: Vec<u32> = daemons_first
+            .iter()
+            .copied()
+            .chain(pids.iter().copied().filter(|p| !daemons_first.contains(p)))
+            .take(CGROUP_MAX_INSPECTED)
+            .collect();
+        for pid in inspected {
+            let stat = match self.fs.stat(pid) {
+                Ok(Found::Yes(stat)) => stat,
+                // Exited since the listing: nothing to look at.
+                Ok(Found::Gone) => continue,
+                _ => {
+                    facts.complete = false;
+                    continue;
+                }
             };
             if matches!(stat.state, Some('Z' | 'X')) {
                 continue;

@@ -252,3 +252,91 @@ fn an_opener_is_still_scanned_after_a_collection_that_failed() {
         .expect("the opener was forgotten with the failed collection");
     assert_eq!(p.device_files.holds_any(), Some(true));
 }
+
+/// A Slurm job of more members than the collector looks at (512), its `slurmstepd` at a
+/// higher pid than every task (pids wrapped): the daemon's own directory is read first, so it
+/// is found; without it, the job's facts say they are incomplete, which the classifier never
+/// takes for a dead job.
+#[test]
+fn a_slurm_job_larger_than_the_bounds_still_finds_its_step_daemon_or_says_it_did_not_look() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("proc");
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("proc"))
+        .arg(&tree)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let cg = dir.path().join("cg");
+    let job = cg.join("system.slice/slurmstepd.scope/job_42");
+    let tasks = job.join("step_0/user/task_0");
+    let daemon = job.join("step_0/slurm");
+    std::fs::create_dir_all(&tasks).unwrap();
+    std::fs::create_dir_all(&daemon).unwrap();
+    // Every cgroup directory has its `cgroup.procs`, empty where only subgroups have members.
+    for d in [job.clone(), job.join("step_0"), job.join("step_0/user")] {
+        std::fs::write(d.join("cgroup.procs"), "").unwrap();
+    }
+    let mut members: String = (300..900).map(|p| format!("{p}\n")).collect();
+    members.push_str("4999\n");
+    std::fs::write(tasks.join("cgroup.procs"), members).unwrap();
+    std::fs::write(daemon.join("cgroup.procs"), "32010\n").unwrap();
+    std::fs::create_dir(tree.join("32010")).unwrap();
+    std::fs::write(
+        tree.join("32010/stat"),
+        "32010 (slurmstepd) S 1 32010 32010 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n",
+    )
+    .unwrap();
+    // A holder in the job's task cgroup.
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(tree.join("4121"))
+        .arg(tree.join("4999"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::write(
+        tree.join("4999/cgroup"),
+        "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("4242/mountinfo"),
+        format!(
+            "30 25 0:26 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw\n",
+            cg.display()
+        ),
+    )
+    .unwrap();
+    let facts = |c: &mut ProcCollector| {
+        let got = c.collect(&[], ScanDepth::Full, 1_000).unwrap();
+        got.job_cgroups
+            .into_iter()
+            .find(|f| f.root.ends_with("/job_42"))
+            .expect("the holder's Slurm job is read")
+    };
+    let mut c = ProcCollector::new(&tree, "/dev")
+        .unwrap()
+        .with_passwd(fixtures().join("passwd"));
+    let f = facts(&mut c);
+    assert!(f.readable);
+    assert_eq!(f.members, 602);
+    assert_eq!(f.step_daemons, vec![32010], "{f:?}");
+    assert!(!f.complete, "602 members, 512 looked at");
+    // The daemon gone: none found among those looked at, which is not all of them.
+    std::fs::remove_dir_all(&daemon).unwrap();
+    let mut c = ProcCollector::new(&tree, "/dev")
+        .unwrap()
+        .with_passwd(fixtures().join("passwd"));
+    let f = facts(&mut c);
+    assert!(f.step_daemons.is_empty());
+    assert!(!f.complete, "{f:?}");
+    // A small job read whole is complete: a missing daemon there is news.
+    std::fs::write(tasks.join("cgroup.procs"), "4999\n").unwrap();
+    let mut c = ProcCollector::new(&tree, "/dev")
+        .unwrap()
+        .with_passwd(fixtures().join("passwd"));
+    let f = facts(&mut c);
+    assert!(f.step_daemons.is_empty() && f.complete, "{f:?}");
+}
