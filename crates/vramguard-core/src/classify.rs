@@ -1160,7 +1160,7 @@ impl<'a> Context<'a> {
         }
         let (class, action) = if matches!(system, Some(Ok(()))) {
             system_verdict(p, &job, &mut evidence)
-        } else if let Some(action) = self.zombie(p, &work, &mut evidence) {
+        } else if let Some(action) = self.zombie(gpu.index, p, &work, &mut evidence) {
             (Class::Zombie, action)
         } else if listed.is_none() {
             self.hidden_verdict(gpu, p, &job, &work, tie, &mut evidence)
@@ -1259,7 +1259,13 @@ impl<'a> Context<'a> {
     }
 
     /// The zombie/exiting rule. Returns the action when it applies, pushing the evidence.
-    fn zombie(&self, p: &ProcessFacts, work: &Work, evidence: &mut Vec<String>) -> Option<Action> {
+    fn zombie(
+        &self,
+        gpu: u32,
+        p: &ProcessFacts,
+        work: &Work,
+        evidence: &mut Vec<String>,
+    ) -> Option<Action> {
         let leader_zombie = p.state == Some('Z');
         // The whole process, not its main thread alone: a main thread that called
         // `pthread_exit` is in `do_exit` too, while the others work on.
@@ -1344,9 +1350,11 @@ impl<'a> Context<'a> {
                 reclaimable: false,
             }
         } else {
+            // Through the planner, which checks the pid is still this process: a bare
+            // `kill` pasted later could hit a reused pid.
             Action {
                 summary: "SIGKILL finishes the exit of the threads still running".into(),
-                command: Some(format!("kill -KILL {}", p.pid)),
+                command: Some(format!("vramguard reclaim --gpu {gpu} --include zombie")),
                 reclaimable: true,
             }
         };
@@ -2269,9 +2277,7 @@ fn keeper_action(
             shown(&job.label)
         )
     };
-    let command = if inheritor {
-        format!("vramguard reclaim --gpu {gpu}")
-    } else if job.kind == JobKind::Supervised {
+    let command = if job.kind == JobKind::Supervised && !inheritor {
         // vramguard never acts inside a job a live supervisor runs: it ends with that job.
         return Action {
             summary: format!(
@@ -2282,19 +2288,44 @@ fn keeper_action(
             command: None,
             reclaimable: false,
         };
+    } else if work.is_working() {
+        // Nothing to run: the planner would refuse a working keeper.
+        return Action {
+            summary,
+            command: None,
+            reclaimable: false,
+        };
+    } else if inheritor {
+        format!("vramguard reclaim --gpu {gpu}")
     } else {
-        // A label root may paste: only one plain word, else the pid's own job-of plan.
+        // Always through the planner (a bare `kill` skips its work and pid-reuse checks):
+        // a plain label as it is, any other printable one in single quotes (a systemd
+        // unit's `\x2d` escapes, a hostile cgroup name), none with control characters.
         let plain = job
             .label
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"@._:-/".contains(&b));
+        let printable = job.label.bytes().all(|b| (0x20..0x7f).contains(&b));
         if plain {
             format!(
                 "vramguard reclaim --gpu {gpu} --job {} --include keepers",
                 job.label
             )
+        } else if printable {
+            format!(
+                "vramguard reclaim --gpu {gpu} --job '{}' --include keepers",
+                job.label.replace('\'', r"'\''")
+            )
         } else {
-            format!("kill -TERM {pid}")
+            return Action {
+                summary: format!(
+                    "{summary} (its job's label has control characters: run `vramguard reclaim \
+                     --gpu {gpu} --job LABEL --include keepers` with the label `status --json` \
+                     shows for pid {pid})"
+                ),
+                command: None,
+                reclaimable,
+            };
         }
     };
     Action {

@@ -1743,6 +1743,69 @@ fn a_keeper_in_a_live_cgroup_job_is_named_but_not_reclaimed_by_default() {
     assert_eq!(r.gpus[0].reclaimable_bytes, 0);
 }
 
+/// Every command a keeper is offered goes through the planner (which checks work and pid
+/// reuse): a unit name with systemd's escapes or a quote is single-quoted, one with control
+/// characters gets no command, and a working keeper none at all. A bare `kill` was offered.
+#[test]
+fn a_keepers_command_goes_through_the_planner_whatever_its_units_name() {
+    let in_unit = |cgroup: &str| {
+        let mut s = dead_trainer_with_forked_workers(436, 436);
+        for p in s
+            .processes
+            .iter_mut()
+            .filter(|p| [576, 577].contains(&p.pid))
+        {
+            p.cgroup = Some(cgroup.into());
+        }
+        s
+    };
+    let action_of = |s: &Snapshot| {
+        let r = classify(s, &Policy::default());
+        r.gpus[0]
+            .holders
+            .iter()
+            .find(|h| h.pid == 576)
+            .unwrap()
+            .action
+            .clone()
+    };
+    let escaped = in_unit(r"/system.slice/train@gpu\x2d0.service");
+    assert_eq!(
+        action_of(&escaped).command.as_deref(),
+        Some(r"vramguard reclaim --gpu 0 --job 'unit:train@gpu\x2d0.service' --include keepers")
+    );
+    // The label the command names is the one the planner matches.
+    let opts = vramguard_core::plan::ReclaimOptions {
+        job_label: Some(r"unit:train@gpu\x2d0.service".into()),
+        include_keepers: true,
+        ..Default::default()
+    };
+    let plan = vramguard_core::plan::plan_reclaim(
+        &escaped,
+        &classify(&escaped, &Policy::default()),
+        &opts,
+    );
+    assert!(plan.targets().any(|t| t.pid == 576), "{plan:#?}");
+    let quoted = in_unit("/system.slice/it's.service");
+    assert_eq!(
+        action_of(&quoted).command.as_deref(),
+        Some(r"vramguard reclaim --gpu 0 --job 'unit:it'\''s.service' --include keepers")
+    );
+    let control = in_unit("/system.slice/a\u{1b}[2Jb.service");
+    let a = action_of(&control);
+    assert_eq!(a.command, None, "{a:?}");
+    assert!(a.summary.contains("control characters"), "{a:?}");
+    let mut working = in_unit(r"/system.slice/train@gpu\x2d0.service");
+    for w in &mut working.work.as_mut().unwrap().processes {
+        if w.pid == 576 {
+            w.cpu_ticks = 150;
+        }
+    }
+    let a = action_of(&working);
+    assert_eq!(a.command, None, "{a:?}");
+    assert!(!a.reclaimable);
+}
+
 #[test]
 fn unprivileged_an_exited_pid_is_unexplained_not_a_live_jobs() {
     let mut s = dead_trainer_with_forked_workers(446, 446);
