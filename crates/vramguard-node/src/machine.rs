@@ -23,6 +23,11 @@ pub struct MachineNode {
     reset: ResetBackend,
     /// The `/proc` of vramguard's own PID namespace, where pinned identities are checked.
     signal_proc: PathBuf,
+    /// Why no process may be pinned or watched, when `signal_proc` is not the `/proc` of
+    /// vramguard's own PID namespace: a pidfd opens the pid in vramguard's namespace, so a
+    /// start time read from another tree (a container's `/proc`, a fixture) would vouch for a
+    /// different process than the one signalled.
+    foreign_proc: Option<String>,
     pinned: BTreeMap<u32, Verified>,
     /// Processes whose exit is watched ([`Node::watch_exits`]), each by its pidfd.
     watched: BTreeMap<Identity, Verified>,
@@ -65,6 +70,21 @@ const KUBELET_REFRESH: Duration = Duration::from_secs(10);
 /// How long a kubelet that failed is left alone.
 const KUBELET_BACKOFF: Duration = Duration::from_secs(60);
 
+/// Why `proc` cannot check the identity of a process vramguard signals: it is not the `/proc`
+/// of vramguard's own PID namespace (its `self` is not this process). `None` when it is.
+fn foreign_proc(proc: &Path) -> Option<String> {
+    let own = vramguard_proc::ProcFs::open(proc)
+        .ok()
+        .and_then(|fs| fs.self_pid());
+    (own != Some(std::process::id())).then(|| {
+        format!(
+            "{} is not the /proc of vramguard's own PID namespace: no process is signalled \
+             through it (a pid there may name another process here)",
+            proc.display()
+        )
+    })
+}
+
 impl MachineNode {
     /// A node reading GPUs from `source` and processes through `collector`, classifying with
     /// `policy` (its idle threshold sets how far back utilisation samples are asked for),
@@ -82,6 +102,7 @@ impl MachineNode {
             policy,
             reset,
             signal_proc: signal_proc.to_path_buf(),
+            foreign_proc: foreign_proc(signal_proc),
             pinned: BTreeMap::new(),
             watched: BTreeMap::new(),
             exit_set: vramguard_proc::exits::ExitSet::new(),
@@ -238,6 +259,12 @@ impl Node for MachineNode {
 
     fn pin(&mut self, ids: &[Identity]) -> Vec<Result<(), Refusal>> {
         self.pinned.clear();
+        if let Some(why) = &self.foreign_proc {
+            return ids
+                .iter()
+                .map(|_| Err(Refusal::Failed(why.clone())))
+                .collect();
+        }
         ids.iter()
             .map(|&id| {
                 let v = identity::verify(&self.signal_proc, id)?;
@@ -272,6 +299,11 @@ impl Node for MachineNode {
     }
 
     fn watch_exits(&mut self, ids: &[Identity]) -> usize {
+        if self.foreign_proc.is_some() {
+            // A pidfd would follow whatever process has the pid here: exits are seen by the
+            // samples alone.
+            return 0;
+        }
         let wanted: BTreeSet<Identity> = ids.iter().copied().collect();
         let set = &mut self.exit_set;
         self.watched.retain(|id, v| {
@@ -581,6 +613,63 @@ mod tests {
             Path::new(vramguard_proc::OWN_PROC),
         );
         (node, windows)
+    }
+
+    /// A node reading another namespace's `/proc` (a container's, here a tree whose pid names
+    /// this test's `sleep` with the start time the plan expects) pins nothing and watches
+    /// nothing: the pidfd would open the pid here, another process than the one the tree
+    /// vouched for.
+    #[test]
+    fn a_proc_of_another_namespace_vouches_for_no_process_to_signal() {
+        /// Killed and reaped on drop, a failed assertion included.
+        struct Reaped(std::process::Child);
+        impl Drop for Reaped {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut sleeper = Reaped(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = sleeper.0.id();
+        let tree = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tree.path().join(pid.to_string())).unwrap();
+        std::fs::write(
+            tree.path().join(format!("{pid}/stat")),
+            format!(
+                "{pid} (python3) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0\n"
+            ),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("1", tree.path().join("self")).unwrap();
+        let mut node = MachineNode::new(
+            Box::new(ScriptedSource {
+                windows: Arc::new(Mutex::new(Vec::new())),
+            }),
+            ProcCollector::new(vramguard_proc::OWN_PROC, "/dev").unwrap(),
+            Policy::default(),
+            ResetBackend::Command(vec!["false".into()]),
+            tree.path(),
+        );
+        let id = Identity {
+            pid,
+            start_ticks: 4242,
+        };
+        let pinned = node.pin(&[id]);
+        assert!(
+            matches!(&pinned[..], [Err(Refusal::Failed(why))] if why.contains("own PID namespace")),
+            "{pinned:?}"
+        );
+        assert!(node.signal(id, Signal::KILL).is_err());
+        assert_eq!(node.watch_exits(&[id]), 0);
+        assert!(
+            sleeper.0.try_wait().unwrap().is_none(),
+            "the sleeper was signalled"
+        );
     }
 
     #[test]
