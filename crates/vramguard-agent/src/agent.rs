@@ -242,6 +242,9 @@ impl Agent {
         self.watch_holders(&report);
         if self.config.reclaim.auto {
             self.track_reclaimable(&snap, &report);
+        } else {
+            // Not followed while off: a holder must be seen reclaimable for min_age once on.
+            self.forget_reclaimable();
         }
         self.publish(report, &firing);
         if depth == ScanDepth::Full {
@@ -647,7 +650,15 @@ impl Agent {
         self.pending.len() < before
     }
 
+    /// Forgets since when holders have been reclaimable: `min_age` must be seen whole again.
+    /// (After failed collections or a gap in sampling, the first sample has no window of work
+    /// for them: they leave the plan, and their `min_age` starts again that way.)
+    fn forget_reclaimable(&mut self) {
+        self.reclaimable_since.clear();
+    }
+
     fn track_reclaimable(&mut self, snap: &Snapshot, report: &Report) {
+        let now = self.now();
         let rc = &self.config.reclaim;
         let opts = ReclaimOptions {
             gpus: None,
@@ -661,7 +672,6 @@ impl Agent {
             include_keepers: false,
         };
         let plan = plan_reclaim(snap, report, &opts);
-        let now = self.now();
         let current: BTreeSet<(u32, u64)> =
             plan.targets().map(|t| (t.pid, t.start_ticks)).collect();
         self.reclaimable_since.retain(|k, _| current.contains(k));
@@ -1280,6 +1290,61 @@ mod tests {
             .filter(|l| l.contains("\"event\":\"signal\"") && l.contains("\"TERM\""))
             .count();
         assert_eq!(terms, 3, "{audit}");
+    }
+
+    /// `min_age` is time in which every sample saw the holder reclaimable: while automatic
+    /// reclaim is off, across failed collections and across a gap in sampling, nobody looked,
+    /// so it starts again.
+    #[test]
+    fn min_age_starts_again_after_time_nobody_looked() {
+        let node = demo();
+        let clock = node.manual_clock().clone();
+        let elapse = |agent: &mut Agent, secs: u64| {
+            for _ in 0..secs {
+                agent.sample();
+                clock.advance(Duration::from_secs(1));
+            }
+        };
+        // Seen for 55 s, then 5 s unseen, then seen: min_age (60 s) has not been seen whole.
+        // (Switched off, the samples go on but follow nothing; after failures or a gap, the
+        // first sample has no window of work for the holders, which leave the plan.)
+        let unseen_for_5s = |blind: &dyn Fn(&mut Agent, bool)| {
+            let (mut agent, dir) = warmed_up(&node);
+            elapse(&mut agent, 55);
+            blind(&mut agent, true);
+            elapse(&mut agent, 5);
+            blind(&mut agent, false);
+            agent.sample();
+            (agent, dir)
+        };
+        // Automatic reclaim switched off (a reload), then on.
+        let (agent, _dir) = unseen_for_5s(&|a: &mut Agent, off| a.config.reclaim.auto = !off);
+        assert!(
+            agent.reclaim_job.is_none(),
+            "reclaimed at once after auto was off"
+        );
+        // Failed collections.
+        let (agent, _dir) = unseen_for_5s(&|_: &mut Agent, failing| {
+            node.driver_gone(failing);
+        });
+        assert!(
+            agent.reclaim_job.is_none(),
+            "reclaimed at once after failures"
+        );
+        assert!(node.signals().is_empty());
+        // A gap with no sample at all (the agent stopped for ten minutes).
+        let (mut agent, _dir) = warmed_up(&node);
+        elapse(&mut agent, 55);
+        clock.advance(Duration::from_secs(600));
+        agent.sample();
+        assert!(agent.reclaim_job.is_none(), "reclaimed at once after a gap");
+        assert!(node.signals().is_empty());
+        // Seen reclaimable for min_age from then on: reclaimed.
+        clock.advance(Duration::from_secs(1));
+        elapse(&mut agent, 60);
+        agent.sample();
+        assert!(agent.reclaim_job.is_some());
+        finish_reclaim(&mut agent);
     }
 
     #[test]
