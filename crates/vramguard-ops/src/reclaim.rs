@@ -1289,6 +1289,80 @@ pub struct Prepared {
     pub plan: Plan,
     policy: Policy,
     pins: Pins,
+    /// When the plan was made, on the node's clock.
+    made_at: Instant,
+    /// The work sampling it was made with.
+    sample: Duration,
+}
+
+/// How long a plan stays fresh once made: a plan confirmed later (a prompt answered after a
+/// coffee, `top`'s dialog left open) is made again from a new sample before anything is
+/// signalled, and only what both plans target is. A target idle then may be working now.
+pub const PLAN_FRESH_FOR: Duration = Duration::from_secs(10);
+
+impl Prepared {
+    /// This plan, or, when it is older than [`PLAN_FRESH_FOR`] on `node`'s clock, the plan
+    /// `plan` makes from a new sample (as long as this one's), keeping only targets this one
+    /// had (same process): one that worked since, changed class or exited is left alone with
+    /// the new plan's reason, and one new since was never confirmed. Returns the plan to run
+    /// and, for each target of this one that it no longer has, why.
+    pub fn refreshed(
+        self,
+        node: &mut dyn Node,
+        plan: impl FnOnce(&Snapshot, &Report) -> Plan,
+    ) -> Result<(Prepared, Vec<(u32, String)>), NodeError> {
+        let age = node.clock().now().saturating_duration_since(self.made_at);
+        if age < PLAN_FRESH_FOR {
+            return Ok((self, Vec::new()));
+        }
+        let confirmed: std::collections::BTreeSet<Identity> =
+            self.plan.targets().map(identity).collect();
+        let fresh = prepare(node, &self.policy, self.sample, |snap, report| {
+            let mut fresh = plan(snap, report);
+            let mut unconfirmed = Vec::new();
+            fresh.retain_targets(|t| {
+                let keep = confirmed.contains(&identity(t));
+                if !keep {
+                    unconfirmed.push(vramguard_core::plan::LeftAlone {
+                        pid: t.pid,
+                        comm: t.comm.clone(),
+                        class: t.class,
+                        gpus: t.gpus.iter().map(|g| g.gpu).collect(),
+                        reason: "not in the plan that was confirmed".into(),
+                    });
+                }
+                keep
+            });
+            fresh.left_alone.extend(unconfirmed);
+            fresh
+        })?;
+        let kept: std::collections::BTreeSet<Identity> =
+            fresh.plan.targets().map(identity).collect();
+        let dropped = self
+            .plan
+            .targets()
+            .filter(|t| !kept.contains(&identity(t)))
+            .map(|t| {
+                let why = fresh
+                    .plan
+                    .left_alone
+                    .iter()
+                    .find(|l| l.pid == t.pid)
+                    .map_or_else(
+                        || "no longer holds a GPU (exited, or closed its files)".to_string(),
+                        |l| l.reason.clone(),
+                    );
+                (
+                    t.pid,
+                    format!(
+                        "{why} (the plan was {}s old when confirmed, and made again)",
+                        age.as_secs()
+                    ),
+                )
+            })
+            .collect();
+        Ok((fresh, dropped))
+    }
 }
 
 impl Prepared {
@@ -1374,6 +1448,8 @@ pub fn try_prepare<E>(
         plan,
         policy: policy.clone(),
         pins,
+        made_at: node.clock().now(),
+        sample,
     })
 }
 
@@ -1426,6 +1502,54 @@ mod tests {
             audit: std::fs::read_to_string(&path).unwrap_or_default(),
             _dir: dir,
         }
+    }
+
+    /// A plan confirmed ten minutes after it was made (a prompt answered late, `top`'s dialog
+    /// left open) is made again first: a target that has worked since is left alone, saying
+    /// why, and only what both plans target is signalled. A plan confirmed at once is not
+    /// sampled again.
+    #[test]
+    fn a_plan_confirmed_late_is_made_again_and_a_target_that_worked_since_is_left_alone() {
+        let node = demo();
+        let mut n = node.clone();
+        let policy = Policy::default();
+        let planner = |snap: &Snapshot, report: &Report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        };
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), planner).unwrap();
+        let targets = |p: &Prepared| p.plan.targets().map(|t| t.pid).collect::<Vec<_>>();
+        assert_eq!(targets(&prepared), [16521, 16522, 16523]);
+        use vramguard_node::clock::Clock;
+        let before = node.manual_clock().now();
+        let (prepared, dropped) = prepared.refreshed(&mut n, planner).unwrap();
+        assert!(dropped.is_empty());
+        assert_eq!(node.manual_clock().now(), before, "sampled again at once");
+        // Ten minutes later; 16521 has worked meanwhile.
+        node.manual_clock().advance(Duration::from_secs(600));
+        node.edit_snapshot(|s| {
+            for w in &mut s.work.as_mut().unwrap().processes {
+                if w.pid == 16521 {
+                    w.cpu_ticks = 500;
+                }
+            }
+        });
+        let (prepared, dropped) = prepared.refreshed(&mut n, planner).unwrap();
+        assert_eq!(targets(&prepared), [16522, 16523]);
+        assert!(
+            matches!(&dropped[..], [(16521, why)] if why.contains("detached") && why.contains("600s old")),
+            "{dropped:?}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "t").unwrap();
+        prepared
+            .run(&mut n, &mut audit, &opts(ResetMode::Never))
+            .unwrap();
+        assert!(
+            node.signals().iter().all(|s| s.pid != 16521),
+            "{:?}",
+            node.signals()
+        );
+        assert!(node.signals().iter().any(|s| s.pid == 16522));
     }
 
     fn sent(node: &FakeNode) -> Vec<(u32, &'static str, u64)> {

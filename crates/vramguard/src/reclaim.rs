@@ -426,22 +426,19 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
 
     let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
     // `--gpu` is resolved against the snapshot the plan is made from, before planning.
-    let prepared = vramguard_ops::try_prepare(
-        &mut node,
-        &settings.config.policy,
-        args.sample,
-        |snap, report| {
-            Ok::<_, anyhow::Error>(plan_reclaim(
-                snap,
-                report,
-                &resolve_gpus(&args.gpu, report, opts)?,
-            ))
-        },
-    )
-    .map_err(|e| match e {
-        vramguard_ops::reclaim::PrepareError::Node(e) => anyhow::Error::from(e),
-        vramguard_ops::reclaim::PrepareError::Plan(e) => e,
-    })?;
+    let planner = |snap: &vramguard_core::Snapshot, report: &Report| {
+        Ok::<_, anyhow::Error>(plan_reclaim(
+            snap,
+            report,
+            &resolve_gpus(&args.gpu, report, opts.clone())?,
+        ))
+    };
+    let prepared =
+        vramguard_ops::try_prepare(&mut node, &settings.config.policy, args.sample, planner)
+            .map_err(|e| match e {
+                vramguard_ops::reclaim::PrepareError::Node(e) => anyhow::Error::from(e),
+                vramguard_ops::reclaim::PrepareError::Plan(e) => e,
+            })?;
     let (plan, report) = (&prepared.plan, &prepared.report);
 
     let interactive = std::io::stdin().is_terminal();
@@ -463,6 +460,19 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     )?;
     if !args.yes && !confirmed(plan, reset)? {
         eprintln!("nothing done");
+        return Ok(2);
+    }
+    // A confirmation that took a while confirmed a plan whose targets may work by now: it is
+    // made again, and only what both plans target is signalled.
+    let (prepared, dropped) = prepared.refreshed(&mut node, |snap, report| {
+        // The GPUs resolved for the first plan resolve the same way now.
+        planner(snap, report).unwrap_or_default()
+    })?;
+    for (pid, why) in &dropped {
+        eprintln!("vramguard: pid {pid} left alone: {}", shown(why));
+    }
+    if prepared.plan.is_empty() && reset == ResetMode::Never {
+        eprintln!("nothing done: no target of the confirmed plan is one any more");
         return Ok(2);
     }
     // From here on, Ctrl-C (or SIGTERM) asks the executor to finish what it started; a second

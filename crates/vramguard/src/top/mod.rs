@@ -231,7 +231,8 @@ fn worker(
         }
     };
     let mut depth = ScanDepth::Full;
-    let mut pending: Option<Prepared> = None;
+    // The plan shown, with the pid it was asked for (made again if confirmed late).
+    let mut pending: Option<(u32, Prepared)> = None;
     loop {
         let started = Instant::now();
         let sent = match node.sampled_snapshot(depth, args.sample) {
@@ -259,16 +260,25 @@ fn worker(
                         let text =
                             crate::reclaim::plan_text(&prepared.plan, &prepared.report, false);
                         let actionable = !prepared.plan.is_empty();
-                        pending = Some(prepared);
+                        pending = Some((pid, prepared));
                         FromWorker::Plan { text, actionable }
                     }
                     Err(e) => FromWorker::Error(format!("planning: {e}")),
                 },
                 Ok(ToWorker::Execute) => match pending.take() {
-                    Some(prepared) => {
+                    Some((pid, prepared)) => {
                         // The node changed: the next refresh scans everything again.
                         depth = ScanDepth::Full;
-                        execute(&mut node, args, prepared, stop)
+                        // A dialog left open confirms a plan whose targets may work by now:
+                        // made again, only what both plans target is signalled.
+                        match prepared.refreshed(&mut node, |snap, report| {
+                            plan_reclaim(snap, report, &plan_options(report, pid))
+                        }) {
+                            Ok((prepared, dropped)) => {
+                                execute(&mut node, args, prepared, &dropped, stop)
+                            }
+                            Err(e) => FromWorker::Error(format!("planning again: {e}")),
+                        }
                     }
                     None => FromWorker::Error("no plan to carry out".into()),
                 },
@@ -334,6 +344,7 @@ fn execute(
     node: &mut dyn Node,
     args: &TopArgs,
     prepared: Prepared,
+    dropped: &[(u32, String)],
     stop: &StopRequests,
 ) -> FromWorker {
     let host = prepared.report.hostname.clone().unwrap_or_default();
@@ -348,7 +359,17 @@ fn execute(
     };
     let opts = ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Never);
     match prepared.run_observed(node, &mut audit, &opts, &mut (), stop) {
-        Ok(outcome) => FromWorker::Outcome(crate::reclaim::outcome_text(&outcome, audit.path())),
+        Ok(outcome) => {
+            let mut text = String::new();
+            for (pid, why) in dropped {
+                text.push_str(&format!(
+                    "pid {pid} left alone: {}\n",
+                    vramguard_core::sanitize::shown(why)
+                ));
+            }
+            text.push_str(&crate::reclaim::outcome_text(&outcome, audit.path()));
+            FromWorker::Outcome(text)
+        }
         Err(e) => FromWorker::Error(format!("reclaim: {e}")),
     }
 }
