@@ -388,9 +388,19 @@ impl Job {
         n
     }
 
-    fn forward(&self, sig: i32, group: bool) {
+    /// Passes `sig` on: to the main process, or its group (its cgroup). Once the main
+    /// process is reaped its pid, and with it its group's id, may be another process's:
+    /// then only the job's remaining processes get it, each verified by pid and start time,
+    /// and nothing when only the main process was to get it.
+    fn forward(&self, sig: i32, group: bool, main_reaped: bool) {
+        if main_reaped {
+            if group && let Some(sig) = rustix::process::Signal::from_named_raw(sig) {
+                self.signal_each(sig);
+            }
+            return;
+        }
         if !group {
-            // SAFETY: kill(2) on the main pid, which is our unreaped child or gone.
+            // SAFETY: kill(2) on the main pid, our child, not reaped yet (a zombie at most).
             unsafe { libc::kill(self.main as i32, sig) };
             return;
         }
@@ -402,8 +412,8 @@ impl Job {
                 }
             }
             None => {
-                // SAFETY: the job's process group; its id is the main pid, which we have not
-                // reaped while the group can still exist.
+                // SAFETY: the job's process group; its id is the main pid, not reaped yet, so
+                // no other process can have taken it.
                 unsafe { libc::kill(-(self.main as i32), sig) };
             }
         }
@@ -612,7 +622,7 @@ pub fn supervise(
         match signals.wait(timeout) {
             Some(libc::SIGCHLD) => {}
             Some(sig) => {
-                job.forward(sig, opts.signal_group);
+                job.forward(sig, opts.signal_group, ending.end.is_some());
                 ending.forwarded.push(signal_name(sig));
                 if matches!(sig, libc::SIGTERM | libc::SIGINT) && matches!(phase, Phase::Running) {
                     phase = Phase::Terminating(Instant::now() + opts.grace);
@@ -620,7 +630,11 @@ pub fn supervise(
             }
             None => {}
         }
-        if let Some(e) = reap(main) {
+        // Once reaped, the main pid may be another process's, and that one may end up our
+        // child too (re-parented to the subreaper): its end is not the job's.
+        if let Some(e) = reap(main)
+            && ending.end.is_none()
+        {
             ending.end = Some(e);
         }
         if matches!(phase, Phase::Running) && last_tick.elapsed() >= opts.tick {

@@ -430,7 +430,10 @@ fn as_pid_1(isolation: &str) {
         made = made.display(),
         go = go.display(),
     );
-    let mut unshare = Reaped(
+    // Its stderr read as it comes (vramguard as PID 1 outlives a killed unshare, and keeps
+    // the pipe open), so that a failure can show it without waiting for an end that may not
+    // come.
+    let (mut unshare, err, reader) = spawn_reading_stderr(
         vg_wrapped("unshare")
             .args([
                 "--pid",
@@ -442,25 +445,8 @@ fn as_pid_1(isolation: &str) {
                 "3s",
             ])
             .args(["--isolation", isolation, "--", "sh", "-c", &script])
-            .env(k, v)
-            .env_remove("VRAMGUARD_SIM")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .env(k, v),
     );
-    // Read as it comes (vramguard as PID 1 outlives a killed unshare, and keeps the pipe
-    // open), so that a failure can show it without waiting for an end that may not come.
-    let err = Arc::new(Mutex::new(Vec::new()));
-    let reader = {
-        let (mut pipe, err) = (unshare.0.stderr.take().unwrap(), err.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut buf) {
-                err.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        })
-    };
     let (mut vg, outer) = (0, unshare.pid());
     wait_or_show(
         &mut unshare,
@@ -511,6 +497,29 @@ fn as_pid_1(isolation: &str) {
         "the daemon got SIGTERM from vramguard before it exited ({isolation}): {err}"
     );
     assert!(marked(&mark).is_empty());
+}
+
+/// Starts `cmd` (off the simulator, stdout to nowhere) with its stderr read into a buffer as
+/// it comes by a thread, joined once the child ends.
+fn spawn_reading_stderr(
+    cmd: &mut Command,
+) -> (Reaped, Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>) {
+    let mut child = Reaped(
+        cmd.env_remove("VRAMGUARD_SIM")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let (mut pipe, buf_err) = (child.0.stderr.take().unwrap(), err.clone());
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut buf) {
+            buf_err.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    (child, err, reader)
 }
 
 /// [`wait_until`] on a condition about `child`, whose stderr is read into `err`: when the
@@ -823,4 +832,87 @@ fn output_of(child: &mut Reaped) -> Output {
         stdout: out,
         stderr: err,
     }
+}
+
+/// A signal that arrives after the main process was reaped (during the grace period) is not
+/// sent to its pid, which may be another process's by then. Here the kernel gives the main
+/// process's pid to a newcomer at once (`ns_last_pid` in a PID namespace of the test's own,
+/// whose init is a shell, so that vramguard is an ordinary process that hears SIGUSR1; as a
+/// namespace's init it would not): with `--no-signal-group`, a SIGUSR1 to vramguard once the
+/// job's main process is gone reaches nobody, and the newcomer never hears it. Nor is the
+/// newcomer's end taken for the main process's: `run` exits with the main process's status.
+#[test]
+fn a_signal_after_the_main_process_was_reaped_never_reaches_a_process_that_took_its_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let [ready, got, main, status] = ["ready", "got", "main", "status"].map(|f| dir.path().join(f));
+    let mark = marker();
+    let _sweep = Sweep(mark.clone());
+    // The job's main process records its pid and exits at once (status 3). Its helper, in a
+    // session of its own (a process-group member would keep the pid in use) and deaf to the
+    // SIGTERM that ends the job's leftovers (so that the grace period runs), waits until
+    // vramguard has reaped it, has the next pid be the main process's again, and starts a
+    // newcomer that records SIGUSR1 (again until one gets that pid: vramguard's threads may
+    // take pids meanwhile; one that did not get it leaves at once).
+    let newcomer = format!(
+        "[ $$ = $0 ] || exit 0; trap 'echo USR1 > {got}' USR1; echo $$ > {ready}.tmp; \
+         mv {ready}.tmp {ready}; while :; do sleep 0.05; done",
+        got = got.display(),
+        ready = ready.display(),
+    );
+    let helper = "M=$1; while [ -e /proc/$M ]; do sleep 0.01; done; for i in $(seq 50); do \
+                  echo $((M - 1)) > /proc/sys/kernel/ns_last_pid; sh -c \"$VG_TEST_NEWCOMER\" $M & \
+                  [ $! = $M ] && break; done; wait";
+    let script = format!(
+        "trap '' TERM; echo $$ > {main}; setsid -f sh -c \"$VG_TEST_HELPER\" helper $$; exit 3",
+        main = main.display(),
+    );
+    let (mut unshare, err, reader) = spawn_reading_stderr(
+        vg_wrapped("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
+            .arg(
+                "\"$0\" run --grace 3s --isolation group --no-signal-group -- sh -c \"$1\"; \
+                 echo $? > \"$2\"",
+            )
+            .args([BIN, script.as_str()])
+            .arg(&status)
+            .env(
+                mark.split_once('=').unwrap().0,
+                mark.split_once('=').unwrap().1,
+            )
+            .env("VG_TEST_HELPER", helper)
+            .env("VG_TEST_NEWCOMER", newcomer),
+    );
+    let (mut vg, outer) = (0, unshare.pid());
+    wait_or_show(&mut unshare, &err, 60, "vramguard to start", || {
+        let init = children_of(outer).first().map_or(0, |c| c.0);
+        vg = children_of(init).first().map_or(0, |c| c.0);
+        vg != 0
+    });
+    wait_or_show(&mut unshare, &err, 30, "the newcomer", || ready.exists());
+    assert_eq!(
+        std::fs::read_to_string(&ready).unwrap().trim(),
+        std::fs::read_to_string(&main).unwrap().trim(),
+        "the kernel did not give the main process's pid again"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(vg as i32).unwrap(),
+        rustix::process::Signal::USR1,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !got.exists(),
+        "the process that took the reaped main process's pid got the forwarded signal"
+    );
+    // The grace period ends; vramguard kills the newcomer, exits with the main process's
+    // status, and the namespace ends.
+    let _ = unshare.0.wait();
+    let _ = reader.join();
+    let status = std::fs::read_to_string(&status).unwrap_or_default();
+    assert_eq!(
+        status.trim(),
+        "3",
+        "run's exit status is not its main process's:\n{}",
+        String::from_utf8_lossy(&err.lock().unwrap())
+    );
 }
