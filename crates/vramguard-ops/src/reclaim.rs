@@ -903,6 +903,9 @@ impl<'a> Run<'a> {
             .filter(|(_, exit)| exit.is_none())
             .map(|(r, _)| *r)
             .collect();
+        // Those SIGKILL went to: one that exited as the grace period ended got none, and
+        // its exit is its own (after SIGTERM), not a SIGKILL's.
+        let mut killed: Vec<&Running<'a>> = Vec::new();
         for r in &survivors {
             self.observer.observe(&Progress::StillAlive {
                 pid: r.target.pid,
@@ -914,21 +917,35 @@ impl<'a> Run<'a> {
                 json!({ "pid": r.target.pid, "start_ticks": r.target.start_ticks, "signal": "KILL",
                     "after_grace_ms": self.opts.grace.as_millis() as u64 }),
             )?;
-            if let Err(e) = self.node.signal(identity(r.target), Signal::KILL) {
-                self.log(
-                    "signal_failed",
-                    json!({ "pid": r.target.pid, "signal": "KILL", "error": e.to_string() }),
-                )?;
+            match self.node.signal(identity(r.target), Signal::KILL) {
+                Ok(()) => {
+                    self.outcome(r.target.pid)
+                        .signals
+                        .push(signal_name(Signal::KILL).into());
+                    self.observer.observe(&Progress::Signalled {
+                        pid: r.target.pid,
+                        comm: r.target.comm.clone(),
+                        signal: "KILL",
+                    });
+                    killed.push(r);
+                }
+                Err(e) => {
+                    self.log(
+                        "signal_failed",
+                        json!({ "pid": r.target.pid, "signal": "KILL", "error": e.to_string() }),
+                    )?;
+                    if e == Refusal::Gone {
+                        let now = self.node.clock().now();
+                        self.exited(r, now, TargetResult::Exited, "TERM")?;
+                    } else {
+                        // Still there, unsignalled: waited for like the others, and
+                        // reported stuck if it stays.
+                        killed.push(r);
+                    }
+                }
             }
-            self.outcome(r.target.pid)
-                .signals
-                .push(signal_name(Signal::KILL).into());
-            self.observer.observe(&Progress::Signalled {
-                pid: r.target.pid,
-                comm: r.target.comm.clone(),
-                signal: "KILL",
-            });
         }
+        let survivors = killed;
         let deadline = self.node.clock().now() + self.opts.kill_wait;
         let kexits = self.wait_phase(
             &survivors,
@@ -1590,6 +1607,50 @@ mod tests {
             "{:?}",
             gpu1.why
         );
+    }
+
+    /// A target that exits just as the grace period ends, between the last look and its
+    /// SIGKILL: the SIGKILL fails, and the outcome says it exited after SIGTERM, never that
+    /// it was SIGKILLed (the audit log has the failed send).
+    #[test]
+    fn a_target_gone_when_its_sigkill_is_sent_is_not_reported_as_killed() {
+        /// Ends 16522 the moment it is reported still alive after the grace period.
+        struct ExitsOnStillAlive(FakeNode);
+        impl ReclaimObserver for ExitsOnStillAlive {
+            fn observe(&mut self, event: &Progress) {
+                if let Progress::StillAlive { pid, .. } = event {
+                    self.0.exit(*pid);
+                }
+            }
+        }
+        let node = demo();
+        node.behave(16522, Behaviour::IgnoresTerm);
+        let mut n = node.clone();
+        let prepared = prepare(
+            &mut n,
+            &Policy::default(),
+            Duration::from_secs(1),
+            |s, r| plan_reclaim(s, r, &ReclaimOptions::default()),
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let out = prepared
+            .run_observed(
+                &mut n,
+                &mut audit,
+                &opts(ResetMode::Never),
+                &mut ExitsOnStillAlive(node.clone()),
+                &StopRequests::new(),
+            )
+            .unwrap();
+        assert!(node.signals().iter().all(|s| s.signal != "KILL"));
+        let t = out.targets.iter().find(|t| t.pid == 16522).unwrap();
+        assert_eq!(t.signals, ["TERM"], "{t:?}");
+        assert_eq!(t.result, TargetResult::Exited, "{t:?}");
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert!(log.contains("\"signal_failed\""), "{log}");
     }
 
     #[test]
