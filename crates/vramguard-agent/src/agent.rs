@@ -650,6 +650,16 @@ impl Agent {
         self.pending.len() < before
     }
 
+    /// Why `config`'s automatic reclaim cannot run on this node (it signals nothing), if it is
+    /// on and cannot.
+    fn auto_reclaim_refused(&self, config: &Config) -> Option<String> {
+        config
+            .reclaim
+            .auto
+            .then(|| self.node.signals_refused())
+            .flatten()
+    }
+
     /// Forgets since when holders have been reclaimable: `min_age` must be seen whole again.
     /// (After failed collections or a gap in sampling, the first sample has no window of work
     /// for them: they leave the plan, and their `min_age` starts again that way.)
@@ -782,6 +792,13 @@ impl Agent {
                     tracing::warn!("{note}");
                 }
                 let c = loaded.config;
+                if let Some(why) = self.auto_reclaim_refused(&c) {
+                    tracing::error!(
+                        "config reload refused, keeping the running config: {}",
+                        AgentError::AutoReclaimRefused(why)
+                    );
+                    return;
+                }
                 let mut reopened = false;
                 let rewatch = c.agent.watch_opens != self.config.agent.watch_opens;
                 if c.agent.listen != self.config.agent.listen {
@@ -860,6 +877,12 @@ pub enum AgentError {
     /// The node could not be opened.
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// `[reclaim] auto` on a node through which nothing may be signalled.
+    #[error(
+        "[reclaim] auto = true cannot run here: {0}; turn it off, or run the agent on the \
+         default /proc"
+    )]
+    AutoReclaimRefused(String),
 }
 
 impl AgentError {
@@ -1014,6 +1037,11 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     }
 
     let shared: Shared = Arc::new(RwLock::new(Arc::new(Published::default())));
+    // Before anything listens: a config that cannot run is refused at once.
+    let mut agent = Agent::new(&setup, shared.clone())?;
+    if let Some(why) = agent.auto_reclaim_refused(&agent.config) {
+        return Err(AgentError::AutoReclaimRefused(why));
+    }
     let server = Server::start(
         &setup.config.agent.listen,
         shared.clone(),
@@ -1023,7 +1051,6 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
         *b.write().expect("bound address") = Some(server.addr);
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
-    let mut agent = Agent::new(&setup, shared)?;
     agent.reclaim_stop = reclaim_stop;
     agent.start_watching_opens();
     let mut next = agent.now();
@@ -1199,6 +1226,33 @@ mod tests {
 
     /// A reload that names another audit log shows that log's heal state, and nothing of
     /// the old one's (its failure no longer exported, nor left firing).
+    /// On a node through which nothing may be signalled (another namespace's `/proc`), a
+    /// reload that turns automatic reclaim on is refused whole: the running config stays.
+    #[test]
+    fn a_reload_turning_on_automatic_reclaim_where_nothing_may_be_signalled_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = demo();
+        node.refuse_signals("/x/proc is not the /proc of vramguard's own PID namespace");
+        let mut agent = agent_on(&node, Config::default());
+        let cfg = dir.path().join("vramguard.toml");
+        std::fs::write(&cfg, "[reclaim]\nauto = true\n[agent]\ninterval = \"2s\"\n").unwrap();
+        agent.reload(Some(&cfg));
+        assert!(!agent.config.reclaim.auto);
+        assert_eq!(agent.config.agent.interval, Duration::from_secs(1));
+        let mut on = Config::default();
+        on.reclaim.auto = true;
+        let why = agent.auto_reclaim_refused(&on).unwrap();
+        assert!(
+            AgentError::AutoReclaimRefused(why)
+                .to_string()
+                .contains("cannot run here: /x/proc is not the /proc of vramguard's own PID namespace; turn it off")
+        );
+        // Where signals can go, the same reload is taken.
+        let mut agent = agent_on(&demo(), Config::default());
+        agent.reload(Some(&cfg));
+        assert!(agent.config.reclaim.auto);
+    }
+
     #[test]
     fn a_reload_onto_another_audit_log_drops_the_old_logs_heal_state() {
         let dir = tempfile::tempdir().unwrap();

@@ -1569,7 +1569,8 @@ impl<'a> Context<'a> {
                 Some(f) if f.readable && !f.complete => (
                     None,
                     format!(
-                        "in {}, whose cgroup holds more than vramguard looks at ({} members) and                          no slurmstepd among those it did: the job is taken as alive",
+                        "in {}, whose cgroup holds more than vramguard looks at ({} members) and \
+                         no slurmstepd among those it did: the job is taken as alive",
                         shown(&cg.label),
                         f.members
                     ),

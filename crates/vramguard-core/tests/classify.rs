@@ -1172,7 +1172,9 @@ fn cgroup_jobs_outrank_the_process_group() {
     assert_eq!(h.class, Class::Active, "{h:#?}");
     assert!(h.dead_job.is_none());
     assert!(
-        h.evidence.iter().any(|e| e.contains("4096 members")),
+        h.evidence
+            .iter()
+            .any(|e| e.contains("(4096 members) and no slurmstepd")),
         "{h:#?}"
     );
     // Unreadable cgroup: liveness unknown, taken as alive.

@@ -91,6 +91,8 @@ struct FakeState {
     driver_gone: bool,
     /// Whether [`Node::watch_opens`] succeeds (as root on a kernel with fanotify).
     opens_watchable: bool,
+    /// [`Node::signals_refused`]: a node over another namespace's `/proc`.
+    signals_refused: Option<String>,
     /// Snapshots and open watches, in the order they were asked for.
     calls: Vec<String>,
 }
@@ -143,6 +145,7 @@ impl FakeNode {
                 removed_segments: Vec::new(),
                 driver_gone: false,
                 opens_watchable: false,
+                signals_refused: None,
                 calls: Vec::new(),
             })),
         }
@@ -218,6 +221,13 @@ impl FakeNode {
     /// fanotify; by default the watch is refused as unsupported.
     pub fn opens_watchable(&self) -> &FakeNode {
         self.state().opens_watchable = true;
+        self
+    }
+
+    /// Makes the node one through which nothing may be signalled (another namespace's
+    /// `/proc`), saying `why`.
+    pub fn refuse_signals(&self, why: &str) -> &FakeNode {
+        self.state().signals_refused = Some(why.to_string());
         self
     }
 
@@ -352,6 +362,10 @@ impl Node for FakeNode {
         }
         state.calls.push("watch opens".into());
         Ok(1)
+    }
+
+    fn signals_refused(&self) -> Option<String> {
+        self.state().signals_refused.clone()
     }
 
     fn unwatch_opens(&mut self) {

@@ -137,6 +137,13 @@ pub trait Node: Send {
         Err(vramguard_proc::opens::OpenWatchError::Unsupported)
     }
 
+    /// Why no process can be signalled through this node, when none can (it reads a `/proc`
+    /// that is not vramguard's own PID namespace's): pins then fail with this reason. Callers
+    /// that would signal on their own (the agent's automatic reclaim) refuse to start.
+    fn signals_refused(&self) -> Option<String> {
+        None
+    }
+
     /// Stops watching the device files for opens (a reloaded config turned it off).
     fn unwatch_opens(&mut self) {}
 

@@ -73,10 +73,8 @@ const KUBELET_BACKOFF: Duration = Duration::from_secs(60);
 /// Why `proc` cannot check the identity of a process vramguard signals: it is not the `/proc`
 /// of vramguard's own PID namespace (its `self` is not this process). `None` when it is.
 fn foreign_proc(proc: &Path) -> Option<String> {
-    let own = vramguard_proc::ProcFs::open(proc)
-        .ok()
-        .and_then(|fs| fs.self_pid());
-    (own != Some(std::process::id())).then(|| {
+    let own = vramguard_proc::ProcFs::open(proc).is_ok_and(|fs| fs.is_own_namespace());
+    (!own).then(|| {
         format!(
             "{} is not the /proc of vramguard's own PID namespace: no process is signalled \
              through it (a pid there may name another process here)",
@@ -255,6 +253,10 @@ impl Node for MachineNode {
 
     fn clock(&self) -> &dyn Clock {
         &self.clock
+    }
+
+    fn signals_refused(&self) -> Option<String> {
+        self.foreign_proc.clone()
     }
 
     fn pin(&mut self, ids: &[Identity]) -> Vec<Result<(), Refusal>> {

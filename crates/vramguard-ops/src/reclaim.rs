@@ -1320,9 +1320,10 @@ pub const PLAN_FRESH_FOR: Duration = Duration::from_secs(10);
 impl Prepared {
     /// This plan, or, when it is older than [`PLAN_FRESH_FOR`] on `node`'s clock, the plan
     /// `plan` makes from a new sample (as long as this one's), keeping only targets this one
-    /// had (same process): one that worked since, changed class or exited is left alone with
-    /// the new plan's reason, and one new since was never confirmed. Returns the plan to run
-    /// and, for each target of this one that it no longer has, why.
+    /// had (same process), and shared-memory segments it had (same file): one that worked
+    /// since, changed class or exited is left alone with the new plan's reason, and one new
+    /// since was never confirmed. Returns the plan to run and, for each target of this one
+    /// that it no longer has, why.
     pub fn refreshed(
         self,
         node: &mut dyn Node,
@@ -1334,6 +1335,9 @@ impl Prepared {
         }
         let confirmed: std::collections::BTreeSet<Identity> =
             self.plan.targets().map(identity).collect();
+        let segment = |s: &vramguard_core::host::SegmentReport| (s.dev, s.inode, s.name.clone());
+        let confirmed_segments: std::collections::BTreeSet<_> =
+            self.plan.segments.iter().map(segment).collect();
         let fresh = prepare(node, &self.policy, self.sample, |snap, report| {
             let mut fresh = plan(snap, report);
             let mut unconfirmed = Vec::new();
@@ -1351,6 +1355,9 @@ impl Prepared {
                 keep
             });
             fresh.left_alone.extend(unconfirmed);
+            fresh
+                .segments
+                .retain(|s| confirmed_segments.contains(&segment(s)));
             fresh
         })?;
         let kept: std::collections::BTreeSet<Identity> =
@@ -2237,6 +2244,30 @@ mod tests {
             .run(&mut n, &mut audit, &opts(ResetMode::Never))
             .unwrap();
         (out, std::fs::read_to_string(&path).unwrap())
+    }
+
+    /// A plan made again after a late confirmation removes no shared-memory segment the
+    /// confirmed plan did not show (here it showed none; the new one would remove three).
+    #[test]
+    fn a_plan_made_again_removes_no_segment_that_was_not_confirmed() {
+        let node = demo_with_segments();
+        let mut n = node.clone();
+        let policy = Policy::default();
+        let with_shm = ReclaimOptions {
+            include_shm: Some(policy.shm.clone()),
+            ..ReclaimOptions::default()
+        };
+        let confirmed = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        assert!(confirmed.plan.segments.is_empty());
+        node.manual_clock().advance(Duration::from_secs(600));
+        let (fresh, _) = confirmed
+            .refreshed(&mut n, |snap, report| plan_reclaim(snap, report, &with_shm))
+            .unwrap();
+        assert!(fresh.plan.segments.is_empty(), "{:?}", fresh.plan.segments);
+        assert_eq!(fresh.plan.targets().count(), 3);
     }
 
     fn results(out: &ReclaimOutcome) -> Vec<(&str, SegmentResult)> {

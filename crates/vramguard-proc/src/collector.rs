@@ -303,7 +303,7 @@ impl ProcCollector {
             first_reads: HashMap::new(),
             exit_set: crate::exits::ExitSet::new(),
         };
-        c.pidfds_usable = c.fs.self_pid() == Some(std::process::id());
+        c.pidfds_usable = c.fs.is_own_namespace();
         c.refresh_host();
         Ok(c)
     }

@@ -661,6 +661,12 @@ impl ProcFs {
         parse_pid(link.as_bytes())
     }
 
+    /// Whether this tree is the `/proc` of vramguard's own PID namespace (its `self` is this
+    /// process): only there does a pid read name the process a pidfd or a signal reaches.
+    pub fn is_own_namespace(&self) -> bool {
+        self.self_pid() == Some(std::process::id())
+    }
+
     /// Whether this tree's `self` lives in the initial PID namespace.
     pub fn pid_namespace_is_host(&self) -> Option<bool> {
         let link = rustix::fs::readlinkat(&self.root_fd, "self/ns/pid", Vec::new()).ok()?;

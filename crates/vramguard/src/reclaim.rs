@@ -319,10 +319,8 @@ fn print_dry_run(plan: &Plan, report: &Report, json: bool) -> Result<()> {
 /// Refuses a `--proc-root` other than vramguard's own PID namespace's: pids read there are
 /// the pids signalled.
 pub(crate) fn check_own_proc(proc_root: &std::path::Path) -> Result<()> {
-    let own = vramguard_proc::ProcFs::open(proc_root)
-        .ok()
-        .and_then(|fs| fs.self_pid());
-    if own != Some(std::process::id()) {
+    let own = vramguard_proc::ProcFs::open(proc_root).is_ok_and(|fs| fs.is_own_namespace());
+    if !own {
         bail!(
             "reclaim signals processes, so it needs the /proc of its own PID namespace; {} is not (use the default /proc)",
             proc_root.display()
@@ -464,10 +462,16 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     }
     // A confirmation that took a while confirmed a plan whose targets may work by now: it is
     // made again, and only what both plans target is signalled.
+    let mut replanning = None;
     let (prepared, dropped) = prepared.refreshed(&mut node, |snap, report| {
-        // The GPUs resolved for the first plan resolve the same way now.
-        planner(snap, report).unwrap_or_default()
+        planner(snap, report).unwrap_or_else(|e| {
+            replanning = Some(e);
+            Plan::default()
+        })
     })?;
+    if let Some(e) = replanning {
+        return Err(e.context("nothing done: the confirmed plan could not be made again"));
+    }
     for (pid, why) in &dropped {
         eprintln!("vramguard: pid {pid} left alone: {}", shown(why));
     }

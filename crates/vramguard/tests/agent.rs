@@ -2563,3 +2563,48 @@ fn a_reload_that_turns_the_open_watch_off_stops_reading_opens() {
         "opens are still read after the watch was turned off"
     );
 }
+
+/// The agent will not start with automatic reclaim on a `/proc` that is not its own PID
+/// namespace's (a container's, a fixture tree): a pid there is not the process a signal
+/// reaches here. One line saying so, exit 2; without `auto` the same root is fine to watch.
+#[test]
+fn automatic_reclaim_on_a_proc_of_another_namespace_refuses_to_start() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let cfg = config(
+        &world,
+        &format!(
+            "[reclaim]\nauto = true\naudit_log = \"{}\"\n",
+            audit.display()
+        ),
+    );
+    let tree =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vramguard-proc/tests/fixtures/proc");
+    // Under `timeout`: an agent that started anyway fails the test instead of hanging it.
+    let out = vg_wrapped("timeout")
+        .arg("20")
+        .arg(BIN)
+        .arg("--sim")
+        .arg(world.state_path())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--proc-root")
+        .arg(&tree)
+        .args(["agent", "--listen", "127.0.0.1:0"])
+        .env_remove("VRAMGUARD_SIM")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("[reclaim] auto = true cannot run here")
+            && err.contains("is not the /proc of vramguard's own PID namespace")
+            && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    assert!(
+        !audit.exists(),
+        "nothing may be written, let alone signalled"
+    );
+}
