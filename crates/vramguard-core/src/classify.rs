@@ -350,6 +350,14 @@ impl<'a> Context<'a> {
         gpu.minor_number.unwrap_or(gpu.index)
     }
 
+    /// Whether the driver lists `pid` on any GPU.
+    fn listed_anywhere(&self, pid: u32) -> bool {
+        self.snap
+            .gpus
+            .iter()
+            .any(|g| g.processes.iter().any(|l| l.pid == pid))
+    }
+
     fn holds_gpu_file(&self, p: &ProcessFacts, gpu: &GpuSample) -> bool {
         let minor = self.minor_of(gpu);
         p.device_files.gpu_minors().any(|m| m == minor)
@@ -379,6 +387,10 @@ impl<'a> Context<'a> {
             .iter()
             .filter(|p| p.pid != reported && p.nspid.len() > 1 && p.nspid.last() == Some(&reported))
             .filter(|p| self.holds_gpu_file(p, gpu))
+            // A process the driver lists by its own pid here is not the one it means by this
+            // pid: that driver numbers pids as vramguard's namespace does, and this one (a host
+            // pid that a container's process happens to have inside) has exited.
+            .filter(|p| !self.listed_anywhere(p.pid))
             .collect();
         if let [only] = candidates.as_slice() {
             return Resolution::Local {
@@ -399,10 +411,12 @@ impl<'a> Context<'a> {
         // namespace it leaves out the pids that namespace cannot see): a pid that is no
         // process here, and that no nested namespace uses either, has exited. The real driver
         // keeps listing it while processes it forked hold its device files.
-        let nested =
-            self.snap.processes.iter().any(|p| {
-                p.pid != reported && p.nspid.len() > 1 && p.nspid.last() == Some(&reported)
-            });
+        let nested = self.snap.processes.iter().any(|p| {
+            p.pid != reported
+                && p.nspid.len() > 1
+                && p.nspid.last() == Some(&reported)
+                && !self.listed_anywhere(p.pid)
+        });
         if self.pids_complete && !nested {
             match here {
                 None => return Resolution::Exited { reused_by: None },

@@ -20,6 +20,7 @@ pub mod quirks;
 pub mod release;
 pub mod report;
 pub mod sanitize;
+pub mod scan_need;
 pub mod slurm;
 pub mod snapshot;
 pub mod trend;
@@ -28,6 +29,7 @@ pub mod units;
 pub use classify::{WatchFor, classify, work_watch_list};
 pub use policy::Policy;
 pub use report::{Class, GpuReport, Holder, Report};
+pub use scan_need::{ScanNeed, full_scan_needed};
 pub use snapshot::{GpuSample, ProcessFacts, Snapshot};
 
 /// Version of the JSON documents vramguard writes (`status --json`, `diagnose --json`,

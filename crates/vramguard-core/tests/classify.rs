@@ -3020,3 +3020,181 @@ fn a_mig_devices_unaccounted_memory_is_what_its_processes_leave_above_the_tolera
     assert_eq!(at[0].unaccounted_bytes, 0);
     assert_eq!(report(4 * GIB)[0].unaccounted_bytes, 0);
 }
+
+/// A healthy node read from its listed processes only (`status` before any full scan).
+fn listed_only(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
+    let mut s = snapshot(gpus, processes);
+    s.scan.full_fd_scan = false;
+    s.work = None;
+    s
+}
+
+fn scan_need(s: &Snapshot) -> Option<vramguard_core::ScanNeed> {
+    vramguard_core::full_scan_needed(s, &classify(s, &Policy::default()))
+}
+
+#[test]
+fn listed_live_holders_that_explain_every_byte_need_no_full_scan() {
+    use vramguard_core::ScanNeed;
+    let healthy = || {
+        listed_only(
+            vec![gpu(
+                0,
+                24 * GIB,
+                &[(100, Some(16 * GIB)), (101, Some(8 * GIB))],
+            )],
+            vec![
+                init(),
+                proc_(100, 50, 100, "python", &[0]),
+                proc_(101, 100, 100, "python", &[0]),
+            ],
+        )
+    };
+    assert_eq!(scan_need(&healthy()), None);
+    // A worker forked with the device files, unlisted, in the live job: it holds none of the
+    // explained bytes, and nor would any other a full scan found.
+    let mut s = healthy();
+    s.processes
+        .push(proc_(102, 100, 100, "pt_data_worker", &[0]));
+    s.normalize();
+    let r = classify(&s, &Policy::default());
+    assert_eq!(
+        r.gpus[0]
+            .holders
+            .iter()
+            .find(|h| h.pid == 102)
+            .unwrap()
+            .class,
+        Class::Hidden
+    );
+    assert_eq!(vramguard_core::full_scan_needed(&s, &r), None);
+    // A listed pid whose files could not be read is not proven the holder (a full scan may
+    // find the process inside a container the driver meant).
+    let mut s = healthy();
+    let i = s.processes.iter().position(|p| p.pid == 101).unwrap();
+    s.processes[i].device_files = FdScan::Denied;
+    assert_eq!(scan_need(&s), Some(ScanNeed::Unproven { pid: 101 }));
+    // A full scan is the whole truth already.
+    let mut full = healthy();
+    full.scan.full_fd_scan = true;
+    full.gpus[0].memory.as_mut().unwrap().used += 6 * GIB;
+    assert_eq!(scan_need(&full), None);
+
+    // Not root, or not in the host's PID namespace: the listed pids may not be all.
+    let mut s = healthy();
+    s.host.euid = 1000;
+    assert_eq!(scan_need(&s), Some(ScanNeed::PartialView));
+    let mut s = healthy();
+    s.host.pid_namespace_is_host = Some(false);
+    assert_eq!(scan_need(&s), Some(ScanNeed::PartialView));
+
+    // Memory the listed holders do not explain.
+    let mut s = healthy();
+    s.gpus[0].memory.as_mut().unwrap().used += 6 * GIB;
+    assert_eq!(scan_need(&s), Some(ScanNeed::Unexplained { gpu: 0 }));
+
+    // A process list that could not be read.
+    let mut s = healthy();
+    s.gpus[0].process_list = ProcessListState::Unavailable {
+        error: CallError {
+            call: "nvmlDeviceGetComputeRunningProcesses".into(),
+            code: Some(999),
+            message: "Unknown Error".into(),
+        },
+    };
+    assert_eq!(scan_need(&s), Some(ScanNeed::GpuUnreadable { gpu: 0 }));
+
+    // A holder whose job is gone: its kin may hold the device files too.
+    let mut s = listed_only(
+        vec![gpu(
+            0,
+            8 * GIB,
+            &[(201, Some(4 * GIB)), (300, Some(4 * GIB))],
+        )],
+        vec![
+            init(),
+            proc_(201, 1, 200, "python", &[0]),
+            proc_(300, 1, 300, "vllm", &[0]),
+        ],
+    );
+    s.departed.push(DepartedProcess {
+        pid: 200,
+        comm: Some("python".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - 5000,
+    });
+    assert!(
+        matches!(
+            scan_need(&s),
+            Some(ScanNeed::Undecided { pid: 201, class }) if class != Class::Active
+        ),
+        "{:?}",
+        scan_need(&s)
+    );
+
+    // A listed pid that is no process here (the dead creator the real driver keeps listing).
+    let s = listed_only(
+        vec![gpu(
+            0,
+            8 * GIB,
+            &[(100, Some(4 * GIB)), (400, Some(4 * GIB))],
+        )],
+        vec![init(), proc_(100, 50, 100, "python", &[0])],
+    );
+    assert!(
+        matches!(scan_need(&s), Some(ScanNeed::Undecided { pid: 400, .. })),
+        "{:?}",
+        scan_need(&s)
+    );
+
+    // A shared-memory segment: its users are every process's to tell.
+    let mut s = healthy();
+    s.host_memory = Some(vramguard_core::host::HostMemoryFacts {
+        shm: vec![vramguard_core::host::ShmDirFacts {
+            path: "/dev/shm".into(),
+            segments: vec![Default::default()],
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    assert_eq!(scan_need(&s), Some(ScanNeed::SharedMemory { segments: 1 }));
+}
+
+#[test]
+fn an_exited_host_pid_is_not_charged_to_a_container_process_listed_by_its_own_pid() {
+    // Host pid 700 exited (the real driver keeps listing a dead creator); a container's
+    // process has pid 700 inside its namespace, but the driver lists it as 5000, its pid here:
+    // this driver numbers pids as the host does, so 700 is not that process.
+    let mut container_init = proc_(4990, 1, 4990, "tini", &[]);
+    container_init.nspid = vec![4990, 1];
+    let mut inner = proc_(5000, 4990, 4990, "python", &[0]);
+    inner.nspid = vec![5000, 700];
+    let gpus = |listed: &[(u32, Option<u64>)]| vec![gpu(0, 8 * GIB, listed)];
+    let s = snapshot(
+        gpus(&[(700, Some(4 * GIB)), (5000, Some(4 * GIB))]),
+        vec![init(), container_init.clone(), inner.clone()],
+    );
+    let r = classify(&s, &Policy::default());
+    let g = &r.gpus[0];
+    let h700 = g
+        .holders
+        .iter()
+        .find(|h| h.pid == 700)
+        .expect("700 is its own holder");
+    assert_eq!(h700.class, Class::Exited, "{h700:#?}");
+    let h5000: Vec<_> = g.holders.iter().filter(|h| h.pid == 5000).collect();
+    assert_eq!(h5000.len(), 1, "{g:#?}");
+    assert_eq!(h5000[0].reported_pid, None);
+    assert_eq!(h5000[0].used_bytes, Some(4 * GIB));
+
+    // A driver that reports the pid inside the container (5000 not listed by its own pid):
+    // 700 is that process.
+    let s = snapshot(
+        gpus(&[(700, Some(4 * GIB))]),
+        vec![init(), container_init, inner],
+    );
+    let r = classify(&s, &Policy::default());
+    let mapped = r.gpus[0].holders.iter().find(|h| h.pid == 5000).unwrap();
+    assert_eq!(mapped.reported_pid, Some(700), "{mapped:#?}");
+    assert_eq!(mapped.class, Class::Active);
+}

@@ -555,6 +555,11 @@ pub struct StatusArgs {
     /// unknown
     #[arg(long, default_value = "0.5s", value_name = "DURATION", value_parser = parse_sample)]
     pub sample: std::time::Duration,
+    /// Read every process's open files even when the driver's listed processes explain
+    /// every byte (also shows processes that hold the device files without memory, as
+    /// `diagnose` does)
+    #[arg(long)]
+    pub full_scan: bool,
 }
 
 #[derive(Debug, Args, Clone)]

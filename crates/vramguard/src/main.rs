@@ -215,29 +215,49 @@ fn status(settings: &settings::Settings, args: &cli::StatusArgs) -> Result<i32> 
     // A GPU that could not be read (lost, timing out, its process list unavailable) makes
     // the run an error (exit 2) once everything that could be read is printed.
     let mut unreadable = false;
-    watch::each_report(settings, args.sample, args.watch, &args.gpu, |report| {
-        unreadable = report.gpus.iter().any(|g| g.is_unreadable());
-        Ok(if args.json {
-            json_text(&report, args.watch.is_some())?
-        } else {
-            render::status(&report, &render::Style::new(render::use_colour()))
-        })
-    })?;
+    let scan = if args.full_scan {
+        watch::Scan::Full
+    } else {
+        watch::Scan::ListedFirst
+    };
+    watch::each_report(
+        settings,
+        args.sample,
+        args.watch,
+        &args.gpu,
+        scan,
+        |report| {
+            unreadable = report.gpus.iter().any(|g| g.is_unreadable());
+            Ok(if args.json {
+                json_text(&report, args.watch.is_some())?
+            } else {
+                render::status(&report, &render::Style::new(render::use_colour()))
+            })
+        },
+    )?;
     Ok(if unreadable { 2 } else { 0 })
 }
 
 /// `vramguard diagnose`.
 fn diagnose(settings: &settings::Settings, args: &cli::DiagnoseArgs) -> Result<i32> {
     let mut code = 0;
-    watch::each_report(settings, args.sample, args.watch, &args.gpu, |report| {
-        let diagnosis = vramguard_core::diagnose::diagnose(report);
-        code = diagnosis.exit_code();
-        Ok(if args.json {
-            json_text(&diagnosis, args.watch.is_some())?
-        } else {
-            render::diagnose(&diagnosis, &render::Style::new(render::use_colour()))
-        })
-    })?;
+    let scan = watch::Scan::Full;
+    watch::each_report(
+        settings,
+        args.sample,
+        args.watch,
+        &args.gpu,
+        scan,
+        |report| {
+            let diagnosis = vramguard_core::diagnose::diagnose(report);
+            code = diagnosis.exit_code();
+            Ok(if args.json {
+                json_text(&diagnosis, args.watch.is_some())?
+            } else {
+                render::diagnose(&diagnosis, &render::Style::new(render::use_colour()))
+            })
+        },
+    )?;
     Ok(code)
 }
 

@@ -620,7 +620,15 @@ pub fn status(r: &Report, st: &Style) -> String {
             out,
             "{}",
             if unsplit.is_empty() {
-                st.green("every byte is accounted for by a live job")
+                let mut line = st.green("every byte is accounted for by a live job");
+                if !r.full_fd_scan {
+                    // `status` read the listed processes only: say what it did not look at.
+                    line.push_str(&st.dim(
+                        " (by the processes the driver lists; `--full-scan` also shows those \
+                         holding the device files without memory)",
+                    ));
+                }
+                line
             } else {
                 st.green(&format!(
                     "no ghost memory counted: the driver does not split GPU {}'s memory per \

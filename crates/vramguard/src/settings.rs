@@ -212,6 +212,26 @@ impl Settings {
             .sampled_snapshot_for(ScanDepth::Full, sample, watch)?)
     }
 
+    /// `status`'s snapshot and classification: from the driver's listed processes alone
+    /// (their facts, relatives and jobs; no pass over every process's open files) when they
+    /// explain every byte, else as [`Settings::report`] makes them. A replay is the saved
+    /// collection, whatever its depth.
+    pub fn report_listed_first(&self, sample: Duration) -> Result<(Snapshot, Report)> {
+        if self.replay.is_some() {
+            return self.report(sample);
+        }
+        let mut node = self.node(self.policy(), None)?;
+        let snap = node.snapshot(ScanDepth::Holders)?;
+        let report = classify(&snap, self.policy());
+        let Some(why) = vramguard_core::full_scan_needed(&snap, &report) else {
+            return Ok((snap, report));
+        };
+        tracing::debug!(%why, "reading every process's open files");
+        let snap = node.sampled_snapshot_for(ScanDepth::Full, sample, WatchFor::Classes)?;
+        let report = classify(&snap, self.policy());
+        Ok((snap, report))
+    }
+
     /// Snapshot and classification, with work watched only where a class depends on it
     /// (`status`, `diagnose`, `metrics`, `top --once`): nothing to decide, no wait.
     pub fn report(&self, sample: Duration) -> Result<(Snapshot, Report)> {

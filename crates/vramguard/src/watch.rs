@@ -20,6 +20,16 @@ pub fn select_gpus(report: &mut Report, wanted: &[GpuSelector]) -> Result<()> {
     Ok(())
 }
 
+/// How much of the node a one-shot report reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    /// Every process's open files (`diagnose`, `status --full-scan`).
+    Full,
+    /// The driver's listed processes, and every process only when they leave something
+    /// unexplained (`status`; see [`vramguard_core::scan_need`]).
+    ListedFirst,
+}
+
 /// Prints `render(report)` once, or every `interval` until interrupted: on a terminal the
 /// screen is redrawn in place, piped each refresh is its own block.
 pub fn each_report(
@@ -27,10 +37,14 @@ pub fn each_report(
     sample: Duration,
     interval: Option<Duration>,
     gpus: &[GpuSelector],
+    scan: Scan,
     mut render: impl FnMut(Report) -> Result<String>,
 ) -> Result<()> {
     let Some(interval) = interval else {
-        let (_, mut report) = settings.report(sample)?;
+        let (_, mut report) = match scan {
+            Scan::Full => settings.report(sample)?,
+            Scan::ListedFirst => settings.report_listed_first(sample)?,
+        };
         select_gpus(&mut report, gpus)?;
         return write_out(&render(report)?);
     };

@@ -703,6 +703,91 @@ fn a_monitor_holding_the_device_does_not_hide_driver_residue() {
 }
 
 #[test]
+fn status_answers_from_the_listed_processes_until_they_leave_something_unexplained() {
+    let world = World::new(2);
+    // No shared-memory directory: a segment another test leaves in /dev/shm would need a
+    // pass over every process (the last case below).
+    let cfg = config(&world, "[shm]\ndirs = []\n");
+    let vg = || Vg::new(&world, Path_::Nvml).arg_path("--config", &cfg);
+    let mut s = spec(&world, json!([hold(0, 4)]));
+    s["new_session"] = json!(true);
+    let trainer = start(&world, &["python3", "train.py"], s);
+    // An NVML client (the device open, no context) in a job of its own.
+    let mut monitor = spec(&world, json!([]));
+    monitor["open_gpus"] = json!([0, 1]);
+    monitor["new_session"] = json!(true);
+    let m = start(&world, &["gpu-monitor"], monitor);
+
+    // Every byte is the listed trainer's, in its live job: no pass over every process.
+    let quick = vg().args(["status", "--json"]).json(0);
+    assert_eq!(quick["full_fd_scan"], json!(false), "{quick:#}");
+    assert_eq!(holder(&quick, 0, trainer.pid)["class"], "active");
+    assert_eq!(quick["gpus"][0]["accounted_bytes"], json!(4 * GIB));
+    let text = stdout(&vg().args(["status"]).code(0));
+    assert!(
+        text.contains("every byte is accounted for by a live job (by the processes the driver lists; `--full-scan`"),
+        "{text}"
+    );
+    let full = vg().args(["status", "--json", "--full-scan"]).json(0);
+    assert_eq!(full["full_fd_scan"], json!(true), "{full:#}");
+    assert_eq!(holder(&full, 0, trainer.pid)["class"], "active");
+    // `diagnose` reads every process, and finds the monitor the driver does not list.
+    let d = vg().args(["diagnose", "--json"]).json(1);
+    assert_eq!(d["report"]["full_fd_scan"], json!(true));
+    assert!(
+        d["checks"]
+            .to_string()
+            .contains(&format!("{} (gpu-monitor)", m.pid)),
+        "{d:#}"
+    );
+
+    // Memory nobody listed explains (residue on GPU 1): status reads every process by
+    // itself, and names the monitor that would refuse a reset.
+    let mut leak = spec(
+        &world,
+        json!([{ "gpu": 1, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    leak["new_session"] = json!(true);
+    let mut h = start(&world, &["python3", "bench.py"], leak);
+    h.crash();
+    let report = vg().args(["status", "--json"]).json(0);
+    assert_eq!(report["full_fd_scan"], json!(true), "{report:#}");
+    let g1 = &report["gpus"][1];
+    assert_eq!(g1["unaccounted"]["cause"], "driver_residue", "{g1:#}");
+    assert!(
+        g1["reset_blockers"]
+            .to_string()
+            .contains(&format!("{}", m.pid)),
+        "{g1:#}"
+    );
+
+    // A shared-memory segment: whose it is takes every process's maps and open files.
+    let shm = world.dir.path().join(format!("shm-{}", std::process::id()));
+    std::fs::create_dir(&shm).unwrap();
+    std::fs::write(shm.join("segment"), vec![0u8; 4096]).unwrap();
+    let cfg_shm = config(&world, &format!("[shm]\ndirs = [\"{}\"]\n", shm.display()));
+    let world2 = World::new(1);
+    let mut s2 = spec(&world2, json!([hold(0, 1)]));
+    s2["new_session"] = json!(true);
+    let _t2 = start(&world2, &["python3", "train.py"], s2);
+    let plain = Vg::new(&world2, Path_::Nvml)
+        .arg_path("--config", &cfg)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(plain["full_fd_scan"], json!(false), "{plain:#}");
+    let with_segment = Vg::new(&world2, Path_::Nvml)
+        .arg_path("--config", &cfg_shm)
+        .args(["status", "--json"])
+        .json(0);
+    assert_eq!(
+        with_segment["full_fd_scan"],
+        json!(true),
+        "{with_segment:#}"
+    );
+    drop(trainer);
+}
+
+#[test]
 fn residue_with_no_holder_points_at_a_reset() {
     let world = World::new(2);
     let mut s = spec(
