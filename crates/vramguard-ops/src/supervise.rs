@@ -547,8 +547,12 @@ fn start_watchdog(
     opts: &SuperviseOptions,
     me: u32,
     main: u32,
+    proc_root: &Path,
     cgroup: Option<&JobCgroup>,
 ) -> Option<Child> {
+    // Read while `main` is our unreaped child, so surely the job's main process: the
+    // watchdog kills its group only while the pid is not another process's.
+    let main_start = crate::identity::start_ticks(proc_root, main);
     opts.watchdog.as_ref().and_then(|exe| {
         let mut w = Command::new(exe);
         // SAFETY: only sigprocmask between fork and exec.
@@ -567,6 +571,9 @@ fn start_watchdog(
             .arg(main.to_string())
             .stdin(Stdio::null())
             .process_group(0);
+        if let Some(start) = main_start {
+            w.arg("--pgid-start").arg(start.to_string());
+        }
         if let Some(cg) = cgroup {
             w.arg("--cgroup").arg(cg.dir());
         }
@@ -598,7 +605,7 @@ pub fn supervise(
             return Err(e);
         }
     };
-    let mut watchdog = start_watchdog(opts, me, main, cgroup.as_ref());
+    let mut watchdog = start_watchdog(opts, me, main, own_proc.root(), cgroup.as_ref());
     let mut exclude = BTreeSet::new();
     if let Some(w) = &watchdog {
         exclude.insert(w.id());
@@ -739,7 +746,12 @@ fn advance(phase: &mut Phase, job: &Job, ending: &mut Ending, grace: Duration) -
 /// The watchdog: waits for `parent` to die (pidfd), then kills the job's cgroup, or the job's
 /// process group when there is no cgroup. Runs as its own process, so that it survives a
 /// SIGKILL of vramguard; vramguard kills it when the job ends normally.
-pub fn watchdog(parent: u32, pgid: u32, cgroup: Option<&Path>) -> ! {
+///
+/// `pgid_start` is the start time of the group's leader (the job's main process). A process
+/// that now has the group's pid but another start time took a pid the kernel freed, which it
+/// does only once no process is left in the group: the job's group is gone, and that process
+/// and its group (if it made one) are someone else's, so nothing is signalled.
+pub fn watchdog(parent: u32, pgid: u32, pgid_start: Option<u64>, cgroup: Option<&Path>) -> ! {
     // SAFETY: ignoring signals installs no handler code. A Ctrl-C meant for vramguard must not
     // take the watchdog down with it.
     unsafe {
@@ -767,16 +779,52 @@ pub fn watchdog(parent: u32, pgid: u32, cgroup: Option<&Path>) -> ! {
             }
         }
         None => {
-            // SAFETY: the job's process group.
-            unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
+            let leader_now =
+                crate::identity::start_ticks(Path::new(vramguard_proc::OWN_PROC), pgid);
+            if group_is_the_jobs(pgid_start, leader_now) {
+                // SAFETY: the job's process group (see `group_is_the_jobs`).
+                unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
+            } else {
+                eprintln!(
+                    "vramguard watchdog: pid {pgid} is now another process (the job's process \
+                     group is gone): nothing signalled"
+                );
+            }
         }
     }
     std::process::exit(0)
 }
 
+/// Whether the process group `pgid` may still be the job's: its leader is the job's main
+/// process (same start time), or no process has that pid (the leader is gone; the pid stays
+/// reserved while any member is left). Without the main process's start time, as before.
+fn group_is_the_jobs(main_start: Option<u64>, leader_now: Option<u64>) -> bool {
+    match (main_start, leader_now) {
+        (Some(then), Some(now)) => then == now,
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{describe_signal, signal_name};
+    use super::{describe_signal, group_is_the_jobs, signal_name};
+
+    #[test]
+    fn the_watchdog_spares_a_group_whose_pid_another_process_took() {
+        assert!(
+            group_is_the_jobs(Some(100), Some(100)),
+            "the job's main process"
+        );
+        assert!(
+            group_is_the_jobs(Some(100), None),
+            "leader gone, members may remain"
+        );
+        assert!(
+            !group_is_the_jobs(Some(100), Some(250)),
+            "the pid is another's"
+        );
+        assert!(group_is_the_jobs(None, Some(250)), "nothing to compare");
+    }
 
     /// A real `vramguard run` printed "was killed by SIGsignal 14" for SIGALRM.
     #[test]

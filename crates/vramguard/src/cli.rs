@@ -181,6 +181,9 @@ pub enum Command {
         parent: u32,
         #[arg(long)]
         pgid: u32,
+        /// The start time (clock ticks after boot) of the group's leader when the job began
+        #[arg(long)]
+        pgid_start: Option<u64>,
         #[arg(long)]
         cgroup: Option<PathBuf>,
     },

@@ -161,8 +161,9 @@ fn run(
         Command::Watchdog {
             parent,
             pgid,
+            pgid_start,
             cgroup,
-        } => vramguard_ops::supervise::watchdog(parent, pgid, cgroup.as_deref()),
+        } => vramguard_ops::supervise::watchdog(parent, pgid, pgid_start, cgroup.as_deref()),
         Command::Demo(args) => demo::run(&cli.global, &args),
         Command::Completions { shell } => {
             // Into a buffer first: clap_complete panics on a closed pipe, print() does not.

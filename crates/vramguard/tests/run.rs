@@ -916,3 +916,59 @@ fn a_signal_after_the_main_process_was_reaped_never_reaches_a_process_that_took_
         String::from_utf8_lossy(&err.lock().unwrap())
     );
 }
+
+/// The watchdog (what kills the job when vramguard itself is SIGKILLed) signals the job's
+/// process group only while its pid is not another process's: a pid the kernel freed once the
+/// group emptied may lead someone else's group by then.
+#[test]
+fn the_watchdog_spares_a_group_whose_leaders_pid_another_process_took() {
+    use std::os::unix::process::CommandExt;
+    let group_leader = || {
+        Reaped(
+            Command::new("sleep")
+                .arg("60")
+                .process_group(0)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    // Runs the watchdog for `pgid`, whose leader began at `start`, and ends its parent.
+    let watchdog_fires = |pgid: u32, start: u64| {
+        let mut parent = Reaped(Command::new("sleep").arg("60").spawn().unwrap());
+        let mut watchdog = Reaped(
+            vg_command()
+                .args(["__watchdog", "--parent", &parent.pid().to_string()])
+                .args([
+                    "--pgid",
+                    &pgid.to_string(),
+                    "--pgid-start",
+                    &start.to_string(),
+                ])
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        parent.0.kill().unwrap();
+        parent.0.wait().unwrap();
+        wait_until(10, "the watchdog to act and exit", || {
+            watchdog.0.try_wait().unwrap().is_some()
+        });
+    };
+    // Someone else's group: the same pid, another start time. Left alone.
+    let mut other = group_leader();
+    let start = start_ticks(other.pid()).unwrap();
+    watchdog_fires(other.pid(), start + 1);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        other.0.try_wait().unwrap().is_none(),
+        "another's group was signalled"
+    );
+    // The job's group (its leader's start time): killed.
+    let mut job = group_leader();
+    let start = start_ticks(job.pid()).unwrap();
+    watchdog_fires(job.pid(), start);
+    wait_until(5, "the job's group to be killed", || {
+        job.0.try_wait().unwrap().is_some()
+    });
+    drop(other);
+}
