@@ -10,7 +10,7 @@
 //! from the listed processes and says so ([`crate::Report::full_fd_scan`] is false).
 
 use crate::report::{Class, Report};
-use crate::snapshot::{DeviceFile, Snapshot};
+use crate::snapshot::{DeviceFile, ProcessKind, Snapshot};
 
 /// Why every process's open files must be read before the report can be trusted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +24,8 @@ pub enum ScanNeed {
         gpu: u32,
     },
     /// Memory on a GPU that the listed live processes do not account for: unaccounted,
-    /// ghost or reclaimable bytes, on the GPU or one of its MIG devices.
+    /// ghost or reclaimable bytes, on the GPU or one of its MIG devices, or memory the
+    /// driver reports as not available.
     Unexplained {
         /// The GPU's index.
         gpu: u32,
@@ -37,12 +38,16 @@ pub enum ScanNeed {
         /// Its class from the listed processes alone.
         class: Class,
     },
-    /// A holder not seen holding the GPU's device file: its files were unreadable, or the
-    /// listed pid may name another process (one inside a container, by its pid there).
+    /// A holder not seen holding the GPU's device file (and, for a compute context,
+    /// `/dev/nvidia-uvm`): its files were unreadable, or the listed pid may name another
+    /// process (one inside a container by its pid there, or one that reused a dead pid).
     Unproven {
         /// The holder.
         pid: u32,
     },
+    /// Holders run in Kubernetes pods, which are named only when every holder of a GPU is
+    /// known to be of one pod.
+    PodNames,
     /// Shared-memory segments exist: who maps or holds them takes a pass over every process.
     SharedMemory {
         /// How many.
@@ -72,6 +77,7 @@ impl std::fmt::Display for ScanNeed {
             ScanNeed::Unproven { pid } => {
                 write!(f, "holder {pid} was not seen holding the GPU's device file")
             }
+            ScanNeed::PodNames => f.write_str("holders run in Kubernetes pods, named by GPU"),
             ScanNeed::SharedMemory { segments } => {
                 write!(f, "{segments} shared-memory segment(s) to attribute")
             }
@@ -116,10 +122,14 @@ pub fn full_scan_needed(snapshot: &Snapshot, report: &Report) -> Option<ScanNeed
             // Seen holding this GPU's device file: a listed pid that is some other process
             // here (a pid the driver reports from inside a container, which a full scan maps
             // through `NSpid`) or whose files could not be read is not proven the holder.
-            let holds_the_gpu = h
-                .device_files
-                .as_ref()
-                .is_some_and(|files| files.contains(&DeviceFile::Gpu(minor)));
+            // A compute context needs /dev/nvidia-uvm too: a listed pid holding only the GPU's
+            // file and nvidiactl is an NVML client (`nvidia-smi` on a reused pid, say), not
+            // the process whose context the driver lists, which may be dead and kept by others.
+            let needs_uvm = h.listed && h.kinds.contains(&ProcessKind::Compute);
+            let holds_the_gpu = h.device_files.as_ref().is_some_and(|files| {
+                files.contains(&DeviceFile::Gpu(minor))
+                    && (!needs_uvm || files.contains(&DeviceFile::Uvm))
+            });
             if !holds_the_gpu {
                 return Some(ScanNeed::Unproven { pid: h.pid });
             }
@@ -128,7 +138,9 @@ pub fn full_scan_needed(snapshot: &Snapshot, report: &Report) -> Option<ScanNeed
             .mig_devices
             .iter()
             .any(|m| m.unaccounted_bytes > 0 || m.ghost_bytes > 0);
-        if gpu.unaccounted.as_ref().is_some_and(|u| u.significant)
+        // Memory the driver reports as not available: nothing says it is all explained.
+        if gpu.memory.is_none()
+            || gpu.unaccounted.as_ref().is_some_and(|u| u.significant)
             || gpu.ghost_bytes > 0
             || gpu.reclaimable_bytes > 0
             || gpu.unexplained_bytes() > 0
@@ -136,6 +148,18 @@ pub fn full_scan_needed(snapshot: &Snapshot, report: &Report) -> Option<ScanNeed
         {
             return Some(ScanNeed::Unexplained { gpu: gpu.index });
         }
+    }
+    // Pod names come from the kubelet's GPU allocations, trusted only when every holder of
+    // the GPU is of one pod: an unlisted holder of another pod (the GPU's new pod, its
+    // process starting) is what a full scan would add.
+    if snapshot.kubelet_pods.is_some()
+        && report
+            .gpus
+            .iter()
+            .flat_map(|g| &g.holders)
+            .any(|h| h.pod_uid.is_some())
+    {
+        return Some(ScanNeed::PodNames);
     }
     let segments: usize = snapshot
         .host_memory

@@ -3074,6 +3074,24 @@ fn listed_live_holders_that_explain_every_byte_need_no_full_scan() {
     let i = s.processes.iter().position(|p| p.pid == 101).unwrap();
     s.processes[i].device_files = FdScan::Denied;
     assert_eq!(scan_need(&s), Some(ScanNeed::Unproven { pid: 101 }));
+    // A listed compute holder without /dev/nvidia-uvm is an NVML client on a reused pid, not
+    // the context's process (which may be dead, kept by workers a full scan would find).
+    let mut s = healthy();
+    let i = s.processes.iter().position(|p| p.pid == 101).unwrap();
+    s.processes[i].device_files = FdScan::Scanned(vec![DeviceFile::Ctl, DeviceFile::Gpu(0)]);
+    assert_eq!(scan_need(&s), Some(ScanNeed::Unproven { pid: 101 }));
+    // Memory the driver reports as not available.
+    let mut s = healthy();
+    s.gpus[0].memory = None;
+    assert_eq!(scan_need(&s), Some(ScanNeed::Unexplained { gpu: 0 }));
+    // Holders in Kubernetes pods: a pod is named only when every holder of its GPU is known.
+    let mut s = healthy();
+    for p in s.processes.iter_mut().filter(|p| p.pid >= 100) {
+        p.pod_uid = Some("5f8e1c9a-0000-4000-8000-000000000001".into());
+    }
+    assert_eq!(scan_need(&s), None, "no kubelet asked");
+    s.kubelet_pods = Some(Vec::new());
+    assert_eq!(scan_need(&s), Some(ScanNeed::PodNames));
     // A full scan is the whole truth already.
     let mut full = healthy();
     full.scan.full_fd_scan = true;
