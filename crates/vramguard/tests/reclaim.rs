@@ -884,3 +884,59 @@ fn a_second_ctrl_c_stops_at_once_and_names_the_pids_left_alive() {
             .any(|l| l["event"] == "signal" && l["signal"] == "KILL")
     );
 }
+
+/// A confirmation that came late confirmed a plan whose targets may work by now: the plan is
+/// made again from a new look at the node, and a target that began to work is left alone,
+/// named with its reason, while the others are reclaimed. (The prompt on a real terminal,
+/// answered after the 10 s a plan stays fresh.)
+#[test]
+fn a_plan_confirmed_late_is_made_again_and_spares_a_target_that_began_to_work() {
+    let world = World::new(1);
+    let job = crashed_job(&world, json!("release"), false);
+    let audit = world.dir.path().join("audit.jsonl");
+    let (master, slave) = pty::pair(40, 160).unwrap();
+    let mut cmd = Vg::new(&world, Path_::InProcess)
+        .args(["reclaim", "--grace", "2s"])
+        .arg_path("--audit-log", &audit)
+        .command();
+    let mut child = Reaped(pty::spawn_on(&mut cmd, &slave).unwrap());
+    drop(slave);
+    let screen = pty::Collected::start(&master).unwrap();
+    let mut master = std::fs::File::from(master);
+    wait_for_text(&screen, "[y/N]", 60);
+    let plan = plain(&screen);
+    for w in &job.workers {
+        assert!(
+            plan.contains(&format!("{w}")),
+            "every worker planned:\n{plan}"
+        );
+    }
+    // While the question waits, one worker starts computing on the GPU.
+    let working = job.workers[0];
+    world.update(|s| {
+        for a in s.allocations.iter_mut().filter(|a| a.pid == working) {
+            a.sm_util = 80;
+        }
+    });
+    std::thread::sleep(
+        vramguard_ops::reclaim::PLAN_FRESH_FOR + std::time::Duration::from_millis(500),
+    );
+    std::io::Write::write_all(&mut master, b"y\n").unwrap();
+    assert_eq!(exit_code_within(&mut child, 60, &screen), 0);
+    let text = plain(&screen);
+    assert!(
+        text.contains(&format!("pid {working} left alone:")),
+        "the working target is named:\n{text}"
+    );
+    assert!(alive(working), "a target that works was signalled:\n{text}");
+    for w in &job.workers[1..] {
+        wait_until(10, "the idle targets to be reclaimed", || !alive(*w));
+    }
+    let lines = audit_lines(&audit);
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["event"] == "signal" && l["pid"] == json!(working)),
+        "{lines:#?}"
+    );
+}
