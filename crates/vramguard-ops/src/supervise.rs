@@ -419,19 +419,26 @@ impl Job {
         }
     }
 
-    fn kill_all(&self) {
+    /// SIGKILLs the whole job; returns the main process's end when it was reaped meanwhile
+    /// (lost, the run waited 5 s more for an end it had already taken and reported SIGKILL
+    /// whatever ended the main process).
+    fn kill_all(&self) -> Option<JobEnd> {
         if let Some(cg) = &self.cgroup {
             cg.kill();
         }
         // Whatever left the cgroup, or everything without one: passes until none is left, so
         // a process that forks in a loop is caught by the next pass.
+        let mut end = None;
         for _ in 0..50 {
             if self.signal_each(rustix::process::Signal::KILL) == 0 {
                 break;
             }
-            let _ = reap(self.main);
+            if let Some(e) = reap(self.main) {
+                end.get_or_insert(e);
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
+        end
     }
 }
 
@@ -639,11 +646,7 @@ pub fn supervise(
         }
         // Once reaped, the main pid may be another process's, and that one may end up our
         // child too (re-parented to the subreaper): its end is not the job's.
-        if let Some(e) = reap(main)
-            && ending.end.is_none()
-        {
-            ending.end = Some(e);
-        }
+        ending.record(reap(main));
         if matches!(phase, Phase::Running) && last_tick.elapsed() >= opts.tick {
             on_tick(&job.pids_now());
             last_tick = Instant::now();
@@ -697,6 +700,16 @@ struct Ending {
     stuck: Vec<String>,
 }
 
+impl Ending {
+    /// Keeps the first end reaped: until then the main pid is our unreaped child, so a pid
+    /// reaped under it is the main process; after, it may be another's (re-parented to us).
+    fn record(&mut self, end: Option<JobEnd>) {
+        if self.end.is_none() {
+            self.end = end;
+        }
+    }
+}
+
 /// One step of the job's end: SIGTERM to what outlives the main process, SIGKILL after
 /// `grace`, and after 5 s of SIGKILL the report of what survived it. True when done.
 fn advance(phase: &mut Phase, job: &Job, ending: &mut Ending, grace: Duration) -> bool {
@@ -721,7 +734,7 @@ fn advance(phase: &mut Phase, job: &Job, ending: &mut Ending, grace: Duration) -
             }
             if Instant::now() >= deadline {
                 ending.killed_after_grace = !rest.is_empty();
-                job.kill_all();
+                ending.record(job.kill_all());
                 *phase = Phase::Killing(Instant::now());
             }
         }
@@ -737,7 +750,7 @@ fn advance(phase: &mut Phase, job: &Job, ending: &mut Ending, grace: Duration) -
                 }
                 return true;
             }
-            job.kill_all();
+            ending.record(job.kill_all());
         }
     }
     false

@@ -972,3 +972,72 @@ fn the_watchdog_spares_a_group_whose_leaders_pid_another_process_took() {
     });
     drop(other);
 }
+
+/// A main process that ignores SIGTERM is SIGKILLed when the grace period ends, while another
+/// process of the job cannot die yet (frozen: a task in the driver's teardown looks the
+/// same). The main process's end was reaped inside the kill and then lost: the run waited
+/// until its 5 s limit and reported a SIGKILL it presumed. Now the run ends as soon as the
+/// last process is gone.
+#[test]
+fn the_main_process_reaped_while_killing_the_job_is_the_jobs_end() {
+    let Some(mut freezer) = TestCgroup::new_v1("freezer") else {
+        eprintln!("skipped: no cgroup v1 freezer on this host");
+        return;
+    };
+    let mark = marker();
+    let _sweep = Sweep(mark.clone());
+    let (k, v) = mark.split_once('=').unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let child_pid = dir.path().join("child");
+    let script = format!(
+        "trap '' TERM; sh -c 'echo $$ > {}; exec sleep 60' & while :; do sleep 0.05; done",
+        child_pid.display()
+    );
+    let mut run = Reaped(
+        vg_command()
+            .args(["run", "--grace", "500ms", "--isolation", "group"])
+            .args(["--", "sh", "-c", &script])
+            .env(k, v)
+            .env_remove("VRAMGUARD_SIM")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut child = 0u32;
+    wait_until(10, "the job's child to start", || {
+        child = std::fs::read_to_string(&child_pid)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        child != 0
+    });
+    freezer.enter("frozen", child);
+    let state = freezer.leaf("frozen").with_file_name("freezer.state");
+    /// Thaws the freezer however the test ends: a frozen process cannot die.
+    struct Thaw(std::path::PathBuf);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "THAWED");
+        }
+    }
+    let _thaw = Thaw(state.clone());
+    std::fs::write(&state, "FROZEN").unwrap();
+    wait_until(10, "the child to freeze", || {
+        std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN")
+    });
+    send(run.pid(), "TERM");
+    let asked = Instant::now();
+    // The grace period (0.5 s) ends, everything is SIGKILLed; the frozen child dies on thaw.
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&state, "THAWED").unwrap();
+    wait_until(20, "vramguard run to end", || {
+        run.0.try_wait().unwrap().is_some()
+    });
+    let took = asked.elapsed();
+    assert_eq!(run.0.wait().unwrap().code(), Some(137));
+    assert!(
+        took < Duration::from_millis(3500),
+        "ended {took:?} after SIGTERM; the job was gone 1.5 s after it"
+    );
+    assert!(marked(&mark).is_empty(), "nothing left");
+}
