@@ -138,17 +138,42 @@ impl JobCgroup {
             return;
         }
         for _ in 0..100 {
-            let pids = self.pids();
-            if pids.is_empty() {
+            if self.pids().is_empty() {
                 return;
             }
-            for pid in pids {
-                if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                }
-            }
+            self.signal_members(rustix::process::Signal::KILL);
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Sends `sig` to every process in it; returns how many got it. A pid read from
+    /// `cgroup.procs` may be freed and taken by another process before it is signalled: each
+    /// is pinned by a pidfd first and signalled only if `cgroup.procs` still lists it after
+    /// that (the pidfd's process is then the one listed: a pid is not reused while its
+    /// process lives, and one that died since gets nothing).
+    pub fn signal_members(&self, sig: rustix::process::Signal) -> usize {
+        self.signal_members_after(sig, || {})
+    }
+
+    /// [`JobCgroup::signal_members`], running `between` after the pidfds are opened and
+    /// before the list is read again (the window a test needs to reach).
+    fn signal_members_after(&self, sig: rustix::process::Signal, between: impl FnOnce()) -> usize {
+        use rustix::process::{Pid, PidfdFlags, pidfd_open, pidfd_send_signal};
+        let pinned: Vec<(u32, std::os::fd::OwnedFd)> = self
+            .pids()
+            .into_iter()
+            .filter_map(|pid| {
+                let fd = pidfd_open(Pid::from_raw(pid as i32)?, PidfdFlags::empty()).ok()?;
+                Some((pid, fd))
+            })
+            .collect();
+        between();
+        let still: std::collections::BTreeSet<u32> = self.pids().into_iter().collect();
+        pinned
+            .iter()
+            .filter(|(pid, _)| still.contains(pid))
+            .filter(|(_, fd)| pidfd_send_signal(fd, sig).is_ok())
+            .count()
     }
 
     /// Waits until it is empty or `timeout` passes; returns whether it is empty.
@@ -199,6 +224,41 @@ mod tests {
                 cg.remove();
             }
         }
+    }
+
+    /// A process that left the cgroup between the listing and its signal gets none (its pid
+    /// could be another process's by then); one still in it does.
+    #[test]
+    fn a_process_that_left_the_cgroup_before_its_signal_gets_none() {
+        use std::os::unix::process::ExitStatusExt;
+        let cg = JobCgroup::create(&format!("vramguard-signal-test-{}", std::process::id()))
+            .expect("a writable cgroup v2 (the suite runs as root)");
+        let sleep = || {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap()
+        };
+        let mut made = Made {
+            sleeper: Some(sleep()),
+            cgroups: vec![cg.clone()],
+        };
+        let mut stayer = sleep();
+        let leaver = made.sleeper.as_ref().unwrap().id();
+        for pid in [leaver, stayer.id()] {
+            std::fs::write(cg.procs_file(), pid.to_string()).unwrap();
+        }
+        let parent = cg.dir().parent().unwrap().join("cgroup.procs");
+        let signalled = cg.signal_members_after(rustix::process::Signal::TERM, || {
+            std::fs::write(&parent, leaver.to_string()).unwrap();
+        });
+        assert_eq!(signalled, 1);
+        assert_eq!(stayer.wait().unwrap().signal(), Some(libc::SIGTERM));
+        let left = made.sleeper.as_mut().unwrap();
+        assert!(
+            left.try_wait().unwrap().is_none(),
+            "the leaver was signalled"
+        );
     }
 
     #[test]

@@ -297,6 +297,12 @@ fn tree_under(
             if stat.state == Some('Z') {
                 continue;
             }
+            // The pid read from `p`'s children list names `p`'s child only while its parent
+            // is `p`: it may have exited since and its pid gone to another process (one
+            // re-parented meanwhile turns up under its new parent on the next look).
+            if stat.ppid != Some(p) {
+                continue;
+            }
             if let Some(start) = stat.start_ticks {
                 out.insert(c, start);
                 stack.push(c);
@@ -406,9 +412,10 @@ impl Job {
         }
         match &self.cgroup {
             Some(cg) => {
-                for pid in cg.pids() {
-                    // SAFETY: kill(2) on a pid that is in the job's cgroup right now.
-                    unsafe { libc::kill(pid as i32, sig) };
+                // Each member pinned and checked still in the cgroup: a pid read from
+                // cgroup.procs may be another process's by the time it is signalled.
+                if let Some(sig) = rustix::process::Signal::from_named_raw(sig) {
+                    cg.signal_members(sig);
                 }
             }
             None => {
@@ -820,7 +827,47 @@ fn group_is_the_jobs(main_start: Option<u64>, leader_now: Option<u64>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_signal, group_is_the_jobs, signal_name};
+    use super::{describe_signal, group_is_the_jobs, signal_name, tree_under};
+
+    /// A `/proc` with `(pid, ppid, children)` entries: `stat` and the leader's `children`.
+    fn fixture_proc(entries: &[(u32, u32, &[u32])]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, ppid, children) in entries {
+            let task = dir.path().join(format!("{pid}/task/{pid}"));
+            std::fs::create_dir_all(&task).unwrap();
+            let kids: Vec<String> = children.iter().map(|c| c.to_string()).collect();
+            std::fs::write(task.join("children"), kids.join(" ")).unwrap();
+            // Fields 3.. of stat: state, ppid, pgrp, session, ..., starttime (22nd field).
+            let mut fields = vec!["S".to_string(), ppid.to_string()];
+            fields.extend((5..=21).map(|_| "0".to_string()));
+            fields.push((1000 + pid).to_string());
+            fields.extend((23..=52).map(|_| "0".to_string()));
+            std::fs::write(
+                dir.path().join(format!("{pid}/stat")),
+                format!("{pid} (sh) {}\n", fields.join(" ")),
+            )
+            .unwrap();
+        }
+        dir
+    }
+
+    /// A pid in a children list whose process names another parent is not the child (it
+    /// exited and its pid went to another process): neither it nor its children are the job.
+    #[test]
+    fn a_listed_child_whose_parent_is_another_is_not_in_the_tree() {
+        let dir = fixture_proc(&[
+            (100, 1, &[101, 102]),
+            (101, 100, &[103]),
+            (102, 55, &[104]),
+            (103, 101, &[]),
+            (104, 102, &[]),
+        ]);
+        let fs = vramguard_proc::ProcFs::open(dir.path()).unwrap();
+        let tree = tree_under(&fs, 100, &Default::default()).unwrap();
+        let pids: Vec<u32> = tree.keys().copied().collect();
+        assert_eq!(pids, vec![101, 103]);
+        assert_eq!(tree[&101], 1101);
+    }
 
     #[test]
     fn the_watchdog_spares_a_group_whose_pid_another_process_took() {
