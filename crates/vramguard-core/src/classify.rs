@@ -1348,7 +1348,8 @@ impl<'a> Context<'a> {
                 summary: if work.is_working() {
                     "its other threads are still working: leave it (ask its owner)".into()
                 } else {
-                    "whether its threads still work is unknown: `vramguard reclaim` samples                      it before deciding"
+                    "whether its threads still work is unknown: `vramguard reclaim` samples \
+                     it before deciding"
                         .into()
                 },
                 command: None,

@@ -163,7 +163,8 @@ impl Policy {
         let uid_ok = p.uid.is_some_and(|u| u <= self.system_max_uid);
         if !uid_ok {
             return Some(Err(format!(
-                "named like the system service {comm:?}, but runs as uid {}, not a system                  account",
+                "named like the system service {comm:?}, but runs as uid {}, not a system \
+                 account",
                 p.uid.map_or("unknown".into(), |u| u.to_string())
             )));
         }

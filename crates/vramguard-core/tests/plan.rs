@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
+use vramguard_core::policy::DEFAULT_GPU_WORK_MIN_PERCENT;
 use vramguard_core::report::Class;
 use vramguard_core::snapshot::*;
 use vramguard_core::{Policy, Snapshot, classify};
@@ -1103,7 +1104,10 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                                     sm_percent: *sm,
                                     mem_percent: 0,
                                     last_seen_ms: 1_000_000 - ago,
-                                    last_busy_ms: (*sm > 0).then_some(1_000_000 - ago),
+                                    // As the GPU reader records it: at the policy's
+                                    // threshold, not for the 1 % of an idle context.
+                                    last_busy_ms: (*sm >= DEFAULT_GPU_WORK_MIN_PERCENT)
+                                        .then_some(1_000_000 - ago),
                                 })
                                 .collect(),
                         });
@@ -1264,7 +1268,11 @@ proptest! {
                         g.holders.iter().any(|h| h.pid == pid && h.listed && h.reported_pid.is_none())
                             && s.gpus[g.index as usize].utilization.as_ref().is_some_and(|u| {
                                 u.samples.iter().any(|x| {
-                                    x.pid == pid && x.sm_percent > 0 && 1_000_000 - x.last_seen_ms <= 10_000
+                                    // Work as the policy counts it: the real driver
+                                    // reports 1 % for an idle context.
+                                    x.pid == pid
+                                        && Policy::default().is_gpu_work(x)
+                                        && 1_000_000 - x.last_seen_ms <= 10_000
                                 })
                             })
                     })
@@ -1752,5 +1760,161 @@ fn classes_reclaim_never_targets_are_refused_even_when_a_caller_includes_them() 
             .unwrap_or_else(|| panic!("{pid} is not left alone: {plan:#?}"));
         assert_eq!(alone.class, class);
         assert!(alone.reason.starts_with(reason), "{}", alone.reason);
+    }
+}
+
+/// What `status` collects before deciding whether to read every process (a Holders-depth
+/// collection of a fresh collector): the listed pids, the processes whose innermost `NSpid`
+/// is a listed pid that is no process here, and their parent and group-leader chains, with
+/// their own open files; nothing departed, no work window.
+fn listed_only_view(full: &Snapshot) -> Snapshot {
+    let listed: BTreeSet<u32> = full
+        .gpus
+        .iter()
+        .flat_map(|g| g.processes.iter().map(|p| p.pid))
+        .collect();
+    let mut queue: Vec<u32> = listed
+        .iter()
+        .copied()
+        .filter(|p| full.process(*p).is_some())
+        .collect();
+    for p in &full.processes {
+        if p.nspid.len() > 1
+            && p.nspid
+                .last()
+                .is_some_and(|inner| listed.contains(inner) && full.process(*inner).is_none())
+        {
+            queue.push(p.pid);
+        }
+    }
+    let mut keep = BTreeSet::new();
+    while let Some(pid) = queue.pop() {
+        let Some(p) = full.process(pid) else { continue };
+        if !keep.insert(pid) {
+            continue;
+        }
+        queue.extend(
+            [p.ppid, p.pgid]
+                .into_iter()
+                .flatten()
+                .filter(|r| *r > 0 && *r != pid),
+        );
+    }
+    let mut s = full.clone();
+    s.processes.retain(|p| keep.contains(&p.pid));
+    s.scan.full_fd_scan = false;
+    s
+}
+
+/// Nodes that are mostly healthy, where `status` may answer from the listed processes: jobs
+/// (a group and session led by a leader that may be gone) whose members hold a GPU with a
+/// context (listed or not), hold its files without one (a monitor, a forked worker), or hold
+/// none; a listed pid that is another process now; memory beyond what is listed.
+fn arb_mostly_healthy() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
+    // Per member: GPU, files (0 none, 1 context files, 2 GPU file without uvm), listed,
+    // GiB, parent (0 leader, 1 init, 2 the previous member).
+    let member = (
+        0u32..2,
+        prop::sample::select(vec![1u8, 1, 1, 0, 2]),
+        prop::bool::weighted(0.8),
+        1u64..8,
+        0u8..3,
+    );
+    let job = (
+        prop::bool::weighted(0.85),
+        prop::collection::vec(member, 1..4),
+    );
+    (
+        prop::collection::vec(job, 1..4),
+        prop::collection::vec(prop::sample::select(vec![0u64, 0, 0, 0, 1, 2]), 2),
+        prop::option::weighted(0.15, (0u32..2, 1u64..4)),
+    )
+        .prop_map(|(jobs, extra, exited)| {
+            let mut procs = vec![init()];
+            let mut listed: Vec<(u32, u32, u64)> = Vec::new();
+            for (j, (leader_alive, members)) in jobs.into_iter().enumerate() {
+                let leader = 100 * (j as u32 + 1);
+                if leader_alive {
+                    procs.push(p(leader, 1, leader, "bash", &[]));
+                }
+                for (k, (g, files, is_listed, gib, parent)) in members.into_iter().enumerate() {
+                    let pid = leader + 1 + k as u32;
+                    let ppid = match parent {
+                        0 if leader_alive => leader,
+                        2 if k > 0 => pid - 1,
+                        _ => 1,
+                    };
+                    let mut q = p(pid, ppid, leader, "python3", &[]);
+                    q.device_files = FdScan::Scanned(match files {
+                        0 => vec![],
+                        1 => vec![DeviceFile::Ctl, DeviceFile::Uvm, DeviceFile::Gpu(g)],
+                        _ => vec![DeviceFile::Ctl, DeviceFile::Gpu(g)],
+                    });
+                    if is_listed && files != 0 {
+                        listed.push((g, pid, gib));
+                    }
+                    procs.push(q);
+                }
+            }
+            // A listed pid with no process: a dead creator the driver keeps listing.
+            if let Some((g, gib)) = exited {
+                listed.push((g, 999, gib));
+            }
+            let gpus = (0..2u32)
+                .map(|i| {
+                    let l: Vec<(u32, u64)> = listed
+                        .iter()
+                        .filter(|(g, ..)| *g == i)
+                        .map(|(_, pid, gib)| (*pid, gib * GIB))
+                        .collect();
+                    let used = l.iter().map(|(_, b)| b).sum::<u64>() + extra[i as usize] * GIB;
+                    gpu(i, used, &l)
+                })
+                .collect();
+            (snap(gpus, procs), ReclaimOptions::default())
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+    /// When `status` answers from the listed processes (nothing asks for a full scan), the
+    /// full scan would not have said otherwise: no ghost, unexplained or reclaimable byte,
+    /// nothing to reclaim by default, and every listed holder with the same class, bytes and
+    /// job verdict.
+    #[test]
+    fn an_answer_from_the_listed_processes_is_what_the_full_scan_says(
+        (s, _opts) in prop_oneof![arb_mostly_healthy(), arb_snapshot(), arb_inheritors()],
+    ) {
+        let mut full = s;
+        full.departed.clear();
+        full.work = None;
+        let policy = Policy::default();
+        let shallow = listed_only_view(&full);
+        let quick = classify(&shallow, &policy);
+        if vramguard_core::full_scan_needed(&shallow, &quick).is_some() {
+            return Ok(());
+        }
+        let truth = classify(&full, &policy);
+        for g in &truth.gpus {
+            prop_assert_eq!(g.ghost_bytes, 0, "GPU {} ghost in the full scan", g.index);
+            prop_assert_eq!(g.reclaimable_bytes, 0, "GPU {} reclaimable", g.index);
+            prop_assert_eq!(g.unexplained_bytes(), 0, "GPU {} unexplained", g.index);
+            prop_assert!(
+                !g.unaccounted.as_ref().is_some_and(|u| u.significant),
+                "GPU {} unaccounted in the full scan", g.index
+            );
+        }
+        let plan = plan_reclaim(&full, &truth, &ReclaimOptions::default());
+        prop_assert_eq!(plan.targets().count(), 0, "the full scan finds a default target");
+        for (qg, tg) in quick.gpus.iter().zip(&truth.gpus) {
+            for h in qg.holders.iter().filter(|h| h.listed) {
+                let t = tg.holders.iter().find(|t| t.pid == h.pid && t.listed);
+                prop_assert!(t.is_some(), "listed holder {} missing from the full scan", h.pid);
+                let t = t.unwrap();
+                prop_assert_eq!(t.class, h.class, "holder {}", h.pid);
+                prop_assert_eq!(t.used_bytes, h.used_bytes, "holder {}", h.pid);
+                prop_assert_eq!(t.dead_job.is_some(), h.dead_job.is_some(), "holder {}", h.pid);
+            }
+        }
     }
 }

@@ -335,3 +335,71 @@ fn a_broken_host_config_does_not_reach_the_tests() {
         String::from_utf8_lossy(&hermetic.stderr)
     );
 }
+
+/// The string literals of `text` that are not raw, with the line each starts on.
+fn string_literals(text: &str) -> Vec<(usize, String)> {
+    let b = text.as_bytes();
+    let (mut out, mut i) = (Vec::new(), 0);
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                i = text[i..].find('\n').map_or(b.len(), |n| i + n);
+            }
+            // A char literal ('"' included) or a lifetime.
+            b'\'' => {
+                i += match (b.get(i + 1), b.get(i + 2), b.get(i + 3)) {
+                    (Some(b'\\'), _, Some(b'\'')) => 4,
+                    (Some(_), Some(b'\''), _) => 3,
+                    _ => 1,
+                };
+            }
+            b'r' if (b.get(i + 1) == Some(&b'"') || b.get(i + 1) == Some(&b'#'))
+                && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')) =>
+            {
+                let hashes = text[i + 1..].bytes().take_while(|c| *c == b'#').count();
+                if b.get(i + 1 + hashes) != Some(&b'"') {
+                    i += 1;
+                    continue;
+                }
+                let close = format!("\"{}", "#".repeat(hashes));
+                i = text[i + 2 + hashes..]
+                    .find(&close)
+                    .map_or(b.len(), |n| i + 2 + hashes + n + close.len());
+            }
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                let line = text[..start].matches('\n').count() + 1;
+                out.push((line, text[start..i.min(b.len())].to_string()));
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// A message split over lines needs `\` at the end of each: without it the next line's
+/// indentation lands in the text as a run of spaces (two user-facing messages had one). A
+/// literal with `\n` in it is laid out on purpose (help examples, test input) and is exempt,
+/// and so is indentation at its start.
+#[test]
+fn no_message_has_a_run_of_spaces_from_a_lost_line_continuation() {
+    let mut offenders = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap().flatten() {
+        for (path, text) in rust_files(&krate.path().join("src")) {
+            for (line, lit) in string_literals(&text) {
+                let laid_out = lit.contains("\\n") || lit.contains('\n');
+                // Inside the text, after a word: leading indentation is layout.
+                let body = lit.trim_start_matches('"').trim_start();
+                if !laid_out && body.trim_end_matches('"').trim_end().contains("        ") {
+                    offenders.push(format!("{}:{line}: {lit}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
