@@ -159,6 +159,13 @@ fn test_a_real_orphan_is_named_within_the_budget() {
 }
 
 #[test]
+fn test_status_answers_from_the_listed_processes_unless_asked_for_a_full_scan() {
+    python_test(
+        "test_explain.ExplainOnTheSimulatorTest.test_status_answers_from_the_listed_processes_unless_asked_for_a_full_scan",
+    );
+}
+
+#[test]
 fn test_a_planted_answer_or_symlink_is_never_trusted() {
     python_test("test_explain.ExplainTest.test_a_planted_answer_or_symlink_is_never_trusted");
 }

@@ -186,6 +186,32 @@ for error in (ValueError("not an OOM"), torch.cuda.OutOfMemoryError(
 
 
 class ExplainOnTheSimulatorTest(unittest.TestCase):
+    def test_status_answers_from_the_listed_processes_unless_asked_for_a_full_scan(self):
+        # A live job holding memory, nothing unexplained: `status()` reads only the listed
+        # processes; `status(full_scan=True)` reads every process's open files. No
+        # shared-memory directory: a segment another test leaves in /dev/shm would ask for
+        # the full scan.
+        world = World()
+        self.addCleanup(world.close)
+        job = subprocess.Popen(
+            [support.binary(), "sim", "hold", "--gpu", "0", "--bytes", "1GiB",
+             "--lifetime", "60s"],
+            env=world.env(), start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(job.wait)
+        self.addCleanup(job.kill)
+        support.wait_until("the job to hold its allocation", lambda: world.holders())
+        config = os.path.join(world.dir, "no-shm.toml")
+        with open(config, "w") as f:
+            f.write("[shm]\ndirs = []\n")
+        script = ("import json, vramguard; print(json.dumps([vramguard.status()['full_fd_scan'], "
+                  "vramguard.status(full_scan=True)['full_fd_scan']]))")
+        proc = subprocess.run([sys.executable, "-c", script],
+                              env=world.env(VRAMGUARD_CONFIG=config),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        self.assertEqual(json.loads(proc.stdout), [False, True], proc.stderr.decode())
+
     def test_a_real_orphan_is_named_within_the_budget(self):
         # The real binary on the simulated driver: a job (leader and one worker) in a
         # session of its own, the leader SIGKILLed; the worker is an orphan of that job. The

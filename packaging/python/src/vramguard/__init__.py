@@ -85,8 +85,8 @@ def _duration(value):
     return str(value)
 
 
-def _run_json(command, gpus, sample, timeout):
-    argv = [binary(), command, "--json"]
+def _run_json(command, gpus, sample, timeout, extra=()):
+    argv = [binary(), command, "--json"] + list(extra)
     if gpus is not None:
         if isinstance(gpus, (int, str)):
             gpus = [gpus]
@@ -122,13 +122,15 @@ def _run_json(command, gpus, sample, timeout):
         raise VramguardError("`vramguard %s --json` printed no JSON: %s" % (command, e)) from e
 
 
-def status(gpus=None, sample=None, timeout=TIMEOUT_SECS):
+def status(gpus=None, sample=None, timeout=TIMEOUT_SECS, full_scan=False):
     """`vramguard status --json` as a dict: every GPU, every holder with its class and job.
 
     `gpus`: an index, a UUID or a list of them (default: all). `sample`: the sampling
-    window, in seconds or as vramguard writes it ("2s").
+    window, in seconds or as vramguard writes it ("2s"). `full_scan`: read every process's
+    open files even when the driver's listed processes explain every byte (`--full-scan`;
+    the document's `full_fd_scan` says which was done).
     """
-    return _run_json("status", gpus, sample, timeout)
+    return _run_json("status", gpus, sample, timeout, ["--full-scan"] if full_scan else [])
 
 
 def diagnose(gpus=None, sample=None, timeout=TIMEOUT_SECS):
