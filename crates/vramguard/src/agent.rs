@@ -9,7 +9,7 @@ use vramguard_agent::AgentSetup;
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
-    limit_malloc_arenas();
+    crate::heap::limit_malloc_arenas();
     let level = if args.verbose {
         tracing::Level::DEBUG
     } else {
@@ -52,14 +52,3 @@ pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// At most two glibc malloc arenas for the long-running agent, set before any thread starts.
-/// By default glibc gives threads up to 8 arenas per core; the agent's few threads (sampler,
-/// HTTP, notifications) then each keep freed pages in an arena of their own, and a soak
-/// showed RSS creeping up while the heap in use stayed flat. Fewer arenas cost nothing here:
-/// the threads rarely allocate at the same time.
-fn limit_malloc_arenas() {
-    // SAFETY: mallopt only sets an allocator parameter; called before threads exist.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}

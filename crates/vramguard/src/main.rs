@@ -8,6 +8,7 @@ mod agent;
 mod cli;
 mod demo;
 mod gpusel;
+mod heap;
 mod probe;
 mod progress;
 mod reclaim;

@@ -58,6 +58,7 @@ pub fn run(settings: &Settings, args: &TopArgs) -> Result<i32> {
             "top watches a live node; a saved snapshot shows with `vramguard --replay FILE top --once`"
         );
     }
+    crate::heap::limit_malloc_arenas();
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!(
             "top needs a terminal; piped, use `vramguard top --once` (one screen) or \
@@ -237,6 +238,9 @@ fn worker(
         let started = Instant::now();
         let sent = match node.sampled_snapshot(depth, args.sample) {
             Ok(snap) => {
+                if depth == ScanDepth::Full {
+                    crate::heap::return_free_pages();
+                }
                 depth = ScanDepth::NewProcesses;
                 let report = classify(&snap, policy);
                 out.send(FromWorker::Report(Box::new((snap, report))))
