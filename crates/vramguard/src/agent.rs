@@ -51,4 +51,3 @@ pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
     vramguard_agent::run(setup, None)?;
     Ok(0)
 }
-
