@@ -731,6 +731,17 @@ fn status_answers_from_the_listed_processes_until_they_leave_something_unexplain
     let full = vg().args(["status", "--json", "--full-scan"]).json(0);
     assert_eq!(full["full_fd_scan"], json!(true), "{full:#}");
     assert_eq!(holder(&full, 0, trainer.pid)["class"], "active");
+    // The monitor (the device open, no memory) is what only the full scan shows.
+    let pids = |r: &Value| -> Vec<u64> {
+        r["gpus"][0]["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|h| h["pid"].as_u64())
+            .collect()
+    };
+    assert!(pids(&full).contains(&u64::from(m.pid)), "{full:#}");
+    assert!(!pids(&quick).contains(&u64::from(m.pid)), "{quick:#}");
     // `diagnose` reads every process, and finds the monitor the driver does not list.
     let d = vg().args(["diagnose", "--json"]).json(1);
     assert_eq!(d["report"]["full_fd_scan"], json!(true));
