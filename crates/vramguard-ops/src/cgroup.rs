@@ -80,6 +80,9 @@ pub struct JobCgroup {
     dir: PathBuf,
 }
 
+/// Members pinned at once by [`JobCgroup::signal_members`].
+const SIGNAL_BATCH: usize = 256;
+
 impl JobCgroup {
     /// Creates `name` below this process's own cgroup.
     pub fn create(name: &str) -> Result<JobCgroup, CgroupError> {
@@ -152,28 +155,42 @@ impl JobCgroup {
     /// that (the pidfd's process is then the one listed: a pid is not reused while its
     /// process lives, and one that died since gets nothing).
     pub fn signal_members(&self, sig: rustix::process::Signal) -> usize {
-        self.signal_members_after(sig, || {})
+        self.signal_members_after(sig, SIGNAL_BATCH, || {})
     }
 
-    /// [`JobCgroup::signal_members`], running `between` after the pidfds are opened and
-    /// before the list is read again (the window a test needs to reach).
-    fn signal_members_after(&self, sig: rustix::process::Signal, between: impl FnOnce()) -> usize {
+    /// [`JobCgroup::signal_members`] in batches of `batch_size`, running `between` after the
+    /// first batch's pidfds are opened and before the list is read again (the window a test
+    /// needs to reach).
+    fn signal_members_after(
+        &self,
+        sig: rustix::process::Signal,
+        batch_size: usize,
+        between: impl FnOnce(),
+    ) -> usize {
         use rustix::process::{Pid, PidfdFlags, pidfd_open, pidfd_send_signal};
-        let pinned: Vec<(u32, std::os::fd::OwnedFd)> = self
-            .pids()
-            .into_iter()
-            .filter_map(|pid| {
-                let fd = pidfd_open(Pid::from_raw(pid as i32)?, PidfdFlags::empty()).ok()?;
-                Some((pid, fd))
-            })
-            .collect();
-        between();
-        let still: std::collections::BTreeSet<u32> = self.pids().into_iter().collect();
-        pinned
-            .iter()
-            .filter(|(pid, _)| still.contains(pid))
-            .filter(|(_, fd)| pidfd_send_signal(fd, sig).is_ok())
-            .count()
+        let mut between = Some(between);
+        let mut signalled = 0;
+        // In batches: a pidfd per member of a job of thousands would run into the fd limit,
+        // and the members whose pidfd failed would get nothing.
+        for batch in self.pids().chunks(batch_size.max(1)) {
+            let pinned: Vec<(u32, std::os::fd::OwnedFd)> = batch
+                .iter()
+                .filter_map(|&pid| {
+                    let fd = pidfd_open(Pid::from_raw(pid as i32)?, PidfdFlags::empty()).ok()?;
+                    Some((pid, fd))
+                })
+                .collect();
+            if let Some(f) = between.take() {
+                f();
+            }
+            let still: std::collections::BTreeSet<u32> = self.pids().into_iter().collect();
+            signalled += pinned
+                .iter()
+                .filter(|(pid, _)| still.contains(pid))
+                .filter(|(_, fd)| pidfd_send_signal(fd, sig).is_ok())
+                .count();
+        }
+        signalled
     }
 
     /// Waits until it is empty or `timeout` passes; returns whether it is empty.
@@ -204,6 +221,17 @@ impl JobCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child killed by pid and reaped however the test ends (a cgroup cannot go while it
+    /// is in it).
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 
     /// What the test made, undone on drop (a failed assertion included): its sleeper killed by
     /// pid, its cgroups removed.
@@ -243,22 +271,56 @@ mod tests {
             sleeper: Some(sleep()),
             cgroups: vec![cg.clone()],
         };
-        let mut stayer = sleep();
+        let mut stayer = Reaped(sleep());
+        let stayer_pid = stayer.0.id();
         let leaver = made.sleeper.as_ref().unwrap().id();
-        for pid in [leaver, stayer.id()] {
+        for pid in [leaver, stayer_pid] {
             std::fs::write(cg.procs_file(), pid.to_string()).unwrap();
         }
         let parent = cg.dir().parent().unwrap().join("cgroup.procs");
-        let signalled = cg.signal_members_after(rustix::process::Signal::TERM, || {
+        let signalled = cg.signal_members_after(rustix::process::Signal::TERM, 8, || {
             std::fs::write(&parent, leaver.to_string()).unwrap();
         });
         assert_eq!(signalled, 1);
-        assert_eq!(stayer.wait().unwrap().signal(), Some(libc::SIGTERM));
+        assert_eq!(stayer.0.wait().unwrap().signal(), Some(libc::SIGTERM));
         let left = made.sleeper.as_mut().unwrap();
         assert!(
             left.try_wait().unwrap().is_none(),
             "the leaver was signalled"
         );
+    }
+
+    /// Members are pinned a batch at a time (a pidfd each would exceed the fd limit of a job
+    /// of thousands): every batch is signalled.
+    #[test]
+    fn every_member_is_signalled_batch_after_batch() {
+        use std::os::unix::process::ExitStatusExt;
+        let cg = JobCgroup::create(&format!("vramguard-batch-test-{}", std::process::id()))
+            .expect("a writable cgroup v2 (the suite runs as root)");
+        let _made = Made {
+            sleeper: None,
+            cgroups: vec![cg.clone()],
+        };
+        let mut members: Vec<Reaped> = (0..5)
+            .map(|_| {
+                Reaped(
+                    std::process::Command::new("sleep")
+                        .arg("60")
+                        .spawn()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        for m in &members {
+            std::fs::write(cg.procs_file(), m.0.id().to_string()).unwrap();
+        }
+        assert_eq!(
+            cg.signal_members_after(rustix::process::Signal::TERM, 2, || {}),
+            5
+        );
+        for m in &mut members {
+            assert_eq!(m.0.wait().unwrap().signal(), Some(libc::SIGTERM));
+        }
     }
 
     #[test]

@@ -277,8 +277,48 @@ fn reap(main: u32) -> Option<JobEnd> {
 }
 
 /// Every live descendant of `root` through the kernel's children lists, with start times;
-/// `None` where those lists do not exist.
+/// `None` where those lists do not exist. `root` is the subreaper: a process that exits while
+/// the tree is read hands its children to it after its list may have been read, so the walk
+/// is made again (a few times at most) while its list names a live child the walk missed.
 fn tree_under(
+    fs: &vramguard_proc::ProcFs,
+    root: u32,
+    exclude: &BTreeSet<u32>,
+) -> Option<BTreeMap<u32, u64>> {
+    let mut tree = tree_pass(fs, root, exclude)?;
+    for _ in 0..3 {
+        let missed = fs.children(root).ok()??.into_iter().any(|c| {
+            !tree.contains_key(&c) && !exclude.contains(&c) && live_start(fs, c).is_some()
+        });
+        if !missed {
+            break;
+        }
+        tree = tree_pass(fs, root, exclude)?;
+    }
+    Some(tree)
+}
+
+/// The start time of `pid` while it lives: not a zombie, unless its main thread alone exited
+/// (`pthread_exit`: the leader shows `Z` while other threads run on, and the process, with
+/// its children, is the job's still).
+fn live_start(fs: &vramguard_proc::ProcFs, pid: u32) -> Option<u64> {
+    let Ok(vramguard_proc::Found::Yes(stat)) = fs.stat(pid) else {
+        return None;
+    };
+    if stat.state == Some('Z') && !threads_run_on(fs, pid) {
+        return None;
+    }
+    stat.start_ticks
+}
+
+/// Whether a thread other than the main one of `pid` is alive.
+fn threads_run_on(fs: &vramguard_proc::ProcFs, pid: u32) -> bool {
+    matches!(fs.threads(pid), Ok(vramguard_proc::Found::Yes(threads))
+        if threads.iter().any(|t| t.tid != pid && !matches!(t.state, 'Z' | 'X')))
+}
+
+/// One walk of the children lists below `root`.
+fn tree_pass(
     fs: &vramguard_proc::ProcFs,
     root: u32,
     exclude: &BTreeSet<u32>,
@@ -293,14 +333,15 @@ fn tree_under(
             let Ok(vramguard_proc::Found::Yes(stat)) = fs.stat(c) else {
                 continue;
             };
-            // A zombie has handed its children on already; its parent reaps it.
-            if stat.state == Some('Z') {
-                continue;
-            }
             // The pid read from `p`'s children list names `p`'s child only while its parent
             // is `p`: it may have exited since and its pid gone to another process (one
             // re-parented meanwhile turns up under its new parent on the next look).
             if stat.ppid != Some(p) {
+                continue;
+            }
+            // A zombie has handed its children on already; its parent reaps it. Not so a
+            // process whose main thread alone exited: it lives, and so may its children.
+            if stat.state == Some('Z') && !threads_run_on(fs, c) {
                 continue;
             }
             if let Some(start) = stat.start_ticks {
@@ -328,7 +369,7 @@ pub fn descendants(
         let Ok(vramguard_proc::Found::Yes(stat)) = fs.stat(pid) else {
             continue;
         };
-        if stat.state == Some('Z') {
+        if stat.state == Some('Z') && !threads_run_on(fs, pid) {
             continue;
         }
         if let (Some(ppid), Some(start)) = (stat.ppid, stat.start_ticks) {
@@ -620,6 +661,16 @@ pub fn supervise(
         }
     };
     let mut watchdog = start_watchdog(opts, me, main, own_proc.root(), cgroup.as_ref());
+    // Pinned while it is our unreaped child: `reap` collects any child of ours (waitpid -1),
+    // the watchdog too if it ever ends early, and a kill(2) of its pid after that could
+    // reach another process.
+    let watchdog_pidfd = watchdog.as_ref().and_then(|w| {
+        rustix::process::pidfd_open(
+            rustix::process::Pid::from_raw(w.id() as i32)?,
+            rustix::process::PidfdFlags::empty(),
+        )
+        .ok()
+    });
     let mut exclude = BTreeSet::new();
     if let Some(w) = &watchdog {
         exclude.insert(w.id());
@@ -668,8 +719,24 @@ pub fn supervise(
         cg.remove();
     }
     if let Some(w) = watchdog.as_mut() {
-        let _ = w.kill();
-        let _ = w.wait();
+        match &watchdog_pidfd {
+            Some(fd) => {
+                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+                // Its end, then a reap that never blocks: if `reap` took it already, its pid
+                // may be another child of ours by now.
+                let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                let second = rustix::event::Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                };
+                let _ = rustix::event::poll(&mut fds, Some(&second));
+                let _ = w.try_wait();
+            }
+            None => {
+                let _ = w.kill();
+                let _ = w.wait();
+            }
+        }
     }
     drop(signals);
     Ok(Supervised {
@@ -831,24 +898,64 @@ mod tests {
 
     /// A `/proc` with `(pid, ppid, children)` entries: `stat` and the leader's `children`.
     fn fixture_proc(entries: &[(u32, u32, &[u32])]) -> tempfile::TempDir {
+        let with_states: Vec<(u32, u32, char, &[u32], &[(u32, char)])> = entries
+            .iter()
+            .map(|(pid, ppid, children)| (*pid, *ppid, 'S', *children, &[][..]))
+            .collect();
+        fixture_proc_with_threads(&with_states)
+    }
+
+    /// `stat` text of a process or thread: fields 3.. are state, ppid, then zeros up to
+    /// starttime (the 22nd field), then zeros.
+    fn stat_text(pid: u32, ppid: u32, state: char) -> String {
+        let mut fields = vec![state.to_string(), ppid.to_string()];
+        fields.extend((5..=21).map(|_| "0".to_string()));
+        fields.push((1000 + pid).to_string());
+        fields.extend((23..=52).map(|_| "0".to_string()));
+        format!("{pid} (sh) {}\n", fields.join(" "))
+    }
+
+    /// Entries `(pid, ppid, state, children, other threads (tid, state))`.
+    fn fixture_proc_with_threads(
+        entries: &[(u32, u32, char, &[u32], &[(u32, char)])],
+    ) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        for (pid, ppid, children) in entries {
+        for (pid, ppid, state, children, threads) in entries {
             let task = dir.path().join(format!("{pid}/task/{pid}"));
             std::fs::create_dir_all(&task).unwrap();
             let kids: Vec<String> = children.iter().map(|c| c.to_string()).collect();
             std::fs::write(task.join("children"), kids.join(" ")).unwrap();
-            // Fields 3.. of stat: state, ppid, pgrp, session, ..., starttime (22nd field).
-            let mut fields = vec!["S".to_string(), ppid.to_string()];
-            fields.extend((5..=21).map(|_| "0".to_string()));
-            fields.push((1000 + pid).to_string());
-            fields.extend((23..=52).map(|_| "0".to_string()));
+            std::fs::write(task.join("stat"), stat_text(*pid, *ppid, *state)).unwrap();
+            for (tid, tstate) in *threads {
+                let t = dir.path().join(format!("{pid}/task/{tid}"));
+                std::fs::create_dir_all(&t).unwrap();
+                std::fs::write(t.join("children"), "").unwrap();
+                std::fs::write(t.join("stat"), stat_text(*tid, *ppid, *tstate)).unwrap();
+            }
             std::fs::write(
                 dir.path().join(format!("{pid}/stat")),
-                format!("{pid} (sh) {}\n", fields.join(" ")),
+                stat_text(*pid, *ppid, *state),
             )
             .unwrap();
         }
         dir
+    }
+
+    /// A process whose main thread alone exited (`pthread_exit`: its leader `Z`, a thread
+    /// running on) is the job's, and so are its children; a true zombie is not (its parent
+    /// reaps it).
+    #[test]
+    fn a_process_whose_main_thread_exited_is_in_the_tree_with_its_children() {
+        let dir = fixture_proc_with_threads(&[
+            (100, 1, 'S', &[101, 102], &[]),
+            (101, 100, 'Z', &[103], &[(111, 'S')]),
+            (102, 100, 'Z', &[], &[(112, 'Z')]),
+            (103, 101, 'S', &[], &[]),
+        ]);
+        let fs = vramguard_proc::ProcFs::open(dir.path()).unwrap();
+        let tree = tree_under(&fs, 100, &Default::default()).unwrap();
+        let pids: Vec<u32> = tree.keys().copied().collect();
+        assert_eq!(pids, vec![101, 103]);
     }
 
     /// A pid in a children list whose process names another parent is not the child (it

@@ -1030,14 +1030,17 @@ fn the_main_process_reaped_while_killing_the_job_is_the_jobs_end() {
     // The grace period (0.5 s) ends, everything is SIGKILLed; the frozen child dies on thaw.
     std::thread::sleep(Duration::from_millis(1500));
     std::fs::write(&state, "THAWED").unwrap();
+    let thawed = Instant::now();
     wait_until(20, "vramguard run to end", || {
         run.0.try_wait().unwrap().is_some()
     });
-    let took = asked.elapsed();
+    let took = thawed.elapsed();
     assert_eq!(run.0.wait().unwrap().code(), Some(137));
+    // The end lost, the run ended when its 5 s of SIGKILL ran out: 4 s after the thaw.
     assert!(
-        took < Duration::from_millis(3500),
-        "ended {took:?} after SIGTERM; the job was gone 1.5 s after it"
+        took < Duration::from_secs(3),
+        "ended {took:?} after the last process could die ({:?} after SIGTERM)",
+        asked.elapsed()
     );
     assert!(marked(&mark).is_empty(), "nothing left");
 }
