@@ -17,8 +17,9 @@
 #               launcher while this script lives;
 #   busy        case 4: `setsid bash -c "python3 busy.py & exit 0"` (bf16 matmul loop):
 #               reclaim --yes must leave it alive (checked by pid);
-#   timing      case 8: status, status --sample 0s, status --json, nvidia-smi and
-#               nvidia-smi --query-compute-apps, 5 runs each (bash's `time`);
+#   timing      case 8: status, status --sample 0s, status --json, status --full-scan,
+#               nvidia-smi and nvidia-smi --query-compute-apps, 5 runs each (bash's `time`),
+#               and which path status took (full_fd_scan);
 #   agent-cost  case 9: the agent at --interval 500ms for 20 s on a quiet GPU: CPU per
 #               sample (utime+stime of /proc/PID/stat over vramguard_collections_total) and RSS;
 #   probe       the release probe: TERM and KILL, 3 repeats of 4 GiB, --rate 1000, report;
@@ -87,7 +88,7 @@ STEPS=(
     "in-script|30|case 2: train.py 2.5 GiB + 2 workers in this script's process group, SIGKILL; snapshot, status, reclaim --yes"
     "spawned|34|case 3: spawn_workers.py (2 spawned workers x 1 GiB), launcher SIGKILLed, script alive; snapshot, status, reclaim --yes"
     "busy|30|case 4: setsid bash -c 'python3 busy.py & exit 0' (bf16 matmul); status, snapshot, reclaim --yes; alive afterwards?"
-    "timing|12|case 8: status, status --sample 0s, status --json, nvidia-smi, nvidia-smi --query-compute-apps; 5 runs each"
+    "timing|12|case 8: status, status --sample 0s, status --json, status --full-scan, nvidia-smi, nvidia-smi --query-compute-apps; 5 runs each; which path status took"
     "agent-cost|26|case 9: agent --interval 500ms, 20 s on a quiet GPU: CPU per sample and RSS"
     "probe|40|probe release --signals TERM,KILL --repeat 3 --size 4GiB --rate 1000 --report"
     "run|12|vramguard run -- __cuda-hold 4 GiB, lifetime 3 s (the run summary)"
@@ -653,7 +654,7 @@ fi
 if step timing; then
     TIMEFORMAT='%3R real %3U user %3S sys'
     {
-        for what in "status" "status --sample 0s" "status --json" "nvidia-smi" "nvidia-smi --query-compute-apps=pid,used_memory --format=csv"; do
+        for what in "status" "status --sample 0s" "status --json" "status --full-scan" "nvidia-smi" "nvidia-smi --query-compute-apps=pid,used_memory --format=csv"; do
             for i in 1 2 3 4 5; do
                 printf '%s\t%d\t' "$what" "$i"
                 if [ "${what%% *}" = nvidia-smi ]; then
@@ -669,6 +670,9 @@ if step timing; then
     unset TIMEFORMAT
     awk -F'\t' '{ split($3, a, " "); s[$1] = s[$1] " " int(a[1] * 1000) } END { for (k in s) print k ":" s[k] " ms" }' "$DIR/timing.txt" |
         while read -r l; do log "  $l"; done
+    # Which path status took: the listed processes only (full_fd_scan false) or every process.
+    vg timing-status.json 15 status --json
+    log "  status full_fd_scan: $(grep -o '"full_fd_scan": *[a-z]*' "$DIR/timing-status.json" | head -1)"
     end_step
 fi
 
