@@ -15,6 +15,7 @@ pub mod slurm;
 /// Process spawning lives with the process facts ([`vramguard_proc::spawn`]).
 pub use vramguard_proc::spawn;
 pub mod supervise;
+pub mod view;
 
 pub use audit::{AuditLog, DEFAULT_AUDIT_LOG};
 pub use reclaim::{

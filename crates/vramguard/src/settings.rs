@@ -221,15 +221,12 @@ impl Settings {
             return self.report(sample);
         }
         let mut node = self.node(self.policy(), None)?;
-        let snap = node.snapshot(ScanDepth::Holders)?;
-        let report = classify(&snap, self.policy());
-        let Some(why) = vramguard_core::full_scan_needed(&snap, &report) else {
-            return Ok((snap, report));
-        };
-        tracing::debug!(%why, "reading every process's open files");
-        let snap = node.sampled_snapshot_for(ScanDepth::Full, sample, WatchFor::Classes)?;
-        let report = classify(&snap, self.policy());
-        Ok((snap, report))
+        let view =
+            vramguard_ops::view::status_view(&mut node, self.policy(), sample, ScanDepth::Full)?;
+        if let Some(why) = &view.deeper {
+            tracing::debug!(%why, "read every process's open files");
+        }
+        Ok((view.snapshot, view.report))
     }
 
     /// Snapshot and classification, with work watched only where a class depends on it

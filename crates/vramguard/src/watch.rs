@@ -56,9 +56,23 @@ pub fn each_report(
     let mut depth = ScanDepth::Full;
     loop {
         let started = Instant::now();
-        let snap = node.sampled_snapshot(depth, sample)?;
-        depth = ScanDepth::NewProcesses;
-        let mut report = classify(&snap, settings.policy());
+        let mut report = match scan {
+            Scan::Full => {
+                let snap = node.sampled_snapshot(depth, sample)?;
+                depth = ScanDepth::NewProcesses;
+                classify(&snap, settings.policy())
+            }
+            // Each refresh from the listed processes while they explain every byte; the
+            // first that needs more scans every process, later ones the new processes.
+            Scan::ListedFirst => {
+                let view =
+                    vramguard_ops::view::status_view(&mut node, settings.policy(), sample, depth)?;
+                if view.deeper.is_some() {
+                    depth = ScanDepth::NewProcesses;
+                }
+                view.report
+            }
+        };
         select_gpus(&mut report, gpus)?;
         let text = render(report)?;
         if terminal {

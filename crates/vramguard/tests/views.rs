@@ -193,3 +193,52 @@ fn top_once_prints_one_screen_and_top_without_a_terminal_says_what_to_use() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `status --watch` refreshes from the driver's listed processes while they explain every
+/// byte, as one `status` does, and reads every process once they do not.
+#[test]
+fn status_watch_refreshes_from_the_listed_processes_until_memory_is_unexplained() {
+    let (world, _holder) = busy_gpu_1();
+    // No shared-memory directory: a segment another test leaves in /dev/shm would need a
+    // pass over every process.
+    let cfg = config(&world, "[shm]\ndirs = []\n");
+    let mut cmd = Vg::new(&world, Path_::InProcess)
+        .arg_path("--config", &cfg)
+        .args(["status", "--watch", "0.2s", "--sample", "0", "--json"])
+        .command();
+    let mut child = Reaped(cmd.stdout(Stdio::piped()).spawn().unwrap());
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap());
+    let mut next = || -> Value {
+        let mut line = String::new();
+        assert!(
+            lines.read_line(&mut line).unwrap() > 0,
+            "--watch ended early"
+        );
+        serde_json::from_str(&line).expect("one JSON document per line")
+    };
+    for _ in 0..2 {
+        let doc = next();
+        assert_eq!(doc["full_fd_scan"], false, "{doc:#}");
+    }
+    // Residue on GPU 0: memory no listed process explains.
+    let mut leak = spec(
+        &world,
+        serde_json::json!([{ "gpu": 0, "bytes": 2 * GIB, "after_exit": "leak" }]),
+    );
+    leak["new_session"] = serde_json::json!(true);
+    let mut h = start(&world, &["python3", "bench.py"], leak);
+    h.crash();
+    let mut read_everything = false;
+    for _ in 0..50 {
+        let doc = next();
+        if doc["gpus"][0]["unaccounted"]["significant"] == true {
+            read_everything = doc["full_fd_scan"] == true;
+            break;
+        }
+    }
+    assert!(
+        read_everything,
+        "the refresh that met the residue read every process"
+    );
+    drop(child);
+}
