@@ -224,8 +224,9 @@ struct Context<'a> {
     policy: &'a Policy,
     /// Resolved local pids the driver lists on at least one GPU.
     listed_anywhere: BTreeSet<u32>,
-    /// Every pid the driver lists, on any GPU, as it reports them (before any mapping).
-    reported: BTreeSet<u32>,
+    /// Every pid the driver lists, on any GPU, as it reports them (before any mapping); made
+    /// when first asked (only a pid that maps through `NSpid` asks).
+    reported: std::cell::OnceCell<BTreeSet<u32>>,
     /// Recent GPU activity per local pid: (GPU index, peak SM %, milliseconds ago).
     gpu_busy: BTreeMap<u32, Vec<(u32, u32, u64)>>,
     /// Local pids listed on a GPU that reports no per-process utilization, with that GPU.
@@ -287,11 +288,7 @@ impl<'a> Context<'a> {
             snap,
             policy,
             listed_anywhere: BTreeSet::new(),
-            reported: snap
-                .gpus
-                .iter()
-                .flat_map(|g| g.processes.iter().map(|p| p.pid))
-                .collect(),
+            reported: std::cell::OnceCell::new(),
             gpu_busy: BTreeMap::new(),
             gpu_unknown: BTreeMap::new(),
             tree: Default::default(),
@@ -357,6 +354,19 @@ impl<'a> Context<'a> {
         gpu.minor_number.unwrap_or(gpu.index)
     }
 
+    /// Whether the driver lists `pid` itself, as it reports it, on any GPU.
+    fn driver_lists(&self, pid: u32) -> bool {
+        self.reported
+            .get_or_init(|| {
+                self.snap
+                    .gpus
+                    .iter()
+                    .flat_map(|g| g.processes.iter().map(|p| p.pid))
+                    .collect()
+            })
+            .contains(&pid)
+    }
+
     fn holds_gpu_file(&self, p: &ProcessFacts, gpu: &GpuSample) -> bool {
         let minor = self.minor_of(gpu);
         p.device_files.gpu_minors().any(|m| m == minor)
@@ -389,7 +399,7 @@ impl<'a> Context<'a> {
             // A process the driver lists by its own pid here is not the one it means by this
             // pid: that driver numbers pids as vramguard's namespace does, and this one (a host
             // pid that a container's process happens to have inside) has exited.
-            .filter(|p| !self.reported.contains(&p.pid))
+            .filter(|p| !self.driver_lists(p.pid))
             .collect();
         if let [only] = candidates.as_slice() {
             return Resolution::Local {
@@ -414,7 +424,7 @@ impl<'a> Context<'a> {
             p.pid != reported
                 && p.nspid.len() > 1
                 && p.nspid.last() == Some(&reported)
-                && !self.reported.contains(&p.pid)
+                && !self.driver_lists(p.pid)
         });
         if self.pids_complete && !nested {
             match here {

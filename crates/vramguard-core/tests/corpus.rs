@@ -5,6 +5,8 @@
 //! decisions, in milliseconds, so that a change of the core (or a mutant of it, see
 //! docs/testing.md) meets every real incident and not only the hand-made snapshots.
 
+mod support;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use vramguard_core::classify::classify;
@@ -96,4 +98,53 @@ fn every_incident_classifies_diagnoses_and_plans_to_its_golden_json() {
         snapshots.len(),
         failures.join("\n")
     );
+}
+
+/// Every incident of the corpus, the real H200 snapshots among them, read as `status` first
+/// reads a node (the listed processes): where that answer would stand, the full scan saved in
+/// the incident agrees with it (no ghost, unexplained or reclaimable byte, no default target,
+/// the same class, bytes and job verdict for every listed holder). The healthy incidents
+/// must reach that answer, and every incident with ghost memory must not.
+#[test]
+fn the_answer_from_the_listed_processes_agrees_with_every_incidents_full_scan() {
+    let mut answered = Vec::new();
+    let mut failures = Vec::new();
+    for path in std::fs::read_dir(corpus())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+    {
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let full: Snapshot = serde_json::from_str(&text).unwrap();
+        if !full.scan.full_fd_scan {
+            continue;
+        }
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let shallow = support::listed_only_view(&full);
+        match support::listed_answer_agrees(&full, &shallow) {
+            Ok(true) => answered.push(name),
+            Ok(false) => {}
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    answered.sort();
+    for healthy in [
+        "a_process_in_a_systemd_unit_belongs_to_the_unit",
+        "a_container_sharing_the_host_pid_namespace_is_taken_as_alive",
+    ] {
+        assert!(
+            answered.iter().any(|a| a == healthy),
+            "{healthy} is not answered from its listed processes; answered: {answered:?}"
+        );
+    }
+    for ghost in answered
+        .iter()
+        .filter(|a| a.starts_with("h200_dead_trainer"))
+    {
+        panic!("{ghost}: a ghost incident answered from the listed processes");
+    }
 }

@@ -1,6 +1,8 @@
 //! The reclaim planner: one test per safety rule, and a property test that no random process
 //! table ever yields a forbidden target.
 
+mod support;
+
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
@@ -1763,49 +1765,6 @@ fn classes_reclaim_never_targets_are_refused_even_when_a_caller_includes_them() 
     }
 }
 
-/// What `status` collects before deciding whether to read every process (a Holders-depth
-/// collection of a fresh collector): the listed pids, the processes whose innermost `NSpid`
-/// is a listed pid that is no process here, and their parent and group-leader chains, with
-/// their own open files; nothing departed, no work window.
-fn listed_only_view(full: &Snapshot) -> Snapshot {
-    let listed: BTreeSet<u32> = full
-        .gpus
-        .iter()
-        .flat_map(|g| g.processes.iter().map(|p| p.pid))
-        .collect();
-    let mut queue: Vec<u32> = listed
-        .iter()
-        .copied()
-        .filter(|p| full.process(*p).is_some())
-        .collect();
-    for p in &full.processes {
-        if p.nspid.len() > 1
-            && p.nspid
-                .last()
-                .is_some_and(|inner| listed.contains(inner) && full.process(*inner).is_none())
-        {
-            queue.push(p.pid);
-        }
-    }
-    let mut keep = BTreeSet::new();
-    while let Some(pid) = queue.pop() {
-        let Some(p) = full.process(pid) else { continue };
-        if !keep.insert(pid) {
-            continue;
-        }
-        queue.extend(
-            [p.ppid, p.pgid]
-                .into_iter()
-                .flatten()
-                .filter(|r| *r > 0 && *r != pid),
-        );
-    }
-    let mut s = full.clone();
-    s.processes.retain(|p| keep.contains(&p.pid));
-    s.scan.full_fd_scan = false;
-    s
-}
-
 /// Nodes that are mostly healthy, where `status` may answer from the listed processes: jobs
 /// (a group and session led by a leader that may be gone) whose members hold a GPU with a
 /// context (listed or not), hold its files without one (a monitor, a forked worker), or hold
@@ -1888,33 +1847,9 @@ proptest! {
         let mut full = s;
         full.departed.clear();
         full.work = None;
-        let policy = Policy::default();
-        let shallow = listed_only_view(&full);
-        let quick = classify(&shallow, &policy);
-        if vramguard_core::full_scan_needed(&shallow, &quick).is_some() {
-            return Ok(());
-        }
-        let truth = classify(&full, &policy);
-        for g in &truth.gpus {
-            prop_assert_eq!(g.ghost_bytes, 0, "GPU {} ghost in the full scan", g.index);
-            prop_assert_eq!(g.reclaimable_bytes, 0, "GPU {} reclaimable", g.index);
-            prop_assert_eq!(g.unexplained_bytes(), 0, "GPU {} unexplained", g.index);
-            prop_assert!(
-                !g.unaccounted.as_ref().is_some_and(|u| u.significant),
-                "GPU {} unaccounted in the full scan", g.index
-            );
-        }
-        let plan = plan_reclaim(&full, &truth, &ReclaimOptions::default());
-        prop_assert_eq!(plan.targets().count(), 0, "the full scan finds a default target");
-        for (qg, tg) in quick.gpus.iter().zip(&truth.gpus) {
-            for h in qg.holders.iter().filter(|h| h.listed) {
-                let t = tg.holders.iter().find(|t| t.pid == h.pid && t.listed);
-                prop_assert!(t.is_some(), "listed holder {} missing from the full scan", h.pid);
-                let t = t.unwrap();
-                prop_assert_eq!(t.class, h.class, "holder {}", h.pid);
-                prop_assert_eq!(t.used_bytes, h.used_bytes, "holder {}", h.pid);
-                prop_assert_eq!(t.dead_job.is_some(), h.dead_job.is_some(), "holder {}", h.pid);
-            }
+        let shallow = support::listed_only_view(&full);
+        if let Err(e) = support::listed_answer_agrees(&full, &shallow) {
+            prop_assert!(false, "{}", e);
         }
     }
 }
