@@ -20,6 +20,8 @@
 #   timing      case 8: status, status --sample 0s, status --json, status --full-scan,
 #               nvidia-smi and nvidia-smi --query-compute-apps, 5 runs each (bash's `time`),
 #               and which path status took (full_fd_scan);
+#   nvml-calls  `probe calls --samples 200` (text and JSON): each NVML call of the agent's
+#               sample timed on this driver;
 #   agent-cost  case 9: the agent at --interval 500ms for 20 s on a quiet GPU: CPU per
 #               sample (utime+stime of /proc/PID/stat over vramguard_collections_total) and RSS;
 #   probe       the release probe: TERM and KILL, 3 repeats of 4 GiB, --rate 1000, report;
@@ -89,6 +91,7 @@ STEPS=(
     "spawned|34|case 3: spawn_workers.py (2 spawned workers x 1 GiB), launcher SIGKILLed, script alive; snapshot, status, reclaim --yes"
     "busy|30|case 4: setsid bash -c 'python3 busy.py & exit 0' (bf16 matmul); status, snapshot, reclaim --yes; alive afterwards?"
     "timing|12|case 8: status, status --sample 0s, status --json, status --full-scan, nvidia-smi, nvidia-smi --query-compute-apps; 5 runs each; which path status took"
+    "nvml-calls|8|probe calls --samples 200: what each NVML call of the agent's sample costs on this driver"
     "agent-cost|26|case 9: agent --interval 500ms, 20 s on a quiet GPU: CPU per sample and RSS"
     "probe|40|probe release --signals TERM,KILL --repeat 3 --size 4GiB --rate 1000 --report"
     "run|12|vramguard run -- __cuda-hold 4 GiB, lifetime 3 s (the run summary)"
@@ -673,6 +676,14 @@ if step timing; then
     # Which path status took: the listed processes only (full_fd_scan false) or every process.
     vg timing-status.json 15 status --json
     log "  status full_fd_scan: $(grep -o '"full_fd_scan": *[a-z]*' "$DIR/timing-status.json" | head -1)"
+    end_step
+fi
+
+# --- what each NVML call of a sample costs (where the agent's time goes on silicon) ---------
+if step nvml-calls; then
+    vg nvml-calls.txt 6 probe calls --gpu "$GPU" --samples 200 --timeout 5s
+    vg nvml-calls.json 6 probe calls --gpu "$GPU" --samples 200 --timeout 5s --json
+    head -8 "$DIR/nvml-calls.txt" | while read -r l; do log "  $l"; done
     end_step
 fi
 

@@ -16,6 +16,7 @@ pub mod codes;
 mod deadline;
 mod nvml;
 pub mod read;
+pub mod timing;
 
 pub use deadline::DeadlineSource;
 pub use nvml::{NvmlSource, now_ms, unreachable_gpu};
@@ -103,6 +104,17 @@ pub trait GpuReader: Send + Sync + 'static {
 
     /// Called when the sample is complete (or given up on).
     fn end_sample(&self) {}
+
+    /// Hands GPU `index`'s calls to `use_device` (`vramguard probe calls` times them one by
+    /// one). A reader without per-call access answers `NOT_SUPPORTED`.
+    fn with_device(
+        &self,
+        index: u32,
+        use_device: &mut dyn FnMut(&mut dyn read::DeviceCalls),
+    ) -> Result<(), CallError> {
+        let _ = (index, use_device);
+        Err(read::not_supported("per-call access"))
+    }
 }
 
 /// Reads every GPU of `reader` in turn, on the calling thread, without deadlines: what a

@@ -580,6 +580,22 @@ impl GpuReader for NvmlSource {
         sample
     }
 
+    fn with_device(
+        &self,
+        index: u32,
+        use_device: &mut dyn FnMut(&mut dyn DeviceCalls),
+    ) -> Result<(), CallError> {
+        let device = self
+            .nvml()
+            .device_by_index(index)
+            .map_err(|e| call_error("nvmlDeviceGetHandleByIndex_v2", &e))?;
+        use_device(&mut NvmlDevice {
+            device,
+            v3_32: self.v3_32,
+        });
+        Ok(())
+    }
+
     fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
         let device = self
             .nvml()

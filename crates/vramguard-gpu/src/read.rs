@@ -217,7 +217,8 @@ fn plausible(p: &RawProcess, total: Option<u64>) -> bool {
         }
 }
 
-fn list_call(kind: ProcessKind, legacy: bool) -> &'static str {
+/// The NVML function that reads one process list.
+pub fn list_call(kind: ProcessKind, legacy: bool) -> &'static str {
     match (kind, legacy) {
         (ProcessKind::Compute, false) => "nvmlDeviceGetComputeRunningProcesses_v3",
         (ProcessKind::Graphics, false) => "nvmlDeviceGetGraphicsRunningProcesses_v3",

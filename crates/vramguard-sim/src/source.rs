@@ -410,6 +410,21 @@ impl GpuReader for SimSource {
         .map(|m| m.used)
     }
 
+    fn with_device(
+        &self,
+        index: u32,
+        use_device: &mut dyn FnMut(&mut dyn vramguard_gpu::read::DeviceCalls),
+    ) -> Result<(), CallError> {
+        if let Some(code) = meet_fault(&self.sim, "nvmlDeviceGetHandleByIndex_v2", Some(index)) {
+            return Err(fault_error("nvmlDeviceGetHandleByIndex_v2", code));
+        }
+        use_device(&mut SimDevice {
+            sim: &self.sim,
+            index,
+        });
+        Ok(())
+    }
+
     fn begin_sample(&self) {
         // One observation for the whole reading, as one instant of a real driver: fresh at
         // the start, then reused by every call of this sample.

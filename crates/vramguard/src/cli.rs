@@ -134,7 +134,7 @@ pub enum Command {
     /// kills, and a soak that fits the trend of the baseline (Markdown, JSON and SVG reports)
     #[command(
         subcommand,
-        after_help = "Examples:\n  vramguard probe release --gpu 0 --size 8GiB --signals TERM,INT,KILL --repeat 5 --report out/\n  vramguard probe concurrent --gpu 0 --workers 8 --size 2GiB --kill random\n  vramguard probe soak --gpu 0 --duration 30m --cycle 5s"
+        after_help = "Examples:\n  vramguard probe release --gpu 0 --size 8GiB --signals TERM,INT,KILL --repeat 5 --report out/\n  vramguard probe concurrent --gpu 0 --workers 8 --size 2GiB --kill random\n  vramguard probe soak --gpu 0 --duration 30m --cycle 5s\n  vramguard probe calls --gpu 0 --samples 200"
     )]
     Probe(ProbeCommand),
     /// Slurm: bring back a node vramguard drained once a GPU reset has freed its memory
@@ -836,6 +836,22 @@ pub enum ProbeCommand {
         /// Seed of the random kill order [default: from the clock, printed in the report]
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Time each NVML call of one sample of a GPU, as the agent and status make them
+    /// (allocates nothing, signals nothing)
+    Calls {
+        /// The GPU: an index or a GPU-… UUID
+        #[arg(long, default_value = "0", value_name = "GPU", value_parser = gpu_selector)]
+        gpu: GpuSelector,
+        /// Samples to time (1 to 100000)
+        #[arg(long, default_value_t = 100)]
+        samples: u32,
+        /// Give up when the samples take longer than this (a call stuck in the driver)
+        #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+        timeout: Duration,
+        /// Print the figures as JSON
+        #[arg(long)]
+        json: bool,
     },
     /// Allocate and free every CYCLE for DURATION; fit the trend of the baseline
     Soak {

@@ -35,6 +35,12 @@ pub fn run(settings: &Settings, cmd: &ProbeCommand) -> Result<i32> {
         ProbeCommand::Release { common, .. }
         | ProbeCommand::Concurrent { common, .. }
         | ProbeCommand::Soak { common, .. } => common,
+        ProbeCommand::Calls {
+            gpu,
+            samples,
+            timeout,
+            json,
+        } => return calls(settings, gpu, *samples, *timeout, *json),
     };
     let (bytes, timeout) = (common.size, common.timeout);
     if common.rate == 0 || common.rate > 10_000 {
@@ -275,6 +281,7 @@ fn experiment(probe: &Probe, cmd: &ProbeCommand, bytes: u64, json: bool) -> Resu
                 },
             )?)
         }
+        ProbeCommand::Calls { .. } => bail!("probe calls holds no memory: it is no experiment"),
         ProbeCommand::Soak {
             duration,
             cycle,
@@ -357,4 +364,147 @@ fn sim_holders(
             children: r.workers,
         })
     }
+}
+
+/// `probe calls`: what each NVML call of one sample costs on this driver. Exit 0, or 2 when
+/// the GPU cannot be read or the samples outlast `timeout`.
+fn calls(
+    settings: &Settings,
+    selector: &crate::gpusel::GpuSelector,
+    samples: u32,
+    timeout: Duration,
+    json: bool,
+) -> Result<i32> {
+    if !(1..=100_000).contains(&samples) {
+        bail!("--samples {samples}: between 1 and 100000");
+    }
+    let window = Duration::from_secs(settings.config.policy.idle_after_secs.max(1));
+    let reader = settings.gpu_reader()?;
+    let chosen = selector.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // On its own thread: a call stuck in the driver ends the measurement at `timeout`, not
+    // never (the thread is left behind, and the process exits).
+    std::thread::Builder::new()
+        .name("probe-calls".into())
+        .spawn(move || {
+            let _ = tx.send(time_selected(reader.as_ref(), &chosen, samples, window));
+        })?;
+    let (cost, driver) = match rx.recv_timeout(timeout) {
+        Ok(result) => result?,
+        Err(_) => bail!(
+            "GPU {selector}: {samples} samples took longer than {}: a call is stuck in the \
+             driver (check `nvidia-smi` and `dmesg | grep -i -e xid -e nvrm`), or ask for \
+             fewer --samples",
+            vramguard_core::units::format_duration(timeout)
+        ),
+    };
+    let version = driver
+        .driver_version
+        .as_deref()
+        .map(vramguard_core::sanitize::shown);
+    if json {
+        let out = serde_json::json!({
+            "schema_version": vramguard_core::SCHEMA_VERSION,
+            "driver_version": version,
+            "simulated": driver.source == vramguard_core::snapshot::DriverSource::Simulated,
+            "cost": cost,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print!("{}", render_calls(&cost, version.as_deref()));
+    }
+    Ok(0)
+}
+
+/// Resolves `--gpu` against the driver's GPUs (their UUIDs asked one by one) and times its
+/// calls: all of it inside `probe calls`' time limit.
+fn time_selected(
+    reader: &dyn vramguard_gpu::GpuReader,
+    selector: &crate::gpusel::GpuSelector,
+    samples: u32,
+    window: Duration,
+) -> Result<(
+    vramguard_gpu::timing::SampleCost,
+    vramguard_core::snapshot::DriverFacts,
+)> {
+    let head = reader.head()?;
+    let uuids: Vec<Option<String>> = (0..head.count)
+        .map(|index| {
+            let mut uuid = None;
+            let _ = reader.with_device(index, &mut |dev| uuid = dev.uuid().ok());
+            uuid
+        })
+        .collect();
+    let named: Vec<crate::gpusel::NamedGpu<'_>> = uuids
+        .iter()
+        .zip(0..)
+        .map(|(uuid, index)| crate::gpusel::NamedGpu {
+            index,
+            uuid: uuid.as_deref(),
+            mig_uuids: &[],
+        })
+        .collect();
+    let selection = crate::gpusel::resolve(std::slice::from_ref(selector), &named)?;
+    let gpu = *selection
+        .gpus
+        .iter()
+        .next()
+        .ok_or_else(|| anyhow!("--gpu {selector}: no such GPU"))?;
+    let cost = vramguard_gpu::timing::time_calls(reader, gpu, samples, window)?;
+    Ok((cost, head.driver))
+}
+
+/// The call table of `probe calls`, most expensive per sample first.
+fn render_calls(cost: &vramguard_gpu::timing::SampleCost, driver: Option<&str>) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "NVML calls of one sample of GPU {} (driver {}), {} sample(s), µs:\n",
+        cost.gpu,
+        driver.unwrap_or("unknown"),
+        cost.samples
+    );
+    let width = cost
+        .calls
+        .iter()
+        .map(|c| c.call.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:>7}  {:>9}  {:>9}  {:>9}  {:>10}  answers",
+        "call", "calls", "median", "p90", "max", "per sample"
+    );
+    for c in &cost.calls {
+        let mut answers = Vec::new();
+        if c.not_supported > 0 {
+            answers.push(format!("{} not supported", c.not_supported));
+        }
+        if c.not_found > 0 {
+            answers.push(format!("{} no sample in the window", c.not_found));
+        }
+        for (what, n) in &c.failed {
+            answers.push(format!(
+                "{n} failed: {}",
+                vramguard_core::sanitize::shown(what)
+            ));
+        }
+        let answers = if answers.is_empty() {
+            "ok".to_string()
+        } else {
+            answers.join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>7}  {:>9.1}  {:>9.1}  {:>9.1}  {:>10.1}  {answers}",
+            c.call, c.calls, c.median_us, c.p90_us, c.max_us, c.per_sample_us
+        );
+    }
+    let _ = writeln!(
+        out,
+        "every call of one sample: {:.1} µs (median); the driver-wide calls: {:.1} µs; the GPU \
+         read as each sample of vramguard reads it, Xid events included: {:.1} µs",
+        cost.calls_median_us, cost.head_median_us, cost.read_median_us
+    );
+    out
 }

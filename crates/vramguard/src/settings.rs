@@ -124,6 +124,16 @@ impl Settings {
         Ok(open_source(&self.driver, self.config.driver.call_timeout)?)
     }
 
+    /// The driver the setting selects, read call by call on the calling thread (no
+    /// deadlines: `probe calls` bounds the whole measurement instead).
+    pub fn gpu_reader(&self) -> Result<Box<dyn vramguard_gpu::GpuReader>> {
+        Ok(match &self.driver {
+            Driver::Sim { state } => Box::new(SimSource::open(state)?),
+            Driver::Nvml { lib } => Box::new(NvmlSource::open(lib.as_deref())?),
+            Driver::SimThroughNvml { lib, .. } => Box::new(NvmlSource::open(Some(lib))?),
+        })
+    }
+
     /// How GPUs are reset: `command` (a `--reset-command`, split on whitespace, with
     /// `{index}`, `{uuid}`, `{pci_bus_id}`), else the simulator's reset with `--sim`, else
     /// `nvidia-smi --gpu-reset -i {index}`. The one place the choice is made.

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use serde_json::Value;
+use serde_json::{Value, json};
 use vramguard_sim::state::AfterExit;
 
 fn probe(world: &World, args: &[&str]) -> (i32, Value) {
@@ -116,7 +116,7 @@ fn children_that_inherit_the_context_keep_the_memory_and_are_flagged() {
     let t = &r["results"]["trials"][0];
     assert_eq!(t["released"], false);
     assert_eq!(t["orphans_kept_memory"], true);
-    assert_eq!(t["leftover_bytes"], serde_json::json!(2 * GIB));
+    assert_eq!(t["leftover_bytes"], json!(2 * GIB));
     let after = t["release_after_children_ms"]
         .as_f64()
         .expect("released once the children were killed");
@@ -164,7 +164,7 @@ fn concurrent_kills_release_one_by_one_and_leaks_are_flagged() {
         ],
     );
     assert_eq!(code, 1, "{r:#}");
-    assert_eq!(r["results"]["leftover_bytes"], serde_json::json!(2 * GIB));
+    assert_eq!(r["results"]["leftover_bytes"], json!(2 * GIB));
 }
 
 #[test]
@@ -393,4 +393,111 @@ fn release_and_concurrent_show_each_step_as_it_ends() {
         .collect();
     assert_eq!(steps.len(), 3, "{err}");
     assert!(steps[2].ends_with("; done"), "{err}");
+}
+
+#[test]
+fn probe_calls_times_each_call_of_a_sample_through_nvml_and_in_process() {
+    // A remapped-rows read that takes 30 ms and a persistence-mode read that fails: the slow call
+    // heads the table, the failure is counted with what the driver said, and every call of
+    // the agent's sample is there once per sample. Nothing is allocated or signalled.
+    let world = World::new(2);
+    let _holder = start(
+        &world,
+        &["python3", "serve.py"],
+        spec(&world, json!([hold(1, 2)])),
+    );
+    world.update(|s| {
+        s.gpus[1]
+            .faults
+            .push(fault("nvmlDeviceGetRemappedRows", 0, Some(30)));
+        s.gpus[1]
+            .faults
+            .push(fault("nvmlDeviceGetPersistenceMode", 999, None));
+    });
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let r = Vg::new(&world, path)
+            .args(["probe", "calls", "--gpu", "1", "--samples", "4", "--json"])
+            .json(0);
+        let cost = &r["cost"];
+        assert_eq!(cost["gpu"], 1, "{r:#}");
+        assert_eq!(cost["samples"], 4, "{r:#}");
+        let calls = cost["calls"].as_array().unwrap();
+        let call = |name: &str| {
+            calls
+                .iter()
+                .find(|c| c["call"] == name)
+                .unwrap_or_else(|| panic!("{name} missing: {r:#}"))
+        };
+        assert_eq!(calls[0]["call"], "nvmlDeviceGetRemappedRows", "{r:#}");
+        assert!(calls[0]["median_us"].as_f64().unwrap() >= 30_000.0, "{r:#}");
+        let power = call("nvmlDeviceGetPersistenceMode");
+        assert_eq!(power["failed"].as_object().unwrap().len(), 1, "{r:#}");
+        assert_eq!(
+            power["failed"].as_object().unwrap().values().next(),
+            Some(&json!(4)),
+            "{r:#}"
+        );
+        for name in [
+            "nvmlDeviceGetMemoryInfo_v2",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetProcessUtilization",
+            "nvmlDeviceGetUUID",
+        ] {
+            assert_eq!(call(name)["calls"], 4, "{name}: {r:#}");
+        }
+        // The whole read, as a sample reads it, pays the slow sensor too.
+        assert!(
+            cost["read_median_us"].as_f64().unwrap() >= 30_000.0,
+            "{r:#}"
+        );
+        assert!(
+            cost["calls_median_us"].as_f64().unwrap() >= 30_000.0,
+            "{r:#}"
+        );
+    }
+    // The text table names the slow call first, and GPU 0 (no fault) is fast.
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["probe", "calls", "--gpu", "1", "--samples", "2"])
+        .code(0);
+    let text = stdout(&out);
+    let first_row = text.lines().nth(2).unwrap_or_default();
+    assert!(
+        first_row.starts_with("nvmlDeviceGetRemappedRows "),
+        "{text}"
+    );
+    assert!(text.contains("2 failed: "), "{text}");
+    let r = Vg::new(&world, Path_::InProcess)
+        .args(["probe", "calls", "--gpu", "0", "--samples", "2", "--json"])
+        .json(0);
+    assert!(
+        r["cost"]["calls_median_us"].as_f64().unwrap() < 30_000.0,
+        "{r:#}"
+    );
+    // A stuck call ends the measurement at --timeout with an error, not a hang.
+    world.update(|s| {
+        s.gpus[1].faults[0].delay_ms = Some(5_000);
+    });
+    let t = std::time::Instant::now();
+    let out = Vg::new(&world, Path_::InProcess)
+        .args([
+            "probe",
+            "calls",
+            "--gpu",
+            "1",
+            "--samples",
+            "3",
+            "--timeout",
+            "1s",
+        ])
+        .code(2);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        stderr(&out).contains("a call is stuck in the driver"),
+        "{}",
+        stderr(&out)
+    );
 }
