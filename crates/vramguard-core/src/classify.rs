@@ -231,6 +231,9 @@ struct Context<'a> {
     gpu_busy: BTreeMap<u32, Vec<(u32, u32, u64)>>,
     /// Local pids listed on a GPU that reports no per-process utilization, with that GPU.
     gpu_unknown: BTreeMap<u32, u32>,
+    /// GPUs whose process lists could not be read, by device minor, with why: who computes
+    /// there is unknown, so no holder of their device files is judged idle.
+    unreadable: BTreeMap<u32, (u32, String)>,
     /// Every process's tree top (see [`Context::group_walk`]) and the processes under each
     /// top: built on first use (only a dead job needs them).
     tree: std::cell::OnceCell<Tree>,
@@ -291,6 +294,7 @@ impl<'a> Context<'a> {
             reported: std::cell::OnceCell::new(),
             gpu_busy: BTreeMap::new(),
             gpu_unknown: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
             tree: Default::default(),
             children: BTreeMap::new(),
             own_work: Default::default(),
@@ -310,6 +314,12 @@ impl<'a> Context<'a> {
         for q in &snap.processes {
             if let Some(pp) = q.ppid.filter(|pp| *pp > 0) {
                 ctx.children.entry(pp).or_default().push(q.pid);
+            }
+        }
+        for gpu in &snap.gpus {
+            if let Some(why) = unread_process_list(gpu) {
+                let minor = ctx.minor_of(gpu);
+                ctx.unreadable.insert(minor, (gpu.index, why));
             }
         }
         let mut listed = BTreeSet::new();
@@ -1750,6 +1760,17 @@ impl<'a> Context<'a> {
         if !evidence.is_empty() {
             return Work::Working { evidence };
         }
+        // A GPU whose process lists failed shows neither who computes on it nor how much: a
+        // holder of its device file may be working there unseen (long kernels, little CPU).
+        if let Some((gpu, why)) = p
+            .device_files
+            .gpu_minors()
+            .find_map(|m| self.unreadable.get(&m))
+        {
+            return Work::Unknown {
+                why: format!("GPU {gpu} could not be read ({why}), so its work there is unknown"),
+            };
+        }
         let Some(s) = sample else {
             return Work::Unknown {
                 why: if self.snap.work.is_none() {
@@ -2430,6 +2451,21 @@ fn dead_job_verdict(gpu: u32, p: &ProcessFacts, work: &Work) -> (Class, Action) 
 }
 
 /// What to do about an idle holder of a live job: ask its owner.
+/// Why `gpu`'s processes are not all known, if they are not: the GPU failed, its compute list
+/// could not be read, or another of its lists (graphics, MPS) failed.
+fn unread_process_list(gpu: &GpuSample) -> Option<String> {
+    if let Some(f) = &gpu.failure {
+        return Some(format!("{} failed", f.call));
+    }
+    if let ProcessListState::Unavailable { error } = &gpu.process_list {
+        return Some(format!("{} failed", error.call));
+    }
+    gpu.warnings
+        .iter()
+        .find(|w| w.code.is_some() && w.call.contains("RunningProcesses"))
+        .map(|w| format!("{} failed", w.call))
+}
+
 fn idle_action(gpu: u32, p: &ProcessFacts, idle_after_secs: u64) -> Action {
     Action {
         summary: format!(

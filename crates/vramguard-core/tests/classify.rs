@@ -566,6 +566,75 @@ fn unlisted_device_holder_is_hidden_and_reclaimable_only_when_its_job_is_gone() 
 }
 
 #[test]
+fn no_holder_of_a_gpu_whose_process_lists_failed_is_judged_idle() {
+    // A worker of a dead job computing on GPU 1 with long kernels and little CPU: while GPU 1
+    // reads fine it is listed there and its utilization shows; when GPU 1's lists fail it is
+    // an unlisted holder of /dev/nvidia1 whose work nobody can see, never idle.
+    let holders = || vec![init(), proc_(600, 1, 599, "python", &[1])];
+    let failed = CallError {
+        call: "nvmlDeviceGetComputeRunningProcesses_v3".into(),
+        code: Some(999),
+        message: "Unknown Error".into(),
+    };
+    let readable = snapshot(vec![gpu(0, 0, &[]), gpu(1, 10 * GIB, &[])], holders());
+    let h = |r: &vramguard_core::Report| r.gpus[1].holders.iter().find(|h| h.pid == 600).cloned();
+    let control = classify(&readable, &Policy::default());
+    assert!(
+        h(&control).unwrap().action.reclaimable,
+        "the control must be reclaimable"
+    );
+    let mut lost_list = gpu(1, 10 * GIB, &[]);
+    lost_list.process_list = ProcessListState::Unavailable {
+        error: failed.clone(),
+    };
+    let mut lost_gpu = gpu(1, 0, &[]);
+    lost_gpu.memory = None;
+    lost_gpu.failure = Some(CallError {
+        call: "nvmlDeviceGetMemoryInfo_v2".into(),
+        code: Some(15),
+        message: "GPU is lost".into(),
+    });
+    let mut lost_graphics = gpu(1, 10 * GIB, &[]);
+    lost_graphics.warnings.push(CallError {
+        call: "nvmlDeviceGetGraphicsRunningProcesses_v3".into(),
+        ..failed.clone()
+    });
+    for (what, g1, call) in [
+        (
+            "compute list",
+            lost_list,
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+        ),
+        ("whole GPU", lost_gpu, "nvmlDeviceGetMemoryInfo_v2"),
+        (
+            "graphics list",
+            lost_graphics,
+            "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        ),
+    ] {
+        let s = snapshot(vec![gpu(0, 0, &[]), g1], holders());
+        let r = classify(&s, &Policy::default());
+        let why = format!("GPU 1 could not be read ({call} failed)");
+        for held in r.holders().filter(|(_, h)| h.pid == 600) {
+            let held = held.1;
+            assert!(!held.action.reclaimable, "{what}: {held:#?}");
+            match &held.work {
+                vramguard_core::report::Work::Unknown { why: w } => {
+                    assert!(w.contains(&why), "{what}: {w}")
+                }
+                other => panic!("{what}: work {other:?}"),
+            }
+        }
+        let plan = vramguard_core::plan::plan_reclaim(
+            &s,
+            &r,
+            &vramguard_core::plan::ReclaimOptions::default(),
+        );
+        assert_eq!(plan.targets().count(), 0, "{what}: {plan:#?}");
+    }
+}
+
+#[test]
 fn a_context_elsewhere_does_not_make_a_hidden_holder_but_blocks_reset() {
     // cuInit opens every visible /dev/nvidiaN: pid 100 computes on GPU 0 only.
     let s = snapshot(

@@ -940,3 +940,49 @@ fn a_plan_confirmed_late_is_made_again_and_spares_a_target_that_began_to_work() 
         "{lines:#?}"
     );
 }
+
+#[test]
+fn an_orphan_on_a_gpu_whose_process_list_fails_is_left_alone_and_it_says_why() {
+    // A dead job's worker on GPU 1. While GPU 1's compute list reads, the worker is an idle
+    // orphan and a target; when the list fails, nobody can see whether it computes there.
+    let world = World::new(2);
+    let mut trainer = spec(&world, json!([hold(1, 2)]));
+    trainer["group_leader"] = json!(true);
+    trainer["workers"] = json!([{ "argv": ["python3", "w.py"], "spec": {
+        "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(1, 1)] } }]);
+    let mut t = start(&world, &["python3", "train.py"], trainer);
+    t.crash();
+    let worker = t.workers[0];
+    let targets = |plan: &Value| -> Vec<u64> {
+        plan["plan"]["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|j| j["targets"].as_array().cloned().unwrap_or_default())
+            .filter_map(|t| t["pid"].as_u64())
+            .collect()
+    };
+    let plan = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--json"])
+        .json(0);
+    assert_eq!(targets(&plan), vec![u64::from(worker)], "{plan:#}");
+    world.update(|s| {
+        s.gpus[1]
+            .faults
+            .push(fault("nvmlDeviceGetComputeRunningProcesses_v3", 999, None))
+    });
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let (out, shown) = Vg::new(&world, path)
+            .args(["reclaim", "--yes", "--json"])
+            .output();
+        let o: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("$ {shown}: {e}\n{}", stderr(&out)));
+        assert!(targets(&o).is_empty(), "{o:#}");
+        let left = o["plan"]["left_alone"].to_string();
+        assert!(
+            left.contains(&format!("\"pid\":{worker}")) && left.contains("could not be read"),
+            "{o:#}"
+        );
+        assert!(alive(worker), "the worker was signalled");
+    }
+}
