@@ -826,6 +826,18 @@ impl Agent {
                     self.metrics.heal(&self.heal);
                 }
                 *self.alerts_config.write().expect("alerts config") = c.alerts.clone();
+                if c.policy != self.config.policy || c.reclaim != self.config.reclaim {
+                    // Time counted towards min_age under the old rules proves nothing under
+                    // the new ones (a stricter work threshold, a longer min_age): it starts
+                    // again.
+                    if !self.reclaimable_since.is_empty() {
+                        tracing::info!(
+                            holders = self.reclaimable_since.len(),
+                            "the policy or [reclaim] changed: min_age is counted again"
+                        );
+                    }
+                    self.forget_reclaimable();
+                }
                 if c.policy != self.config.policy {
                     // The node asks the driver for utilisation over the policy's idle window.
                     match (self.make_node)(&c.policy) {

@@ -626,6 +626,56 @@ fn automatic_reclaim_terminates_orphans_after_min_age() {
     assert_eq!(events.last().map(String::as_str), Some("result"));
 }
 
+/// Red-team finding: a reload kept the time a holder had been counted reclaimable under the
+/// old rules, so a holder could be reclaimed moments after a stricter policy took effect.
+#[test]
+fn a_reload_that_changes_the_rules_counts_min_age_again() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let config = |cpu: &str| {
+        format!(
+            "[policy]\nwork_cpu_percent = {cpu}\n[agent]\ninterval = \"200ms\"\n[reclaim]\nauto = true\nmin_age = \"8s\"\ngrace = \"2s\"\naudit_log = \"{}\"\n",
+            audit.display()
+        )
+    };
+    let agent = Agent::start(&world, Path_::InProcess, &config("5.0"));
+    let cfg = world
+        .dir
+        .path()
+        .join(format!("agent-{}.toml", std::process::id()));
+    let mut j = job(&world, 0);
+    j.crash();
+    // Watched as an orphan from about 2 s on: the old count ends near 10 s.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(j.workers.iter().all(|w| alive(*w)), "reclaimed before min_age");
+    std::fs::write(&cfg, config("4.0")).unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &agent.child.pid().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_until(5, "the reload", || {
+        agent.log_text().contains("config reloaded")
+    });
+    let reloaded = Instant::now();
+    assert!(
+        agent.log_text().contains("min_age is counted again"),
+        "{}",
+        agent.log_text()
+    );
+    wait_until(25, "the orphans to be reclaimed", || {
+        j.workers.iter().all(|w| !alive(*w))
+    });
+    // Counted from the reload: 8 s at least, where the old count would have ended 3 s in.
+    assert!(
+        reloaded.elapsed() >= Duration::from_secs(8),
+        "reclaimed {:?} after the reload",
+        reloaded.elapsed()
+    );
+}
+
 /// Issue 30: SIGTERM to the agent (a `systemctl stop`, an upgrade) during an automatic
 /// reclaim's grace period ended the process with the reclaim thread in it: targets that ignore
 /// SIGTERM stayed alive and the audit log ended at a `signal` record. The agent now finishes
