@@ -598,7 +598,7 @@ impl Config {
         };
         let mut policy = policy(&c, &raw.policy)?;
         policy.shm = shm_policy(&c, &raw.shm)?;
-        Ok(Config {
+        let config = Config {
             path: path.map(Path::to_path_buf),
             policy,
             kubernetes: KubernetesConfig {
@@ -641,7 +641,22 @@ impl Config {
                     .clone()
                     .unwrap_or_else(|| PathBuf::from("/var/lib/containers/storage")),
             },
-        })
+        };
+        // GPU work counts when it was seen in the last gpu_busy_recent: samples further apart
+        // leave moments nobody looked at, and a job computing only then would be reclaimed.
+        let recent = Duration::from_secs(config.policy.gpu_busy_recent_secs);
+        if config.reclaim.auto && config.agent.interval > recent {
+            return Err(c.err(
+                "agent.interval",
+                format!(
+                    "{} is longer than policy.gpu_busy_recent ({}) while [reclaim] auto is on: \
+                     GPU work between two samples would go unseen; sample at least that often",
+                    vramguard_core::units::format_duration(config.agent.interval),
+                    vramguard_core::units::format_duration(recent)
+                ),
+            ));
+        }
+        Ok(config)
     }
 }
 
@@ -1037,6 +1052,25 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Automatic reclaim rests on GPU work seen within gpu_busy_recent: samples further
+    /// apart than that are refused while it is on, and allowed while it is off.
+    #[test]
+    fn automatic_reclaim_refuses_samples_further_apart_than_gpu_work_is_remembered() {
+        let load = |toml: &str| Config::from_raw(None, toml::from_str(toml).unwrap());
+        let e = load("[agent]\ninterval = \"30s\"\n[reclaim]\nauto = true\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("agent.interval: 30.0s is longer than policy.gpu_busy_recent (10.0s)"),
+            "{e}"
+        );
+        assert!(load("[agent]\ninterval = \"30s\"\n").is_ok());
+        assert!(
+            load("[policy]\ngpu_busy_recent = \"60s\"\n[agent]\ninterval = \"30s\"\n[reclaim]\nauto = true\n")
+                .is_ok()
+        );
+        assert!(load("[agent]\ninterval = \"10s\"\n[reclaim]\nauto = true\n").is_ok());
+    }
 
     /// `none` is the defaults and reads no file, not even /etc/vramguard/config.toml.
     #[test]

@@ -647,7 +647,10 @@ fn a_reload_that_changes_the_rules_counts_min_age_again() {
     j.crash();
     // Watched as an orphan from about 2 s on: the old count ends near 10 s.
     std::thread::sleep(Duration::from_secs(7));
-    assert!(j.workers.iter().all(|w| alive(*w)), "reclaimed before min_age");
+    assert!(
+        j.workers.iter().all(|w| alive(*w)),
+        "reclaimed before min_age"
+    );
     std::fs::write(&cfg, config("4.0")).unwrap();
     assert!(
         Command::new("kill")
