@@ -339,7 +339,16 @@ impl<'a> Context<'a> {
                         .filter(|s| s.pid == p.pid && policy.is_gpu_work(s))
                     {
                         // Snapshots from before `last_busy_ms` existed: the newest sample.
-                        let busy_at = s.last_busy_ms.or(Some(s.last_seen_ms));
+                        // The reader stamps `last_busy_ms` at the default threshold; a policy
+                        // that counts less as work takes the newest sample, which is never
+                        // older (it can only say work is more recent).
+                        let busy_at = if policy.gpu_work_min_percent
+                            < crate::policy::DEFAULT_GPU_WORK_MIN_PERCENT
+                        {
+                            Some(s.last_seen_ms)
+                        } else {
+                            s.last_busy_ms.or(Some(s.last_seen_ms))
+                        };
                         if let Some(at) = busy_at {
                             let ago = snap.taken_at_ms.saturating_sub(at);
                             if ago <= recent_ms {

@@ -1112,6 +1112,27 @@ fn a_one_percent_sample_is_an_idle_context_and_five_percent_is_work() {
         classify(&s, &strict).gpus[0].holders[0].class,
         Class::Orphan
     );
+    // A policy that counts 1 % as work sees the newest 1 % sample, not the reader's stamp of
+    // the last sample at the default 2 % (30 s ago, outside gpu_busy_recent).
+    s.gpus[0].utilization.as_mut().unwrap().samples[0] = UtilizationSample {
+        pid: 501,
+        sm_percent: 1,
+        mem_percent: 0,
+        last_seen_ms: NOW_MS - 200,
+        last_busy_ms: Some(NOW_MS - 30_000),
+    };
+    let cautious = Policy {
+        gpu_work_min_percent: 1,
+        ..Policy::default()
+    };
+    assert_eq!(
+        classify(&s, &cautious).gpus[0].holders[0].class,
+        Class::Detached
+    );
+    assert_eq!(
+        classify(&s, &Policy::default()).gpus[0].holders[0].class,
+        Class::Orphan
+    );
 }
 
 #[test]
