@@ -91,6 +91,8 @@ struct Agent {
     last_fit: Option<Instant>,
     reclaimable_since: HashMap<(u32, u64), Instant>,
     reclaim_job: Option<Receiver<Result<ReclaimOutcome, AutoReclaimError>>>,
+    /// An automatic reclaim panicked: none is started again until the agent restarts.
+    reclaim_panicked: bool,
     /// SIGTERM and SIGINT, counted: an automatic reclaim running at shutdown finishes the
     /// decision it took on the first, and stops at once on the second.
     reclaim_stop: StopRequests,
@@ -688,7 +690,7 @@ impl Agent {
         for k in current {
             self.reclaimable_since.entry(k).or_insert(now);
         }
-        if !rc.auto || self.reclaim_job.is_some() {
+        if !rc.auto || self.reclaim_job.is_some() || self.reclaim_panicked {
             return;
         }
         let eligible: BTreeSet<(u32, u64)> = self
@@ -705,14 +707,28 @@ impl Agent {
         let (policy, rc) = (self.config.policy.clone(), rc.clone());
         let host = report.hostname.clone().unwrap_or_default();
         let stop = self.reclaim_stop.clone();
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("vramguard-reclaim".into())
             .spawn(move || {
-                let r = auto_reclaim(&make_node, &policy, &rc, &host, &eligible, &stop);
+                // A panic is a result too: the agent hears of it and stops reclaiming on its
+                // own, instead of waiting for a result that never comes.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    auto_reclaim(&make_node, &policy, &rc, &host, &eligible, &stop)
+                }))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no message".into());
+                    Err(AutoReclaimError::Panicked(what))
+                });
                 let _ = tx.send(r);
-            })
-            .expect("spawn the reclaim thread");
-        self.reclaim_job = Some(rx);
+            });
+        match spawned {
+            Ok(_) => self.reclaim_job = Some(rx),
+            Err(e) => self.record_reclaim(Err(AutoReclaimError::Thread(e))),
+        }
     }
 
     fn collect_reclaim(&mut self) {
@@ -780,6 +796,9 @@ impl Agent {
             }
             Err(e) => {
                 self.metrics.error("reclaim");
+                if matches!(e, AutoReclaimError::Panicked(_)) {
+                    self.reclaim_panicked = true;
+                }
                 tracing::error!("automatic reclaim failed: {e}");
             }
         }
@@ -916,6 +935,16 @@ pub enum AutoReclaimError {
     /// The executor stopped.
     #[error(transparent)]
     Execute(#[from] vramguard_ops::reclaim::ExecuteError),
+    /// The reclaim thread panicked (a bug): automatic reclaim stays off until the agent
+    /// restarts; the audit log says what was signalled before.
+    #[error(
+        "the automatic reclaim panicked ({0}): automatic reclaim is off until the agent \
+         restarts; the audit log says what was signalled"
+    )]
+    Panicked(String),
+    /// The reclaim thread could not be started: tried again at the next sample.
+    #[error("starting the reclaim thread: {0}; nothing was signalled")]
+    Thread(std::io::Error),
 }
 
 /// The agent's automatic reclaim, on a node of its own: the same pipeline as `vramguard
@@ -988,6 +1017,7 @@ impl Agent {
             holder_trends: HashMap::new(),
             last_fit: None,
             reclaimable_since: HashMap::new(),
+            reclaim_panicked: false,
             reclaim_job: None,
             reclaim_stop: StopRequests::new(),
             work: WorkSampler::new(),
@@ -1356,6 +1386,40 @@ mod tests {
             .filter(|l| l.contains("\"event\":\"signal\"") && l.contains("\"TERM\""))
             .count();
         assert_eq!(terms, 3, "{audit}");
+    }
+
+    /// A reclaim thread that panics is a result, not silence: the agent logs and counts it
+    /// and starts no automatic reclaim again until it restarts (before, the result never
+    /// came and automatic reclaim stopped without a word).
+    #[test]
+    fn a_panicking_reclaim_is_reported_and_stops_automatic_reclaim() {
+        let node = demo();
+        let (mut agent, _dir) = warmed_up(&node);
+        let clock = node.manual_clock().clone();
+        agent.make_node = Arc::new(|_: &Policy| -> Result<Box<dyn Node>, NodeError> {
+            panic!("a bug in the node")
+        });
+        for _ in 0..60 {
+            agent.sample();
+            clock.advance(Duration::from_secs(1));
+        }
+        assert!(
+            agent.reclaim_job.is_some(),
+            "min_age passed: a reclaim starts"
+        );
+        finish_reclaim(&mut agent);
+        assert!(agent.reclaim_panicked);
+        assert!(node.signals().is_empty(), "{:?}", node.signals());
+        let metrics = agent.metrics.render();
+        assert!(
+            metrics.contains("vramguard_collection_errors_total{kind=\"reclaim\"} 1"),
+            "{metrics}"
+        );
+        for _ in 0..120 {
+            agent.sample();
+            assert!(agent.reclaim_job.is_none(), "started again after a panic");
+            clock.advance(Duration::from_secs(1));
+        }
     }
 
     /// `min_age` is time in which every sample saw the holder reclaimable: while automatic
