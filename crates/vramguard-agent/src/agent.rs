@@ -684,19 +684,29 @@ impl Agent {
             include_keepers: false,
         };
         let plan = plan_reclaim(snap, report, &opts);
-        let current: BTreeSet<(u32, u64)> =
-            plan.targets().map(|t| (t.pid, t.start_ticks)).collect();
-        self.reclaimable_since.retain(|k, _| current.contains(k));
-        for k in current {
-            self.reclaimable_since.entry(k).or_insert(now);
+        let current: BTreeMap<(u32, u64), Class> = plan
+            .targets()
+            .map(|t| ((t.pid, t.start_ticks), t.class))
+            .collect();
+        self.reclaimable_since
+            .retain(|k, _| current.contains_key(k));
+        for k in current.keys() {
+            self.reclaimable_since.entry(*k).or_insert(now);
         }
         if !rc.auto || self.reclaim_job.is_some() || self.reclaim_panicked {
             return;
         }
+        // An idle holder of a live job is taken only once this agent has itself seen it idle
+        // in every sample for idle_after: the driver's per-process samples may reach back less
+        // far than the idle window, and a job that computed a few minutes ago is not idle.
+        let idle_after = Duration::from_secs(self.config.policy.idle_after_secs);
         let eligible: BTreeSet<(u32, u64)> = self
             .reclaimable_since
             .iter()
-            .filter(|(_, since)| now.saturating_duration_since(**since) >= rc.min_age)
+            .filter(|(k, since)| {
+                let seen = now.saturating_duration_since(**since);
+                seen >= rc.min_age && (current.get(k) != Some(&Class::Idle) || seen >= idle_after)
+            })
             .map(|(k, _)| *k)
             .collect();
         if eligible.is_empty() {
@@ -1386,6 +1396,42 @@ mod tests {
             .filter(|l| l.contains("\"event\":\"signal\"") && l.contains("\"TERM\""))
             .count();
         assert_eq!(terms, 3, "{audit}");
+    }
+
+    /// With `idle` included, a live job's idle holder is taken only after the agent itself
+    /// saw it idle in every sample for idle_after (here 120 s), even with a shorter min_age:
+    /// the driver's samples may not reach back over the whole idle window (red-team finding).
+    #[test]
+    fn an_idle_holder_is_taken_only_after_the_agent_saw_it_idle_for_idle_after() {
+        let node = FakeNode::incident("an_idle_holder_past_the_configured_threshold");
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = auto_reclaim_config(&dir.path().join("audit.jsonl"));
+        config.reclaim.include = vec![Class::Idle];
+        config.policy.idle_after_secs = 120;
+        let mut agent = agent_on(&node, config);
+        let clock = node.manual_clock().clone();
+        let mut became_idle = None;
+        let mut reclaimed = None;
+        for second in 0..400u64 {
+            agent.sample();
+            if became_idle.is_none() && !agent.reclaimable_since.is_empty() {
+                became_idle = Some(second);
+            }
+            if agent.reclaim_job.is_some() {
+                reclaimed = Some(second);
+                break;
+            }
+            clock.advance(Duration::from_secs(1));
+        }
+        let became_idle = became_idle.expect("the holders become idle");
+        let reclaimed = reclaimed.expect("the idle holders are reclaimed");
+        // Idle (class) from about 118 s on; min_age (60 s) alone would have let it go at 178.
+        assert!(
+            reclaimed - became_idle >= 120,
+            "idle from {became_idle} s, reclaimed at {reclaimed} s"
+        );
+        finish_reclaim(&mut agent);
+        assert!(!node.signals().is_empty());
     }
 
     /// A reclaim thread that panics is a result, not silence: the agent logs and counts it
