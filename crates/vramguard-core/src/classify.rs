@@ -1995,10 +1995,16 @@ impl<'a> Context<'a> {
         let mut blockers = Vec::new();
         let mut seen = BTreeSet::new();
         for h in holders {
-            if matches!(h.class, Class::Foreign | Class::Exited) {
+            if h.class == Class::Exited {
                 continue;
             }
-            let reason = if h.listed {
+            // A pid the driver lists from a namespace vramguard cannot see is a context all the
+            // same: a reset would end it.
+            let reason = if h.class == Class::Foreign {
+                "is listed by the driver with a context on this GPU, from a PID namespace \
+                 vramguard cannot see (foreign)"
+                    .to_string()
+            } else if h.listed {
                 format!("has a context on this GPU ({})", h.class)
             } else {
                 format!("holds the device file ({})", h.class)

@@ -364,6 +364,14 @@ fn missing_pid_in_a_container_is_foreign() {
     assert!(!h.action.reclaimable);
     // Foreign memory is not unaccounted: the driver did charge it to a pid.
     assert!(!r.gpus[0].unaccounted.as_ref().unwrap().significant);
+    // And it is a context all the same: a reset (even --reset=force) would end it.
+    let blockers = &r.gpus[0].reset_blockers;
+    assert!(
+        blockers
+            .iter()
+            .any(|b| b.pid == 4121 && b.reason.contains("foreign")),
+        "{blockers:?}"
+    );
 }
 
 #[test]
