@@ -978,13 +978,17 @@ fn auto_reclaim(
         include_shm: None,
         include_keepers: false,
     };
-    let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, |snap, report| {
+    let plan = |snap: &vramguard_core::Snapshot, report: &Report| {
         let mut plan = plan_reclaim(snap, report, &opts);
         // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
         plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
         plan
-    })?;
+    };
+    let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, plan)?;
     let mut audit = AuditLog::open(&rc.audit_log, host)?;
+    // An audit log on slow storage can take long to open: a plan older than the CLI's
+    // freshness limit is made again from a new sample, keeping only the targets it had.
+    let (prepared, _dropped) = prepared.refreshed(node.as_mut(), plan)?;
     Ok(prepared.run_observed(
         node.as_mut(),
         &mut audit,
