@@ -1258,15 +1258,38 @@ impl<'a> Run<'a> {
         Ok((outcomes, MemAvailable { before, after }))
     }
 
-    /// Phase 6: What ghost memory remains on the plan's GPUs, and why.
+    /// Phase 6: What remains on the plan's GPUs that is not proven free, and why: ghost
+    /// memory, memory no process accounts for whatever its cause (another namespace, MIG,
+    /// unreadable processes: not proven to be a live job's), and a GPU that cannot be read.
+    /// Exit 0, and a Slurm node's resume, need none of it.
     fn what_remains(&mut self) -> Result<Vec<Remaining>, ExecuteError> {
         let last = self.classified_snapshot()?;
         let mut remaining = Vec::new();
         for g in last
             .gpus
             .iter()
-            .filter(|g| self.plan.gpus.contains(&g.index) && g.ghost_bytes > 0)
+            .filter(|g| self.plan.gpus.contains(&g.index))
         {
+            if g.is_unreadable() || g.memory.is_none() {
+                remaining.push(Remaining {
+                    gpu: g.index,
+                    ghost_bytes: 0,
+                    why: vec![format!(
+                        "GPU {} could not be read after the reclaim{}: its memory is not known \
+                         to be free",
+                        g.index,
+                        g.failure
+                            .as_ref()
+                            .map(|f| format!(" ({f})"))
+                            .unwrap_or_default()
+                    )],
+                });
+                continue;
+            }
+            let unproven = g.unaccounted.as_ref().is_some_and(|u| u.significant);
+            if g.ghost_bytes == 0 && !unproven {
+                continue;
+            }
             let mut why: Vec<String> = g
                 .holders
                 .iter()
@@ -1844,6 +1867,55 @@ mod tests {
             .expect("GPU 0 considered");
         assert!(!r.attempted, "{r:?}");
         assert!(r.blockers.iter().any(|b| b.contains("16523")), "{r:?}");
+    }
+
+    /// Red-team finding: only ghost bytes counted as left behind, so memory nobody could
+    /// attribute (here a live pid whose bytes the driver does not give, as under MIG) or a
+    /// GPU that stopped answering gave exit 0, and a Slurm heal would resume the node.
+    #[test]
+    fn memory_not_proven_free_is_left_behind_and_the_exit_code_says_so() {
+        let node = demo();
+        node.edit_snapshot(|s| {
+            // GPU 1 without its residue: 4 GiB of live pid 16519, whose bytes the driver does
+            // not give (as under MIG).
+            if let Some(m) = s.gpus[1].memory.as_mut() {
+                m.used = 4 << 30;
+                m.free = m.total - m.reserved - m.used;
+            }
+            s.gpus[1].processes[0].used_bytes = None;
+        });
+        let out = reclaim(&node, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        assert_eq!(out.exit_code, 1, "{:?}", out.remaining);
+        let gpu1 = out
+            .remaining
+            .iter()
+            .find(|r| r.gpu == 1)
+            .expect("GPU 1 remains");
+        assert_eq!(gpu1.ghost_bytes, 0, "{gpu1:?}");
+        assert!(!gpu1.why.is_empty(), "{gpu1:?}");
+        // A GPU that cannot be read after the reclaim is not known to be free either.
+        let node = demo();
+        node.edit_snapshot(|s| {
+            s.gpus[1].memory = None;
+            s.gpus[1].processes.clear();
+            s.gpus[1].failure = Some(vramguard_core::snapshot::CallError {
+                call: "nvmlDeviceGetMemoryInfo_v2".into(),
+                code: Some(15),
+                message: "GPU is lost".into(),
+            });
+        });
+        let out = reclaim(&node, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        assert_eq!(out.exit_code, 1, "{:?}", out.remaining);
+        let gpu1 = out
+            .remaining
+            .iter()
+            .find(|r| r.gpu == 1)
+            .expect("GPU 1 remains");
+        assert!(gpu1.why[0].contains("could not be read"), "{gpu1:?}");
     }
 
     #[test]

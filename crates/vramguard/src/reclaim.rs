@@ -278,12 +278,16 @@ pub(crate) fn outcome_text(o: &ReclaimOutcome, audit: &std::path::Path) -> Strin
         );
     } else {
         for r in &o.remaining {
-            let _ = writeln!(
-                out,
-                "result: GPU {} still holds {} of ghost memory:",
-                r.gpu,
-                format_bytes(r.ghost_bytes)
-            );
+            if r.ghost_bytes > 0 {
+                let _ = writeln!(
+                    out,
+                    "result: GPU {} still holds {} of ghost memory:",
+                    r.gpu,
+                    format_bytes(r.ghost_bytes)
+                );
+            } else {
+                let _ = writeln!(out, "result: GPU {}'s memory is not proven free:", r.gpu);
+            }
             for w in &r.why {
                 let _ = writeln!(out, "    {}", escape(w));
             }
