@@ -80,6 +80,13 @@ impl ResetBackend {
     }
 }
 
+/// The longest a reset command may take: `nvidia-smi --gpu-reset` takes seconds; one hung on a
+/// wedged GPU is killed, and the reset counts as failed.
+pub const RESET_COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// What is kept of a reset command's output.
+const RESET_OUTPUT_MAX: u64 = 64 * 1024;
+
 fn run_reset_command(template: &[String], gpu: &ResetTarget) -> Result<String, ResetError> {
     let fill = |arg: &String| {
         arg.replace("{index}", &gpu.index.to_string())
@@ -94,13 +101,22 @@ fn run_reset_command(template: &[String], gpu: &ResetTarget) -> Result<String, R
             cause: "the reset command is empty".into(),
         });
     };
-    let out = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| ResetError::NotStarted {
+    let out = vramguard_proc::spawn::run_bounded(
+        std::process::Command::new(program).args(args),
+        RESET_COMMAND_TIMEOUT,
+        RESET_OUTPUT_MAX,
+    )
+    .map_err(|e| match e {
+        vramguard_proc::spawn::BoundedError::Start(e) => ResetError::NotStarted {
             command: command.clone(),
             cause: e.to_string(),
-        })?;
+        },
+        other => ResetError::CommandFailed {
+            command: command.clone(),
+            status: other.to_string(),
+            output: String::new(),
+        },
+    })?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout).trim(),

@@ -1103,6 +1103,27 @@ impl<'a> Run<'a> {
                 });
                 continue;
             }
+            if let Some(why) = self.reset_unsafe(&now_report, g) {
+                self.log(
+                    "reset_refused",
+                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "reason": why }),
+                )?;
+                resets.push(ResetOutcome {
+                    gpu: g.index,
+                    unaccounted_bytes: un.bytes,
+                    attempted: false,
+                    blockers: Vec::new(),
+                    result: format!("refused: {why}"),
+                    used_after: g.memory.map(|m| m.used),
+                });
+                continue;
+            }
+            // Looked at again right before this GPU's reset: waiting for earlier GPUs' resets
+            // (up to release_timeout each) leaves time for a new job to open this one.
+            let again = self.classified_snapshot()?;
+            let Some(g) = again.gpus.iter().find(|x| x.index == g.index) else {
+                continue;
+            };
             let blockers: Vec<String> = g.reset_blockers.iter().map(|b| b.to_string()).collect();
             if !blockers.is_empty() {
                 self.log(
@@ -1122,6 +1143,57 @@ impl<'a> Run<'a> {
             resets.push(self.reset_one(g, un.bytes)?);
         }
         Ok(resets)
+    }
+
+    /// Why resetting `g` could end a context vramguard cannot see or one being torn down,
+    /// if it could: vramguard does not see every process (another PID namespace, missing
+    /// privileges, no full scan), the unaccounted memory's holder is unknown, or a target of
+    /// this run that held the GPU survived SIGKILL (a thread still in the driver).
+    fn reset_unsafe(&self, report: &Report, g: &vramguard_core::GpuReport) -> Option<String> {
+        if report.pid_namespace_is_host != Some(true) {
+            return Some(
+                "vramguard does not run in the host's PID namespace: a reset could end a \
+                 context of a process it cannot see"
+                    .into(),
+            );
+        }
+        if !report.privileges().sees_every_process() || !report.full_fd_scan {
+            return Some(
+                "vramguard could not read every process's open files: a reset could end a \
+                 context it cannot see (run as root)"
+                    .into(),
+            );
+        }
+        if let Some(cause @ (UnaccountedCause::OtherNamespace | UnaccountedCause::Unknown)) =
+            g.unaccounted.as_ref().and_then(|u| u.cause)
+        {
+            return Some(format!(
+                "who holds the unaccounted memory is unknown ({cause:?}): a reset could end it"
+            ));
+        }
+        let stuck: Vec<u32> = self
+            .outcomes
+            .values()
+            .filter(|o| o.result == TargetResult::SurvivedKill)
+            .map(|o| o.pid)
+            .filter(|pid| {
+                self.plan
+                    .targets()
+                    .any(|t| t.pid == *pid && t.gpus.iter().any(|tg| tg.gpu == g.index))
+            })
+            .collect();
+        if !stuck.is_empty() {
+            return Some(format!(
+                "pid {} survived SIGKILL (a thread still in the driver?): reset only once it is \
+                 gone",
+                stuck
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        None
     }
 
     /// Resets one GPU and waits for its memory to return to the baseline.
@@ -1866,7 +1938,33 @@ mod tests {
             .find(|r| r.gpu == 0)
             .expect("GPU 0 considered");
         assert!(!r.attempted, "{r:?}");
-        assert!(r.blockers.iter().any(|b| b.contains("16523")), "{r:?}");
+        // Refused for the survivor itself, whether or not it still holds the device file (a
+        // process stuck in the driver's close path may hold none).
+        assert!(
+            r.result.contains("16523") && r.result.contains("survived SIGKILL"),
+            "{r:?}"
+        );
+    }
+
+    /// Red-team finding: --reset=force consulted only the blockers vramguard could see. From
+    /// a container's PID namespace, or with the holder of the memory unknown, a reset could end
+    /// a context it cannot see: refused, saying why.
+    #[test]
+    fn a_reset_is_refused_where_vramguard_cannot_see_every_holder() {
+        let node = demo();
+        node.edit_snapshot(|s| s.host.pid_namespace_is_host = Some(false));
+        let out = reclaim(&node, &opts(ResetMode::Force), None)
+            .outcome
+            .unwrap();
+        assert!(node.resets().is_empty(), "{:?}", node.resets());
+        // GPU 1's 6 GiB nobody holds: residue, were every process in view.
+        let r = out
+            .resets
+            .iter()
+            .find(|r| r.gpu == 1)
+            .expect("GPU 1 considered");
+        assert!(!r.attempted, "{r:?}");
+        assert!(r.result.contains("host's PID namespace"), "{r:?}");
     }
 
     /// Red-team finding: only ghost bytes counted as left behind, so memory nobody could

@@ -5,9 +5,8 @@
 use crate::cli::HealArgs;
 use crate::settings::Settings;
 use anyhow::{Context, Result};
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use vramguard_core::sanitize::{fit, shown};
 use vramguard_core::slurm::{SlurmNode, parse_job_ids, parse_node};
 use vramguard_ops::slurm::{HealOptions, HealResult, Scheduler, SlurmError, heal as heal_loop};
@@ -30,45 +29,13 @@ impl SlurmCommands {
             node: shown(node),
             what,
         };
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(format!("could not start {program}: {e}")))?;
-        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-            return Err(fail("no pipes".into()));
-        };
-        let read = |pipe: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let _ = pipe.take(MAX_OUTPUT).read_to_end(&mut buf);
-                buf
-            })
-        };
-        let (out, err) = (read(Box::new(out)), read(Box::new(err)));
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Ok(None) => {
-                    // Our own child: killing it by its handle cannot hit another process.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(fail(format!(
-                        "no answer within {}s",
-                        COMMAND_TIMEOUT.as_secs()
-                    )));
-                }
-                Err(e) => return Err(fail(format!("waiting for it: {e}"))),
-            }
-        };
-        let out = out.join().unwrap_or_default();
-        let err = err.join().unwrap_or_default();
+        let done = vramguard_proc::spawn::run_bounded(
+            Command::new(program).args(args),
+            COMMAND_TIMEOUT,
+            MAX_OUTPUT,
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        let (status, out, err) = (done.status, done.stdout, done.stderr);
         if !status.success() {
             let first = String::from_utf8_lossy(&err);
             let first = first.lines().next().unwrap_or("").trim();
