@@ -233,9 +233,22 @@ pub fn heal(
             "GPU reset did not free the memory: {}; node kept drained",
             failure_text(&outcome)
         ));
-        slurm.set_reason(name, &reason)?;
-        audit.record_at(ms, "heal_failed", json!({"node": name, "reason": reason}))?;
-        HealResult::KeptDrained { reason }
+        // Setting the reason drains the node: only while the drain is still ours (an admin
+        // who resumed the node, or drained it for maintenance, meanwhile keeps it so).
+        let now = slurm.node(name)?;
+        if now.drained_by_vramguard() {
+            slurm.set_reason(name, &reason)?;
+            audit.record_at(ms, "heal_failed", json!({"node": name, "reason": reason}))?;
+            HealResult::KeptDrained { reason }
+        } else {
+            audit.record_at(
+                ms,
+                "heal_skipped",
+                json!({"node": name, "why": "the drain changed hands during the reset",
+                       "reason": now.reason, "memory": reason}),
+            )?;
+            HealResult::NotOurs { reason: now.reason }
+        }
     };
     Ok(HealOutcome {
         node: name.to_string(),
@@ -451,6 +464,21 @@ mod tests {
         assert_eq!(out.exit_code(), 1);
         assert!(
             events.iter().any(|e| e.contains("heal_failed")),
+            "{events:?}"
+        );
+        // Resumed by an admin while the reset failed: setting the reason would drain the node
+        // again, so it is left as the admin left it (red-team finding).
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        node.refuse_resets("GPU 1 is in use by the X server");
+        let mut slurm = FakeSlurm {
+            states: vec![node_state("IDLE+DRAIN"), slurm_node("IDLE", "")],
+            ..Default::default()
+        };
+        let (out, events) = run(&node, &mut slurm);
+        assert!(matches!(out.result, HealResult::NotOurs { .. }), "{out:?}");
+        assert!(slurm.updates.is_empty(), "{:?}", slurm.updates);
+        assert!(
+            events.iter().any(|e| e.contains("heal_skipped")),
             "{events:?}"
         );
     }
