@@ -135,6 +135,16 @@ fn test_a_recorded_pid_that_is_now_another_process_is_not_signalled() {
 }
 
 #[test]
+fn test_children_alive_before_the_block_are_left_alone() {
+    python_test("test_guard.GuardTest.test_children_alive_before_the_block_are_left_alone");
+}
+
+#[test]
+fn test_names_are_escaped_as_vramguard_escapes_them() {
+    python_test("test_explain.VisibleTextTest.test_names_are_escaped_as_vramguard_escapes_them");
+}
+
+#[test]
 fn test_two_orphans_of_one_job_are_one_job() {
     python_test("test_explain.ExplainTest.test_two_orphans_of_one_job_are_one_job");
 }

@@ -185,6 +185,15 @@ for error in (ValueError("not an OOM"), torch.cuda.OutOfMemoryError(
             self.assertIn("diagnose --json --sample 250ms", f.read())
 
 
+class VisibleTextTest(unittest.TestCase):
+    def test_names_are_escaped_as_vramguard_escapes_them(self):
+        # Another user's command name in the hook's line: controls, C1 and the direction
+        # overrides that would reorder the line (red-team finding: these were printed as is).
+        shown = vramguard._visible("a\x1b]52;b\u202ec\u2066d\x9be\u200ff")
+        self.assertEqual(shown, "a\\e]52;b\\u{202e}c\\u{2066}d\\u{9b}e\\u{200f}f")
+        self.assertEqual(vramguard._visible("python3 train.py"), "python3 train.py")
+
+
 class ExplainOnTheSimulatorTest(unittest.TestCase):
     def test_status_answers_from_the_listed_processes_unless_asked_for_a_full_scan(self):
         # A live job holding memory, nothing unexplained: `status()` reads only the listed

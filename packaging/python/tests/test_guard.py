@@ -297,21 +297,51 @@ print("SLEEPER-END %%d %%d" %% (os.WIFSIGNALED(status), os.WTERMSIG(status) if o
         self.assert_ended_and_released(script)
 
     def test_a_recorded_pid_that_is_now_another_process_is_not_signalled(self):
-        # A pid reused by another process: here the record of a live holder is made to say
-        # it started one tick earlier, which is what a reused pid looks like to the guard.
+        # A pid reused by a process that is not the script's: here a holder the test itself
+        # started, recorded by hand with a start time one tick earlier, which is what a
+        # reused pid looks like to the guard.
+        child, start = start_holder(self.world.state)
+        self.world.track(child.pid, start)
         script = Script(self.world, PREAMBLE + """
+from vramguard._guard import _Tracked
+pid, start = int(os.environ["OTHER_PID"]), int(os.environ["OTHER_START"])
 with vramguard.guard(grace=5, watch=None) as g:
-    child = hold()
-    g._record()
-    g._tracked[child.pid].start -= 1
-print("AFTER %d 0" % int(child.poll() is None), flush=True)
+    g._tracked[pid] = _Tracked(pid, start - 1, "reused")
+print("DONE", flush=True)
+""", OTHER_PID=str(child.pid), OTHER_START=str(start))
+        code, out, err = script.finish()
+        self.assertEqual(code, 0, err)
+        self.assertIn("DONE", out)
+        self.assertNotIn("SIGTERM sent", err)
+        self.assertTrue(alive(child.pid, start))
+
+    def test_children_alive_before_the_block_are_left_alone(self):
+        # Red-team finding: an inner guard (a guarded evaluate() inside the training loop)
+        # ended the outer loop's persistent workers at its exit. Only what started inside a
+        # block is that block's to end.
+        script = Script(self.world, PREAMBLE + """
+before = hold()
+report("BEFORE", before.pid)
+with vramguard.guard(grace=5, watch=None):
+    outer = hold()
+    report("OUTER", outer.pid)
+    with vramguard.guard(grace=5, watch=None):
+        inner = hold()
+        report("INNER", inner.pid)
+    print("AFTER_INNER %d %d" % (int(outer.poll() is None), int(inner.poll() is None)),
+          flush=True)
+print("AFTER_OUTER %d %d" % (int(before.poll() is None), int(outer.poll() is None)),
+      flush=True)
 """)
-        script.expect("HOLDER")
-        self.assertEqual(script.expect("AFTER")[0], 1, "a pid whose start time differs was signalled")
+        self.assertEqual(script.expect("AFTER_INNER"), (1, 0),
+                         "the inner guard must end its own child only")
+        self.assertEqual(script.expect("AFTER_OUTER"), (1, 0),
+                         "the outer guard must end its child and leave the earlier one")
         code, _, err = script.finish()
         self.assertEqual(code, 0, err)
-        self.assertNotIn("SIGTERM sent", err)
-        self.assertTrue(alive(*script.seen["HOLDER"]))
+        self.assertTrue(alive(*script.seen["BEFORE"]))
+        self.assertFalse(alive(*script.seen["OUTER"]))
+        self.assertFalse(alive(*script.seen["INNER"]))
 
 
 if __name__ == "__main__":

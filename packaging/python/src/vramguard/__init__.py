@@ -94,27 +94,40 @@ def _run_json(command, gpus, sample, timeout, extra=()):
     if sample is not None:
         argv += ["--sample", _duration(sample)]
     try:
-        done = subprocess.run(
+        child = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            timeout=timeout,
-            check=False,
         )
     except OSError as e:
         raise VramguardError("could not run %s: %s" % (argv[0], e)) from e
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as e:
+        # subprocess.run would wait for the killed child without limit: a thread of it stuck
+        # in the driver (the GPU in a bad state, when this is asked) keeps it alive. It is
+        # killed and left behind; the budget holds.
+        child.kill()
+        try:
+            child.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+        for pipe in (child.stdout, child.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass
         raise VramguardError(
             "`vramguard %s` gave no answer within %g s" % (command, timeout)
         ) from e
     # `status` exits 2 when a GPU could not be read and `diagnose` 1 when the node is not
     # clean: both still print their document. No document means it failed.
-    out = done.stdout.decode("utf-8", "replace").strip()
+    out = stdout.decode("utf-8", "replace").strip()
     if not out:
-        message = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        message = stderr.decode("utf-8", "replace").strip().splitlines()
         raise VramguardError(
-            message[-1] if message else "vramguard exited %d" % done.returncode
+            message[-1] if message else "vramguard exited %d" % child.returncode
         )
     try:
         return json.loads(out)
@@ -139,6 +152,9 @@ def diagnose(gpus=None, sample=None, timeout=TIMEOUT_SECS):
     return _run_json("diagnose", gpus, sample, timeout)
 
 
+_BIDI = frozenset([0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+
+
 def _visible(text, limit=80):
     """Text from the report as it may be printed: other users choose command names, command
     lines and cgroup names, so control characters (C0, DEL, C1) become visible escapes, as
@@ -152,8 +168,12 @@ def _visible(text, limit=80):
             out.append("\\n")
         elif ch == "\t":
             out.append("\\t")
-        elif code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0:
+        elif code < 0x20 or code == 0x7F:
             out.append("\\x%02x" % code)
+        elif 0x80 <= code < 0xA0 or code in _BIDI:
+            # C1 controls, and the direction marks, overrides and isolates that reorder what
+            # the reader sees: as vramguard's own output shows them.
+            out.append("\\u{%x}" % code)
         else:
             out.append(ch)
     text = "".join(out)
@@ -606,8 +626,11 @@ def explain_oom(sample=OOM_SAMPLE_SECS, file=None, budget=OOM_BUDGET_SECS):
 
         def hook(kind, error, traceback):
             previous(kind, error, traceback)
-            if _is_cuda_oom(error):
-                _print_explanation(error, sample, budget, file)
+            try:
+                if _is_cuda_oom(error):
+                    _print_explanation(error, sample, budget, file)
+            except Exception:  # noqa: BLE001 - the hook must never raise in its turn
+                pass
 
         hook._vramguard_explain_oom = True
         sys.excepthook = hook
@@ -617,8 +640,11 @@ def explain_oom(sample=OOM_SAMPLE_SECS, file=None, budget=OOM_BUDGET_SECS):
 
         def thread_hook(args):
             previous_thread(args)
-            if _is_cuda_oom(args.exc_value):
-                _print_explanation(args.exc_value, sample, budget, file)
+            try:
+                if _is_cuda_oom(args.exc_value):
+                    _print_explanation(args.exc_value, sample, budget, file)
+            except Exception:  # noqa: BLE001 - the hook must never raise in its turn
+                pass
 
         thread_hook._vramguard_explain_oom = True
         threading.excepthook = thread_hook

@@ -6,9 +6,11 @@ GPU outlive it when the script dies of an exception or of torchrun's SIGTERM; th
 stays "used" until someone runs `vramguard reclaim`. The guard ends them itself, and only
 them:
 
-- only descendants of `os.getpid()`: the processes whose parent chain (`/proc/PID/stat`
-  field 4) leads to this process when the guard looks, plus those it recorded while it ran
-  (a grandchild whose parent exited is re-parented, but it was ours when recorded);
+- only descendants of `os.getpid()` started inside the block: the processes whose parent
+  chain (`/proc/PID/stat` field 4) leads to this process when the guard looks, plus those it
+  recorded while it ran (a grandchild whose parent exited is re-parented, but it was ours
+  when recorded); those already alive when the block was entered (an outer loop's
+  persistent DataLoader workers, a server an earlier notebook cell started) are left alone;
 - only those that hold a GPU: an open `nvidiaN` or `nvidia-uvm` device file in
   `/proc/PID/fd` (a monitor that holds only `nvidiactl` holds no memory);
 - only processes of this user (real, effective and saved uid all ours), never this process,
@@ -239,6 +241,10 @@ class Guard:
         self.signals = tuple(signals)
         self._owner = None
         self._tracked = {}
+        # (pid, start time) of the descendants alive when the block was entered: not ours.
+        self._before = set()
+        # False where /proc is not this process's PID namespace's: nothing is signalled.
+        self._proc_is_ours = True
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher = None
@@ -266,6 +272,17 @@ class Guard:
             log.warning("guard: Python %s has no pidfds (3.9 and Linux 5.3 needed): it will "
                         "signal nothing", ".".join(str(v) for v in sys.version_info[:3]))
         self._owner = os.getpid()
+        # A pidfd names the pid in this process's PID namespace, /proc/PID the one in /proc's:
+        # under `unshare -p` without a /proc of its own they differ, and a check through /proc
+        # would vouch for another process than the one signalled.
+        try:
+            self._proc_is_ours = os.readlink("/proc/self") == str(self._owner)
+        except OSError:
+            self._proc_is_ours = False
+        if not self._proc_is_ours:
+            log.warning("guard: /proc is not this process's PID namespace's (unshare -p "
+                        "without --mount-proc?): it will signal nothing")
+        self._before = {(pid, st.start) for pid, st in _descendants(self._owner).items()}
         self._record()
         if threading.current_thread() is threading.main_thread():
             self._install_handlers()
@@ -391,10 +408,19 @@ class Guard:
                     if st is None or st.start != t.start or st.state in ("Z", "X"):
                         del self._tracked[pid]
             for pid, st in found.items():
-                if pid in self._tracked or len(self._tracked) >= MAX_TRACKED:
+                known = self._tracked.get(pid)
+                if known is not None and known.start == st.start:
+                    continue
+                if known is None and len(self._tracked) >= MAX_TRACKED:
                     continue
                 if pid in (self._owner, os.getppid()) or st.state in ("Z", "X"):
                     continue
+                if (pid, st.start) in self._before:
+                    continue
+                if known is not None and known.pidfd is not None:
+                    # Being cleaned: its pidfd stays with the process it was opened for.
+                    continue
+                # New, or its pid now another descendant's (the recorded one exited).
                 self._tracked[pid] = _Tracked(pid, st.start, st.comm)
 
     # -- cleaning ----------------------------------------------------------------------
@@ -439,7 +465,7 @@ class Guard:
         return targets
 
     def _clean(self, why):
-        if not hasattr(signal, "pidfd_send_signal"):
+        if not hasattr(signal, "pidfd_send_signal") or not self._proc_is_ours:
             return
         self._record()
         targets = self._targets()
