@@ -981,7 +981,7 @@ fn auto_reclaim(
     let plan = |snap: &vramguard_core::Snapshot, report: &Report| {
         let mut plan = plan_reclaim(snap, report, &opts);
         // Only targets that have been reclaimable for min_age, re-checked from this snapshot.
-        plan.retain_targets(|t| eligible.contains(&(t.pid, t.start_ticks)));
+        plan.retain_targets(report, |t| eligible.contains(&(t.pid, t.start_ticks)));
         plan
     };
     let prepared = vramguard_ops::prepare(node.as_mut(), policy, rc.sample, plan)?;

@@ -147,11 +147,16 @@ impl Plan {
     }
 
     /// Keeps only the targets `keep` accepts (and the jobs that still have one).
-    pub fn retain_targets(&mut self, mut keep: impl FnMut(&Target) -> bool) {
+    pub fn retain_targets(&mut self, report: &Report, mut keep: impl FnMut(&Target) -> bool) {
         for job in &mut self.jobs {
             job.targets.retain(&mut keep);
         }
         self.jobs.retain(|j| !j.targets.is_empty());
+        // What comes back is what the remaining targets hold: the release wait and its
+        // verdict are measured against it.
+        let targets: BTreeMap<u32, Target> = self.targets().map(|t| (t.pid, t.clone())).collect();
+        let gpus = self.gpus.clone();
+        self.expected_free = expected_free(report, &targets, &|g| gpus.contains(&g));
     }
 
     /// Whether there is nothing to signal.

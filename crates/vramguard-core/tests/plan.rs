@@ -468,20 +468,25 @@ fn a_plan_with_targets_is_not_empty_and_retain_targets_drops_emptied_jobs() {
             p(401, 1, 400, "python", &[0]),
         ],
     );
-    let mut plan = plan_of(&s, &ReclaimOptions::default());
+    let report = classify(&s, &Policy::default());
+    let mut plan = plan_reclaim(&s, &report, &ReclaimOptions::default());
     assert!(plan.segments.is_empty());
     assert!(!plan.is_empty(), "two targets: {:#?}", plan.jobs);
     let leaders: Vec<Option<u32>> = plan.jobs.iter().map(|j| j.leader_pid).collect();
     assert_eq!(leaders, vec![Some(200), Some(400)]);
+    assert_eq!(plan.expected_free.get(&0), Some(&(8 * GIB)));
 
     // The agent keeps only the targets that stayed eligible: the other job goes with its
     // last target, and the plan is still not empty.
-    plan.retain_targets(|t| t.pid == 401);
+    plan.retain_targets(&report, |t| t.pid == 401);
     let leaders: Vec<Option<u32>> = plan.jobs.iter().map(|j| j.leader_pid).collect();
     assert_eq!(leaders, vec![Some(400)]);
     assert!(!plan.is_empty());
+    // What comes back is what the remaining target holds (red-team finding: the dropped
+    // target's bytes were still expected, so the release wait ran its whole timeout).
+    assert_eq!(plan.expected_free.get(&0), Some(&(4 * GIB)));
 
-    plan.retain_targets(|_| false);
+    plan.retain_targets(&report, |_| false);
     assert!(plan.jobs.is_empty(), "{:#?}", plan.jobs);
     assert!(plan.is_empty());
 }

@@ -1436,7 +1436,7 @@ impl Prepared {
         let fresh = prepare(node, &self.policy, self.sample, |snap, report| {
             let mut fresh = plan(snap, report);
             let mut unconfirmed = Vec::new();
-            fresh.retain_targets(|t| {
+            fresh.retain_targets(report, |t| {
                 let keep = confirmed.contains(&identity(t));
                 if !keep {
                     unconfirmed.push(vramguard_core::plan::LeftAlone {
