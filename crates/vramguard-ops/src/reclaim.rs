@@ -1011,11 +1011,26 @@ impl<'a> Run<'a> {
         }
         let deadline = self.node.clock().now() + self.opts.release_timeout;
         let mut announced = vec![false; watch.len()];
+        let mut unread = vec![false; watch.len()];
         while !watch.iter().all(|(w, _)| w.released()) {
             self.check_stop(None)?;
             let now = self.node.clock().now();
             for (k, (w, last_exit)) in watch.iter_mut().enumerate() {
-                let used = self.node.memory_used(w.gpu)?;
+                // Signals went out: a GPU that cannot be read now is recorded and waited for,
+                // not a reason to stop without saying what was done.
+                let used = match self.node.memory_used(w.gpu) {
+                    Ok(used) => used,
+                    Err(e) => {
+                        if !unread[k] {
+                            unread[k] = true;
+                            self.log(
+                                "release_unread",
+                                json!({ "gpu": w.gpu, "error": e.to_string() }),
+                            )?;
+                        }
+                        continue;
+                    }
+                };
                 let since_exit = now.saturating_duration_since(*last_exit);
                 w.observe(used, since_exit.as_millis() as u64);
                 if w.released() && !announced[k] {
@@ -1074,7 +1089,27 @@ impl<'a> Run<'a> {
     /// never while a process holds the device.
     fn reset_gpus(&mut self) -> Result<Vec<ResetOutcome>, ExecuteError> {
         let mut resets = Vec::new();
-        let now_report = self.classified_snapshot()?;
+        let now_report = match self.classified_snapshot() {
+            Ok(report) => report,
+            Err(e) => {
+                // Nothing is reset blind; the result still says what was done.
+                let why = format!("skipped: the GPUs could not be read ({e})");
+                self.log("reset_skipped", json!({ "reason": why }))?;
+                return Ok(self
+                    .plan
+                    .gpus
+                    .iter()
+                    .map(|gpu| ResetOutcome {
+                        gpu: *gpu,
+                        unaccounted_bytes: 0,
+                        attempted: false,
+                        blockers: Vec::new(),
+                        result: why.clone(),
+                        used_after: None,
+                    })
+                    .collect());
+            }
+        };
         for g in now_report
             .gpus
             .iter()
@@ -1120,7 +1155,22 @@ impl<'a> Run<'a> {
             }
             // Looked at again right before this GPU's reset: waiting for earlier GPUs' resets
             // (up to release_timeout each) leaves time for a new job to open this one.
-            let again = self.classified_snapshot()?;
+            let again = match self.classified_snapshot() {
+                Ok(report) => report,
+                Err(e) => {
+                    let why = format!("skipped: GPU {} could not be read again ({e})", g.index);
+                    self.log("reset_skipped", json!({ "gpu": g.index, "reason": why }))?;
+                    resets.push(ResetOutcome {
+                        gpu: g.index,
+                        unaccounted_bytes: un.bytes,
+                        attempted: false,
+                        blockers: Vec::new(),
+                        result: why,
+                        used_after: None,
+                    });
+                    continue;
+                }
+            };
             let Some(g) = again.gpus.iter().find(|x| x.index == g.index) else {
                 continue;
             };
@@ -1214,10 +1264,16 @@ impl<'a> Run<'a> {
         let baseline = self.policy.baseline_for(g.index, g.uuid.as_deref());
         let tolerance = g.memory.map_or(0, |m| self.policy.tolerance_for(m.total));
         let mut used_after = None;
+        let mut unread = None;
         if result.is_ok() {
             let deadline = self.node.clock().now() + self.opts.release_timeout;
             loop {
-                used_after = Some(self.node.memory_used(g.index)?);
+                // NVML often errs for a moment right after a reset: read again until the
+                // deadline, and record what was done whatever it says.
+                match self.node.memory_used(g.index) {
+                    Ok(used) => used_after = Some(used),
+                    Err(e) => unread = Some(e.to_string()),
+                }
                 if used_after.is_some_and(|u| u <= baseline + tolerance)
                     || self.node.clock().now() >= deadline
                 {
@@ -1230,6 +1286,10 @@ impl<'a> Run<'a> {
             Ok(msg) if used_after.is_some_and(|u| u <= baseline + tolerance) => {
                 format!("reset done, memory back to baseline: {msg}")
             }
+            Ok(msg) if used_after.is_none() => format!(
+                "reset done but the memory could not be read afterwards ({}): {msg}",
+                unread.as_deref().unwrap_or("no reading")
+            ),
             Ok(msg) => format!("reset done but memory did not return to baseline: {msg}"),
             Err(e) => format!("reset failed: {e}"),
         };
@@ -1335,7 +1395,24 @@ impl<'a> Run<'a> {
     /// unreadable processes: not proven to be a live job's), and a GPU that cannot be read.
     /// Exit 0, and a Slurm node's resume, need none of it.
     fn what_remains(&mut self) -> Result<Vec<Remaining>, ExecuteError> {
-        let last = self.classified_snapshot()?;
+        let last = match self.classified_snapshot() {
+            Ok(report) => report,
+            Err(e) => {
+                return Ok(self
+                    .plan
+                    .gpus
+                    .iter()
+                    .map(|gpu| Remaining {
+                        gpu: *gpu,
+                        ghost_bytes: 0,
+                        why: vec![format!(
+                            "the GPUs could not be read after the reclaim ({e}): not known to \
+                             be free"
+                        )],
+                    })
+                    .collect());
+            }
+        };
         let mut remaining = Vec::new();
         for g in last
             .gpus
@@ -2014,6 +2091,62 @@ mod tests {
             .find(|r| r.gpu == 1)
             .expect("GPU 1 remains");
         assert!(gpu1.why[0].contains("could not be read"), "{gpu1:?}");
+    }
+
+    /// Red-team finding: once signals went out, a GPU that could not be read (NVML erring
+    /// right after a kill or a reset) ended the run with an error: no reset record, no
+    /// result record, and the CLI printed no per-target outcome. Now what was done is
+    /// recorded, nothing is reset blind, and the result says the memory is not known to be
+    /// free.
+    #[test]
+    fn a_gpu_that_stops_answering_after_the_signals_still_gets_a_result() {
+        struct LoseTheDriver(FakeNode);
+        impl ReclaimObserver for LoseTheDriver {
+            fn observe(&mut self, event: &Progress) {
+                if matches!(event, Progress::Exited { .. }) {
+                    self.0.driver_gone(true);
+                }
+            }
+        }
+        let node = demo();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        let out = prepared
+            .run_observed(
+                &mut n,
+                &mut audit,
+                &opts(ResetMode::Auto),
+                &mut LoseTheDriver(node.clone()),
+                &StopRequests::new(),
+            )
+            .expect("a result, not an error");
+        assert_eq!(out.exit_code, 1, "{:?}", out.remaining);
+        assert!(node.resets().is_empty(), "{:?}", node.resets());
+        assert!(!out.targets.is_empty());
+        assert!(
+            out.remaining
+                .iter()
+                .all(|r| r.why.iter().any(|w| w.contains("could not be read"))),
+            "{:?}",
+            out.remaining
+        );
+        let audit = std::fs::read_to_string(&path).unwrap();
+        assert!(audit.contains("\"event\":\"reset_skipped\""), "{audit}");
+        assert!(
+            audit
+                .lines()
+                .last()
+                .unwrap()
+                .contains("\"event\":\"result\""),
+            "{audit}"
+        );
     }
 
     #[test]
