@@ -79,7 +79,14 @@ pub struct ExecuteOptions {
     pub poll: Duration,
     /// Resets.
     pub reset: ResetMode,
+    /// No SIGTERM after this (on the node's clock): a target reached later (an audit log on
+    /// slow storage, thousands of targets) is left alone, its work evidence too old.
+    /// [`Prepared::run`] sets it to [`SIGNAL_WITHIN`] after the plan was made.
+    pub signal_by: Option<Instant>,
 }
+
+/// How long after its plan was made a reclaim may still send a first SIGTERM.
+pub const SIGNAL_WITHIN: Duration = Duration::from_secs(20);
 
 impl ExecuteOptions {
     /// The usual options: 5 s for SIGKILLed processes to exit, the driver polled every 20 ms.
@@ -90,6 +97,7 @@ impl ExecuteOptions {
             release_timeout,
             poll: Duration::from_millis(20),
             reset,
+            signal_by: None,
         }
     }
 }
@@ -750,9 +758,22 @@ impl<'a> Run<'a> {
                 },
             );
             self.check_stop(None)?;
-            if self.interrupted {
-                // The decision is finished, not extended: no new SIGTERM after Ctrl-C.
-                let reason = "the reclaim was interrupted before its SIGTERM".to_string();
+            let late = self
+                .opts
+                .signal_by
+                .is_some_and(|by| self.node.clock().now() > by);
+            if self.interrupted || late {
+                // The decision is finished, not extended: no new SIGTERM after Ctrl-C, nor
+                // once the evidence it rests on is too old.
+                let reason = if self.interrupted {
+                    "the reclaim was interrupted before its SIGTERM".to_string()
+                } else {
+                    format!(
+                        "its turn came more than {}s after the plan was made (a slow audit \
+                         log?): its work evidence is too old; reclaim again",
+                        SIGNAL_WITHIN.as_secs()
+                    )
+                };
                 let o = self.outcome(t.pid);
                 o.result = TargetResult::NotSignalled;
                 o.detail = Some(reason.clone());
@@ -1581,6 +1602,10 @@ impl Prepared {
         observer: &mut dyn ReclaimObserver,
         stop: &StopRequests,
     ) -> Result<ReclaimOutcome, ExecuteError> {
+        let opts = ExecuteOptions {
+            signal_by: Some(self.made_at + SIGNAL_WITHIN),
+            ..opts.clone()
+        };
         execute(
             &self.plan,
             &self.pins,
@@ -1588,7 +1613,7 @@ impl Prepared {
             node,
             &self.policy,
             audit,
-            opts,
+            &opts,
             observer,
             stop,
         )
@@ -2146,6 +2171,56 @@ mod tests {
                 .unwrap()
                 .contains("\"event\":\"result\""),
             "{audit}"
+        );
+    }
+
+    /// Red-team finding: the time between the last work observation and a SIGTERM was
+    /// bounded once, at confirmation; a record per target, each synced, on slow storage could
+    /// stretch it without limit. A target whose turn comes more than SIGNAL_WITHIN after the
+    /// plan was made is left alone, saying why.
+    #[test]
+    fn a_target_reached_too_long_after_the_plan_is_left_alone() {
+        struct SlowDisk(FakeNode);
+        impl ReclaimObserver for SlowDisk {
+            fn observe(&mut self, event: &Progress) {
+                if matches!(event, Progress::Signalled { signal: "TERM", .. }) {
+                    self.0
+                        .manual_clock()
+                        .advance(SIGNAL_WITHIN + Duration::from_secs(1));
+                }
+            }
+        }
+        let node = demo();
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        assert_eq!(prepared.plan.targets().count(), 3);
+        let out = prepared
+            .run_observed(
+                &mut n,
+                &mut audit,
+                &opts(ResetMode::Never),
+                &mut SlowDisk(node.clone()),
+                &StopRequests::new(),
+            )
+            .unwrap();
+        let terms = sent(&node).iter().filter(|s| s.1 == "TERM").count();
+        assert_eq!(terms, 1, "{:?}", sent(&node));
+        let late: Vec<&TargetOutcome> = out
+            .targets
+            .iter()
+            .filter(|t| t.result == TargetResult::NotSignalled)
+            .collect();
+        assert_eq!(late.len(), 2, "{:?}", out.targets);
+        assert!(
+            late.iter()
+                .all(|t| t.detail.as_deref().is_some_and(|d| d.contains("too old"))),
+            "{late:?}"
         );
     }
 
