@@ -763,7 +763,8 @@ pub enum SlurmCommand {
 
 #[derive(Debug, Args, Clone)]
 pub struct HealArgs {
-    /// The Slurm node name of this machine [default: the short host name]
+    /// The Slurm node name of this machine [default: $SLURMD_NODENAME, else the short host
+    /// name]
     #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
     /// How long to wait for the node to have no running or completing job

@@ -138,8 +138,25 @@ pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
     crate::reclaim::check_own_proc(&settings.proc_root)?;
     let name = match &args.node {
         Some(n) => n.clone(),
-        None => short_hostname().context("no --node given and no host name to use instead")?,
+        // slurmd names this node in its prolog's and epilog's environment; its NodeName can
+        // differ from the host name (and a host name can be another node's NodeName).
+        None => match std::env::var("SLURMD_NODENAME") {
+            Ok(n) if !n.is_empty() => n,
+            _ => short_hostname()
+                .context("no --node given, no SLURMD_NODENAME, and no host name to use instead")?,
+        },
     };
+    if name.is_empty()
+        || name.len() > 256
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        anyhow::bail!(
+            "node name {:?}: a Slurm node name is letters, digits, '-', '_' and '.'",
+            vramguard_core::sanitize::shown(&name)
+        );
+    }
     let mut node = settings.node(&settings.config.policy, args.reset_command.as_deref())?;
     let host = short_hostname().unwrap_or_default();
     let mut audit = AuditLog::open(&args.audit_log, &host).with_context(

@@ -673,3 +673,27 @@ fn status_fits_80_120_and_200_columns_and_uses_the_width() {
         .unwrap_or(0);
     assert!(longest <= 160, "{longest}");
 }
+
+/// `slurm heal` names the node from --node, else slurmd's SLURMD_NODENAME, else the short host
+/// name; a name that is no Slurm node name is refused in one line before Slurm or a GPU is
+/// touched (it goes into `scontrol` arguments and the audit log).
+#[test]
+fn slurm_heal_takes_slurmds_node_name_and_refuses_one_that_is_no_node_name() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("heal-audit.jsonl");
+    for (flag, env) in [(Some("gpu07;reboot"), None), (None, Some("gpu 07\x1b[2J"))] {
+        let mut vg = Vg::new(&world, Path_::InProcess).args(["slurm", "heal"]);
+        if let Some(f) = flag {
+            vg = vg.args(["--node", f]);
+        }
+        if let Some(e) = env {
+            vg = vg.env("SLURMD_NODENAME", e);
+        }
+        let out = vg.arg_path("--audit-log", &audit).code(2);
+        let err = stderr(&out);
+        assert!(err.contains("a Slurm node name is letters"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(!err.contains('\x1b'), "{err:?}");
+        assert!(!audit.exists(), "nothing may be recorded for a bad name");
+    }
+}
