@@ -413,6 +413,15 @@ impl Server {
         let std_listener = std::net::TcpListener::bind(listen).map_err(listening)?;
         std_listener.set_nonblocking(true).map_err(listening)?;
         let addr = std_listener.local_addr().map_err(listening)?;
+        if !addr.ip().is_loopback() && !auth.enabled() {
+            tracing::warn!(
+                %addr,
+                tls = tls.is_some(),
+                "listening beyond loopback without basic_auth_users: anyone who reaches the \
+                 port reads the node's holders, users and command names (give a web config \
+                 with --web.config.file)"
+            );
+        }
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let app = router(shared, Arc::new(auth));
         let thread = std::thread::Builder::new()

@@ -126,12 +126,15 @@ fn spawn_worker(key: &SinkKey, cfg: &AlertsConfig, stop: Arc<AtomicBool>) -> Wor
                 if let Some(w) = &webhook
                     && let Err(e) = post(w, &n, &stop)
                 {
-                    tracing::error!(url = %w.url, rule = %n.rule, "webhook failed: {e}");
+                    // Scheme and host only: webhook URLs carry their tokens (Slack, Teams,
+                    // ?token=, user:password@).
+                    tracing::error!(url = %url_host(&w.url), rule = %n.rule, "webhook failed: {e}");
                 }
                 if let Some(x) = &exec_sink
                     && let Err(e) = exec(x, &n, &stop)
                 {
-                    tracing::error!(command = ?x.argv, rule = %n.rule, "alert command failed: {e}");
+                    // The program only: its arguments may carry a token.
+                    tracing::error!(command = %x.argv[0], rule = %n.rule, "alert command failed: {e}");
                 }
             }
         })
@@ -222,6 +225,9 @@ pub enum DeliveryError {
         /// The last try's error.
         last: ureq::Error,
     },
+    /// The webhook answered with a redirect, which is not followed.
+    #[error("answered {0}, a redirect: not followed (give the final URL)")]
+    Redirected(u16),
     /// The command could not be started.
     #[error("starting {program}: {cause}")]
     NotStarted {
@@ -244,10 +250,22 @@ pub enum DeliveryError {
     Wait(std::io::Error),
 }
 
+/// `scheme://host[:port]` of a URL, without user information, path or query (where tokens
+/// are).
+fn url_host(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    vramguard_core::sanitize::fit(&format!("{scheme}://{host}"), 120)
+}
+
 fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), DeliveryError> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(w.timeout))
         .http_status_as_error(true)
+        // A redirect is not followed: the receiver (or whoever answers for it) could send the
+        // agent, running as root, to an internal address.
+        .max_redirects(0)
         .build()
         .into();
     let payload = body(n);
@@ -259,6 +277,9 @@ fn post(w: &Webhook, n: &Notification, stop: &AtomicBool) -> Result<(), Delivery
             .header("content-type", "application/json")
             .send(payload.as_str())
         {
+            Ok(r) if r.status().is_redirection() => {
+                return Err(DeliveryError::Redirected(r.status().as_u16()));
+            }
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
@@ -424,6 +445,48 @@ mod tests {
             started_at_ms: 0,
             at_ms: 0,
         }
+    }
+
+    /// Red-team findings: a webhook's redirect was followed (the root agent sent to an
+    /// internal address), and a failed delivery logged the whole URL with its token.
+    #[test]
+    fn a_webhook_redirect_is_not_followed_and_the_url_is_logged_without_its_token() {
+        use std::io::{Read, Write};
+        let internal = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        internal.set_nonblocking(true).unwrap();
+        let receiver = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = format!("http://{}/latest/meta-data", internal.local_addr().unwrap());
+        let url = format!(
+            "http://{}/hook?token=s3cret",
+            receiver.local_addr().unwrap()
+        );
+        let answer = std::thread::spawn(move || {
+            let (mut c, _) = receiver.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ = write!(
+                c,
+                "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        });
+        let hook = Webhook {
+            url: url.clone(),
+            timeout: Duration::from_secs(5),
+            retries: 0,
+        };
+        let r = post(&hook, &notification(), &AtomicBool::new(false));
+        answer.join().unwrap();
+        assert!(matches!(r, Err(DeliveryError::Redirected(302))), "{r:?}");
+        assert!(internal.accept().is_err(), "the redirect was followed");
+        let shown = url_host(&url);
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("hook"),
+            "{shown}"
+        );
+        assert_eq!(
+            url_host("https://bot:pa55@hooks.example.com:8443/services/T0/B0/XyZ"),
+            "https://hooks.example.com:8443"
+        );
     }
 
     /// A webhook receiver that accepts connections and never answers.

@@ -34,6 +34,42 @@ pub struct WebConfig {
     pub users: BTreeMap<String, String>,
 }
 
+/// The largest bcrypt cost accepted (10 is htpasswd's usual; each step doubles the work).
+const MAX_BCRYPT_COST: u32 = 14;
+
+/// Refuses any key of the mapping `doc` (at `prefix`) other than `known`.
+fn only_keys(
+    path: &Path,
+    doc: &yaml_rust2::Yaml,
+    prefix: &str,
+    known: &[&str],
+) -> Result<(), WebConfigError> {
+    if doc.is_badvalue() || doc.is_null() {
+        return Ok(());
+    }
+    let Some(map) = doc.as_hash() else {
+        return Err(err(
+            path,
+            format!("{}: a mapping of settings", prefix.trim_end_matches('.')),
+        ));
+    };
+    for key in map.keys() {
+        let name = key.as_str().unwrap_or("?");
+        if !known.contains(&name) {
+            return Err(err(
+                path,
+                format!(
+                    "{prefix}{}: not supported (vramguard reads tls_server_config.cert_file, \
+                     tls_server_config.key_file and basic_auth_users; client certificates are \
+                     not: use basic_auth_users); remove it",
+                    vramguard_core::sanitize::fit(name, 64)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A web config (TLS, basic authentication) that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("web config {}: {reason}", path.display())]
@@ -58,6 +94,15 @@ impl WebConfig {
             .map_err(|e| err(path, e.reason()))?;
         let docs = yaml_rust2::YamlLoader::load_from_str(&text).map_err(|e| err(path, e))?;
         let doc = docs.into_iter().next().unwrap_or(yaml_rust2::Yaml::Null);
+        // Fail closed: a key this reader does not act on (a typo, node_exporter's client
+        // certificates or TLS versions) would otherwise leave the agent open without a word.
+        only_keys(path, &doc, "", &["tls_server_config", "basic_auth_users"])?;
+        only_keys(
+            path,
+            &doc["tls_server_config"],
+            "tls_server_config.",
+            &["cert_file", "key_file"],
+        )?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: &str| {
             let p = Path::new(p);
@@ -76,7 +121,14 @@ impl WebConfig {
             tls = Some((resolve(cert), resolve(key)));
         }
         let mut users = BTreeMap::new();
-        if let Some(map) = doc["basic_auth_users"].as_hash() {
+        let listed = &doc["basic_auth_users"];
+        if !listed.is_badvalue() && !listed.is_null() && listed.as_hash().is_none() {
+            return Err(err(
+                path,
+                "basic_auth_users: a mapping of `name: bcrypt-hash` entries",
+            ));
+        }
+        if let Some(map) = listed.as_hash() {
             for (k, v) in map {
                 let (Some(user), Some(hash)) = (k.as_str(), v.as_str()) else {
                     return Err(err(
@@ -88,6 +140,18 @@ impl WebConfig {
                     return Err(err(
                         path,
                         format!("basic_auth_users.{user}: not a bcrypt hash"),
+                    ));
+                }
+                // Each wrong guess costs one verification: a cost above 14 (over a second of
+                // CPU each) turns the limit on guesses into a way to burn the node's CPU.
+                let cost = hash.split('$').nth(2).and_then(|c| c.parse::<u32>().ok());
+                if cost.is_none_or(|c| c > MAX_BCRYPT_COST) {
+                    return Err(err(
+                        path,
+                        format!(
+                            "basic_auth_users.{user}: a bcrypt cost of at most {MAX_BCRYPT_COST} \
+                             (htpasswd -nBC 10)"
+                        ),
                     ));
                 }
                 users.insert(user.to_string(), hash.to_string());
@@ -155,8 +219,11 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
+    /// A hash no password matches, at the users' cost: an unknown name costs a verification
+    /// too, so the time of a 401 does not tell which names exist.
+    no_such_user: Option<String>,
     remembered: Mutex<HashSet<[u8; 32]>>,
-    verifying: tokio::sync::Semaphore,
+    verifying: Arc<tokio::sync::Semaphore>,
     failed: FailedLogins,
 }
 
@@ -180,10 +247,21 @@ fn credential_key(user: &str, password: &str) -> [u8; 32] {
 impl BasicAuth {
     /// Checks for `users` (none: everything passes).
     pub fn new(users: BTreeMap<String, String>) -> BasicAuth {
+        let cost = users
+            .values()
+            .filter_map(|h| h.split('$').nth(2)?.parse::<u32>().ok())
+            .max();
+        let no_such_user = cost.and_then(|c| {
+            let mut salt = [0u8; 16];
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt).ok()?;
+            let secret: String = salt.iter().map(|b| format!("{b:02x}")).collect();
+            bcrypt::hash(secret, c).ok()
+        });
         BasicAuth {
             users,
+            no_such_user,
             remembered: Mutex::new(HashSet::new()),
-            verifying: tokio::sync::Semaphore::new(VERIFYING),
+            verifying: Arc::new(tokio::sync::Semaphore::new(VERIFYING)),
             failed: FailedLogins::default(),
         }
     }
@@ -215,23 +293,29 @@ impl BasicAuth {
         if self.remembered().contains(&key) {
             return Verdict::Allowed;
         }
-        let Some(hash) = self.users.get(user) else {
+        let Some(hash) = self.users.get(user).or(self.no_such_user.as_ref()) else {
             return Verdict::Denied;
         };
         if !self.failed.take(peer, std::time::Instant::now()) {
             return Verdict::Limited;
         }
-        let Ok(Ok(_turn)) = tokio::time::timeout(VERIFY_WAIT, self.verifying.acquire()).await
+        let Ok(Ok(turn)) =
+            tokio::time::timeout(VERIFY_WAIT, self.verifying.clone().acquire_owned()).await
         else {
             self.failed.refund(peer);
             return Verdict::Busy;
         };
         let (password, hash) = (password.to_string(), hash.clone());
-        let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or(false);
+        // The turn goes with the verification: a client that hangs up drops this future, not
+        // the bcrypt already running, which must keep the next one waiting.
+        let ok = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            bcrypt::verify(password, &hash)
+        })
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(false);
         if !ok {
             return Verdict::Denied;
         }
@@ -253,6 +337,75 @@ impl BasicAuth {
 mod tests {
     use super::*;
     use base64::Engine;
+
+    /// Red-team finding: keys it did not act on were ignored, so a node_exporter web config
+    /// with client certificates, or a typo, left the agent open. Every such key is refused.
+    #[test]
+    fn a_web_config_with_a_key_it_does_not_act_on_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        let hash = bcrypt::hash("s3cret", 4).unwrap();
+        for (text, says) in [
+            (
+                "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n".to_string(),
+                "tls_server_config.client_auth_type: not supported",
+            ),
+            (
+                format!("tls_sever_config:\n  cert_file: c.pem\nbasic_auth_users:\n  prom: {hash}\n"),
+                "tls_sever_config: not supported",
+            ),
+            (
+                format!("basic_auth_user:\n  prom: {hash}\n"),
+                "basic_auth_user: not supported",
+            ),
+            (
+                format!("basic_auth_users:\n  - prom: {hash}\n"),
+                "basic_auth_users: a mapping",
+            ),
+            (
+                "basic_auth_users:\n  prom: $2y$17$abcdefghijklmnopqrstuu5tO2kwYrMmQ7R6vFcO2Hc2d3BdTOAnK\n".to_string(),
+                "a bcrypt cost of at most 14",
+            ),
+            ("- a\n- b\n".to_string(), "a mapping of settings"),
+        ] {
+            std::fs::write(&path, &text).unwrap();
+            let e = WebConfig::load(&path).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(WebConfig::load(&path).unwrap().users.len(), 0);
+    }
+
+    /// Red-team finding: the verification's turn lived in the request, so a client that hung
+    /// up mid-verification let the next bcrypt start while its own still ran: any number at
+    /// once, from enough addresses. The turn is held until the verification itself ends.
+    #[test]
+    fn a_client_that_hangs_up_does_not_free_the_verifications_turn() {
+        let users = BTreeMap::from([("prom".to_string(), bcrypt::hash("s3cret", 12).unwrap())]);
+        let auth = BasicAuth::new(users);
+        let header = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("prom:wrong")
+        );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let hung_up = tokio::time::timeout(
+                Duration::from_millis(20),
+                auth.check(Some(&header), Peer::V4(7)),
+            )
+            .await;
+            assert!(hung_up.is_err(), "a cost-12 bcrypt takes longer than 20 ms");
+            assert_eq!(
+                auth.verifying.available_permits(),
+                0,
+                "the abandoned verification still runs and holds its turn"
+            );
+        });
+    }
 
     #[test]
     fn users_and_tls_files_relative_to_the_config() {
@@ -290,9 +443,10 @@ mod tests {
         assert_eq!(check(Some(&basic("other:s3cret"))), Verdict::Denied);
         assert_eq!(check(None), Verdict::Denied);
         assert_eq!(check(Some("Bearer x")), Verdict::Denied);
-        // Five wrong guesses cost five verifications; the sixth is refused without one, and
-        // the remembered password still passes.
-        for _ in 0..5 {
+        // Five wrong guesses cost five verifications (an unknown name above was one: it costs
+        // a verification as a known one does, so a 401's timing tells no names); the sixth is
+        // refused without one, and the remembered password still passes.
+        for _ in 0..4 {
             assert_eq!(check(Some(&basic("prom:wrong"))), Verdict::Denied);
         }
         assert_eq!(check(Some(&basic("prom:wrong2"))), Verdict::Limited);
