@@ -105,6 +105,23 @@ pub fn cpu_ns(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time of the threads of `pid` whose name starts with `prefix`, nanoseconds (from each
+/// thread's `schedstat`): the agent's `nvml-*` threads make only the driver's calls.
+pub fn cpu_ns_of_threads(pid: u32, prefix: &str) -> u64 {
+    std::fs::read_dir(format!("{OWN_PROC}/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end().starts_with(prefix))
+                })
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// Resident memory of `pid`, KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:")

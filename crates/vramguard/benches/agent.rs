@@ -24,7 +24,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 use vramguard_testkit::bench::{figure, param, sized, skipped};
 use vramguard_testkit::load::{
-    busy_node, cpu_ns, rss_kib, rss_parts_kib, spawn_agent, spawn_sleeper,
+    busy_node, cpu_ns, cpu_ns_of_threads, rss_kib, rss_parts_kib, spawn_agent, spawn_sleeper,
 };
 use vramguard_testkit::{GIB, World, allocation, env_or};
 
@@ -177,11 +177,31 @@ fn mb(kib: u64) -> f64 {
 
 /// CPU milliseconds per collection over `secs`, and how many collections that was.
 fn per_sample(agent: &AgentProc, secs: f64) -> (f64, f64) {
-    let (t0, c0) = (cpu_ns(agent.child.id()), collections(agent.addr));
+    let (ms, samples, _) = per_sample_split(agent, secs);
+    (ms, samples)
+}
+
+/// [`per_sample`], and of it the milliseconds spent in the threads that make the driver's
+/// calls (`nvml-*`: here the simulated driver's model; on a GPU, `libnvidia-ml.so.1`).
+fn per_sample_split(agent: &AgentProc, secs: f64) -> (f64, f64, f64) {
+    let pid = agent.child.id();
+    let (t0, d0, c0) = (
+        cpu_ns(pid),
+        cpu_ns_of_threads(pid, "nvml-"),
+        collections(agent.addr),
+    );
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let (t1, c1) = (cpu_ns(agent.child.id()), collections(agent.addr));
+    let (t1, d1, c1) = (
+        cpu_ns(pid),
+        cpu_ns_of_threads(pid, "nvml-"),
+        collections(agent.addr),
+    );
     let samples = (c1 - c0).max(1.0);
-    ((t1 - t0) as f64 / 1e6 / samples, samples)
+    (
+        (t1 - t0) as f64 / 1e6 / samples,
+        samples,
+        d1.saturating_sub(d0) as f64 / 1e6 / samples,
+    )
 }
 
 fn main() {
@@ -217,7 +237,7 @@ fn main() {
             std::thread::sleep(Duration::from_secs_f64(sized(3.0, 0.5)));
             let secs = param("MEASURE_SECS", 120u64, 1);
             let full0 = collections_of(agent.addr, Some("full"));
-            let (ms_window, n) = per_sample(&agent, secs as f64);
+            let (ms_window, n, driver_ms) = per_sample_split(&agent, secs as f64);
             let full = collections_of(agent.addr, Some("full")) - full0;
             let rss = rss_kib(agent.child.id());
             let metrics = get(agent.addr, "/metrics").1;
@@ -250,7 +270,12 @@ fn main() {
                 "at the defaults: {ms:.2} ms CPU per sample over a whole full-scan period of {period_secs:.0} s (device opens watched: {watching}); {ms_window:.2} ms per sample over {secs} s ({n:.0} samples, {full:.0} full fd scans, listings included), {:.2}% of one core, RSS {rss} KiB",
                 ms / 10.0,
             );
+            println!(
+                "  of which in the driver's calls (the nvml-* threads; the simulated driver's model here): {driver_ms:.2} ms per sample; the agent's own work: {:.2} ms",
+                ms - driver_ms
+            );
             figure("agent.cpu_defaults", ms, "ms");
+            figure("agent.cpu_defaults_driver_calls", driver_ms, "ms");
             figure("agent.rss", mb(rss), "MB");
         }
         {
