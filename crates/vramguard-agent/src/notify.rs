@@ -347,6 +347,21 @@ fn kill_command(
     let _ = child.wait();
 }
 
+/// Whether `child` has exited, without reaping it (`waitid` with `WNOWAIT`).
+fn has_exited_unreaped(child: &std::process::Child) -> bool {
+    use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+    let Some(pid) = Pid::from_raw(child.id() as i32) else {
+        return false;
+    };
+    matches!(
+        waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG,
+        ),
+        Ok(Some(_))
+    )
+}
+
 fn exec(x: &Exec, n: &Notification, stop: &AtomicBool) -> Result<(), DeliveryError> {
     let cgroup = command_cgroup();
     let result = exec_in(x, n, stop, cgroup.as_ref());
@@ -412,6 +427,12 @@ fn exec_in(
     let deadline = Instant::now() + x.timeout;
     let kill_group = |child: &mut std::process::Child| kill_command(child, cgroup);
     loop {
+        if cgroup.is_none() && has_exited_unreaped(&child) {
+            // Without a cgroup, what the command left in its group (a `cmd &`) ends with it:
+            // while the exited leader is not reaped, its group id cannot name another group.
+            // SAFETY: kill(2) of the group the unreaped child leads.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        }
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
             Ok(Some(status)) => return Err(DeliveryError::Failed(status)),
@@ -487,6 +508,40 @@ mod tests {
             url_host("https://bot:pa55@hooks.example.com:8443/services/T0/B0/XyZ"),
             "https://hooks.example.com:8443"
         );
+    }
+
+    /// Red-team finding: without a cgroup, what a command that exited normally left in its
+    /// process group ran on. It is killed with the group before the command is reaped.
+    #[test]
+    fn without_a_cgroup_what_a_command_left_in_its_group_ends_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("left");
+        let x = Exec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "sleep 30 & echo $! > \"$0\"".into(),
+                pid_file.display().to_string(),
+            ],
+            timeout: Duration::from_secs(10),
+        };
+        exec_in(&x, &notification(), &AtomicBool::new(false), None).unwrap();
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+            })
+        };
+        let ended = wait_for(2, gone);
+        if !ended {
+            // SAFETY: kill(2) of the sleep this test's command started, still running.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(ended, "the command's background child {pid} outlived it");
     }
 
     /// A webhook receiver that accepts connections and never answers.
