@@ -145,6 +145,13 @@ fn test_names_are_escaped_as_vramguard_escapes_them() {
 }
 
 #[test]
+fn test_a_relative_binary_or_one_in_the_current_directory_is_not_run() {
+    python_test(
+        "test_explain.BinaryTest.test_a_relative_binary_or_one_in_the_current_directory_is_not_run",
+    );
+}
+
+#[test]
 fn test_two_orphans_of_one_job_are_one_job() {
     python_test("test_explain.ExplainTest.test_two_orphans_of_one_job_are_one_job");
 }

@@ -194,6 +194,33 @@ class VisibleTextTest(unittest.TestCase):
         self.assertEqual(vramguard._visible("python3 train.py"), "python3 train.py")
 
 
+class BinaryTest(unittest.TestCase):
+    def test_a_relative_binary_or_one_in_the_current_directory_is_not_run(self):
+        # Red-team finding: VRAMGUARD_BINARY could be relative, and an empty PATH entry made
+        # shutil.which look in the current directory, which may be anyone's.
+        saved = dict(os.environ)
+        self.addCleanup(lambda: (os.environ.clear(), os.environ.update(saved)))
+        os.environ["VRAMGUARD_BINARY"] = "vramguard"
+        with self.assertRaises(vramguard.VramguardError):
+            vramguard.binary()
+        here = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, here, True)
+        planted = os.path.join(here, "vramguard")
+        with open(planted, "w") as f:
+            f.write("#!/bin/sh\nexit 0\n")
+        os.chmod(planted, 0o755)
+        del os.environ["VRAMGUARD_BINARY"]
+        os.environ["PATH"] = ":."
+        cwd = os.getcwd()
+        os.chdir(here)
+        self.addCleanup(os.chdir, cwd)
+        try:
+            found = vramguard.binary()
+        except vramguard.VramguardError:
+            found = None
+        self.assertNotIn(found, (planted, "vramguard", "./vramguard"))
+
+
 class ExplainOnTheSimulatorTest(unittest.TestCase):
     def test_status_answers_from_the_listed_processes_unless_asked_for_a_full_scan(self):
         # A live job holding memory, nothing unexplained: `status()` reads only the listed

@@ -59,10 +59,29 @@ class VramguardError(RuntimeError):
     """The vramguard binary could not be run, or printed no JSON (its message says why)."""
 
 
+def _trusted(path):
+    """`path` as an absolute path, if it may be run: as root, only a file root owns that no
+    one else may write (a binary another user can replace would run as root)."""
+    path = os.path.abspath(path)
+    if os.geteuid() != 0:
+        return path
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        return None
+    return path
+
+
 def binary():
     """The path of the vramguard binary these functions run."""
     named = os.environ.get("VRAMGUARD_BINARY")
     if named:
+        if not os.path.isabs(named):
+            raise VramguardError(
+                "VRAMGUARD_BINARY must be an absolute path, not %r" % _visible(named, 200)
+            )
         return named
     # The script installed with this module first: pip puts it beside the interpreter's.
     for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
@@ -70,9 +89,14 @@ def binary():
             candidate = os.path.join(folder, "vramguard")
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 return candidate
-    found = shutil.which("vramguard")
-    if found:
-        return found
+    # PATH: an empty entry or "." means the current directory, which may be anyone's.
+    path = os.pathsep.join(
+        p for p in os.environ.get("PATH", os.defpath).split(os.pathsep)
+        if p and os.path.isabs(p)
+    )
+    found = shutil.which("vramguard", path=path)
+    if found and _trusted(found):
+        return _trusted(found)
     raise VramguardError(
         "the vramguard binary is neither installed beside this module nor on PATH; "
         "reinstall it with `pip install --force-reinstall vramguard`"
