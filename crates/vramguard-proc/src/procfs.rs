@@ -664,7 +664,18 @@ impl ProcFs {
     /// Whether this tree is the `/proc` of vramguard's own PID namespace (its `self` is this
     /// process): only there does a pid read name the process a pidfd or a signal reaches.
     pub fn is_own_namespace(&self) -> bool {
-        self.self_pid() == Some(std::process::id())
+        if self.self_pid() != Some(std::process::id()) {
+            return false;
+        }
+        // The same number can be ours in another namespace's /proc too (a parent namespace's
+        // mounted where ours is expected): that tree's pid 1 is then another namespace's init.
+        // Unreadable (not root: pid 1's ns link needs ptrace access), the number is all there
+        // is to go by.
+        let ns = |at: &str| rustix::fs::readlinkat(&self.root_fd, at, Vec::new()).ok();
+        match (ns("1/ns/pid"), ns("self/ns/pid")) {
+            (Some(init), Some(own)) => init == own,
+            _ => true,
+        }
     }
 
     /// Whether this tree's `self` lives in the initial PID namespace.

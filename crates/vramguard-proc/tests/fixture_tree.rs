@@ -340,3 +340,23 @@ fn a_slurm_job_larger_than_the_bounds_still_finds_its_step_daemon_or_says_it_did
     let f = facts(&mut c);
     assert!(f.step_daemons.is_empty() && f.complete, "{f:?}");
 }
+
+/// A tree whose `self` is this process's number but whose pid 1 lives in another PID
+/// namespace is not vramguard's own /proc (red-team finding: the number alone was compared,
+/// and it can coincide in a parent namespace's /proc).
+#[test]
+fn the_same_number_in_another_namespaces_proc_is_not_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = std::process::id().to_string();
+    let tree = |name: &str, init_ns: &str| {
+        let root = dir.path().join(name);
+        std::fs::create_dir_all(root.join(&me).join("ns")).unwrap();
+        std::fs::create_dir_all(root.join("1").join("ns")).unwrap();
+        std::os::unix::fs::symlink(&me, root.join("self")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026531836]", root.join(&me).join("ns/pid")).unwrap();
+        std::os::unix::fs::symlink(init_ns, root.join("1/ns/pid")).unwrap();
+        vramguard_proc::ProcFs::open(root).unwrap()
+    };
+    assert!(tree("ours", "pid:[4026531836]").is_own_namespace());
+    assert!(!tree("a-parents", "pid:[4026532999]").is_own_namespace());
+}
