@@ -3,8 +3,9 @@
 //! the alert in environment variables).
 //!
 //! Each sink has a worker thread of its own behind a bounded queue, so a webhook that never
-//! answers delays neither a collection nor the other sinks (a full queue drops the newest
-//! notification, with a log line). A command runs in a cgroup of its own (a process group
+//! answers delays neither a collection nor the other sinks. The queue keeps one entry per
+//! incident (rule and GPU): a rule flapping while the sink is slow takes one slot, not all of
+//! them (a queue full of distinct incidents drops the newest, with a log line). A command runs in a cgroup of its own (a process group
 //! where cgroups cannot be made) and everything in it is killed on timeout, at shutdown, and
 //! once the command has exited. Shutdown waits at most a deadline; what is left is dropped, said in
 //! the log.
@@ -14,7 +15,7 @@ use crate::config::{AlertsConfig, Exec, Webhook};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError, channel, sync_channel};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -89,9 +90,75 @@ impl Notifier {
     }
 }
 
+/// A sink's queue, one entry per incident (rule and GPU): a newer state of an incident that
+/// is still waiting replaces it where it stands, so a rule flapping while the sink is slow
+/// costs one slot, and the queue fills only with [`QUEUE`] distinct incidents (then the newest
+/// is dropped, with a log line).
+#[derive(Default)]
+struct Queue {
+    state: std::sync::Mutex<(std::collections::VecDeque<Notification>, bool)>,
+    ready: std::sync::Condvar,
+}
+
+/// What [`Queue::push`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Queued {
+    /// Waiting at the end.
+    Added,
+    /// An earlier state of the same incident, still waiting, was replaced.
+    Replaced,
+    /// Full of other incidents: dropped.
+    Dropped,
+}
+
+impl Queue {
+    fn push(&self, n: Notification) -> Queued {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (waiting, _) = &mut *guard;
+        let queued = if let Some(same) = waiting
+            .iter_mut()
+            .find(|q| q.rule == n.rule && q.gpu == n.gpu)
+        {
+            // The first time it began holding is kept with the latest state.
+            let started = same.started_at_ms.min(n.started_at_ms);
+            *same = n;
+            same.started_at_ms = started;
+            Queued::Replaced
+        } else if waiting.len() >= QUEUE {
+            Queued::Dropped
+        } else {
+            waiting.push_back(n);
+            Queued::Added
+        };
+        self.ready.notify_one();
+        queued
+    }
+
+    /// The next notification; `None` once closed and empty.
+    fn pop(&self) -> Option<Notification> {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let (waiting, closed) = &mut *guard;
+            if let Some(n) = waiting.pop_front() {
+                return Some(n);
+            }
+            if *closed {
+                return None;
+            }
+            guard = self.ready.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// No more pushes: the worker ends once it has delivered what is waiting.
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.ready.notify_all();
+    }
+}
+
 /// A sink's worker: its queue and its thread.
 struct Worker {
-    tx: SyncSender<Notification>,
+    queue: Arc<Queue>,
     handle: JoinHandle<()>,
 }
 
@@ -111,14 +178,15 @@ fn exec_key(x: &Exec) -> SinkKey {
 }
 
 fn spawn_worker(key: &SinkKey, cfg: &AlertsConfig, stop: Arc<AtomicBool>) -> Worker {
-    let (tx, rx) = sync_channel::<Notification>(QUEUE);
+    let queue = Arc::new(Queue::default());
+    let rx = queue.clone();
     let key = key.clone();
     let webhook = cfg.webhooks.iter().find(|w| webhook_key(w) == key).cloned();
     let exec_sink = cfg.execs.iter().find(|x| exec_key(x) == key).cloned();
     let handle = std::thread::Builder::new()
         .name("vramguard-sink".into())
         .spawn(move || {
-            while let Ok(n) = rx.recv() {
+            while let Some(n) = rx.pop() {
                 if stop.load(Ordering::SeqCst) {
                     tracing::warn!(rule = %n.rule, "alert dropped at shutdown");
                     continue;
@@ -139,7 +207,7 @@ fn spawn_worker(key: &SinkKey, cfg: &AlertsConfig, stop: Arc<AtomicBool>) -> Wor
             }
         })
         .expect("spawn a sink thread");
-    Worker { tx, handle }
+    Worker { queue, handle }
 }
 
 fn dispatch(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>, stop: Arc<AtomicBool>) {
@@ -161,13 +229,19 @@ fn dispatch(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>, stop:
             .chain(cfg.execs.iter().map(exec_key))
             .collect();
         // A reload removed a sink: its worker finishes what it has and ends.
-        workers.retain(|k, _| keys.contains(k));
+        workers.retain(|k, w| {
+            let keep = keys.contains(k);
+            if !keep {
+                w.queue.close();
+            }
+            keep
+        });
         for key in keys {
             let w = workers
                 .entry(key.clone())
                 .or_insert_with(|| spawn_worker(&key, &cfg, stop.clone()));
-            if let Err(TrySendError::Full(n)) = w.tx.try_send(n.clone()) {
-                tracing::warn!(rule = %n.rule, "alert sink busy ({QUEUE} queued): notification dropped");
+            if w.queue.push(n.clone()) == Queued::Dropped {
+                tracing::warn!(rule = %n.rule, "alert sink busy ({QUEUE} incidents queued): notification dropped");
             }
         }
     }
@@ -175,7 +249,7 @@ fn dispatch(rx: Receiver<Notification>, config: Arc<RwLock<AlertsConfig>>, stop:
     let handles: Vec<JoinHandle<()>> = std::mem::take(&mut workers)
         .into_values()
         .map(|w| {
-            drop(w.tx);
+            w.queue.close();
             w.handle
         })
         .collect();
@@ -542,6 +616,47 @@ mod tests {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         assert!(ended, "the command's background child {pid} outlived it");
+    }
+
+    /// Red-team finding: a user toggling an orphan every sample made a rule fire and resolve
+    /// twice a second; with a slow sink its 64-slot queue filled and a real alert of another
+    /// rule was dropped. One slot per incident now: the flapping takes one, its latest state.
+    #[test]
+    fn a_flapping_rule_takes_one_slot_and_keeps_its_latest_state() {
+        let q = Queue::default();
+        let at = |status: &'static str, rule: &str, gpu: u32, t: u64| Notification {
+            status,
+            rule: rule.into(),
+            gpu: Some(gpu),
+            started_at_ms: t,
+            at_ms: t,
+            ..notification()
+        };
+        assert_eq!(q.push(at("firing", "orphan_holders", 0, 10)), Queued::Added);
+        for t in 11..1000 {
+            let status = if t % 2 == 0 { "firing" } else { "resolved" };
+            assert_eq!(q.push(at(status, "orphan_holders", 0, t)), Queued::Replaced);
+        }
+        for gpu in 1..QUEUE as u32 {
+            assert_eq!(q.push(at("firing", "ghost", gpu, 5)), Queued::Added);
+        }
+        // Full of distinct incidents: a new one is dropped, a newer state of one is not.
+        assert_eq!(q.push(at("firing", "gpu_lost", 0, 7)), Queued::Dropped);
+        assert_eq!(q.push(at("resolved", "ghost", 3, 8)), Queued::Replaced);
+        q.close();
+        let first = q.pop().unwrap();
+        assert_eq!(
+            (first.status, first.at_ms, first.started_at_ms),
+            ("resolved", 999, 10)
+        );
+        let mut rest = 0;
+        while let Some(n) = q.pop() {
+            if n.gpu == Some(3) {
+                assert_eq!(n.status, "resolved");
+            }
+            rest += 1;
+        }
+        assert_eq!(rest, QUEUE - 1);
     }
 
     /// A webhook receiver that accepts connections and never answers.
