@@ -89,30 +89,43 @@ pub fn scan_dir(path: &Path) -> ShmDirFacts {
             facts.truncated = true;
             break;
         }
-        let Ok(st) = rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) else {
+        // Cached attributes: an entry that is a user's FUSE mount point must not make the
+        // scan wait on a daemon that never answers.
+        let Ok(st) = rustix::fs::statx(
+            &fd,
+            entry.file_name(),
+            AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC,
+            rustix::fs::StatxFlags::BASIC_STATS,
+        ) else {
             continue;
         };
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        if FileType::from_raw_mode(u32::from(st.stx_mode)) != FileType::RegularFile {
             facts.other_entries += 1;
             continue;
         }
-        let ms =
-            |secs: i64, nsecs: i64| (secs.max(0) as u64) * 1000 + (nsecs.max(0) as u64) / 1_000_000;
+        let ms = |t: rustix::fs::StatxTimestamp| {
+            (t.tv_sec.max(0) as u64) * 1000 + u64::from(t.tv_nsec) / 1_000_000
+        };
         let text = std::str::from_utf8(name);
         facts.segments.push(ShmSegmentFacts {
             name: String::from_utf8_lossy(name).into_owned(),
             exact_name: text.is_ok(),
-            inode: st.st_ino,
-            bytes: (st.st_blocks as u64).saturating_mul(512),
-            size: st.st_size.max(0) as u64,
-            uid: st.st_uid,
-            modified_ms: ms(st.st_mtime, st.st_mtime_nsec as i64),
-            changed_ms: ms(st.st_ctime, st.st_ctime_nsec as i64),
+            inode: st.stx_ino,
+            bytes: st.stx_blocks.saturating_mul(512),
+            size: st.stx_size,
+            uid: st.stx_uid,
+            modified_ms: ms(st.stx_mtime),
+            changed_ms: ms(st.stx_ctime),
             users: Vec::new(),
         });
     }
     facts.segments.sort_by(|a, b| a.name.cmp(&b.name));
     facts
+}
+
+/// A statx's device as `st_dev` gives it.
+fn dev_of(st: &rustix::fs::Statx) -> u64 {
+    rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor)
 }
 
 /// What one pass over the processes found on the shared-memory filesystems.
@@ -218,8 +231,13 @@ fn open_fds(
             Err(rustix::io::Errno::NOENT) => continue,
             Err(_) => return Found::Denied,
         }
-        match rustix::fs::statat(&fd, entry.file_name(), AtFlags::empty()) {
-            Ok(st) if devs.contains(&st.st_dev) => files.push((st.st_dev, st.st_ino)),
+        match rustix::fs::statx(
+            &fd,
+            entry.file_name(),
+            AtFlags::STATX_DONT_SYNC,
+            rustix::fs::StatxFlags::INO,
+        ) {
+            Ok(st) if devs.contains(&dev_of(&st)) => files.push((dev_of(&st), st.stx_ino)),
             Ok(_) | Err(rustix::io::Errno::NOENT) => {}
             // A file vramguard cannot stat might be a segment: the process stays unchecked.
             Err(_) => return Found::Denied,

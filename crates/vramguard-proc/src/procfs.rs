@@ -447,13 +447,18 @@ impl ProcFs {
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),
         };
-        let st = match triage(
-            rustix::fs::statat(&self.root_fd, rel.as_str(), rustix::fs::AtFlags::empty()),
-            || self.path(&rel),
-        )? {
-            Found::Yes(st) => st,
-            Found::Gone => return Ok(Found::Gone),
-            Found::Denied => return Ok(Found::Denied),
+        // Cached attributes (no round trip to a FUSE daemon that may never answer), and any
+        // other failure (a FUSE file gone bad, a stale NFS handle: the user's own doing) makes
+        // this one process's binary unknown, never the whole collection's failure.
+        let st = match rustix::fs::statx(
+            &self.root_fd,
+            rel.as_str(),
+            rustix::fs::AtFlags::STATX_DONT_SYNC,
+            rustix::fs::StatxFlags::UID | rustix::fs::StatxFlags::MODE,
+        ) {
+            Ok(st) => st,
+            Err(Errno::NOENT | Errno::SRCH) => return Ok(Found::Gone),
+            Err(_) => return Ok(Found::Denied),
         };
         let text = String::from_utf8_lossy(link.as_bytes()).into_owned();
         let (path, deleted) = match text.strip_suffix(" (deleted)") {
@@ -463,8 +468,8 @@ impl ProcFs {
         Ok(Found::Yes(ExeFacts {
             path,
             deleted,
-            owner_uid: st.st_uid,
-            mode: st.st_mode & 0o7777,
+            owner_uid: st.stx_uid,
+            mode: u32::from(st.stx_mode) & 0o7777,
         }))
     }
 
@@ -642,12 +647,10 @@ impl ProcFs {
                 Err(Errno::NOENT) => continue,
                 Err(Errno::SRCH) => return Ok(Found::Gone),
                 Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Denied),
-                Err(e) => {
-                    return Err(ProcError::Io {
-                        path: self.path(rel),
-                        cause: e.into(),
-                    });
-                }
+                // A file whose attributes cannot be had (a FUSE file gone bad, a stale NFS
+                // handle) is on no devtmpfs: no GPU device file. It must not fail the whole
+                // collection, which any user could then do on every node.
+                Err(_) => continue,
             }
         }
         files.sort_unstable();
