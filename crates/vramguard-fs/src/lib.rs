@@ -174,14 +174,12 @@ pub fn read_regular_no_link(path: &Path, max: u64) -> Result<Vec<u8>, FileError>
 }
 
 /// Opens `path` for reading without blocking on a FIFO; with `NOFOLLOW` in `extra`, a link
-/// is refused as not a regular file.
+/// is refused as not a regular file. The file is looked at before it is opened: opening some
+/// devices has effects of its own (`/dev/watchdog` arms the watchdog, a tape rewinds), so a
+/// path that names anything but a regular file (a planted symlink to a device) is refused
+/// unopened.
 fn open_for_reading(path: &Path, extra: OFlags) -> Result<rustix::fd::OwnedFd, FileError> {
-    rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | extra,
-        Mode::empty(),
-    )
-    .map_err(|e| {
+    let fail = |e: Errno| {
         if e == Errno::LOOP && extra.contains(OFlags::NOFOLLOW) {
             FileError::NotRegular {
                 path: path.to_path_buf(),
@@ -190,7 +188,18 @@ fn open_for_reading(path: &Path, extra: OFlags) -> Result<rustix::fd::OwnedFd, F
         } else {
             io(path)(e)
         }
-    })
+    };
+    let at = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC | extra, Mode::empty())
+        .map_err(fail)?;
+    check_regular(path, &at)?;
+    // The very file looked at, opened for reading through its O_PATH descriptor.
+    rustix::fs::openat(
+        rustix::fs::CWD,
+        format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&at)),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(fail)
 }
 
 fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileError> {
