@@ -185,6 +185,23 @@ fn run(
 /// The commands that look at a node, each with the one [`settings::Settings`].
 fn run_on_node(settings: settings::Settings, command: cli::Command) -> Result<i32> {
     use cli::Command;
+    // These act on this machine whatever a snapshot says: with --replay, an operator who
+    // believes they look at a saved incident would signal, reset or resume live ones.
+    let live_only = match &command {
+        Command::Run(_) => Some("run"),
+        Command::Pick(_) => Some("pick"),
+        Command::Agent(_) => Some("agent"),
+        Command::Probe(_) => Some("probe"),
+        Command::Slurm(_) => Some("slurm heal"),
+        _ => None,
+    };
+    if let (Some(name), Some(path)) = (live_only, &settings.replay) {
+        anyhow::bail!(
+            "--replay {}: `vramguard {name}` acts on this machine, not on a saved snapshot; \
+             run it without --replay",
+            vramguard_core::sanitize::shown(&path.display().to_string())
+        );
+    }
     match command {
         Command::Status(args) => status(&settings, &args),
         Command::Top(args) => top::run(&settings, &args),

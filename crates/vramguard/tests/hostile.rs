@@ -697,3 +697,34 @@ fn slurm_heal_takes_slurmds_node_name_and_refuses_one_that_is_no_node_name() {
         assert!(!audit.exists(), "nothing may be recorded for a bad name");
     }
 }
+
+/// The commands that act on this machine refuse --replay in one line, before doing anything
+/// (red-team finding: `--replay x.json slurm heal` healed the live node, `agent`, `run`,
+/// `pick` and `probe` ran on it, while the operator believed they looked at a saved incident).
+#[test]
+fn commands_that_act_on_this_machine_refuse_a_replay() {
+    let world = World::new(1);
+    let snap = world.dir.path().join("incident.json");
+    let out = Vg::new(&world, Path_::InProcess).args(["snapshot"]).code(0);
+    std::fs::write(&snap, &out.stdout).unwrap();
+    for args in [
+        &["slurm", "heal", "--node", "gpu07"][..],
+        &["agent", "--listen", "127.0.0.1:0"],
+        &["run", "--", "true"],
+        &["pick", "1"],
+        &["probe", "calls", "--samples", "1"],
+    ] {
+        let out = Vg::bare().arg_path("--replay", &snap).args(args).code(2);
+        let err = stderr(&out);
+        assert!(
+            err.contains("acts on this machine, not on a saved snapshot"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    // The views still replay it.
+    Vg::bare()
+        .arg_path("--replay", &snap)
+        .args(["status"])
+        .code(0);
+}
