@@ -90,7 +90,7 @@ fn err(path: &Path, msg: impl std::fmt::Display) -> WebConfigError {
 impl WebConfig {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
-        let text = vramguard_fs::read_regular_to_string(path, MAX_WEB_CONFIG)
+        let text = vramguard_fs::read_root_config_to_string(path, MAX_WEB_CONFIG)
             .map_err(|e| err(path, e.reason()))?;
         let docs = yaml_rust2::YamlLoader::load_from_str(&text).map_err(|e| err(path, e))?;
         let doc = docs.into_iter().next().unwrap_or(yaml_rust2::Yaml::Null);

@@ -505,18 +505,18 @@ impl Config {
             path: path.display().to_string(),
             message: format!("cannot be read: {}", e.reason()),
         };
-        let text = match vramguard_fs::read_regular_to_string(&path, vramguard_fs::MAX_INPUT_BYTES)
-        {
-            Ok(text) => text,
-            Err(e) if !named && e.is_not_found() => return Ok(defaults(None)),
-            Err(e) if !named && e.is_permission_denied() => {
-                return Ok(defaults(Some(format!(
-                    "{}; running on the defaults (--config FILE names another file)",
-                    cannot_read(&e)
-                ))));
-            }
-            Err(e) => return Err(cannot_read(&e)),
-        };
+        let text =
+            match vramguard_fs::read_root_config_to_string(&path, vramguard_fs::MAX_INPUT_BYTES) {
+                Ok(text) => text,
+                Err(e) if !named && e.is_not_found() => return Ok(defaults(None)),
+                Err(e) if !named && e.is_permission_denied() => {
+                    return Ok(defaults(Some(format!(
+                        "{}; running on the defaults (--config FILE names another file)",
+                        cannot_read(&e)
+                    ))));
+                }
+                Err(e) => return Err(cannot_read(&e)),
+            };
         Ok(Loaded {
             config: Config::parse(&path, &text)?,
             note: None,
@@ -1070,6 +1070,36 @@ mod tests {
                 .is_ok()
         );
         assert!(load("[agent]\ninterval = \"10s\"\n[reclaim]\nauto = true\n").is_ok());
+    }
+
+    /// Red-team finding: root ran `[[alerts.exec]]` commands and removed files as any config
+    /// it was given said, whoever could write it. Read by root, a config another user owns or
+    /// may write is refused, links followed.
+    #[test]
+    fn root_refuses_a_config_someone_else_can_write() {
+        use std::os::unix::fs::PermissionsExt;
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "[agent]\ninterval = \"1s\"\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Config::load(Some(&path)).is_ok());
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        for (mode, owner, says) in [
+            (0o664, 0, "can be written by its group"),
+            (0o646, 0, "can be written by every user"),
+            (0o644, 1000, "is owned by uid 1000"),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            rustix::fs::chown(&path, Some(rustix::process::Uid::from_raw(owner)), None).unwrap();
+            for p in [&path, &link] {
+                let e = Config::load(Some(p)).unwrap_err().to_string();
+                assert!(e.contains(says), "{mode:o} {owner}: {e}");
+            }
+        }
     }
 
     /// `none` is the defaults and reads no file, not even /etc/vramguard/config.toml.

@@ -65,6 +65,17 @@ pub enum FileError {
         /// Its link count.
         links: u64,
     },
+    /// Root was to act on it (commands to run, files to remove), but someone else could
+    /// write it.
+    #[error(
+        "{path}: {why}; root acts on what this file says, so only root may be able to change it (chown root, chmod go-w)"
+    )]
+    Untrusted {
+        /// The file.
+        path: PathBuf,
+        /// Who else could write it.
+        why: String,
+    },
     /// It belongs to another user, who could read and rewrite what root writes there.
     #[error(
         "{path}: is owned by uid {owner}, not by root or the caller; remove it or name another file"
@@ -103,6 +114,7 @@ impl FileError {
             | FileError::UnsafeDirectory { path, .. }
             | FileError::HardLinked { path, .. }
             | FileError::NotOwned { path, .. }
+            | FileError::Untrusted { path, .. }
             | FileError::TooLarge { path, .. }
             | FileError::Io { path, .. } => path.display().to_string(),
         };
@@ -273,6 +285,55 @@ pub fn read_regular_from_no_link(path: &Path, offset: u64, max: u64) -> Result<C
         ino: st.st_ino,
         size,
         bytes,
+    })
+}
+
+/// [`read_regular_to_string`] for a file root acts on (its config): read by root, it must be
+/// root's and writable by no one else, links followed (a link is only as good as its target).
+/// Read by another user, any file that user may read will do.
+pub fn read_root_config_to_string(path: &Path, max: u64) -> Result<String, FileError> {
+    let fd = open_for_reading(path, OFlags::empty())?;
+    let st = check_regular(path, &fd)?;
+    if rustix::process::geteuid().is_root() {
+        let why = if st.st_uid != 0 {
+            Some(format!("is owned by uid {}", st.st_uid))
+        } else if st.st_mode & 0o022 != 0 {
+            Some(format!(
+                "can be written by {} (mode {:o})",
+                if st.st_mode & 0o002 != 0 {
+                    "every user"
+                } else {
+                    "its group"
+                },
+                st.st_mode & 0o7777
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(FileError::Untrusted {
+                path: path.to_path_buf(),
+                why,
+            });
+        }
+    }
+    let mut buf = Vec::new();
+    File::from(fd)
+        .take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|cause| FileError::Io {
+            path: path.to_path_buf(),
+            cause,
+        })?;
+    if buf.len() as u64 > max {
+        return Err(FileError::TooLarge {
+            path: path.to_path_buf(),
+            limit: max,
+        });
+    }
+    String::from_utf8(buf).map_err(|_| FileError::Io {
+        path: path.to_path_buf(),
+        cause: std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),
     })
 }
 
