@@ -320,6 +320,13 @@ pub fn remove_segment(
             st.st_ino
         )));
     }
+    if st.st_nlink != 1 {
+        // Removing one name frees nothing, and the file may be someone's under another name.
+        return Err(fail(format!(
+            "the file has {} names (hard links): removing this one would free nothing",
+            st.st_nlink
+        )));
+    }
     rustix::fs::unlinkat(&fd, name, AtFlags::empty())
         .map_err(|e| fail(format!("{}", std::io::Error::from(e))))
 }
@@ -439,6 +446,11 @@ mod tests {
         let e = remove_segment(&via, "torch_1", now.dev(), now.ino()).unwrap_err();
         assert!(e.why.contains("without following a link"), "{e}");
         assert!(seg.exists());
+        // A file with another name (a hard link): kept (red-team finding).
+        std::fs::hard_link(&seg, dir.path().join("kept_elsewhere")).unwrap();
+        let e = remove_segment(dir.path(), "torch_1", now.dev(), now.ino()).unwrap_err();
+        assert!(e.why.contains("hard links"), "{e}");
+        std::fs::remove_file(dir.path().join("kept_elsewhere")).unwrap();
         // The file judged: removed.
         remove_segment(dir.path(), "torch_1", now.dev(), now.ino()).unwrap();
         assert!(!seg.exists());
