@@ -228,11 +228,24 @@ pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
     if trimmed.is_empty() {
         return Vec::new();
     }
-    trimmed
+    // Kept with every holder, every departed process and in audit records: a user's
+    // megabytes-long command lines must not cost root's tools (or the agent) megabytes each.
+    let kept = &trimmed[..trimmed.len().min(MAX_CMDLINE_BYTES)];
+    let mut args: Vec<String> = kept
         .split(|b| *b == 0)
         .map(|arg| String::from_utf8_lossy(arg).into_owned())
-        .collect()
+        .collect();
+    if kept.len() < trimmed.len()
+        && let Some(last) = args.last_mut()
+    {
+        last.push('\u{2026}');
+    }
+    args
 }
+
+/// The most of a command line kept, bytes: the start of it (the program and its first
+/// arguments), which is what tells processes apart; the rest ends in `…`.
+pub const MAX_CMDLINE_BYTES: usize = 16 * 1024;
 
 /// The most useful cgroup path from `/proc/PID/cgroup`: a path that names a Slurm job, in
 /// any hierarchy (the freezer's first: Slurm's v1 `proctrack/cgroup` tracks a job there);
@@ -521,6 +534,14 @@ mod tests {
         );
         assert!(parse_cmdline(b"").is_empty());
         assert_eq!(parse_cmdline(b"a b c"), vec!["a b c"]);
+        // A 6 MiB command line keeps its start, marked as cut (red-team finding: kept whole
+        // with every holder, departed process and audit record).
+        let mut huge = b"python\0train.py\0".to_vec();
+        huge.extend(std::iter::repeat_n(b'x', 6 << 20));
+        let args = parse_cmdline(&huge);
+        assert_eq!(&args[..2], ["python", "train.py"]);
+        assert!(args.iter().map(String::len).sum::<usize>() <= MAX_CMDLINE_BYTES + 3);
+        assert!(args[2].ends_with('\u{2026}'));
     }
 
     #[test]
