@@ -100,6 +100,10 @@ impl AuditLog {
     /// the torn bytes (as text, at most [`TORN_KEPT`] of them), so that every line parses.
     fn repair_torn_end(&mut self) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
+        // Every writer holds the file shared while it writes a record: with it exclusive, no
+        // record is half-written (a write across a page boundary grows the file a page at a
+        // time), so the last line is torn only if its writer died.
+        let _whole = Flock::new(&self.file, rustix::fs::FlockOperation::LockExclusive)?;
         let len = self.file.metadata()?.len();
         if len == 0 {
             return Ok(());
@@ -129,6 +133,7 @@ impl AuditLog {
         self.file.read_exact_at(&mut torn, cut)?;
         self.file.set_len(cut)?;
         self.file.sync_data()?;
+        drop(_whole);
         self.record(
             "repaired",
             serde_json::json!({
@@ -182,10 +187,29 @@ impl AuditLog {
             }
             *left -= 1;
         }
-        // O_APPEND and one write per record: concurrent writers never interleave a record.
-        self.file.write_all(&line).map_err(err)?;
+        // O_APPEND and one write per record: concurrent writers never interleave a record;
+        // shared, so that a repair (exclusive) never sees one half-written.
+        let _writing =
+            Flock::new(&self.file, rustix::fs::FlockOperation::LockShared).map_err(err)?;
+        (&self.file).write_all(&line).map_err(err)?;
         self.file.sync_data().map_err(err)?;
         Ok(())
+    }
+}
+
+/// An advisory lock on the log, released when dropped.
+struct Flock<'a>(&'a std::fs::File);
+
+impl<'a> Flock<'a> {
+    fn new(file: &'a std::fs::File, how: rustix::fs::FlockOperation) -> std::io::Result<Self> {
+        rustix::fs::flock(file, how)?;
+        Ok(Flock(file))
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(self.0, rustix::fs::FlockOperation::Unlock);
     }
 }
 
@@ -198,6 +222,36 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(1_796_219_394_123), "2026-12-02T13:49:54.123Z");
+    }
+
+    /// Red-team finding: a record being written when another run opened the log looked torn
+    /// (the file grows a page at a time), and the repair cut the record once complete: a
+    /// signal's record lost. The repair waits for writers in progress.
+    #[test]
+    fn a_record_being_written_is_not_cut_by_another_runs_repair() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        std::fs::write(&path, "{\"event\":\"start\"}\n{\"event\":\"sig").unwrap();
+        let mut writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        rustix::fs::flock(&writer, rustix::fs::FlockOperation::LockShared).unwrap();
+        let opening = {
+            let path = path.clone();
+            std::thread::spawn(move || AuditLog::open(&path, "n").map(|_| ()))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            !opening.is_finished(),
+            "the repair did not wait for the writer"
+        );
+        writer.write_all(b"nal\"}\n").unwrap();
+        rustix::fs::flock(&writer, rustix::fs::FlockOperation::Unlock).unwrap();
+        opening.join().unwrap().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"event\":\"start\"}\n{\"event\":\"signal\"}\n");
     }
 
     #[test]
