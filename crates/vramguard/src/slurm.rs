@@ -167,12 +167,15 @@ pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
     let mut lock_path = args.audit_log.clone().into_os_string();
     lock_path.push(".heal-lock");
     let lock_path = std::path::PathBuf::from(lock_path);
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("opening the heal lock {}", lock_path.display()))?;
+    // As the audit log itself: never through a link, never a FIFO, created 0600 (a planted
+    // link would have root create or truncate the file it names).
+    let lock = vramguard_fs::open_append(&lock_path).map_err(|e| {
+        anyhow::anyhow!(
+            "opening the heal lock {}: {}",
+            shown(&lock_path.display().to_string()),
+            e.reason()
+        )
+    })?;
     match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => {

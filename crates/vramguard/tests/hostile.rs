@@ -727,3 +727,21 @@ fn commands_that_act_on_this_machine_refuse_a_replay() {
         .args(["status"])
         .code(0);
 }
+
+/// The heal's lock next to the audit log is opened as the log is: never through a link
+/// (red-team finding: a link planted there had root create the file it named).
+#[test]
+fn the_heal_lock_is_never_opened_through_a_link() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let target = world.dir.path().join("created-by-root");
+    std::os::unix::fs::symlink(&target, world.dir.path().join("audit.jsonl.heal-lock")).unwrap();
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["slurm", "heal", "--node", "gpu07", "--wait", "1s"])
+        .arg_path("--audit-log", &audit)
+        .code(2);
+    let err = stderr(&out);
+    assert!(err.contains("heal lock"), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(!target.exists(), "root created the file the link named");
+}
