@@ -606,9 +606,10 @@ mod tests {
             .parse()
             .unwrap();
         let gone = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-                s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
-            })
+            std::fs::read_to_string(format!("{}/{pid}/stat", vramguard_proc::OWN_PROC))
+                .map_or(true, |s| {
+                    s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+                })
         };
         let ended = wait_for(2, gone);
         if !ended {
