@@ -113,19 +113,26 @@ async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Res
         .any(|v| v.contains("application/openmetrics-text"));
     if openmetrics {
         (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
+            [
+                (
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
             p.metrics.clone(),
         )
             .into_response()
     } else {
+        // Label values carry other users' process names: never sniffed as HTML.
         (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
+            [
+                (
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                ),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
             p.metrics_text.clone(),
         )
             .into_response()
@@ -151,7 +158,10 @@ async fn page(State(s): State<Shared>) -> Response {
 
 async fn status(State(s): State<Shared>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/json")],
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
         read(&s).status(),
     )
         .into_response()

@@ -1205,6 +1205,16 @@ fn command_lines_stay_off_the_http_side_and_a_failing_driver_shows_as_down() {
         })
         .unwrap_or_else(|| panic!("no CSP header:\n{page}"));
     assert!(csp.contains("default-src 'none'"), "{csp}");
+    // Every response carrying other users' names is never sniffed as HTML.
+    for path in ["/", "/api/status", "/metrics"] {
+        let raw = get_raw(agent.addr, path);
+        assert!(
+            raw.lines()
+                .any(|l| l.eq_ignore_ascii_case("x-content-type-options: nosniff")),
+            "{path}:\n{}",
+            raw.lines().take(12).collect::<Vec<_>>().join("\n")
+        );
+    }
 
     // The driver fails (its state is unreadable): every GPU is down, the data marked stale.
     wait_until(10, "the GPU to be up", || {
