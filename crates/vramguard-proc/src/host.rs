@@ -309,6 +309,17 @@ pub fn remove_segment(
             std::io::Error::from(e)
         ))
     })?;
+    // In a directory everyone may write that is not sticky, anyone may rename another user's
+    // file under the judged name between this look and the unlink.
+    let dir_st =
+        rustix::fs::fstat(&fd).map_err(|e| fail(format!("{}", std::io::Error::from(e))))?;
+    if dir_st.st_mode & 0o002 != 0 && dir_st.st_mode & 0o1000 == 0 {
+        return Err(fail(
+            "its directory is writable by every user and not sticky: a name there proves \
+             nothing (chmod +t it)"
+                .into(),
+        ));
+    }
     let st = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW)
         .map_err(|e| fail(format!("{}", std::io::Error::from(e))))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
@@ -446,6 +457,18 @@ mod tests {
         let e = remove_segment(&via, "torch_1", now.dev(), now.ino()).unwrap_err();
         assert!(e.why.contains("without following a link"), "{e}");
         assert!(seg.exists());
+        // In a directory everyone may write that is not sticky: kept (red-team finding).
+        let perms = |mode| {
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(mode),
+            )
+            .unwrap()
+        };
+        perms(0o777);
+        let e = remove_segment(dir.path(), "torch_1", now.dev(), now.ino()).unwrap_err();
+        assert!(e.why.contains("not sticky"), "{e}");
+        perms(0o1777);
         // A file with another name (a hard link): kept (red-team finding).
         std::fs::hard_link(&seg, dir.path().join("kept_elsewhere")).unwrap();
         let e = remove_segment(dir.path(), "torch_1", now.dev(), now.ino()).unwrap_err();
