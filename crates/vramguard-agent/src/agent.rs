@@ -880,11 +880,11 @@ impl Agent {
                 // The listen address and the web config are the server's, read at start.
                 let listen = self.config.agent.listen.clone();
                 let web_config = self.config.agent.web_config.clone();
-                if c.agent.web_config != web_config || web_config.is_some() {
+                if c.agent.web_config != web_config {
                     // TLS and the users are the server's, set up at start.
                     tracing::warn!(
                         "the web config (TLS, basic_auth_users) is read at start: restart the \
-                         agent for a change to it to take effect"
+                         agent for a change of web_config, or of the file, to take effect"
                     );
                 }
                 self.config = c;

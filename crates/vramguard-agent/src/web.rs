@@ -96,7 +96,25 @@ impl WebConfig {
         let doc = docs.into_iter().next().unwrap_or(yaml_rust2::Yaml::Null);
         // Fail closed: a key this reader does not act on (a typo, node_exporter's client
         // certificates or TLS versions) would otherwise leave the agent open without a word.
-        only_keys(path, &doc, "", &["tls_server_config", "basic_auth_users"])?;
+        // node_exporter's http_server_config (response headers, HTTP/2) opens nothing: it is
+        // accepted, not applied (said at start).
+        only_keys(
+            path,
+            &doc,
+            "",
+            &[
+                "tls_server_config",
+                "basic_auth_users",
+                "http_server_config",
+            ],
+        )?;
+        if !doc["http_server_config"].is_badvalue() && !doc["http_server_config"].is_null() {
+            tracing::warn!(
+                "web config {}: http_server_config is not applied (vramguard sets its own \
+                 response headers)",
+                path.display()
+            );
+        }
         only_keys(
             path,
             &doc["tls_server_config"],
@@ -374,6 +392,14 @@ mod tests {
         }
         std::fs::write(&path, "").unwrap();
         assert_eq!(WebConfig::load(&path).unwrap().users.len(), 0);
+        // node_exporter's http_server_config opens nothing: accepted (second read: a reused
+        // node_exporter config would otherwise stop the agent at an upgrade).
+        std::fs::write(
+            &path,
+            format!("http_server_config:\n  http2: false\nbasic_auth_users:\n  prom: {hash}\n"),
+        )
+        .unwrap();
+        assert_eq!(WebConfig::load(&path).unwrap().users.len(), 1);
     }
 
     /// Red-team finding: the verification's turn lived in the request, so a client that hung

@@ -234,6 +234,10 @@ struct Context<'a> {
     /// GPUs whose process lists could not be read, by device minor, with why: who computes
     /// there is unknown, so no holder of their device files is judged idle.
     unreadable: BTreeMap<u32, (u32, String)>,
+    /// Such a GPU whose minor is unknown (lost before it was read), with why.
+    unreadable_unplaced: Option<(u32, String)>,
+    /// The minors of the GPUs read whole.
+    readable_minors: BTreeSet<u32>,
     /// Every process's tree top (see [`Context::group_walk`]) and the processes under each
     /// top: built on first use (only a dead job needs them).
     tree: std::cell::OnceCell<Tree>,
@@ -295,6 +299,8 @@ impl<'a> Context<'a> {
             gpu_busy: BTreeMap::new(),
             gpu_unknown: BTreeMap::new(),
             unreadable: BTreeMap::new(),
+            unreadable_unplaced: None,
+            readable_minors: BTreeSet::new(),
             tree: Default::default(),
             children: BTreeMap::new(),
             own_work: Default::default(),
@@ -318,10 +324,22 @@ impl<'a> Context<'a> {
         }
         for gpu in &snap.gpus {
             if let Some(why) = unread_process_list(gpu) {
-                let minor = ctx.minor_of(gpu);
-                ctx.unreadable.insert(minor, (gpu.index, why));
+                match gpu.minor_number {
+                    Some(minor) => {
+                        ctx.unreadable.insert(minor, (gpu.index, why));
+                    }
+                    // A GPU lost before vramguard learnt its minor: which /dev/nvidiaN is its
+                    // is unknown, so every GPU file not proven another readable GPU's counts.
+                    None => ctx.unreadable_unplaced = Some((gpu.index, why)),
+                }
             }
         }
+        ctx.readable_minors = snap
+            .gpus
+            .iter()
+            .filter(|g| unread_process_list(g).is_none())
+            .filter_map(|g| g.minor_number)
+            .collect();
         let mut listed = BTreeSet::new();
         let recent_ms = policy.gpu_busy_recent_secs.saturating_mul(1000);
         for gpu in &snap.gpus {
@@ -1771,10 +1789,16 @@ impl<'a> Context<'a> {
         }
         // A GPU whose process lists failed shows neither who computes on it nor how much: a
         // holder of its device file may be working there unseen (long kernels, little CPU).
+        let unplaced = self.unreadable_unplaced.as_ref().filter(|_| {
+            p.device_files
+                .gpu_minors()
+                .any(|m| !self.readable_minors.contains(&m))
+        });
         if let Some((gpu, why)) = p
             .device_files
             .gpu_minors()
             .find_map(|m| self.unreadable.get(&m))
+            .or(unplaced)
         {
             return Work::Unknown {
                 why: format!("GPU {gpu} could not be read ({why}), so its work there is unknown"),

@@ -640,6 +640,32 @@ fn no_holder_of_a_gpu_whose_process_lists_failed_is_judged_idle() {
         );
         assert_eq!(plan.targets().count(), 0, "{what}: {plan:#?}");
     }
+    // Lost before its minor was read, on a host whose /dev/nvidiaN numbering is not the
+    // index's (second read of the change): the holder of /dev/nvidia5 may be its holder.
+    let mut lost = gpu(1, 0, &[]);
+    lost.memory = None;
+    lost.minor_number = None;
+    lost.failure = Some(CallError {
+        call: "nvmlDeviceGetMemoryInfo_v2".into(),
+        code: Some(15),
+        message: "GPU is lost".into(),
+    });
+    let s = snapshot(
+        vec![gpu(0, 0, &[]), lost],
+        vec![init(), proc_(600, 1, 599, "python", &[0, 5])],
+    );
+    let r = classify(&s, &Policy::default());
+    let held: Vec<_> = r.holders().filter(|(_, h)| h.pid == 600).collect();
+    assert!(!held.is_empty(), "it holds GPU 0's file too: {r:#?}");
+    for (_, h) in held {
+        assert!(!h.action.reclaimable, "{h:#?}");
+    }
+    let plan = vramguard_core::plan::plan_reclaim(
+        &s,
+        &r,
+        &vramguard_core::plan::ReclaimOptions::default(),
+    );
+    assert_eq!(plan.targets().count(), 0, "{plan:#?}");
 }
 
 #[test]

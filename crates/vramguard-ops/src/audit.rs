@@ -201,9 +201,15 @@ impl AuditLog {
 struct Flock<'a>(&'a std::fs::File);
 
 impl<'a> Flock<'a> {
+    /// The lock; where the filesystem has no locks (NFSv3 without lockd, some FUSE mounts),
+    /// none, as before locks were taken: the log is still written.
     fn new(file: &'a std::fs::File, how: rustix::fs::FlockOperation) -> std::io::Result<Self> {
-        rustix::fs::flock(file, how)?;
-        Ok(Flock(file))
+        match rustix::fs::flock(file, how) {
+            Ok(()) | Err(rustix::io::Errno::NOLCK | rustix::io::Errno::OPNOTSUPP) => {
+                Ok(Flock(file))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

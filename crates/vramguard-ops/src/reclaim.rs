@@ -800,7 +800,20 @@ impl<'a> Run<'a> {
                         "signal",
                         json!({ "pid": t.pid, "start_ticks": t.start_ticks, "signal": "TERM" }),
                     )?;
-                    self.node.signal(id, Signal::TERM)
+                    // The record's own write may have been the slow one.
+                    if self
+                        .opts
+                        .signal_by
+                        .is_some_and(|by| self.node.clock().now() > by)
+                    {
+                        Err(Refusal::Failed(format!(
+                            "its turn came more than {}s after the plan was made (a slow audit \
+                             log?): its work evidence is too old; reclaim again",
+                            SIGNAL_WITHIN.as_secs()
+                        )))
+                    } else {
+                        self.node.signal(id, Signal::TERM)
+                    }
                 }
                 Err(refusal) => Err(refusal),
             };
@@ -1345,7 +1358,38 @@ impl<'a> Run<'a> {
     /// unchanged). Each removal's record is written before it. Returns the outcomes and
     /// `MemAvailable` before and after.
     fn remove_segments(&mut self) -> Result<(Vec<SegmentOutcome>, MemAvailable), ExecuteError> {
-        let snap = self.node.snapshot(ScanDepth::Full)?;
+        let snap = match self.node.snapshot(ScanDepth::Full) {
+            Ok(snap) => snap,
+            Err(e) => {
+                // Signals went out: nothing is removed unjudged, and the run goes on to its
+                // result record.
+                let why = format!("the node could not be read to judge it again ({e})");
+                let mut outcomes = Vec::new();
+                for planned in &self.plan.segments {
+                    self.log(
+                        "segment_result",
+                        json!({ "dir": planned.dir, "name": planned.name,
+                            "inode": planned.inode, "result": SegmentResult::Kept,
+                            "detail": why }),
+                    )?;
+                    outcomes.push(SegmentOutcome {
+                        dir: planned.dir.clone(),
+                        name: planned.name.clone(),
+                        inode: planned.inode,
+                        bytes: planned.bytes,
+                        result: SegmentResult::Kept,
+                        detail: Some(why.clone()),
+                    });
+                }
+                return Ok((
+                    outcomes,
+                    MemAvailable {
+                        before: None,
+                        after: None,
+                    },
+                ));
+            }
+        };
         let report = classify(&snap, self.policy);
         let before = snap
             .host_memory
@@ -1405,8 +1449,9 @@ impl<'a> Run<'a> {
         }
         let after = self
             .node
-            .snapshot(ScanDepth::Holders)?
-            .host_memory
+            .snapshot(ScanDepth::Holders)
+            .ok()
+            .and_then(|s| s.host_memory)
             .and_then(|h| h.mem_available_bytes);
         Ok((outcomes, MemAvailable { before, after }))
     }
@@ -1456,7 +1501,16 @@ impl<'a> Run<'a> {
                 });
                 continue;
             }
-            let unproven = g.unaccounted.as_ref().is_some_and(|u| u.significant);
+            // Memory the driver gives no per-process figure for (MIG, vGPU) is a live
+            // co-tenant's while every holder without a figure is a live job's: not left behind.
+            let unproven = g.unaccounted.as_ref().is_some_and(|u| {
+                u.significant
+                    && !(u.cause == Some(UnaccountedCause::PerProcessMemoryUnavailable)
+                        && g.holders
+                            .iter()
+                            .filter(|h| h.used_bytes.is_none())
+                            .all(|h| !h.is_ghost()))
+            });
             if g.ghost_bytes == 0 && !unproven {
                 continue;
             }
@@ -2070,20 +2124,28 @@ mod tests {
     }
 
     /// Red-team finding: only ghost bytes counted as left behind, so memory nobody could
-    /// attribute (here a live pid whose bytes the driver does not give, as under MIG) or a
-    /// GPU that stopped answering gave exit 0, and a Slurm heal would resume the node.
+    /// attribute (here seen from a container) or a GPU that stopped answering gave exit 0,
+    /// and a Slurm heal would resume the node.
     #[test]
     fn memory_not_proven_free_is_left_behind_and_the_exit_code_says_so() {
+        // A live co-tenant whose bytes the driver does not give (MIG, vGPU): its memory is a
+        // live job's, not left behind (second read: every reclaim on such a GPU exited 1 and
+        // the epilog drained the node).
         let node = demo();
         node.edit_snapshot(|s| {
-            // GPU 1 without its residue: 4 GiB of live pid 16519, whose bytes the driver does
-            // not give (as under MIG).
             if let Some(m) = s.gpus[1].memory.as_mut() {
                 m.used = 4 << 30;
                 m.free = m.total - m.reserved - m.used;
             }
             s.gpus[1].processes[0].used_bytes = None;
         });
+        let out = reclaim(&node, &opts(ResetMode::Never), None)
+            .outcome
+            .unwrap();
+        assert_eq!(out.exit_code, 0, "{:?}", out.remaining);
+        // Seen from a container: GPU 1's 6 GiB nobody visible holds cannot be proven free.
+        let node = demo();
+        node.edit_snapshot(|s| s.host.pid_namespace_is_host = Some(false));
         let out = reclaim(&node, &opts(ResetMode::Never), None)
             .outcome
             .unwrap();

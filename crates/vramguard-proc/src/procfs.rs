@@ -648,9 +648,12 @@ impl ProcFs {
                 Err(Errno::SRCH) => return Ok(Found::Gone),
                 Err(Errno::ACCESS | Errno::PERM) => return Ok(Found::Denied),
                 // A file whose attributes cannot be had (a FUSE file gone bad, a stale NFS
-                // handle) is on no devtmpfs: no GPU device file. It must not fail the whole
-                // collection, which any user could then do on every node.
-                Err(_) => continue,
+                // handle, a FUSE daemon gone) is on no devtmpfs: no GPU device file. It must
+                // not fail the whole collection, which any user could then do on every node.
+                Err(Errno::IO | Errno::STALE | Errno::NOTCONN | Errno::OVERFLOW) => continue,
+                // Anything else: this process's files are not all known (it counts as
+                // unreadable, and nothing is concluded from its absence).
+                Err(_) => return Ok(Found::Denied),
             }
         }
         files.sort_unstable();

@@ -92,7 +92,13 @@ pub fn run_bounded(
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Ok(None) => {
                 let _ = child.kill();
-                let _ = child.wait();
+                // A command stuck in the driver does not die until its call returns: reaped
+                // if it goes within a second, else left behind (a zombie until this process
+                // ends) rather than waited for without limit.
+                let until = Instant::now() + Duration::from_secs(1);
+                while matches!(child.try_wait(), Ok(None)) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 return Err(BoundedError::Timeout(timeout));
             }
             Err(e) => return Err(BoundedError::Wait(e)),

@@ -2671,3 +2671,36 @@ fn automatic_reclaim_on_a_proc_of_another_namespace_refuses_to_start() {
         "nothing may be written, let alone signalled"
     );
 }
+
+/// `--interval` obeys the config's rule for automatic reclaim (second read: the flag
+/// replaced the checked interval unchecked).
+#[test]
+fn automatic_reclaim_refuses_an_interval_flag_longer_than_gpu_work_is_remembered() {
+    let world = World::new(1);
+    let audit = world.dir.path().join("audit.jsonl");
+    let cfg = config(
+        &world,
+        &format!(
+            "[reclaim]\nauto = true\naudit_log = \"{}\"\n",
+            audit.display()
+        ),
+    );
+    let out = vg_wrapped("timeout")
+        .arg("20")
+        .arg(BIN)
+        .arg("--sim")
+        .arg(world.state_path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["agent", "--listen", "127.0.0.1:0", "--interval", "30s"])
+        .env_remove("VRAMGUARD_SIM")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("longer than [policy] gpu_busy_recent"),
+        "{err}"
+    );
+    assert!(!audit.exists());
+}
