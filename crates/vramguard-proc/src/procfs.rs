@@ -206,13 +206,23 @@ impl ProcFs {
     /// [`MAX_PROC_FILE`] bytes. Opened non-blocking: in a fixture tree a FIFO reads as empty
     /// instead of stalling, and a link to `/dev/zero` stops at the cap.
     pub fn read_into(&self, rel: &str, buf: &mut Vec<u8>) -> Result<Found<()>, ProcError> {
+        self.read_at_most(rel, buf, MAX_PROC_FILE)
+    }
+
+    /// [`ProcFs::read_into`], at most `max` bytes.
+    fn read_at_most(
+        &self,
+        rel: &str,
+        buf: &mut Vec<u8>,
+        max: usize,
+    ) -> Result<Found<()>, ProcError> {
         buf.clear();
         let result = self
             .open_rel(rel, OFlags::RDONLY | OFlags::NONBLOCK)
             .and_then(|fd| {
                 loop {
-                    if buf.len() >= MAX_PROC_FILE {
-                        buf.truncate(MAX_PROC_FILE);
+                    if buf.len() >= max {
+                        buf.truncate(max);
                         return Ok(());
                     }
                     if buf.capacity() - buf.len() < 512 {
@@ -379,11 +389,19 @@ impl ProcFs {
 
     /// `/proc/PID/cmdline`.
     pub fn cmdline(&self, pid: u32) -> Result<Found<Vec<String>>, ProcError> {
-        Ok(match self.read(&format!("{pid}/cmdline"))? {
-            Found::Yes(b) => Found::Yes(parse::parse_cmdline(&b)),
-            Found::Gone => Found::Gone,
-            Found::Denied => Found::Denied,
-        })
+        // No more than is kept (one byte more, so that the cut shows).
+        let mut buf = Vec::new();
+        Ok(
+            match self.read_at_most(
+                &format!("{pid}/cmdline"),
+                &mut buf,
+                parse::MAX_CMDLINE_BYTES + 1,
+            )? {
+                Found::Yes(()) => Found::Yes(parse::parse_cmdline(&buf)),
+                Found::Gone => Found::Gone,
+                Found::Denied => Found::Denied,
+            },
+        )
     }
 
     /// `/proc/PID/cgroup`, reduced to the most useful path.
