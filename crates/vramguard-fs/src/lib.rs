@@ -223,7 +223,17 @@ fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileErr
             limit: max,
         });
     }
-    let mut buf = Vec::with_capacity(size as usize);
+    read_open(path, fd, size, max)
+}
+
+/// The rest of an open regular file of about `size` bytes, at most `max` of them.
+fn read_open(
+    path: &Path,
+    fd: rustix::fd::OwnedFd,
+    size: u64,
+    max: u64,
+) -> Result<Vec<u8>, FileError> {
+    let mut buf = Vec::with_capacity(size.min(max) as usize);
     File::from(fd)
         .take(max + 1)
         .read_to_end(&mut buf)
@@ -317,20 +327,7 @@ pub fn read_root_config_to_string(path: &Path, max: u64) -> Result<String, FileE
             });
         }
     }
-    let mut buf = Vec::new();
-    File::from(fd)
-        .take(max + 1)
-        .read_to_end(&mut buf)
-        .map_err(|cause| FileError::Io {
-            path: path.to_path_buf(),
-            cause,
-        })?;
-    if buf.len() as u64 > max {
-        return Err(FileError::TooLarge {
-            path: path.to_path_buf(),
-            limit: max,
-        });
-    }
+    let buf = read_open(path, fd, st.st_size as u64, max)?;
     String::from_utf8(buf).map_err(|_| FileError::Io {
         path: path.to_path_buf(),
         cause: std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),

@@ -2185,6 +2185,35 @@ mod tests {
     /// result record, and the CLI printed no per-target outcome. Now what was done is
     /// recorded, nothing is reset blind, and the result says the memory is not known to be
     /// free.
+    /// A reclaim of `node`'s default plan with `observer` hearing every step: the outcome and
+    /// the audit log's text.
+    fn reclaim_observed(
+        node: &FakeNode,
+        reset: ResetMode,
+        observer: &mut dyn ReclaimObserver,
+    ) -> (ReclaimOutcome, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "t").unwrap();
+        let policy = Policy::default();
+        let mut n = node.clone();
+        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
+            plan_reclaim(snap, report, &ReclaimOptions::default())
+        })
+        .unwrap();
+        assert!(prepared.plan.targets().count() > 0);
+        let out = prepared
+            .run_observed(
+                &mut n,
+                &mut audit,
+                &opts(reset),
+                observer,
+                &StopRequests::new(),
+            )
+            .expect("a result, not an error");
+        (out, std::fs::read_to_string(&path).unwrap())
+    }
+
     #[test]
     fn a_gpu_that_stops_answering_after_the_signals_still_gets_a_result() {
         struct LoseTheDriver(FakeNode);
@@ -2196,24 +2225,8 @@ mod tests {
             }
         }
         let node = demo();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("audit.jsonl");
-        let mut audit = AuditLog::open(&path, "t").unwrap();
-        let policy = Policy::default();
-        let mut n = node.clone();
-        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
-            plan_reclaim(snap, report, &ReclaimOptions::default())
-        })
-        .unwrap();
-        let out = prepared
-            .run_observed(
-                &mut n,
-                &mut audit,
-                &opts(ResetMode::Auto),
-                &mut LoseTheDriver(node.clone()),
-                &StopRequests::new(),
-            )
-            .expect("a result, not an error");
+        let (out, audit) =
+            reclaim_observed(&node, ResetMode::Auto, &mut LoseTheDriver(node.clone()));
         assert_eq!(out.exit_code, 1, "{:?}", out.remaining);
         assert!(node.resets().is_empty(), "{:?}", node.resets());
         assert!(!out.targets.is_empty());
@@ -2224,7 +2237,6 @@ mod tests {
             "{:?}",
             out.remaining
         );
-        let audit = std::fs::read_to_string(&path).unwrap();
         assert!(audit.contains("\"event\":\"reset_skipped\""), "{audit}");
         assert!(
             audit
@@ -2253,24 +2265,8 @@ mod tests {
             }
         }
         let node = demo();
-        let dir = tempfile::tempdir().unwrap();
-        let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "t").unwrap();
-        let policy = Policy::default();
-        let mut n = node.clone();
-        let prepared = prepare(&mut n, &policy, Duration::from_secs(1), |snap, report| {
-            plan_reclaim(snap, report, &ReclaimOptions::default())
-        })
-        .unwrap();
-        assert_eq!(prepared.plan.targets().count(), 3);
-        let out = prepared
-            .run_observed(
-                &mut n,
-                &mut audit,
-                &opts(ResetMode::Never),
-                &mut SlowDisk(node.clone()),
-                &StopRequests::new(),
-            )
-            .unwrap();
+        let (out, _) = reclaim_observed(&node, ResetMode::Never, &mut SlowDisk(node.clone()));
+        assert_eq!(out.targets.len(), 3);
         let terms = sent(&node).iter().filter(|s| s.1 == "TERM").count();
         assert_eq!(terms, 1, "{:?}", sent(&node));
         let late: Vec<&TargetOutcome> = out
