@@ -110,7 +110,7 @@ fn gpu_card(out: &mut String, g: &GpuReport, tl: Option<&Timeline>) {
         out.push_str(r#"<p class="none">no process holds this GPU</p>"#);
     } else {
         out.push_str("<table><thead><tr><th>pid</th><th>user</th><th>class</th><th>memory</th><th>command</th><th>why</th></tr></thead><tbody>");
-        for h in &g.holders {
+        for h in g.holders.iter().take(PAGE_ROWS) {
             let _ = write!(
                 out,
                 r#"<tr class="holder {cls}"><td>{pid}</td><td>{user}</td><td><span class="class" style="background:{color}">{cls}</span></td><td>{mem}</td><td><code>{cmd}</code></td><td>{why}</td></tr>"#,
@@ -130,6 +130,13 @@ fn gpu_card(out: &mut String, g: &GpuReport, tl: Option<&Timeline>) {
                 why = escape_cut(h.evidence.first().map(String::as_str).unwrap_or(""))
             );
         }
+        if g.holders.len() > PAGE_ROWS {
+            let _ = write!(
+                out,
+                r#"<tr><td colspan="6" class="none">… and {} more holders (<a href="/api/status">JSON</a> lists every one)</td></tr>"#,
+                g.holders.len() - PAGE_ROWS
+            );
+        }
         out.push_str("</tbody></table>");
     }
     if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
@@ -142,6 +149,10 @@ fn gpu_card(out: &mut String, g: &GpuReport, tl: Option<&Timeline>) {
     }
     out.push_str("</section>");
 }
+
+/// Holders shown per GPU, largest first: any user who may open a GPU's device file can make
+/// thousands of holders, and the page is rendered at every sample.
+pub const PAGE_ROWS: usize = 200;
 
 /// Renders the page.
 pub fn render(
@@ -195,6 +206,33 @@ mod tests {
         assert_eq!(
             escape(r#"<script>"x"&'y'"#),
             "&lt;script&gt;&quot;x&quot;&amp;&#39;y&#39;"
+        );
+    }
+
+    /// Red-team finding: the page listed every holder, which any user who may open a GPU's
+    /// device file can multiply by thousands.
+    #[test]
+    fn the_page_shows_at_most_page_rows_holders_per_gpu() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/incidents/demo/status.json"
+        );
+        let mut report: Report =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let one = report.gpus[0].holders[0].clone();
+        report.gpus[0].holders = (0..PAGE_ROWS as u32 + 50)
+            .map(|i| {
+                let mut h = one.clone();
+                h.pid = 100_000 + i;
+                h
+            })
+            .collect();
+        let page = render(&report, &Timelines::default(), &[], 5);
+        assert!(page.contains("<td>100199</td>"), "the 200th is shown");
+        assert!(!page.contains("<td>100200</td>"), "the 201st is not");
+        assert!(
+            page.contains("… and 50 more holders"),
+            "the rest is counted"
         );
     }
 
