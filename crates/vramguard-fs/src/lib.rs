@@ -189,7 +189,9 @@ pub fn read_regular_no_link(path: &Path, max: u64) -> Result<Vec<u8>, FileError>
 /// is refused as not a regular file. The file is looked at before it is opened: opening some
 /// devices has effects of its own (`/dev/watchdog` arms the watchdog, a tape rewinds), so a
 /// path that names anything but a regular file (a planted symlink to a device) is refused
-/// unopened.
+/// unopened. What is then opened must be the very file looked at (same device and inode), or
+/// nothing is read from it; a link swapped in the moment between the look and the open is the
+/// one case left.
 fn open_for_reading(path: &Path, extra: OFlags) -> Result<rustix::fd::OwnedFd, FileError> {
     let fail = |e: Errno| {
         if e == Errno::LOOP && extra.contains(OFlags::NOFOLLOW) {
@@ -203,15 +205,23 @@ fn open_for_reading(path: &Path, extra: OFlags) -> Result<rustix::fd::OwnedFd, F
     };
     let at = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC | extra, Mode::empty())
         .map_err(fail)?;
-    check_regular(path, &at)?;
-    // The very file looked at, opened for reading through its O_PATH descriptor.
-    rustix::fs::openat(
-        rustix::fs::CWD,
-        format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&at)),
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+    let looked = check_regular(path, &at)?;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | extra,
         Mode::empty(),
     )
-    .map_err(fail)
+    .map_err(fail)?;
+    let opened = check_regular(path, &fd)?;
+    if (opened.st_dev, opened.st_ino) != (looked.st_dev, looked.st_ino) {
+        return Err(FileError::Io {
+            path: path.to_path_buf(),
+            cause: std::io::Error::other(
+                "it changed between its check and its open (a link swapped?); look at it and try again",
+            ),
+        });
+    }
+    Ok(fd)
 }
 
 fn read_bounded(path: &Path, max: u64, extra: OFlags) -> Result<Vec<u8>, FileError> {
