@@ -2627,23 +2627,18 @@ fn a_reload_that_turns_the_open_watch_off_stops_reading_opens() {
     );
 }
 
-/// The agent will not start with automatic reclaim on a `/proc` that is not its own PID
-/// namespace's (a container's, a fixture tree): a pid there is not the process a signal
-/// reaches here. One line saying so, exit 2; without `auto` the same root is fine to watch.
-#[test]
-fn automatic_reclaim_on_a_proc_of_another_namespace_refuses_to_start() {
-    let world = World::new(1);
+/// An agent with automatic reclaim on, started with `global` options before `agent` and
+/// `extra` after it, that must refuse to start: its stderr. Under `timeout`: an agent that
+/// started anyway fails the test instead of hanging it. Nothing may reach the audit log.
+fn refused_auto_agent(world: &World, global: &[&std::ffi::OsStr], extra: &[&str]) -> String {
     let audit = world.dir.path().join("audit.jsonl");
     let cfg = config(
-        &world,
+        world,
         &format!(
             "[reclaim]\nauto = true\naudit_log = \"{}\"\n",
             audit.display()
         ),
     );
-    let tree =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vramguard-proc/tests/fixtures/proc");
-    // Under `timeout`: an agent that started anyway fails the test instead of hanging it.
     let out = vg_wrapped("timeout")
         .arg("20")
         .arg(BIN)
@@ -2651,24 +2646,35 @@ fn automatic_reclaim_on_a_proc_of_another_namespace_refuses_to_start() {
         .arg(world.state_path())
         .arg("--config")
         .arg(&cfg)
-        .arg("--proc-root")
-        .arg(&tree)
+        .args(global)
         .args(["agent", "--listen", "127.0.0.1:0"])
+        .args(extra)
         .env_remove("VRAMGUARD_SIM")
         .env("NO_COLOR", "1")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let err = stderr(&out);
+    assert!(
+        !audit.exists(),
+        "nothing may be written, let alone signalled"
+    );
+    stderr(&out)
+}
+
+/// The agent will not start with automatic reclaim on a `/proc` that is not its own PID
+/// namespace's (a container's, a fixture tree): a pid there is not the process a signal
+/// reaches here. One line saying so, exit 2; without `auto` the same root is fine to watch.
+#[test]
+fn automatic_reclaim_on_a_proc_of_another_namespace_refuses_to_start() {
+    let world = World::new(1);
+    let tree =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vramguard-proc/tests/fixtures/proc");
+    let err = refused_auto_agent(&world, &["--proc-root".as_ref(), tree.as_os_str()], &[]);
     assert!(
         err.contains("[reclaim] auto = true cannot run here")
             && err.contains("is not the /proc of vramguard's own PID namespace")
             && err.trim_end().lines().count() == 1,
         "{err}"
-    );
-    assert!(
-        !audit.exists(),
-        "nothing may be written, let alone signalled"
     );
 }
 
@@ -2677,30 +2683,10 @@ fn automatic_reclaim_on_a_proc_of_another_namespace_refuses_to_start() {
 #[test]
 fn automatic_reclaim_refuses_an_interval_flag_longer_than_gpu_work_is_remembered() {
     let world = World::new(1);
-    let audit = world.dir.path().join("audit.jsonl");
-    let cfg = config(
-        &world,
-        &format!(
-            "[reclaim]\nauto = true\naudit_log = \"{}\"\n",
-            audit.display()
-        ),
-    );
-    let out = vg_wrapped("timeout")
-        .arg("20")
-        .arg(BIN)
-        .arg("--sim")
-        .arg(world.state_path())
-        .arg("--config")
-        .arg(&cfg)
-        .args(["agent", "--listen", "127.0.0.1:0", "--interval", "30s"])
-        .env_remove("VRAMGUARD_SIM")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let err = stderr(&out);
+    let err = refused_auto_agent(&world, &[], &["--interval", "30s"]);
     assert!(
         err.contains("longer than [policy] gpu_busy_recent"),
         "{err}"
     );
-    assert!(!audit.exists());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
