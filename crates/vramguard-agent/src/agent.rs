@@ -83,7 +83,8 @@ struct Agent {
     /// Holders seen exiting: never watched again (an unreaped zombie's pidfd stays readable).
     exited: BTreeSet<(u32, u64)>,
     pending: Vec<PendingLag>,
-    /// (used, total) bytes per GPU at the last sample: what an exit is measured against.
+    /// (used, total) bytes per GPU at the last sample, used at least the bytes the driver
+    /// listed: what an exit is measured against.
     last_used: BTreeMap<u32, (u64, u64)>,
     /// Trends from the last fit, and when it was.
     gpu_trends: BTreeMap<u32, Trend>,
@@ -354,7 +355,12 @@ impl Agent {
             if let Some(m) = g.memory {
                 self.history
                     .record_gpu(g.index, t, m.used, g.ghost_bytes, trend_window, timeline);
-                self.last_used.insert(g.index, (m.used, m.total));
+                // The process list is read after the memory: a holder that allocated in
+                // between is listed with bytes `used` does not count yet. The listed bytes
+                // are then the better floor for what its exit must give back.
+                let listed: u64 = g.holders.iter().filter_map(|h| h.used_bytes).sum();
+                self.last_used
+                    .insert(g.index, (m.used.max(listed), m.total));
             }
             if refit
                 && let Some(tr) = self
@@ -1628,6 +1634,59 @@ mod tests {
         // The exited holder is never watched again.
         agent.step(next, &wake_rx);
         assert!(!agent.watched.contains_key(&key));
+    }
+
+    /// The driver is asked for the memory before the processes: a holder that allocated in
+    /// between is listed with bytes the used memory does not count yet. Its exit right after
+    /// is still measured (the listed bytes are the floor), instead of waiting for used memory
+    /// to fall below what it never reached and timing out two minutes later.
+    #[test]
+    fn an_exit_right_after_an_allocation_the_memory_reading_missed_is_still_measured() {
+        use vramguard_node::Clock;
+        let node = demo();
+        node.release_lag(Duration::from_millis(0));
+        let listed = |n: &FakeNode| -> u64 {
+            let mut n = n.clone();
+            let snap = n.snapshot(ScanDepth::Full).unwrap();
+            snap.gpus[0]
+                .processes
+                .iter()
+                .filter_map(|p| p.used_bytes)
+                .sum()
+        };
+        let all = listed(&node);
+        let of_16521 = {
+            let mut n = node.clone();
+            let snap = n.snapshot(ScanDepth::Full).unwrap();
+            let p = snap.gpus[0].processes.iter().find(|p| p.pid == 16521);
+            p.unwrap().used_bytes.unwrap()
+        };
+        assert!(of_16521 > 0 && all >= of_16521);
+        // The sample's memory reading predates 16521's allocation.
+        node.edit_snapshot(|s| s.gpus[0].memory.as_mut().unwrap().used = all - of_16521);
+        let mut config = Config::default();
+        config.agent.interval = Duration::from_secs(5);
+        let mut agent = agent_on(&node, config);
+        let clock = node.manual_clock().clone();
+        let (wake_rx, _wake_tx) = wake_pipe();
+        agent.sample();
+        // The allocation lands, then 16521 exits and the driver frees it.
+        node.edit_snapshot(|s| s.gpus[0].memory.as_mut().unwrap().used = all);
+        node.exit_after(16521, Duration::from_millis(100));
+        let mut next = agent.step(clock.now() + Duration::from_secs(5), &wake_rx);
+        // Polled every 20 ms while pending: 200 turns are 4 s on the node's clock.
+        for _ in 0..200 {
+            if agent.pending.is_empty() {
+                break;
+            }
+            next = agent.step(next, &wake_rx);
+        }
+        let metrics = agent.metrics.render();
+        assert!(
+            metrics.contains("vramguard_release_lag_seconds_count{gpu=\"0\"} 1"),
+            "{metrics}"
+        );
+        assert!(!metrics.contains("vramguard_release_timeouts_total{gpu=\"0\"} 1"));
     }
 
     /// The start time of `pid` in the node's snapshot.
