@@ -642,23 +642,60 @@ impl Config {
                     .unwrap_or_else(|| PathBuf::from("/var/lib/containers/storage")),
             },
         };
-        // GPU work counts when it was seen in the last gpu_busy_recent: samples further apart
-        // leave moments nobody looked at, and a job computing only then would be reclaimed.
-        let recent = Duration::from_secs(config.policy.gpu_busy_recent_secs);
-        if config.reclaim.auto && config.agent.interval > recent {
-            return Err(c.err(
-                "agent.interval",
-                format!(
-                    "{} is longer than policy.gpu_busy_recent ({}) while [reclaim] auto is on: \
-                     GPU work between two samples would go unseen; sample at least that often",
-                    vramguard_core::units::format_duration(config.agent.interval),
-                    vramguard_core::units::format_duration(recent)
-                ),
-            ));
+        if let Some((key, why)) = config.auto_reclaim_sampling(config.agent.interval) {
+            return Err(c.err(key, why));
         }
         Ok(config)
     }
 }
+
+impl Config {
+    /// Why automatic reclaim cannot rest on samples `interval` apart, if it is on and cannot:
+    /// the key at fault and what is wrong. Checked at load (and so at every reload) and for
+    /// the agent's `--interval`.
+    /// - GPU work counts when it was seen in the last `gpu_busy_recent`: samples further
+    ///   apart leave moments nobody looked at, and a job computing only then would be
+    ///   reclaimed.
+    /// - `min_age` must span at least three samples: a holder is taken only when several
+    ///   samples agree it is orphaned, never on one reading (a `min_age` of a millisecond
+    ///   would signal on the first sample that saw it).
+    pub fn auto_reclaim_sampling(&self, interval: Duration) -> Option<(&'static str, String)> {
+        if !self.reclaim.auto {
+            return None;
+        }
+        let fmt = vramguard_core::units::format_duration;
+        let recent = Duration::from_secs(self.policy.gpu_busy_recent_secs);
+        if interval > recent {
+            return Some((
+                "agent.interval",
+                format!(
+                    "{} is longer than policy.gpu_busy_recent ({}) while [reclaim] auto is on: \
+                     GPU work between two samples would go unseen; sample at least that often",
+                    fmt(interval),
+                    fmt(recent)
+                ),
+            ));
+        }
+        let floor = interval * MIN_AGE_SAMPLES;
+        if self.reclaim.min_age < floor {
+            return Some((
+                "reclaim.min_age",
+                format!(
+                    "{} is shorter than {MIN_AGE_SAMPLES} samples ({} at agent.interval {}) while \
+                     [reclaim] auto is on: a holder is reclaimed only when several samples agree; \
+                     raise min_age or sample more often",
+                    fmt(self.reclaim.min_age),
+                    fmt(floor),
+                    fmt(interval)
+                ),
+            ));
+        }
+        None
+    }
+}
+
+/// The fewest samples `[reclaim] min_age` must span while automatic reclaim is on.
+pub const MIN_AGE_SAMPLES: u32 = 3;
 
 /// Checks values of one file, naming the file and the key in every error.
 struct Checker {
@@ -1070,6 +1107,37 @@ mod tests {
                 .is_ok()
         );
         assert!(load("[agent]\ninterval = \"10s\"\n[reclaim]\nauto = true\n").is_ok());
+    }
+
+    /// Red-team finding: `min_age` had no floor, so `min_age = "1ms"` with automatic reclaim
+    /// signalled a holder on the first sample that judged it orphaned. It must span three
+    /// samples while automatic reclaim is on.
+    #[test]
+    fn automatic_reclaim_needs_a_min_age_of_three_samples() {
+        let load = |toml: &str| Config::from_raw(None, toml::from_str(toml).unwrap());
+        let e = load("[agent]\ninterval = \"1s\"\n[reclaim]\nauto = true\nmin_age = \"2s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "reclaim.min_age: 2.0s is shorter than 3 samples (3.0s at agent.interval 1.0s)"
+            ),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            load("[agent]\ninterval = \"1s\"\n[reclaim]\nauto = true\nmin_age = \"3s\"\n").is_ok()
+        );
+        assert!(load("[agent]\ninterval = \"1s\"\n[reclaim]\nmin_age = \"2s\"\n").is_ok());
+        // The agent's --interval is checked by the same rule.
+        let c = load("[reclaim]\nauto = true\nmin_age = \"2s\"\n[agent]\ninterval = \"500ms\"\n")
+            .unwrap();
+        assert_eq!(c.auto_reclaim_sampling(Duration::from_millis(500)), None);
+        assert_eq!(
+            c.auto_reclaim_sampling(Duration::from_secs(1))
+                .map(|(key, _)| key),
+            Some("reclaim.min_age")
+        );
     }
 
     /// Red-team finding: root ran `[[alerts.exec]]` commands and removed files as any config

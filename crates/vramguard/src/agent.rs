@@ -35,15 +35,11 @@ pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
         if i < std::time::Duration::from_millis(50) {
             return Err(anyhow!("--interval {i:?}: at least 50ms"));
         }
-        // The config's own rule, for the flag too: GPU work counts when seen within
-        // gpu_busy_recent, so samples further apart would miss it.
-        let recent = std::time::Duration::from_secs(config.policy.gpu_busy_recent_secs);
-        if config.reclaim.auto && i > recent {
+        // The config's own rules, for the flag too.
+        if let Some((_, why)) = config.auto_reclaim_sampling(i) {
             return Err(anyhow!(
-                "--interval {}: longer than [policy] gpu_busy_recent ({}) while [reclaim] auto \
-                 is on: GPU work between two samples would go unseen",
-                vramguard_core::units::format_duration(i),
-                vramguard_core::units::format_duration(recent)
+                "--interval {}: {why}",
+                vramguard_core::units::format_duration(i)
             ));
         }
         config.agent.interval = i;

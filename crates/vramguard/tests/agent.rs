@@ -2685,7 +2685,7 @@ fn automatic_reclaim_refuses_an_interval_flag_longer_than_gpu_work_is_remembered
     let world = World::new(1);
     let err = refused_auto_agent(&world, &[], &["--interval", "30s"]);
     assert!(
-        err.contains("longer than [policy] gpu_busy_recent"),
+        err.contains("--interval 30.0s: 30.0s is longer than policy.gpu_busy_recent"),
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
