@@ -14,7 +14,6 @@ use crate::history::History;
 use crate::http::{Published, Server, Shared};
 use crate::metrics::{Metrics, SampleFacts};
 use crate::notify::Notifier;
-use axum::body::Bytes;
 use rustix::fd::{AsFd, OwnedFd};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -68,7 +67,7 @@ struct Agent {
     make_node: NodeFactory,
     config: Config,
     node: Box<dyn Node>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     history: History,
     alerts: AlertEngine,
     alerts_config: Arc<RwLock<AlertsConfig>>,
@@ -438,12 +437,10 @@ impl Agent {
     }
 
     fn publish_metrics_only(&self) {
-        let (metrics, metrics_text) = self.rendered();
         let mut p = self.shared.write().unwrap_or_else(|p| p.into_inner());
         let old = &**p;
         *p = Arc::new(Published {
-            metrics,
-            metrics_text,
+            metrics: Some(self.metrics.clone()),
             report: old.report.clone(),
             timelines: old.timelines.clone(),
             firing: old.firing.clone(),
@@ -455,15 +452,7 @@ impl Agent {
         });
     }
 
-    /// The metrics in both expositions (rendered once per collection, not per scrape).
-    fn rendered(&self) -> (Bytes, Bytes) {
-        let openmetrics = self.metrics.render();
-        let text = crate::metrics::as_prometheus_text(&openmetrics);
-        (Bytes::from(openmetrics), Bytes::from(text))
-    }
-
     fn publish(&self, report: Report, firing: &[(String, u32)]) {
-        let (metrics, metrics_text) = self.rendered();
         let samples = self
             .shared
             .read()
@@ -471,8 +460,7 @@ impl Agent {
             .samples
             + 1;
         let next = Arc::new(Published {
-            metrics,
-            metrics_text,
+            metrics: Some(self.metrics.clone()),
             report: Some(Arc::new(report)),
             timelines: Arc::new(self.history.timeline.clone()),
             firing: firing.to_vec(),
@@ -1024,7 +1012,7 @@ impl Agent {
                 let mut m = Metrics::new();
                 m.track_own_heap();
                 m.track_open_watch();
-                m
+                Arc::new(m)
             },
             history: History::default(),
             alerts: AlertEngine::new(&setup.config.alerts),
@@ -1634,6 +1622,37 @@ mod tests {
         // The exited holder is never watched again.
         agent.step(next, &wake_rx);
         assert!(!agent.watched.contains_key(&key));
+    }
+
+    /// A sample renders no metrics: the first scrape after it does, once, and sees what the
+    /// sample published (and counters moved since, such as a failed collection's).
+    #[test]
+    fn metrics_are_rendered_by_the_first_scrape_after_a_sample_not_by_the_sample() {
+        let node = demo();
+        let mut agent = agent_on(&node, Config::default());
+        agent.sample();
+        let published = agent.shared.read().unwrap().clone();
+        assert!(published.rendered.get().is_none(), "rendered by the sample");
+        let (openmetrics, text) = published.rendered();
+        let openmetrics = String::from_utf8(openmetrics.to_vec()).unwrap();
+        assert!(
+            openmetrics.contains("vramguard_gpu_memory_used_bytes{gpu=\"0\""),
+            "{openmetrics}"
+        );
+        assert!(openmetrics.ends_with("# EOF\n") && !text.ends_with(b"# EOF\n"));
+        // Kept for the next scrapes of the same sample.
+        assert_eq!(published.rendered().0, published.rendered.get().unwrap().0);
+        // A failed collection publishes anew: its error counter is in the next scrape.
+        node.driver_gone(true);
+        agent.sample();
+        let after = agent.shared.read().unwrap().clone();
+        assert!(!Arc::ptr_eq(&published, &after));
+        let (openmetrics, _) = after.rendered();
+        let openmetrics = String::from_utf8(openmetrics.to_vec()).unwrap();
+        assert!(
+            openmetrics.contains("vramguard_collection_errors_total{kind=\"source\"} 1"),
+            "{openmetrics}"
+        );
     }
 
     /// The driver is asked for the memory before the processes: a holder that allocated in

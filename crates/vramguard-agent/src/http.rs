@@ -1,5 +1,7 @@
-//! The agent's HTTP endpoints. Every response is bytes the collector rendered after its last
-//! sample: a scrape costs a lock and an `Arc` clone, never a driver call.
+//! The agent's HTTP endpoints. Every response is rendered from what the collector published
+//! after its last sample, by the first request that wants it, and kept for the next ones: a
+//! scrape costs a lock and an `Arc` clone (and, once per sample, a rendering), never a driver
+//! call.
 //!
 //! - `GET /metrics`: OpenMetrics text.
 //! - `GET /`: the status page.
@@ -23,15 +25,14 @@ use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use vramguard_core::report::Report;
 
-/// What the HTTP side serves, replaced after every sample. The metrics text is rendered by
-/// the collector (every scrape wants it); the page and the JSON are rendered by the first
-/// request after a sample and kept for the next ones.
+/// What the HTTP side serves, replaced after every sample. The metrics, the page and the
+/// JSON are rendered by the first request after a sample and kept for the next ones: a
+/// sample nobody scrapes (Prometheus scrapes every 15 s or so, the agent samples every
+/// second) costs no rendering.
 #[derive(Debug)]
 pub struct Published {
-    /// OpenMetrics text.
-    pub metrics: Bytes,
-    /// The same in Prometheus' text format 0.0.4.
-    pub metrics_text: Bytes,
+    /// The live metrics, rendered on the first scrape.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
     /// The last report.
     pub report: Option<Arc<Report>>,
     /// (time, used, ghost) per GPU, for the page.
@@ -48,13 +49,14 @@ pub struct Published {
     pub stale_after: Duration,
     pub(crate) page: OnceLock<Bytes>,
     pub(crate) status: OnceLock<Bytes>,
+    /// OpenMetrics text and the same in Prometheus' text format 0.0.4.
+    pub(crate) rendered: OnceLock<(Bytes, Bytes)>,
 }
 
 impl Default for Published {
     fn default() -> Self {
         Published {
-            metrics: Bytes::new(),
-            metrics_text: Bytes::new(),
+            metrics: None,
             report: None,
             timelines: Arc::default(),
             firing: Vec::new(),
@@ -64,11 +66,26 @@ impl Default for Published {
             stale_after: Duration::from_secs(10),
             page: OnceLock::new(),
             status: OnceLock::new(),
+            rendered: OnceLock::new(),
         }
     }
 }
 
 impl Published {
+    /// (OpenMetrics, Prometheus text), rendered once per sample.
+    pub fn rendered(&self) -> (Bytes, Bytes) {
+        self.rendered
+            .get_or_init(|| match &self.metrics {
+                Some(m) => {
+                    let openmetrics = m.render();
+                    let text = crate::metrics::as_prometheus_text(&openmetrics);
+                    (Bytes::from(openmetrics), Bytes::from(text))
+                }
+                None => (Bytes::new(), Bytes::new()),
+            })
+            .clone()
+    }
+
     fn page(&self) -> Bytes {
         self.page
             .get_or_init(|| match &self.report {
@@ -105,7 +122,7 @@ fn read(s: &Shared) -> Arc<Published> {
 /// OpenMetrics to scrapers that ask for it (Prometheus does, in `Accept`), Prometheus' text
 /// format 0.0.4 to everyone else.
 async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Response {
-    let p = read(&s);
+    let (metrics, metrics_text) = read(&s).rendered();
     let openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -120,7 +137,7 @@ async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Res
                 ),
                 (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             ],
-            p.metrics.clone(),
+            metrics,
         )
             .into_response()
     } else {
@@ -133,7 +150,7 @@ async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Res
                 ),
                 (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             ],
-            p.metrics_text.clone(),
+            metrics_text,
         )
             .into_response()
     }

@@ -184,6 +184,9 @@ fn lag_histogram() -> Histogram {
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
+    /// Held while [`Metrics::update`] clears and refills the state series, and while
+    /// [`Metrics::render`] encodes them: a scrape never sees a half-refilled sample.
+    refill: std::sync::Mutex<()>,
     /// The agent's own heap in use, when tracked ([`Metrics::track_own_heap`]).
     heap: Option<Gauge>,
     /// Device opens watched (1) or not (0), and the openers seen, when tracked
@@ -363,6 +366,12 @@ impl HostMetrics {
     }
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics { .. }")
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -437,6 +446,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::with_prefix("vramguard");
         let m = Metrics {
+            refill: Default::default(),
             up: Family::default(),
             seen_gpus: Default::default(),
             last_sample_age: F64Gauge::default(),
@@ -811,6 +821,7 @@ impl Metrics {
 
     /// Refills the state gauges from a report.
     pub fn update(&self, report: &Report, facts: &SampleFacts<'_>) {
+        let _refill = self.refill.lock().unwrap_or_else(|p| p.into_inner());
         self.clear_state();
         self.record_collection(report, facts);
         let mut seen = self.seen_gpus.lock().unwrap_or_else(|p| p.into_inner());
@@ -1052,6 +1063,7 @@ impl Metrics {
             g.set(heap_in_use() as i64);
         }
         let mut out = String::with_capacity(16 * 1024);
+        let _refill = self.refill.lock().unwrap_or_else(|p| p.into_inner());
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
