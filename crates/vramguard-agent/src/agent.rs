@@ -2,7 +2,9 @@
 //!
 //! One thread samples on its own schedule: a steady-state collection every `interval`, a
 //! `/proc` listing every `discover_every`, a full fd scan every `full_scan_every` and whenever
-//! a GPU shows unaccounted memory. Between samples it sleeps in the node's wait on every GPU
+//! a GPU shows unaccounted memory. While the last full sample left nothing undecided, a
+//! sample only reads each GPU's used memory and keeps the last report until something changes
+//! ([`Agent::quiet_sample`]). Between samples it sleeps in the node's wait on every GPU
 //! holder's exit (a pidfd each) and a wake pipe for signals: when a holder exits, it samples
 //! at once, so a ghost left by a kill shows within a second, and it watches that GPU's used memory every 20 ms until
 //! the exited holder's memory is back, to measure the driver's release lag.
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 use vramguard_core::plan::{ReclaimOptions, plan_reclaim};
 use vramguard_core::release::ReleaseWatch;
 use vramguard_core::report::{Class, Report, UnaccountedCause};
-use vramguard_core::snapshot::{ProcessListState, Snapshot};
+use vramguard_core::snapshot::{GpuSample, ProcessListState, Snapshot};
 use vramguard_core::trend::Trend;
 use vramguard_core::{Policy, classify};
 use vramguard_node::{Node, NodeError, NodeFactory, SnapshotError};
@@ -118,6 +120,58 @@ struct Agent {
     open_watch_failure: Option<String>,
     /// The node's name in the last good sample: the heal's alert names it while samples fail.
     last_hostname: Option<String>,
+    /// What the last full sample left for quiet samples to compare with, when it left nothing
+    /// undecided (see [`Agent::quiet_sample`]); `None` otherwise.
+    calm: Option<Calm>,
+    /// Something happened since the last full sample that it has not seen (an exit, a device
+    /// open, a reload): the next sample is a full one.
+    stirred: bool,
+}
+
+/// A full sample that left nothing undecided: every GPU read whole, every holder in a live
+/// job or the system's, no ghost or unexplained memory, no alert pending or firing, automatic
+/// reclaim off. Until something changes, its report still holds.
+struct Calm {
+    /// Per GPU, what the driver said then and the ghost bytes.
+    gpus: BTreeMap<u32, (GpuSample, u64)>,
+}
+
+/// Whether a GPU's sample says what an earlier one said, as far as a quiet sample asks:
+/// everything but the utilization and telemetry (temperature, power, clocks), which move while
+/// nothing else does and decide nothing for holders whose job is alive. Memory, the process
+/// lists and their bytes, health, Xid counts, MIG devices, and any failure or warning must be
+/// unchanged. (Every field is named: a new one must be placed on one side or the other.)
+fn settled_alike(now: &GpuSample, then: &GpuSample) -> bool {
+    let GpuSample {
+        index,
+        uuid,
+        name,
+        pci_bus_id,
+        minor_number,
+        memory,
+        persistence_mode,
+        processes,
+        process_list,
+        utilization: _,
+        failure,
+        warnings,
+        health,
+        mig_devices,
+        telemetry: _,
+    } = now;
+    *index == then.index
+        && *uuid == then.uuid
+        && *name == then.name
+        && *pci_bus_id == then.pci_bus_id
+        && *minor_number == then.minor_number
+        && *memory == then.memory
+        && *persistence_mode == then.persistence_mode
+        && *processes == then.processes
+        && *process_list == then.process_list
+        && *failure == then.failure
+        && *warnings == then.warnings
+        && *health == then.health
+        && *mig_devices == then.mig_devices
 }
 
 /// The least time between two samples that opens of the device files ask for: an open is
@@ -142,6 +196,11 @@ impl Agent {
         self.last_sample = Some(t0);
         self.open_sample_due = None;
         let depth = self.depth_due();
+        if depth == ScanDepth::Cached && self.quiet_sample(t0) {
+            return;
+        }
+        self.stirred = false;
+        self.calm = None;
         if depth == ScanDepth::Full && self.config.agent.watch_opens && !self.watching_opens {
             // Before the scan: an open during it (hundreds of ms on a busy node) is then seen
             // now, not at the next full scan.
@@ -248,10 +307,157 @@ impl Agent {
             // Not followed while off: a holder must be seen reclaimable for min_age once on.
             self.forget_reclaimable();
         }
+        self.calm = self.calm_after(&snap, &report);
         self.publish(report, &firing);
         if depth == ScanDepth::Full {
             return_free_heap_pages();
         }
+    }
+
+    /// A sample that asks only the driver (no `/proc`), when the last full sample left
+    /// nothing undecided ([`Calm`]) and nothing has happened since: no exit of a holder or of
+    /// a process the collection follows (parents, job leaders), no device open, and the driver
+    /// says what it said then ([`settled_alike`]). Then the last report still holds, and
+    /// classifying it again would only repeat it: the sample records the used memory, follows
+    /// the heal, and publishes.
+    /// Anything else, and every sample while automatic reclaim is on, is a full one; so is
+    /// every sample a periodic re-read of the holders (`recheck_every`, 30 s while calm) is
+    /// due, which bounds how stale a change the driver alone would show (utilization, health)
+    /// can be.
+    /// Returns whether it was quiet.
+    fn quiet_sample(&mut self, t0: Instant) -> bool {
+        if self.stirred
+            || self.config.reclaim.auto
+            || !self.pending.is_empty()
+            || self.calm.is_none()
+        {
+            return false;
+        }
+        if !self.node.nothing_exited() {
+            return false;
+        }
+        // What the driver failed to answer is counted as a full sample counts it (a failed
+        // call each): the full sample that follows asks again, and may be answered.
+        let gpus = match self.node.gpus() {
+            Ok(g) => g,
+            Err(_) => {
+                self.metrics.error("source");
+                return false;
+            }
+        };
+        let mut faults = 0;
+        for g in &gpus {
+            if g.failure.is_some() || matches!(g.process_list, ProcessListState::Unavailable { .. })
+            {
+                faults += 1;
+            }
+            faults += g.warnings.len();
+        }
+        for _ in 0..faults {
+            self.metrics.error("gpu_call");
+        }
+        let Some(calm) = &self.calm else {
+            return false;
+        };
+        if faults > 0
+            || gpus.len() != calm.gpus.len()
+            || gpus.iter().any(|g| {
+                calm.gpus
+                    .get(&g.index)
+                    .is_none_or(|(then, _)| !settled_alike(g, then))
+            })
+        {
+            return false;
+        }
+        let Some(report) = self
+            .shared
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .report
+            .clone()
+        else {
+            return false;
+        };
+        let now = self.now();
+        self.last_good = Some(now);
+        let wall_ms = self.node.clock().wall_ms();
+        // The series go on (the last report's values are today's), and the trends are
+        // refitted when due: the slopes and the leak rule stay current.
+        let fitted = self.last_fit;
+        let holder_trends = self.record_history(&report);
+        let host = self.last_hostname.clone();
+        self.poll_heal(host.as_deref(), wall_ms);
+        let (duration_secs, timestamp_secs) =
+            (self.since(t0).as_secs_f64(), wall_ms as f64 / 1000.0);
+        if self.last_fit != fitted {
+            for n in self.alerts.evaluate(&report, &self.gpu_trends, wall_ms) {
+                self.notifier.send(n);
+            }
+            let firing = self.alerts.firing();
+            self.metrics.update(
+                &report,
+                &SampleFacts {
+                    duration_secs,
+                    depth: "quiet",
+                    timestamp_secs,
+                    gpu_trends: &self.gpu_trends,
+                    holder_trends: &holder_trends,
+                    firing: &firing,
+                    top_holders: self.config.agent.top_holders,
+                    dcgm_labels: self.config.agent.dcgm_labels,
+                },
+            );
+            if !self.alerts.is_calm() {
+                // A trend made a rule pending: full samples from the next one on.
+                self.calm = None;
+            }
+        } else {
+            self.metrics.quiet_collection(duration_secs, timestamp_secs);
+        }
+        let mut p = self.shared.write().unwrap_or_else(|p| p.into_inner());
+        let old = &**p;
+        *p = Arc::new(Published {
+            metrics: Some(self.metrics.clone()),
+            report: old.report.clone(),
+            timelines: Arc::new(self.history.timeline.clone()),
+            firing: old.firing.clone(),
+            refresh_secs: old.refresh_secs,
+            updated: now,
+            samples: old.samples + 1,
+            stale_after: old.stale_after,
+            ..Published::default()
+        });
+        true
+    }
+
+    /// What quiet samples compare with after this full sample's `report`, if it left nothing
+    /// undecided.
+    fn calm_after(&self, snap: &Snapshot, report: &Report) -> Option<Calm> {
+        if self.config.reclaim.auto || !self.alerts.is_calm() {
+            return None;
+        }
+        // A holder whose verdict needs no watching: computing, the system's, or an unlisted
+        // holder of a live job (a DataLoader worker of a running trainer, a monitor) that no
+        // plan would take.
+        let settled = |h: &vramguard_core::report::Holder| match h.class {
+            Class::Active | Class::System => true,
+            Class::Hidden => h.dead_job.is_none() && !h.action.reclaimable,
+            _ => false,
+        };
+        let mut gpus = BTreeMap::new();
+        for g in &report.gpus {
+            let whole = g.failure.is_none()
+                && matches!(g.process_list, ProcessListState::Complete)
+                && g.ghost_bytes == 0
+                && g.unaccounted.as_ref().is_none_or(|u| !u.significant)
+                && g.holders.iter().all(settled);
+            let sample = snap.gpus.iter().find(|s| s.index == g.index)?;
+            if !whole || g.memory.is_none() || !sample.warnings.is_empty() {
+                return None;
+            }
+            gpus.insert(g.index, (sample.clone(), g.ghost_bytes));
+        }
+        Some(Calm { gpus })
     }
 
     /// Reads the Slurm heal's new steps from the audit log: notifications and metrics.
@@ -278,13 +484,41 @@ impl Agent {
                     .is_none_or(|t| self.since(t) >= Duration::from_secs(10)));
         if full_due {
             ScanDepth::Full
-        } else if self.since(self.last_discover) >= self.config.agent.discover_every {
+        } else if self.since(self.last_discover) >= self.discover_every() {
             ScanDepth::NewProcesses
-        } else if self.since(self.last_recheck) >= self.config.agent.recheck_every {
+        } else if self.since(self.last_recheck) >= self.recheck_every() {
             ScanDepth::Holders
         } else {
             ScanDepth::Cached
         }
+    }
+
+    /// The `/proc` listing's period: the configured one, else long while nothing is undecided
+    /// and opens are watched (a new holder is then seen by its open; one forked from a holder
+    /// opens nothing, but its holder's job is alive, and its exit brings a full sample).
+    fn discover_every(&self) -> Duration {
+        self.config
+            .agent
+            .discover_every
+            .unwrap_or(if self.calm.is_some() && self.watching_opens {
+                vramguard_config::CALM_PERIOD
+            } else {
+                vramguard_config::DISCOVER_EVERY
+            })
+    }
+
+    /// The holders' re-read period: the configured one, else long while nothing is
+    /// undecided (what it catches that no pidfd announces, a leader thread exiting while
+    /// others live on, a process group changing, concerns no verdict there).
+    fn recheck_every(&self) -> Duration {
+        self.config
+            .agent
+            .recheck_every
+            .unwrap_or(if self.calm.is_some() {
+                vramguard_config::CALM_PERIOD
+            } else {
+                vramguard_config::RECHECK_EVERY
+            })
     }
 
     /// The full fd scan's period: the configured one, else long while opens are watched.
@@ -546,6 +780,7 @@ impl Agent {
         };
         let exits = self.wait(until, wake);
         if !exits.is_empty() {
+            self.stirred = true;
             self.on_exits(exits);
             // A kill may have left a ghost: report it now, not at the next tick.
             next = self.now();
@@ -576,6 +811,7 @@ impl Agent {
             }
         }
         if !opened.pids.is_empty() || opened.overflowed {
+            self.stirred = true;
             self.metrics.device_opens(opened.pids.len() as u64);
             // A new holder: sample soon, at most once per gap however many opens come.
             let soon = self
@@ -815,6 +1051,7 @@ impl Agent {
                     tracing::warn!("{note}");
                 }
                 let c = loaded.config;
+                self.stirred = true;
                 if let Some(why) = self.auto_reclaim_refused(&c) {
                     tracing::error!(
                         "config reload refused, keeping the running config: {}",
@@ -1046,6 +1283,8 @@ impl Agent {
             open_sample_due: None,
             open_watch_failure: None,
             last_hostname: None,
+            calm: None,
+            stirred: false,
         })
     }
 }
@@ -1622,6 +1861,207 @@ mod tests {
         // The exited holder is never watched again.
         agent.step(next, &wake_rx);
         assert!(!agent.watched.contains_key(&key));
+    }
+
+    /// Collections of each kind so far, from the metrics.
+    fn collections_of(agent: &Agent, kind: &str) -> u64 {
+        let metrics = agent.metrics.render();
+        let line = format!("vramguard_collections_total{{kind=\"{kind}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map_or(0, |v| v.parse().unwrap())
+    }
+
+    /// (#28) A node where nothing is undecided (every holder in a live job, no ghost) is
+    /// sampled quietly: the used memory is read and the last report kept, no process is
+    /// looked at. A change of used memory, an exit, the periodic re-read of the holders, or
+    /// automatic reclaim being on makes the sample a full one again.
+    #[test]
+    fn a_calm_node_is_sampled_quietly_until_something_changes() {
+        use vramguard_node::Clock;
+        let node = FakeNode::incident("a_process_in_a_systemd_unit_belongs_to_the_unit");
+        let mut config = Config::default();
+        config.agent.interval = Duration::from_secs(1);
+        // No alert rule can be pending here: a pending alert keeps samples full (checked at
+        // the end).
+        config.alerts.rules.clear();
+        let mut agent = agent_on(&node, config);
+        let (wake_rx, _wake_tx) = wake_pipe();
+        let clock = node.manual_clock().clone();
+        let grow = |s: &mut vramguard_core::snapshot::Snapshot| {
+            s.gpus[0].memory.as_mut().unwrap().used += 1 << 30;
+            let p = s.gpus[0].processes.iter_mut().find(|p| p.pid == 15643);
+            *p.unwrap().used_bytes.as_mut().unwrap() += 1 << 30;
+        };
+        let snapshots = |n: &FakeNode| {
+            n.calls()
+                .iter()
+                .filter(|c| c.starts_with("snapshot"))
+                .count()
+        };
+        let mut next = agent.step(clock.now(), &wake_rx);
+        assert!(
+            agent.calm.is_some(),
+            "the first (full) sample left nothing undecided"
+        );
+        let published = agent.shared.read().unwrap().clone();
+        // Three quiet samples: no snapshot, the same report, a new publication.
+        for _ in 0..3 {
+            next = agent.step(next, &wake_rx);
+        }
+        assert_eq!(snapshots(&node), 1, "{:?}", node.calls());
+        assert_eq!(collections_of(&agent, "quiet"), 3);
+        let now = agent.shared.read().unwrap().clone();
+        assert!(Arc::ptr_eq(
+            published.report.as_ref().unwrap(),
+            now.report.as_ref().unwrap()
+        ));
+        assert_eq!(now.samples, published.samples + 3);
+        // The holder allocates: a full sample.
+        node.edit_snapshot(grow);
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), 2);
+        // The periodic listing (discover_every, 5 s after the first sample; 5 s here, where
+        // device opens are not watched) is a full sample.
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), 3, "{:?}", node.calls());
+        // Only the utilization moves: still quiet. A row remap waits for a reset, with the
+        // same memory: a full sample.
+        node.edit_snapshot(|s| s.gpus[0].utilization = None);
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), 3, "{:?}", node.calls());
+        node.edit_snapshot(|s| {
+            s.gpus[0].health.remapped_rows = Some(vramguard_core::snapshot::RemappedRows {
+                pending: true,
+                ..Default::default()
+            })
+        });
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), 4, "{:?}", node.calls());
+        for _ in 0..2 {
+            next = agent.step(next, &wake_rx);
+        }
+        assert_eq!(snapshots(&node), 4, "{:?}", node.calls());
+        assert_eq!(collections_of(&agent, "quiet"), 6);
+        // The next listing, 10 s after the first sample.
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), 5, "{:?}", node.calls());
+        // A process the collection follows (a parent, a job leader; here the holder's
+        // parent) exits: the agent does not watch it, the node tells; a full sample follows.
+        let before = snapshots(&node);
+        node.exit_after(1, Duration::from_millis(10));
+        // This turn samples (quietly: nothing exited yet) and sleeps through the exit.
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), before);
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), before + 1, "{:?}", node.calls());
+        // The holder exits: the next sample is a full one, whatever the memory shows.
+        // (The driver keeps its memory meanwhile, so the memory cannot tell.)
+        next = agent.step(next, &wake_rx);
+        let before = snapshots(&node);
+        node.release_lag(Duration::from_secs(3600));
+        node.exit_after(15643, Duration::from_millis(10));
+        // The wait ends at the exit and asks for a sample at once: a full one.
+        next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), before);
+        agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), before + 1, "{:?}", node.calls());
+        // With an alert pending (used above 1% for an hour), every sample is full.
+        let node = FakeNode::incident("a_process_in_a_systemd_unit_belongs_to_the_unit");
+        let config = Config::parse(
+            std::path::Path::new("pending.toml"),
+            "[[alerts.rule]]\nname = \"used\"\nwhen = \"used_ratio\"\nabove = 0.01\nfor = \"1h\"\n",
+        )
+        .unwrap();
+        let mut agent = agent_on(&node, config);
+        let mut next = agent.step(node.manual_clock().now(), &wake_rx);
+        for _ in 0..3 {
+            next = agent.step(next, &wake_rx);
+        }
+        assert!(!agent.alerts.is_calm());
+        assert_eq!(collections_of(&agent, "quiet"), 0);
+        // With automatic reclaim on, every sample is full.
+        let node = FakeNode::incident("a_process_in_a_systemd_unit_belongs_to_the_unit");
+        let audit = tempfile::tempdir().unwrap();
+        let mut agent = agent_on(
+            &node,
+            auto_reclaim_config(&audit.path().join("audit.jsonl")),
+        );
+        let mut next = agent.step(node.manual_clock().now(), &wake_rx);
+        for _ in 0..3 {
+            next = agent.step(next, &wake_rx);
+        }
+        assert_eq!(collections_of(&agent, "quiet"), 0);
+        assert!(agent.calm.is_none());
+        // Where something is undecided (the demo's orphans and ghost), too.
+        let node = demo();
+        let mut agent = agent_on(&node, Config::default());
+        let mut next = agent.step(node.manual_clock().now(), &wake_rx);
+        for _ in 0..3 {
+            next = agent.step(next, &wake_rx);
+        }
+        assert_eq!(collections_of(&agent, "quiet"), 0);
+    }
+
+    /// (#28) While nothing is undecided and device opens are watched, the `/proc` listing and
+    /// the holders' re-read come every 30 s instead of every 5 s (unless configured); once
+    /// something is undecided, every 5 s again.
+    #[test]
+    fn a_calm_node_is_listed_and_re_read_every_30_s_unless_configured() {
+        use vramguard_node::Clock;
+        let full_samples_in = |config: Config, incident: &str, secs: u32| {
+            let node = FakeNode::incident(incident);
+            node.opens_watchable();
+            let mut agent = agent_on(&node, config);
+            let (wake_rx, _wake_tx) = wake_pipe();
+            let mut next = agent.step(node.manual_clock().now(), &wake_rx);
+            for _ in 0..secs {
+                next = agent.step(next, &wake_rx);
+            }
+            node.calls()
+                .iter()
+                .filter(|c| c.starts_with("snapshot"))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let calm = "a_process_in_a_systemd_unit_belongs_to_the_unit";
+        let mut config = Config::default();
+        config.alerts.rules.clear();
+        let calls = full_samples_in(config.clone(), calm, 31);
+        assert_eq!(
+            calls,
+            ["snapshot Full", "snapshot NewProcesses"],
+            "one re-read, 30 s after the first sample"
+        );
+        // Configured periods hold whatever the node's state.
+        config.agent.discover_every = Some(Duration::from_secs(10));
+        config.agent.recheck_every = Some(Duration::from_secs(5));
+        let calls = full_samples_in(config.clone(), calm, 20);
+        assert_eq!(
+            calls,
+            [
+                "snapshot Full",
+                "snapshot Holders",
+                "snapshot NewProcesses",
+                "snapshot Holders",
+                "snapshot NewProcesses"
+            ]
+        );
+        // Something undecided (the demo's orphans): every sample is full, and the defaults of
+        // 5 s hold.
+        let mut config = Config::default();
+        config.alerts.rules.clear();
+        let calls = full_samples_in(config, "demo", 10);
+        assert_eq!(calls.len(), 11, "{calls:?}");
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| *c == "snapshot NewProcesses")
+                .count(),
+            2,
+            "{calls:?}"
+        );
     }
 
     /// A sample renders no metrics: the first scrape after it does, once, and sees what the

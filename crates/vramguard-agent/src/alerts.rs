@@ -194,6 +194,11 @@ impl AlertEngine {
         out
     }
 
+    /// No incident pending or firing: nothing whose state the next sample must re-check.
+    pub fn is_calm(&self) -> bool {
+        self.states.is_empty()
+    }
+
     /// Incidents firing now: (rule, gpu).
     pub fn firing(&self) -> Vec<(String, u32)> {
         let mut v: Vec<(String, u32)> = self

@@ -644,7 +644,7 @@ impl Metrics {
         );
         r.register(
             "collections",
-            "Collections, by depth (holders, new_processes, full)",
+            "Collections, by depth (cached, holders, new_processes, full; quiet: only the used memory read, nothing changed)",
             self.collections.clone(),
         );
         r.register(
@@ -897,6 +897,19 @@ impl Metrics {
         self.retired_pages.clear();
         self.retired_pending.clear();
         self.host.clear();
+    }
+
+    /// A quiet collection (the GPUs' used memory read, nothing changed since the last full
+    /// one): its duration and time; every other series keeps the last full one's values.
+    pub fn quiet_collection(&self, duration_secs: f64, timestamp_secs: f64) {
+        self.collection_seconds.set(duration_secs);
+        self.last_collection.set(timestamp_secs);
+        self.collections
+            .get_or_create(&KindLabels {
+                kind: "quiet".into(),
+            })
+            .inc();
+        self.last_sample_age.set(0.0);
     }
 
     /// This collection: its duration, time, depth and the driver.

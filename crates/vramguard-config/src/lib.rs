@@ -242,6 +242,18 @@ fn line_of(text: &str, key: &str) -> Option<usize> {
 /// The agent's full fd scan period when device opens are not watched: the scan is then the
 /// only way an old process that opens a device file without making a context is found.
 pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(60);
+
+/// The agent's default `/proc` listing period ([`AgentConfig::discover_every`]).
+pub const DISCOVER_EVERY: Duration = Duration::from_secs(5);
+
+/// The agent's default re-read period of the holders ([`AgentConfig::recheck_every`]).
+pub const RECHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// The agent's listing and re-read period, unless configured, while its last sample left
+/// nothing undecided (every holder in a live job or the system's, no ghost or unexplained
+/// memory, no alert pending, automatic reclaim off): an exit of any process it follows, a
+/// device open and a change of used memory still bring a full sample at once.
+pub const CALM_PERIOD: Duration = Duration::from_secs(30);
 /// The full fd scan period while device opens are watched: opens name new holders at once,
 /// new processes are found by the listing, and the scan remains a safety net (inherited
 /// files of a process it missed, a container's own device nodes).
@@ -255,12 +267,16 @@ pub struct AgentConfig {
     pub listen: String,
     /// Steady-state sampling interval. Default 1 s.
     pub interval: Duration,
-    /// How often to look for new processes (a `/proc` listing). Default 5 s.
-    pub discover_every: Duration,
+    /// How often to look for new processes (a `/proc` listing). `None` (the default):
+    /// [`DISCOVER_EVERY`], or [`CALM_PERIOD`] while the agent's last sample left nothing
+    /// undecided and device opens are watched (a new holder is then seen by its open).
+    pub discover_every: Option<Duration>,
     /// How often to re-read every holder's `/proc` state even though no watched process
     /// exited (exits are seen at once through pidfds). Bounds how late a leader thread that
-    /// exits while another thread hangs in D state is seen. Default 5 s.
-    pub recheck_every: Duration,
+    /// exits while another thread hangs in D state is seen. `None` (the default):
+    /// [`RECHECK_EVERY`], or [`CALM_PERIOD`] while the agent's last sample left nothing
+    /// undecided.
+    pub recheck_every: Option<Duration>,
     /// How often to scan every process's open files (hidden holders), besides whenever a GPU
     /// shows unaccounted memory (at most every 10 s). `None` (the default):
     /// [`FULL_SCAN_EVERY_WATCHED`] while device opens are watched, else [`FULL_SCAN_EVERY`].
@@ -850,16 +866,14 @@ fn agent(c: &Checker, a: &RawAgent) -> Result<AgentConfig, ConfigError> {
     let agent = AgentConfig {
         listen: a.listen.clone().unwrap_or_else(|| "127.0.0.1:9835".into()),
         interval: c.dur("agent.interval", &a.interval, Duration::from_secs(1))?,
-        discover_every: c.dur(
-            "agent.discover_every",
-            &a.discover_every,
-            Duration::from_secs(5),
-        )?,
-        recheck_every: c.dur(
-            "agent.recheck_every",
-            &a.recheck_every,
-            Duration::from_secs(5),
-        )?,
+        discover_every: match a.discover_every {
+            None => None,
+            Some(_) => Some(c.dur("agent.discover_every", &a.discover_every, DISCOVER_EVERY)?),
+        },
+        recheck_every: match a.recheck_every {
+            None => None,
+            Some(_) => Some(c.dur("agent.recheck_every", &a.recheck_every, RECHECK_EVERY)?),
+        },
         full_scan_every: match a.full_scan_every {
             None => None,
             Some(_) => Some(c.dur("agent.full_scan_every", &a.full_scan_every, FULL_SCAN_EVERY)?),

@@ -95,6 +95,8 @@ struct FakeState {
     signals_refused: Option<String>,
     /// Snapshots and open watches, in the order they were asked for.
     calls: Vec<String>,
+    /// When the last snapshot was taken: [`Node::nothing_exited`] looks for exits since.
+    last_snapshot: Option<Instant>,
 }
 
 /// A scripted node; see the module documentation.
@@ -147,6 +149,7 @@ impl FakeNode {
                 opens_watchable: false,
                 signals_refused: None,
                 calls: Vec::new(),
+                last_snapshot: None,
             })),
         }
     }
@@ -384,6 +387,7 @@ impl Node for FakeNode {
             )));
         }
         let (now, wall) = (self.clock.now(), self.clock.wall_ms());
+        self.state().last_snapshot = Some(now);
         let mut snap = self.state().snapshot_at(now, wall);
         // Like the real node: no window, no work sample.
         snap.work = None;
@@ -408,6 +412,17 @@ impl Node for FakeNode {
     fn gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {
         let (now, wall) = (self.clock.now(), self.clock.wall_ms());
         Ok(self.state().snapshot_at(now, wall).gpus)
+    }
+
+    fn nothing_exited(&mut self) -> bool {
+        let now = self.clock.now();
+        let s = self.state();
+        s.last_snapshot.is_some_and(|since| {
+            !s.processes
+                .values()
+                .filter_map(FakeProcess::exit_at)
+                .any(|e| e > since && e <= now)
+        })
     }
 
     fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError> {

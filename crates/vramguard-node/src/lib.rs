@@ -137,6 +137,13 @@ pub trait Node: Send {
         Err(vramguard_proc::opens::OpenWatchError::Unsupported)
     }
 
+    /// Whether no process the collection follows (holders, their parents, job leaders) has
+    /// exited since the last snapshot; false where it cannot tell cheaply. A caller that saw
+    /// nothing undecided in that snapshot may then trust it a while longer.
+    fn nothing_exited(&mut self) -> bool {
+        false
+    }
+
     /// Why no process can be signalled through this node, when none can (it reads a `/proc`
     /// that is not vramguard's own PID namespace's): pins then fail with this reason. Callers
     /// that would signal on their own (the agent's automatic reclaim) refuse to start.

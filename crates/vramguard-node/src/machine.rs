@@ -300,6 +300,10 @@ impl Node for MachineNode {
             .collect()
     }
 
+    fn nothing_exited(&mut self) -> bool {
+        self.collector.nothing_exited()
+    }
+
     fn watch_exits(&mut self, ids: &[Identity]) -> usize {
         if self.foreign_proc.is_some() {
             // A pidfd would follow whatever process has the pid here: exits are seen by the

@@ -558,6 +558,25 @@ impl ProcCollector {
 
     /// Processes whose pidfd says they exited since their facts were read; their pidfds are
     /// closed (the exit is news once). `None` when polling failed: treat it as news.
+    /// Whether no followed process (holder, parent, job leader) has exited since the last
+    /// collection, as far as the pidfds tell without being read: false when one has, or
+    /// when it cannot be told cheaply (no epoll set, no collection yet).
+    pub fn nothing_exited(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let Some(set) = &self.exit_set else {
+            return false;
+        };
+        if self.collections == 0 {
+            return false;
+        }
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut fds = [PollFd::new(set, PollFlags::IN)];
+        matches!(poll(&mut fds, Some(&zero)), Ok(0))
+    }
+
     fn take_exits(&mut self) -> Option<Vec<u32>> {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
         if let Some(set) = &self.exit_set {

@@ -116,6 +116,32 @@ fn a_live_holder_is_found_and_its_departure_remembered() {
     }
 }
 
+/// (#28) The agent's quiet samples rest on this: the holders' pidfds say, without being
+/// read, whether one exited since the last collection; a collection clears it again.
+#[test]
+fn nothing_exited_holds_until_a_followed_process_exits() {
+    let dev = dev_dir();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    assert!(!c.nothing_exited(), "no collection yet: it cannot tell");
+    let mut h = holder(dev.path(), &["nvidia0"]);
+    let pid = h.0.id();
+    wait_until("the holder to open its files", || {
+        holds(&mut c, pid, ScanDepth::Full).is_some_and(|d| d.holds_any() == Some(true))
+    });
+    // Its pidfd is taken by a collection after the one that found it.
+    c.collect(&[], ScanDepth::Holders, 1).unwrap();
+    assert!(c.nothing_exited());
+    // Asking does not consume: still true, and a cached collection reuses its facts.
+    assert!(c.nothing_exited());
+    h.0.kill().unwrap();
+    h.0.wait().unwrap();
+    wait_until("the exit to show", || !c.nothing_exited());
+    assert!(!c.nothing_exited(), "asking does not consume the exit");
+    let got = c.collect(&[], ScanDepth::Cached, 2).unwrap();
+    assert!(got.processes.iter().all(|p| p.pid != pid));
+    assert!(c.nothing_exited(), "the collection took the exit");
+}
+
 #[test]
 fn an_incremental_collection_scans_new_processes() {
     let dev = dev_dir();

@@ -237,8 +237,10 @@ fn main() {
             std::thread::sleep(Duration::from_secs_f64(sized(3.0, 0.5)));
             let secs = param("MEASURE_SECS", 120u64, 1);
             let full0 = collections_of(agent.addr, Some("full"));
+            let quiet0 = collections_of(agent.addr, Some("quiet"));
             let (ms_window, n, driver_ms) = per_sample_split(&agent, secs as f64);
             let full = collections_of(agent.addr, Some("full")) - full0;
+            let quiet = collections_of(agent.addr, Some("quiet")) - quiet0;
             let rss = rss_kib(agent.child.id());
             let metrics = get(agent.addr, "/metrics").1;
             let watching = metrics
@@ -267,7 +269,7 @@ fn main() {
                 ms_window + full_scan_ms / period_secs
             };
             println!(
-                "at the defaults: {ms:.2} ms CPU per sample over a whole full-scan period of {period_secs:.0} s (device opens watched: {watching}); {ms_window:.2} ms per sample over {secs} s ({n:.0} samples, {full:.0} full fd scans, listings included), {:.2}% of one core, RSS {rss} KiB",
+                "at the defaults: {ms:.2} ms CPU per sample over a whole full-scan period of {period_secs:.0} s (device opens watched: {watching}); {ms_window:.2} ms per sample over {secs} s ({n:.0} samples, {quiet:.0} of them quiet, {full:.0} full fd scans, listings included), {:.2}% of one core, RSS {rss} KiB",
                 ms / 10.0,
             );
             println!(
@@ -277,6 +279,22 @@ fn main() {
             figure("agent.cpu_defaults", ms, "ms");
             figure("agent.cpu_defaults_driver_calls", driver_ms, "ms");
             figure("agent.rss", mb(rss), "MB");
+        }
+        {
+            // The same defaults where something is undecided (here an alert pending for a
+            // day): no sample is quiet, and the listing and the re-read come every 5 s.
+            let agent = start_agent(
+                &world,
+                "[[alerts.rule]]\nname = \"pending\"\nwhen = \"used_ratio\"\nabove = 0.0\nfor = \"24h\"\n",
+            );
+            std::thread::sleep(Duration::from_secs_f64(sized(3.0, 0.5)));
+            let quiet0 = collections_of(agent.addr, Some("quiet"));
+            let (ms, n) = per_sample(&agent, sized(30.0, 1.0));
+            let quiet = collections_of(agent.addr, Some("quiet")) - quiet0;
+            println!(
+                "at the defaults with something undecided (an alert pending): {ms:.2} ms CPU per sample ({n:.0} samples, {quiet:.0} quiet, listings included, no full fd scan)"
+            );
+            figure("agent.cpu_undecided", ms, "ms");
         }
         {
             let agent = start_agent(

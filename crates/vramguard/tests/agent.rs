@@ -182,7 +182,8 @@ fn injected_faults_show_as_metrics_and_do_not_stop_the_agent() {
         errors(&agent.metrics()) >= 2.0
     });
     let collections = |m: &str| {
-        ["full", "new_processes", "holders", "cached"]
+        // Quiet samples make every driver call too (no /proc read).
+        ["full", "new_processes", "holders", "cached", "quiet"]
             .iter()
             .filter_map(|k| {
                 sample(
@@ -296,7 +297,8 @@ fn a_fanless_h200_costs_no_collection_error_and_no_warning() {
     }
     let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"100ms\"\n");
     let collections = |m: &str| {
-        ["full", "new_processes", "holders", "cached"]
+        // Quiet samples make every driver call too (no /proc read).
+        ["full", "new_processes", "holders", "cached", "quiet"]
             .iter()
             .filter_map(|k| {
                 sample(
