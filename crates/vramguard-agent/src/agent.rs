@@ -414,9 +414,7 @@ impl Agent {
         } else {
             self.metrics.quiet_collection(duration_secs, timestamp_secs);
         }
-        let mut p = self.shared.write().unwrap_or_else(|p| p.into_inner());
-        let old = &**p;
-        *p = Arc::new(Published {
+        self.republish(|old| Published {
             metrics: Some(self.metrics.clone()),
             report: old.report.clone(),
             timelines: Arc::new(self.history.timeline.clone()),
@@ -670,10 +668,25 @@ impl Agent {
         true
     }
 
+    /// Replaces what the HTTP side serves with what `next` makes of the current one. When the
+    /// current one was scraped, the metrics are rendered here, before the swap: scrapers that
+    /// come at every sample (a dashboard, a benchmark) find them ready, as they did when every
+    /// sample rendered them; an agent scraped every 15 s renders once per scrape.
+    fn republish(&self, next: impl FnOnce(&Published) -> Published) {
+        let old = self
+            .shared
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let next = next(&old);
+        if old.scraped.load(std::sync::atomic::Ordering::Relaxed) {
+            next.prerender();
+        }
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+    }
+
     fn publish_metrics_only(&self) {
-        let mut p = self.shared.write().unwrap_or_else(|p| p.into_inner());
-        let old = &**p;
-        *p = Arc::new(Published {
+        self.republish(|old| Published {
             metrics: Some(self.metrics.clone()),
             report: old.report.clone(),
             timelines: old.timelines.clone(),
@@ -687,24 +700,18 @@ impl Agent {
     }
 
     fn publish(&self, report: Report, firing: &[(String, u32)]) {
-        let samples = self
-            .shared
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .samples
-            + 1;
-        let next = Arc::new(Published {
+        let updated = self.now();
+        self.republish(|old| Published {
             metrics: Some(self.metrics.clone()),
             report: Some(Arc::new(report)),
             timelines: Arc::new(self.history.timeline.clone()),
             firing: firing.to_vec(),
             refresh_secs: self.config.agent.interval.as_secs().clamp(2, 30),
-            updated: self.now(),
-            samples,
+            updated,
+            samples: old.samples + 1,
             stale_after: (self.config.agent.interval * 5).max(Duration::from_secs(10)),
             ..Published::default()
         });
-        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
 
     /// Has the node watch every holder, to wake at its exit.
@@ -2073,6 +2080,15 @@ mod tests {
         agent.sample();
         let published = agent.shared.read().unwrap().clone();
         assert!(published.rendered.get().is_none(), "rendered by the sample");
+        // Once scraped, the next sample renders before it publishes (scrapers that come at
+        // every sample find the text ready); unscraped, it does not.
+        let _ = published.rendered();
+        agent.sample();
+        let scraped_next = agent.shared.read().unwrap().clone();
+        assert!(scraped_next.rendered.get().is_some());
+        agent.sample();
+        let unscraped_next = agent.shared.read().unwrap().clone();
+        assert!(unscraped_next.rendered.get().is_none());
         let (openmetrics, text) = published.rendered();
         let openmetrics = String::from_utf8(openmetrics.to_vec()).unwrap();
         assert!(

@@ -51,6 +51,8 @@ pub struct Published {
     pub(crate) status: OnceLock<Bytes>,
     /// OpenMetrics text and the same in Prometheus' text format 0.0.4.
     pub(crate) rendered: OnceLock<(Bytes, Bytes)>,
+    /// Whether a scraper asked for the metrics of this sample.
+    pub(crate) scraped: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Published {
@@ -67,23 +69,40 @@ impl Default for Published {
             page: OnceLock::new(),
             status: OnceLock::new(),
             rendered: OnceLock::new(),
+            scraped: Default::default(),
         }
     }
 }
 
 impl Published {
-    /// (OpenMetrics, Prometheus text), rendered once per sample.
+    /// (OpenMetrics, Prometheus text) for a scraper, rendered once per sample.
     pub fn rendered(&self) -> (Bytes, Bytes) {
-        self.rendered
-            .get_or_init(|| match &self.metrics {
-                Some(m) => {
-                    let openmetrics = m.render();
-                    let text = crate::metrics::as_prometheus_text(&openmetrics);
-                    (Bytes::from(openmetrics), Bytes::from(text))
-                }
-                None => (Bytes::new(), Bytes::new()),
-            })
-            .clone()
+        self.scraped_text().clone()
+    }
+
+    /// The same, borrowed: a scrape clones only the form it sends.
+    fn scraped_text(&self) -> &(Bytes, Bytes) {
+        // Written once per sample, not per scrape: every scraper reads the flag's line.
+        if !self.scraped.load(Ordering::Relaxed) {
+            self.scraped.store(true, Ordering::Relaxed);
+        }
+        self.prerendered()
+    }
+
+    /// For the collector: renders without counting as a scrape.
+    pub(crate) fn prerender(&self) {
+        let _ = self.prerendered();
+    }
+
+    fn prerendered(&self) -> &(Bytes, Bytes) {
+        self.rendered.get_or_init(|| match &self.metrics {
+            Some(m) => {
+                let openmetrics = m.render();
+                let text = crate::metrics::as_prometheus_text(&openmetrics);
+                (Bytes::from(openmetrics), Bytes::from(text))
+            }
+            None => (Bytes::new(), Bytes::new()),
+        })
     }
 
     fn page(&self) -> Bytes {
@@ -122,7 +141,8 @@ fn read(s: &Shared) -> Arc<Published> {
 /// OpenMetrics to scrapers that ask for it (Prometheus does, in `Accept`), Prometheus' text
 /// format 0.0.4 to everyone else.
 async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Response {
-    let (metrics, metrics_text) = read(&s).rendered();
+    let published = read(&s);
+    let (metrics, metrics_text) = published.scraped_text();
     let openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -137,7 +157,7 @@ async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Res
                 ),
                 (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             ],
-            metrics,
+            metrics.clone(),
         )
             .into_response()
     } else {
@@ -150,7 +170,7 @@ async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Res
                 ),
                 (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             ],
-            metrics_text,
+            metrics_text.clone(),
         )
             .into_response()
     }
