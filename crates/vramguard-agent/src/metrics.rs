@@ -644,7 +644,7 @@ impl Metrics {
         );
         r.register(
             "collections",
-            "Collections, by depth (cached, holders, new_processes, full; quiet: only the used memory read, nothing changed)",
+            "Collections, by depth (cached, holders, new_processes, full; quiet: only the driver asked, nothing changed)",
             self.collections.clone(),
         );
         r.register(
@@ -899,7 +899,7 @@ impl Metrics {
         self.host.clear();
     }
 
-    /// A quiet collection (the GPUs' used memory read, nothing changed since the last full
+    /// A quiet collection (only the driver asked, and it said what it said at the last full
     /// one): its duration and time; every other series keeps the last full one's values.
     pub fn quiet_collection(&self, duration_secs: f64, timestamp_secs: f64) {
         self.collection_seconds.set(duration_secs);
