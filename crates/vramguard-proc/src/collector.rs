@@ -139,6 +139,9 @@ pub struct ProcCollector {
     /// The tree shows this process's PID namespace, so a pidfd names the process its pid
     /// names there.
     pidfds_usable: bool,
+    /// Every process of the last collection has a pidfd and is not dying: a cached
+    /// collection would re-read none of them ([`ProcCollector::nothing_exited`]).
+    last_all_reusable: bool,
     /// Cgroup mount points (v2 and v1 hierarchies), from the tree's `self/mountinfo`.
     cgroup_mounts: Vec<PathBuf>,
     /// Job cgroup facts of the last collection, reused by [`ScanDepth::Cached`].
@@ -290,6 +293,7 @@ impl ProcCollector {
             max_stat_fds: (nofile / 2).saturating_sub(64) as usize,
             command_lines: true,
             pidfds_usable: false,
+            last_all_reusable: false,
             cgroup_mounts: Vec::new(),
             last_job_cgroups: Vec::new(),
             containers: Default::default(),
@@ -560,13 +564,16 @@ impl ProcCollector {
     /// closed (the exit is news once). `None` when polling failed: treat it as news.
     /// Whether no followed process (holder, parent, job leader) has exited since the last
     /// collection, as far as the pidfds tell without being read: false when one has, or
-    /// when it cannot be told cheaply (no epoll set, no collection yet).
+    /// when it cannot be told cheaply: no epoll set, or a process of the last collection
+    /// without a pidfd (none are opened in the first collection, nor over another
+    /// namespace's `/proc`, nor past the fd budget) or dying (a cached collection would read
+    /// those again).
     pub fn nothing_exited(&self) -> bool {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
         let Some(set) = &self.exit_set else {
             return false;
         };
-        if self.collections == 0 {
+        if !self.last_all_reusable {
             return false;
         }
         let zero = Timespec {
@@ -626,12 +633,17 @@ impl ProcCollector {
     /// The facts of `pid` as the last re-read left them, when they can be reused: it has a
     /// pidfd (which said nothing) and was neither dying nor in D state.
     fn cached(&self, pid: u32) -> Option<ProcessFacts> {
+        self.reusable(pid).cloned()
+    }
+
+    /// [`ProcCollector::cached`], borrowed.
+    fn reusable(&self, pid: u32) -> Option<&ProcessFacts> {
         let k = self.known.get(&pid)?;
         k.pidfd.as_ref()?;
         let f = k.last.as_ref()?;
         let dying = matches!(f.state, Some('Z' | 'D' | 'X'))
             || f.flags.is_some_and(|fl| fl & PF_EXITING != 0);
-        (!dying).then(|| f.clone())
+        (!dying).then_some(f)
     }
 
     /// The facts of one pid: reused under [`ScanDepth::Cached`] when nothing exited, else
@@ -719,6 +731,7 @@ impl ProcCollector {
         let denied = self.scan_what_changed(listed, depth, listing.as_deref(), now_ms)?;
         let reuse = depth == ScanDepth::Cached && self.take_exits().is_some_and(|e| e.is_empty());
         let mut processes = self.holders_and_relatives(listed, reuse, now_ms)?;
+        self.last_all_reusable = processes.iter().all(|p| self.reusable(p.pid).is_some());
         let host_memory = self.host_memory(&mut processes, listing.as_deref(), depth, now_ms);
         self.trim_departed(now_ms);
         let mut limitations = Vec::new();

@@ -213,6 +213,22 @@ fn a_tree_that_is_not_our_namespace_says_so_and_the_live_one_does() {
     );
 }
 
+/// (#28) Over another namespace's `/proc` no pidfd is opened (it would name another
+/// process), so the collector never says that nothing exited: the agent's quiet samples then
+/// never stand in for a collection.
+#[test]
+fn over_another_namespace_nothing_exited_is_never_claimed() {
+    let mut c = collector();
+    for (depth, at) in [
+        (ScanDepth::Full, 1_000),
+        (ScanDepth::Holders, 2_000),
+        (ScanDepth::Cached, 3_000),
+    ] {
+        c.collect(&[], depth, at).unwrap();
+        assert!(!c.nothing_exited(), "after a {depth:?} collection");
+    }
+}
+
 /// A process seen opening a device file (the open watch) is scanned at the next collection;
 /// when that collection fails, it is not forgotten but scanned at the one after, whatever
 /// its depth: else a new holder would wait for the next full scan, ten minutes away.

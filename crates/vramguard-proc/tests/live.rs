@@ -125,6 +125,10 @@ fn nothing_exited_holds_until_a_followed_process_exits() {
     assert!(!c.nothing_exited(), "no collection yet: it cannot tell");
     let mut h = holder(dev.path(), &["nvidia0"]);
     let pid = h.0.id();
+    // The first collection opens no pidfd (a one-shot command needs none): it cannot tell.
+    let mut first = ProcCollector::new("/proc", dev.path()).unwrap();
+    first.collect(&[pid], ScanDepth::Full, 0).unwrap();
+    assert!(!first.nothing_exited(), "no pidfd yet");
     wait_until("the holder to open its files", || {
         holds(&mut c, pid, ScanDepth::Full).is_some_and(|d| d.holds_any() == Some(true))
     });
