@@ -1352,6 +1352,28 @@ impl<'a> Run<'a> {
         Ok(classify(&snap, self.policy))
     }
 
+    /// Writes a planned segment's result record and makes its outcome.
+    fn segment_result(
+        &mut self,
+        planned: &vramguard_core::host::SegmentReport,
+        result: SegmentResult,
+        detail: Option<String>,
+    ) -> Result<SegmentOutcome, ExecuteError> {
+        self.log(
+            "segment_result",
+            json!({ "dir": planned.dir, "name": planned.name, "inode": planned.inode,
+                "result": result, "detail": detail }),
+        )?;
+        Ok(SegmentOutcome {
+            dir: planned.dir.clone(),
+            name: planned.name.clone(),
+            inode: planned.inode,
+            bytes: planned.bytes,
+            result,
+            detail,
+        })
+    }
+
     /// Phase 5 (with `--include shm`): each planned segment is judged again on a fresh full
     /// snapshot, after the targets are gone: removed only if it is still the same file and
     /// still orphaned (no process maps it or holds it open, its owner has no live GPU holder,
@@ -1366,20 +1388,11 @@ impl<'a> Run<'a> {
                 let why = format!("the node could not be read to judge it again ({e})");
                 let mut outcomes = Vec::new();
                 for planned in &self.plan.segments {
-                    self.log(
-                        "segment_result",
-                        json!({ "dir": planned.dir, "name": planned.name,
-                            "inode": planned.inode, "result": SegmentResult::Kept,
-                            "detail": why }),
-                    )?;
-                    outcomes.push(SegmentOutcome {
-                        dir: planned.dir.clone(),
-                        name: planned.name.clone(),
-                        inode: planned.inode,
-                        bytes: planned.bytes,
-                        result: SegmentResult::Kept,
-                        detail: Some(why.clone()),
-                    });
+                    outcomes.push(self.segment_result(
+                        planned,
+                        SegmentResult::Kept,
+                        Some(why.clone()),
+                    )?);
                 }
                 return Ok((
                     outcomes,
@@ -1433,19 +1446,7 @@ impl<'a> Run<'a> {
                     }
                 }
             };
-            self.log(
-                "segment_result",
-                json!({ "dir": planned.dir, "name": planned.name, "inode": planned.inode,
-                    "result": result, "detail": detail }),
-            )?;
-            outcomes.push(SegmentOutcome {
-                dir: planned.dir.clone(),
-                name: planned.name.clone(),
-                inode: planned.inode,
-                bytes: planned.bytes,
-                result,
-                detail,
-            });
+            outcomes.push(self.segment_result(planned, result, detail)?);
         }
         let after = self
             .node
