@@ -557,8 +557,29 @@ mod tests {
         );
         let answer = std::thread::spawn(move || {
             let (mut c, _) = receiver.accept().unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // The whole request (headers and body) is read before the answer: a socket closed
+            // with unread bytes resets the connection, and the client saw a reset, not the
+            // redirect (flaky under load).
+            let mut got = Vec::new();
             let mut buf = [0u8; 4096];
-            let _ = c.read(&mut buf);
+            loop {
+                let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if got.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
             let _ = write!(
                 c,
                 "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
