@@ -136,44 +136,6 @@ struct Calm {
     gpus: BTreeMap<u32, (GpuSample, u64)>,
 }
 
-/// Whether a GPU's sample says what an earlier one said, as far as a quiet sample asks:
-/// everything but the utilization and telemetry (temperature, power, clocks), which move while
-/// nothing else does and decide nothing for holders whose job is alive. Memory, the process
-/// lists and their bytes, health, Xid counts, MIG devices, and any failure or warning must be
-/// unchanged. (Every field is named: a new one must be placed on one side or the other.)
-fn settled_alike(now: &GpuSample, then: &GpuSample) -> bool {
-    let GpuSample {
-        index,
-        uuid,
-        name,
-        pci_bus_id,
-        minor_number,
-        memory,
-        persistence_mode,
-        processes,
-        process_list,
-        utilization: _,
-        failure,
-        warnings,
-        health,
-        mig_devices,
-        telemetry: _,
-    } = now;
-    *index == then.index
-        && *uuid == then.uuid
-        && *name == then.name
-        && *pci_bus_id == then.pci_bus_id
-        && *minor_number == then.minor_number
-        && *memory == then.memory
-        && *persistence_mode == then.persistence_mode
-        && *processes == then.processes
-        && *process_list == then.process_list
-        && *failure == then.failure
-        && *warnings == then.warnings
-        && *health == then.health
-        && *mig_devices == then.mig_devices
-}
-
 /// The least time between two samples that opens of the device files ask for: an open is
 /// seen within this, and a flood of opens (a `watch nvidia-smi`, a hostile loop) costs at most
 /// one extra sample per gap.
@@ -273,7 +235,7 @@ impl Agent {
                 .as_ref()
                 .is_some_and(|u| u.significant && u.cause == Some(UnaccountedCause::Unknown))
         });
-        let holder_trends = self.record_history(&report);
+        let holder_trends = self.record_history(&report, false);
         let wall_ms = self.node.clock().wall_ms();
         self.last_hostname.clone_from(&report.hostname);
         self.poll_heal(report.hostname.as_deref(), wall_ms);
@@ -317,13 +279,14 @@ impl Agent {
     /// A sample that asks only the driver (no `/proc`), when the last full sample left
     /// nothing undecided ([`Calm`]) and nothing has happened since: no exit of a holder or of
     /// a process the collection follows (parents, job leaders), no device open, and the driver
-    /// says what it said then ([`settled_alike`]). Then the last report still holds, and
-    /// classifying it again would only repeat it: the sample records the used memory, follows
-    /// the heal, and publishes.
+    /// says what it said then ([`GpuSample::settled_alike`]: memory, process lists, Xid
+    /// counts). The driver is asked only that ([`Node::settled_gpus`]: a sixth of a full
+    /// reading's calls). Then the last report still holds, and classifying it again would
+    /// only repeat it: the sample records the used memory, follows the heal, and publishes.
     /// Anything else, and every sample while automatic reclaim is on, is a full one; so is
     /// every sample a periodic re-read of the holders (`recheck_every`, 30 s while calm) is
-    /// due, which bounds how stale a change the driver alone would show (utilization, health)
-    /// can be.
+    /// due, which bounds how stale what a quiet sample does not read (utilization,
+    /// telemetry, retired pages and remapped rows, persistence) can be.
     /// Returns whether it was quiet.
     fn quiet_sample(&mut self, t0: Instant) -> bool {
         if self.stirred
@@ -338,7 +301,7 @@ impl Agent {
         }
         // What the driver failed to answer is counted as a full sample counts it (a failed
         // call each): the full sample that follows asks again, and may be answered.
-        let gpus = match self.node.gpus() {
+        let gpus = match self.node.settled_gpus() {
             Ok(g) => g,
             Err(_) => {
                 self.metrics.error("source");
@@ -364,7 +327,7 @@ impl Agent {
             || gpus.iter().any(|g| {
                 calm.gpus
                     .get(&g.index)
-                    .is_none_or(|(then, _)| !settled_alike(g, then))
+                    .is_none_or(|(then, _)| !g.settled_alike(then))
             })
         {
             return false;
@@ -384,7 +347,7 @@ impl Agent {
         // The series go on (the last report's values are today's), and the trends are
         // refitted when due: the slopes and the leak rule stay current.
         let fitted = self.last_fit;
-        let holder_trends = self.record_history(&report);
+        let holder_trends = self.record_history(&report, true);
         let host = self.last_hostname.clone();
         self.poll_heal(host.as_deref(), wall_ms);
         let (duration_secs, timestamp_secs) =
@@ -565,7 +528,10 @@ impl Agent {
 
     /// Feeds this sample into the trend and timeline history, refits the trends when a bucket
     /// closed, forgets holders that are gone; returns the holder trends to export, by (gpu, pid).
-    fn record_history(&mut self, report: &Report) -> BTreeMap<(u32, u32), Trend> {
+    /// A `quiet` sample's report is the last full sample's, whose holders were already
+    /// pruned against: unless the trends were refitted (and so are exported), it records the
+    /// points only, and returns no trends.
+    fn record_history(&mut self, report: &Report, quiet: bool) -> BTreeMap<(u32, u32), Trend> {
         let t = self.since(self.started).as_secs_f64();
         let (trend_window, timeline) = (
             self.config.agent.trend_window.as_secs_f64(),
@@ -617,6 +583,9 @@ impl Agent {
                     }
                 }
             }
+        }
+        if quiet && !refit {
+            return BTreeMap::new();
         }
         // Exported under (gpu, pid) for the holders of this sample only.
         let holder_trends: BTreeMap<(u32, u32), Trend> = report
@@ -1885,6 +1854,38 @@ mod tests {
     /// looked at. A change of used memory, an exit, the periodic re-read of the holders, or
     /// automatic reclaim being on makes the sample a full one again.
     #[test]
+    fn the_trends_refitted_in_quiet_samples_are_exported() {
+        use vramguard_node::Clock;
+        let node = FakeNode::incident("a_process_in_a_systemd_unit_belongs_to_the_unit");
+        let mut config = Config::default();
+        config.agent.interval = Duration::from_secs(1);
+        config.alerts.rules.clear();
+        // A refit every second; a trend needs 24 s of points. No listing or re-read: every
+        // sample after the first is quiet.
+        config.agent.trend_window = Duration::from_secs(240);
+        config.agent.discover_every = Some(Duration::from_secs(3600));
+        config.agent.recheck_every = Some(Duration::from_secs(3600));
+        let mut agent = agent_on(&node, config);
+        let (wake_rx, _wake_tx) = wake_pipe();
+        let clock = node.manual_clock().clone();
+        let slopes = |agent: &Agent| {
+            agent
+                .metrics
+                .render()
+                .lines()
+                .filter(|l| l.starts_with("vramguard_holder_leak_slope_bytes_per_second{"))
+                .count()
+        };
+        let mut next = agent.step(clock.now(), &wake_rx);
+        assert_eq!(slopes(&agent), 0, "one point: no trend yet");
+        for _ in 0..30 {
+            next = agent.step(next, &wake_rx);
+        }
+        assert_eq!(collections_of(&agent, "quiet"), 30);
+        assert!(slopes(&agent) > 0, "{}", agent.metrics.render());
+    }
+
+    #[test]
     fn a_calm_node_is_sampled_quietly_until_something_changes() {
         use vramguard_node::Clock;
         let node = FakeNode::incident("a_process_in_a_systemd_unit_belongs_to_the_unit");
@@ -1919,6 +1920,9 @@ mod tests {
         }
         assert_eq!(snapshots(&node), 1, "{:?}", node.calls());
         assert_eq!(collections_of(&agent, "quiet"), 3);
+        // Each asked the driver for the settled part of its GPUs only.
+        let settled = node.calls().iter().filter(|c| *c == "settled gpus").count();
+        assert_eq!(settled, 3, "{:?}", node.calls());
         let now = agent.shared.read().unwrap().clone();
         assert!(Arc::ptr_eq(
             published.report.as_ref().unwrap(),
@@ -1934,7 +1938,8 @@ mod tests {
         next = agent.step(next, &wake_rx);
         assert_eq!(snapshots(&node), 3, "{:?}", node.calls());
         // Only the utilization moves: still quiet. A row remap waits for a reset, with the
-        // same memory: a full sample.
+        // same memory: a quiet sample does not read the remapped rows (the next full sample
+        // does). A critical Xid event: a full sample.
         node.edit_snapshot(|s| s.gpus[0].utilization = None);
         next = agent.step(next, &wake_rx);
         assert_eq!(snapshots(&node), 3, "{:?}", node.calls());
@@ -1945,10 +1950,20 @@ mod tests {
             })
         });
         next = agent.step(next, &wake_rx);
+        assert_eq!(snapshots(&node), 3, "{:?}", node.calls());
+        node.edit_snapshot(|s| {
+            s.gpus[0].health.xid_events =
+                vec![vramguard_core::snapshot::XidCount { xid: 79, count: 1 }]
+        });
+        next = agent.step(next, &wake_rx);
         assert_eq!(snapshots(&node), 4, "{:?}", node.calls());
-        for _ in 0..2 {
-            next = agent.step(next, &wake_rx);
-        }
+        let report = agent.shared.read().unwrap().report.clone().unwrap();
+        assert!(
+            report.gpus[0].health.reset_pending(),
+            "the full sample read the remap: {:?}",
+            report.gpus[0].health
+        );
+        next = agent.step(next, &wake_rx);
         assert_eq!(snapshots(&node), 4, "{:?}", node.calls());
         assert_eq!(collections_of(&agent, "quiet"), 6);
         // The next listing, 10 s after the first sample.

@@ -431,6 +431,92 @@ pub struct GpuSample {
     pub telemetry: Option<GpuTelemetry>,
 }
 
+impl GpuSample {
+    /// What a settled reading of this GPU holds (a reading of its UUID, memory, process
+    /// lists and Xid events only): the fields it leaves unread are empty, and the warnings
+    /// of calls it does not make are gone.
+    pub fn settled_part(&self) -> GpuSample {
+        GpuSample {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            name: None,
+            pci_bus_id: None,
+            minor_number: None,
+            memory: self.memory,
+            persistence_mode: None,
+            processes: self.processes.clone(),
+            process_list: self.process_list.clone(),
+            utilization: None,
+            failure: self.failure.clone(),
+            warnings: self
+                .warnings
+                .iter()
+                .filter(|w| SETTLED_CALLS.iter().any(|c| w.call.starts_with(c)))
+                .cloned()
+                .collect(),
+            health: GpuHealth {
+                xid_events: self.health.xid_events.clone(),
+                ..GpuHealth::default()
+            },
+            mig_devices: self.mig_devices.clone(),
+            telemetry: None,
+        }
+    }
+
+    /// Whether this GPU reads the same as `then` in every field a settled reading holds:
+    /// memory, the process lists and their bytes, MIG devices, Xid counts, any failure. Name,
+    /// bus id, persistence, utilization, telemetry and the other health counters are not
+    /// read by it (they move while nothing else does, or change only with the holders), and
+    /// warnings are left aside: a reading with warnings is never taken as settled. (Every
+    /// field is named: a new one must be placed on one side or the other.)
+    pub fn settled_alike(&self, then: &GpuSample) -> bool {
+        let GpuSample {
+            index,
+            uuid,
+            name: _,
+            pci_bus_id: _,
+            minor_number: _,
+            memory,
+            persistence_mode: _,
+            processes,
+            process_list,
+            utilization: _,
+            failure,
+            warnings: _,
+            health:
+                GpuHealth {
+                    remapped_rows: _,
+                    retired_pages: _,
+                    xid_events,
+                },
+            mig_devices,
+            telemetry: _,
+        } = self;
+        *index == then.index
+            && *uuid == then.uuid
+            && *memory == then.memory
+            && *processes == then.processes
+            && *process_list == then.process_list
+            && *failure == then.failure
+            && *mig_devices == then.mig_devices
+            && *xid_events == then.health.xid_events
+    }
+}
+
+/// The NVML calls (by prefix) a settled reading makes.
+const SETTLED_CALLS: &[&str] = &[
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlEventSet",
+    "nvmlDeviceRegisterEvents",
+];
+
 /// One MIG device (a GPU instance with a compute instance) of a GPU in MIG mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigDeviceSample {

@@ -10,6 +10,7 @@
 //! as still not answering, so a stuck GPU costs one timeout, not one per sample, and never a
 //! pile of blocked threads.
 
+use crate::DriverHead;
 use crate::{DriverSample, GpuReader, GpuSource, SourceError, now_ms, unreachable_gpu};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -155,6 +156,8 @@ pub struct DeadlineSource<R: GpuReader> {
     gpus: Vec<Option<Lane>>,
     /// The last good sample's identity of each GPU, to name a GPU that stopped answering.
     known: Vec<Option<KnownGpu>>,
+    /// The driver-wide answers of the last full sample, which settled readings reuse.
+    head: Option<DriverHead>,
 }
 
 /// What names a GPU (a whole sample, with its process list, was cloned at every sample).
@@ -212,6 +215,7 @@ impl<R: GpuReader> DeadlineSource<R> {
             driver: None,
             gpus: Vec::new(),
             known: Vec::new(),
+            head: None,
         }
     }
 
@@ -335,28 +339,26 @@ impl<R: GpuReader> DeadlineSource<R> {
     }
 }
 
-impl<R: GpuReader> GpuSource for DeadlineSource<R> {
-    fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
-        let reader = Arc::clone(&self.reader);
-        let deadline = Instant::now() + self.timeout;
-        let head = self
-            .call_until(None, "nvmlDeviceGetCount_v2", deadline, move || {
-                reader.head()
-            })
-            .map_err(SourceError::Call)??;
+impl<R: GpuReader> DeadlineSource<R> {
+    /// Every GPU `head` counts, each read by `read` on its own lane: every read starts before
+    /// any is waited for, so they run side by side and the whole sample waits at most one
+    /// timeout. A GPU's identity is remembered from a `full` reading.
+    fn read_every_gpu(
+        &mut self,
+        head: &DriverHead,
+        full: bool,
+        read: impl Fn(&R, u32, &DriverHead) -> GpuSample + Send + Sync + Clone + 'static,
+    ) -> Vec<GpuSample> {
         self.reader.begin_sample();
-        let now = now_ms();
-        let since = now.saturating_sub(utilization_window.as_millis() as u64);
-        // Every GPU's read starts before any is waited for: they run side by side, and the
-        // whole sample waits at most one timeout.
         let started: Vec<_> = (0..head.count)
             .map(|index| {
                 let reader = Arc::clone(&self.reader);
                 let h = head.clone();
+                let read = read.clone();
                 (
                     index,
                     self.start_call(Some(index), "reading the GPU", move || {
-                        reader.read_gpu(index, &h, now, since)
+                        read(&reader, index, &h)
                     }),
                 )
             })
@@ -369,19 +371,8 @@ impl<R: GpuReader> GpuSource for DeadlineSource<R> {
                 rx.and_then(|rx| self.wait(Some(index), "reading the GPU", timeout, deadline, rx));
             gpus.push(match answer {
                 Ok(sample) => {
-                    let i = index as usize;
-                    if self.known.len() <= i {
-                        self.known.resize(i + 1, None);
-                    }
-                    if sample.uuid.is_some()
-                        && !self.known[i].as_ref().is_some_and(|k| k.matches(&sample))
-                    {
-                        self.known[i] = Some(KnownGpu {
-                            uuid: sample.uuid.clone(),
-                            name: sample.name.clone(),
-                            pci_bus_id: sample.pci_bus_id.clone(),
-                            minor_number: sample.minor_number,
-                        });
+                    if full {
+                        self.remember(&sample);
                     }
                     sample
                 }
@@ -389,6 +380,56 @@ impl<R: GpuReader> GpuSource for DeadlineSource<R> {
             });
         }
         self.reader.end_sample();
+        gpus
+    }
+
+    /// Keeps `sample`'s identity, to name its GPU if it stops answering.
+    fn remember(&mut self, sample: &GpuSample) {
+        let i = sample.index as usize;
+        if self.known.len() <= i {
+            self.known.resize(i + 1, None);
+        }
+        if sample.uuid.is_some() && !self.known[i].as_ref().is_some_and(|k| k.matches(sample)) {
+            self.known[i] = Some(KnownGpu {
+                uuid: sample.uuid.clone(),
+                name: sample.name.clone(),
+                pci_bus_id: sample.pci_bus_id.clone(),
+                minor_number: sample.minor_number,
+            });
+        }
+    }
+}
+
+impl<R: GpuReader> GpuSource for DeadlineSource<R> {
+    fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
+        let reader = Arc::clone(&self.reader);
+        let deadline = Instant::now() + self.timeout;
+        let head = self
+            .call_until(None, "nvmlDeviceGetCount_v2", deadline, move || {
+                reader.head()
+            })
+            .map_err(SourceError::Call)??;
+        self.head = Some(head.clone());
+        let now = now_ms();
+        let since = now.saturating_sub(utilization_window.as_millis() as u64);
+        let gpus = self.read_every_gpu(&head, true, move |reader, index, head| {
+            reader.read_gpu(index, head, now, since)
+        });
+        Ok(DriverSample {
+            driver: head.driver,
+            gpus,
+        })
+    }
+
+    fn settled(&mut self) -> Result<DriverSample, SourceError> {
+        // The driver-wide calls are not made again: a GPU that went away fails its own
+        // reading, and the full samples that follow count the GPUs anew.
+        let Some(head) = self.head.clone() else {
+            return self.sample(Duration::ZERO);
+        };
+        let gpus = self.read_every_gpu(&head, false, |reader, index, head| {
+            reader.read_gpu_settled(index, head)
+        });
         Ok(DriverSample {
             driver: head.driver,
             gpus,
@@ -415,13 +456,17 @@ mod tests {
     use vramguard_core::snapshot::{DriverFacts, DriverSource};
 
     /// A reader whose GPUs answer after a scripted delay.
+    #[derive(Default)]
     struct Slow {
         delays: Mutex<Vec<Duration>>,
         reads: Mutex<Vec<u32>>,
+        settled_reads: Mutex<Vec<u32>>,
+        heads: AtomicU64,
     }
 
     impl GpuReader for Slow {
         fn head(&self) -> Result<DriverHead, SourceError> {
+            self.heads.fetch_add(1, Ordering::SeqCst);
             Ok(DriverHead {
                 driver: DriverFacts {
                     source: DriverSource::Simulated,
@@ -434,6 +479,24 @@ mod tests {
         }
         fn read_gpu(&self, index: u32, _: &DriverHead, _: u64, _: u64) -> GpuSample {
             self.reads.lock().unwrap().push(index);
+            self.answer(index)
+        }
+        fn read_gpu_settled(&self, index: u32, _: &DriverHead) -> GpuSample {
+            self.settled_reads.lock().unwrap().push(index);
+            // What a settled reading leaves unread.
+            GpuSample {
+                name: None,
+                ..self.answer(index)
+            }
+        }
+        fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
+            std::thread::sleep(self.delays.lock().unwrap()[gpu as usize]);
+            Ok(7)
+        }
+    }
+
+    impl Slow {
+        fn answer(&self, index: u32) -> GpuSample {
             let delay = self.delays.lock().unwrap()[index as usize];
             std::thread::sleep(delay);
             let mut s = unreachable_gpu(
@@ -448,10 +511,6 @@ mod tests {
             s.uuid = Some(format!("GPU-{index}"));
             s
         }
-        fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
-            std::thread::sleep(self.delays.lock().unwrap()[gpu as usize]);
-            Ok(7)
-        }
     }
 
     fn slow(delays: &[u64]) -> DeadlineSource<Slow> {
@@ -459,6 +518,8 @@ mod tests {
             Slow {
                 delays: Mutex::new(delays.iter().map(|&ms| Duration::from_millis(ms)).collect()),
                 reads: Mutex::new(Vec::new()),
+                settled_reads: Mutex::new(Vec::new()),
+                heads: AtomicU64::new(0),
             },
             Duration::from_millis(300),
         )
@@ -500,6 +561,53 @@ mod tests {
         assert_eq!(reads.iter().filter(|&&i| i == 1).count(), 2, "{reads:?}");
     }
 
+    /// A settled reading (the agent's quiet samples) reads the GPUs the last full sample
+    /// counted, without the driver-wide calls, and does not make what it left unread the
+    /// name a GPU that stops answering is known by.
+    #[test]
+    fn a_settled_reading_reuses_the_last_count_and_keeps_the_known_names() {
+        let mut src = slow(&[0, 0]);
+        let first = src.settled().unwrap();
+        assert_eq!(first.gpus.len(), 2);
+        assert_eq!(
+            src.reader().heads.load(Ordering::SeqCst),
+            1,
+            "no full sample yet: a full one"
+        );
+        let sorted = |v: &Mutex<Vec<u32>>| {
+            let mut v = v.lock().unwrap().clone();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(sorted(&src.reader().reads), [0, 1]);
+        assert!(src.reader().settled_reads.lock().unwrap().is_empty());
+        let named = |s: &GpuSample| s.uuid.clone();
+        assert_eq!(
+            src.sample(Duration::ZERO)
+                .unwrap()
+                .gpus
+                .iter()
+                .map(named)
+                .collect::<Vec<_>>(),
+            [Some("GPU-0".into()), Some("GPU-1".into())]
+        );
+        assert_eq!(src.reader().heads.load(Ordering::SeqCst), 2);
+        let settled = src.settled().unwrap();
+        assert_eq!(src.reader().heads.load(Ordering::SeqCst), 2, "no head call");
+        assert_eq!(sorted(&src.reader().settled_reads), [0, 1]);
+        assert_eq!(settled.gpus.len(), 2);
+        assert_eq!(src.known[1].as_ref().unwrap().name, None, "never read");
+        // GPU 1 stalls in a settled reading: it is named as the full sample last saw it.
+        src.known[1].as_mut().unwrap().name = Some("seen".into());
+        let _ = src.settled().unwrap();
+        assert_eq!(src.known[1].as_ref().unwrap().name.as_deref(), Some("seen"));
+        src.reader().delays.lock().unwrap()[1] = Duration::from_secs(2);
+        let stalled = src.settled().unwrap();
+        assert!(stalled.gpus[1].failure.is_some());
+        assert_eq!(stalled.gpus[1].uuid.as_deref(), Some("GPU-1"));
+        assert_eq!(stalled.gpus[1].name.as_deref(), Some("seen"));
+    }
+
     #[test]
     fn a_gpu_that_comes_back_is_read_again() {
         let mut source = slow(&[400]);
@@ -524,7 +632,7 @@ mod tests {
         let mut source = DeadlineSource::new(
             Slow {
                 delays: Mutex::new(vec![Duration::ZERO]),
-                reads: Mutex::new(Vec::new()),
+                ..Slow::default()
             },
             Duration::from_secs(20),
         );
@@ -544,10 +652,7 @@ mod tests {
         let started = Instant::now();
         let error = DeadlineSource::open(Duration::from_millis(200), || {
             std::thread::sleep(Duration::from_secs(5));
-            Ok(Slow {
-                delays: Mutex::new(Vec::new()),
-                reads: Mutex::new(Vec::new()),
-            })
+            Ok(Slow::default())
         })
         .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2));

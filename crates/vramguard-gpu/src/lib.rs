@@ -72,6 +72,13 @@ pub trait GpuSource: Send {
 
     /// Used memory of one GPU, and nothing else: the call a high-rate sampler makes.
     fn memory_used(&mut self, gpu: u32) -> Result<u64, CallError>;
+
+    /// Reads only what a settled GPU is compared on ([`read::read_gpu_settled`]: UUID, memory,
+    /// process lists, and the Xid events since the last reading), of the GPUs the last
+    /// [`GpuSource::sample`] counted. A source that cannot read less reads everything.
+    fn settled(&mut self) -> Result<DriverSample, SourceError> {
+        self.sample(Duration::ZERO)
+    }
 }
 
 /// What a sample starts with: the driver-wide calls.
@@ -97,6 +104,13 @@ pub trait GpuReader: Send + Sync + 'static {
 
     /// Used memory of one GPU, and nothing else.
     fn memory_used(&self, gpu: u32) -> Result<u64, CallError>;
+
+    /// Reads what [`read::read_gpu_settled`] reads of GPU `index`, and its Xid events. A
+    /// reader that cannot read less reads everything.
+    fn read_gpu_settled(&self, index: u32, head: &DriverHead) -> GpuSample {
+        let now = nvml::now_ms();
+        self.read_gpu(index, head, now, now)
+    }
 
     /// Called before the GPUs of one sample are read (the simulator takes one observation
     /// for the whole sample, as one instant of a real driver).

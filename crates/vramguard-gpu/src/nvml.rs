@@ -1,6 +1,6 @@
 //! NVML through `nvml-wrapper`.
 
-use crate::read::{DeviceCalls, RawProcess, RawUtilization, XidTally, read_gpu};
+use crate::read::{DeviceCalls, RawProcess, RawUtilization, XidTally, read_gpu, read_gpu_settled};
 use crate::{
     DEFAULT_NVML_LIB, DriverHead, DriverSample, GpuReader, GpuSource, SourceError, init_advice,
     read_in_turn,
@@ -513,23 +513,11 @@ impl DeviceCalls for NvmlDevice<'_> {
 /// A sample for a GPU whose handle could not even be obtained.
 pub fn unreachable_gpu(index: u32, error: CallError) -> GpuSample {
     GpuSample {
-        index,
-        uuid: None,
-        name: None,
-        pci_bus_id: None,
-        minor_number: None,
-        memory: None,
-        persistence_mode: None,
-        processes: Vec::new(),
         process_list: ProcessListState::Unavailable {
             error: error.clone(),
         },
-        utilization: None,
         failure: Some(error),
-        warnings: Vec::new(),
-        health: Default::default(),
-        mig_devices: Vec::new(),
-        telemetry: None,
+        ..crate::read::unread(index)
     }
 }
 
@@ -539,6 +527,28 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+impl NvmlSource {
+    /// GPU `index` read by `read` through its handle, with the Xid events since the last
+    /// reading.
+    fn read_device(
+        &self,
+        index: u32,
+        read: impl FnOnce(&mut dyn DeviceCalls) -> GpuSample,
+    ) -> GpuSample {
+        let mut sample = match self.nvml().device_by_index(index) {
+            Ok(device) => read(&mut NvmlDevice {
+                device,
+                v3_32: self.v3_32,
+            }),
+            Err(e) => {
+                return unreachable_gpu(index, call_error("nvmlDeviceGetHandleByIndex_v2", &e));
+            }
+        };
+        self.receive_xids(index, &mut sample.health, &mut sample.warnings);
+        sample
+    }
 }
 
 impl GpuReader for NvmlSource {
@@ -561,23 +571,13 @@ impl GpuReader for NvmlSource {
     }
 
     fn read_gpu(&self, index: u32, head: &DriverHead, now: u64, since: u64) -> GpuSample {
-        let mut sample = match self.nvml().device_by_index(index) {
-            Ok(device) => read_gpu(
-                index,
-                &mut NvmlDevice {
-                    device,
-                    v3_32: self.v3_32,
-                },
-                head.driver.driver_version.as_deref(),
-                now,
-                since,
-            ),
-            Err(e) => {
-                return unreachable_gpu(index, call_error("nvmlDeviceGetHandleByIndex_v2", &e));
-            }
-        };
-        self.receive_xids(index, &mut sample.health, &mut sample.warnings);
-        sample
+        let version = head.driver.driver_version.as_deref();
+        self.read_device(index, |dev| read_gpu(index, dev, version, now, since))
+    }
+
+    fn read_gpu_settled(&self, index: u32, head: &DriverHead) -> GpuSample {
+        let version = head.driver.driver_version.as_deref();
+        self.read_device(index, |dev| read_gpu_settled(index, dev, version))
     }
 
     fn with_device(

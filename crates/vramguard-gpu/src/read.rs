@@ -245,6 +245,82 @@ fn list_with_retry(
     Err(last.expect("three attempts"))
 }
 
+/// Reads only what a settled GPU is compared on between two full readings (the agent's quiet
+/// samples): its UUID, memory and process lists (with its MIG devices' where the lists
+/// leave the memory out). Name, bus id, persistence, telemetry, health and utilization are
+/// not asked for (a sixth of a full reading's calls), so they are `None`, empty or default.
+/// Never fails: what could not be read is recorded in the sample.
+pub fn read_gpu_settled(
+    index: u32,
+    dev: &mut dyn DeviceCalls,
+    driver_version: Option<&str>,
+) -> GpuSample {
+    let mut warnings = Vec::new();
+    let uuid = optional(dev.uuid(), &mut warnings);
+    let mut sample = GpuSample {
+        uuid,
+        ..unread(index)
+    };
+    read_memory_and_processes(
+        &mut sample,
+        dev,
+        driver_version,
+        &mut warnings,
+        |_, _, _| {},
+    );
+    sample.warnings = warnings;
+    sample
+}
+
+/// GPU `index` before anything was read from it.
+pub(crate) fn unread(index: u32) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: None,
+        name: None,
+        pci_bus_id: None,
+        minor_number: None,
+        memory: None,
+        persistence_mode: None,
+        processes: Vec::new(),
+        process_list: ProcessListState::Complete,
+        utilization: None,
+        failure: None,
+        warnings: Vec::new(),
+        health: Default::default(),
+        mig_devices: Vec::new(),
+        telemetry: None,
+    }
+}
+
+/// Reads the memory, then (between the two, through `between`) whatever else the caller
+/// reads, then the process lists. False when the memory could not be read: the GPU has
+/// failed, and nothing more was asked.
+fn read_memory_and_processes(
+    sample: &mut GpuSample,
+    dev: &mut dyn DeviceCalls,
+    driver_version: Option<&str>,
+    warnings: &mut Vec<CallError>,
+    between: impl FnOnce(&mut GpuSample, &mut dyn DeviceCalls, &mut Vec<CallError>),
+) -> bool {
+    match dev.memory() {
+        Ok(m) => sample.memory = Some(m),
+        Err(e) => {
+            // Memory is what vramguard is about: without it the GPU counts as failed.
+            sample.process_list = ProcessListState::Unavailable { error: e.clone() };
+            sample.failure = Some(e);
+            return false;
+        }
+    }
+    between(sample, dev, warnings);
+    let total = sample.memory.map(|m| m.total);
+    let (processes, list_state, mig_devices) = read_processes(dev, total, driver_version, warnings);
+    sample.processes = processes;
+    sample.process_list = list_state;
+    sample.mig_devices = mig_devices;
+    true
+}
+
 /// Reads one GPU. Never fails: what could not be read is recorded in the sample.
 pub fn read_gpu(
     index: u32,
@@ -259,45 +335,28 @@ pub fn read_gpu(
     let pci_bus_id = optional(dev.pci_bus_id(), &mut warnings);
     let minor_number = optional(dev.minor_number(), &mut warnings);
     let mut sample = GpuSample {
-        index,
         uuid,
         name,
         pci_bus_id,
         minor_number,
-        memory: None,
-        persistence_mode: None,
-        processes: Vec::new(),
-        process_list: ProcessListState::Complete,
-        utilization: None,
-        failure: None,
-        warnings: Vec::new(),
-        health: Default::default(),
-        mig_devices: Vec::new(),
-        telemetry: None,
+        ..unread(index)
     };
-    match dev.memory() {
-        Ok(m) => sample.memory = Some(m),
-        Err(e) => {
-            // Memory is what vramguard is about: without it the GPU counts as failed.
-            sample.failure = Some(e);
-            sample.process_list = ProcessListState::Unavailable {
-                error: sample.failure.clone().expect("just set"),
-            };
-            sample.warnings = warnings;
-            return sample;
-        }
+    let read = read_memory_and_processes(
+        &mut sample,
+        dev,
+        driver_version,
+        &mut warnings,
+        |sample, dev, warnings| {
+            sample.persistence_mode = optional(dev.persistence_mode(), warnings);
+            sample.telemetry = Some(read_telemetry(dev, warnings));
+            sample.health.remapped_rows = optional(dev.remapped_rows(), warnings);
+            sample.health.retired_pages = optional(dev.retired_pages(), warnings);
+        },
+    );
+    if !read {
+        sample.warnings = warnings;
+        return sample;
     }
-    sample.persistence_mode = optional(dev.persistence_mode(), &mut warnings);
-    sample.telemetry = Some(read_telemetry(dev, &mut warnings));
-    sample.health.remapped_rows = optional(dev.remapped_rows(), &mut warnings);
-    sample.health.retired_pages = optional(dev.retired_pages(), &mut warnings);
-
-    let total = sample.memory.map(|m| m.total);
-    let (processes, list_state, mig_devices) =
-        read_processes(dev, total, driver_version, &mut warnings);
-    sample.processes = processes;
-    sample.process_list = list_state;
-    sample.mig_devices = mig_devices;
     sample.utilization = read_utilization(
         dev,
         &sample.processes,
@@ -629,6 +688,68 @@ mod tests {
         RawProcess {
             pid,
             used_bytes: Some(gib << 30),
+        }
+    }
+
+    /// The calls `read` makes on `d`, by name, and what it read.
+    fn calls_of(
+        d: &mut Scripted,
+        read: impl FnOnce(&mut dyn DeviceCalls) -> GpuSample,
+    ) -> (Vec<&'static str>, GpuSample) {
+        let mut times = crate::timing::CallTimes::default();
+        let sample = read(&mut crate::timing::Timed {
+            inner: d,
+            times: &mut times,
+        });
+        (times.counts().map(|(c, _)| c).collect(), sample)
+    }
+
+    /// A quiet sample of the agent reads only the UUID, the memory and the process lists, and
+    /// reads them as a full reading does: what it holds is the full reading's settled part,
+    /// with the lists' retries, `_v2` fallbacks and their warnings, and a failed memory read.
+    #[test]
+    fn a_settled_reading_is_the_settled_part_of_a_full_one_from_a_quarter_of_its_calls() {
+        let devices = || {
+            [
+                Scripted {
+                    v3: vec![p(10, 4), p(11, 6)],
+                    ..Default::default()
+                },
+                Scripted {
+                    v3: vec![p(10, 4)],
+                    grow_failures: 1,
+                    ..Default::default()
+                },
+                // Implausible `_v3` records, plausible `_v2` ones: the fallback and its warning.
+                Scripted {
+                    v3: vec![p(0, 4), p(PID_MAX_LIMIT + 1, 4)],
+                    v2: Some(vec![p(10, 4)]),
+                    ..Default::default()
+                },
+                Scripted {
+                    memory_error: Some(crate::codes::GPU_IS_LOST),
+                    ..Default::default()
+                },
+            ]
+        };
+        for (mut full, mut settled) in devices().into_iter().zip(devices()) {
+            let (full_calls, full) =
+                calls_of(&mut full, |d| read_gpu(2, d, Some("580.1"), 10_000, 0));
+            let (settled_calls, settled) =
+                calls_of(&mut settled, |d| read_gpu_settled(2, d, Some("580.1")));
+            assert_eq!(settled, full.settled_part(), "{full:#?}");
+            assert!(settled.settled_alike(&full));
+            for call in &settled_calls {
+                assert!(
+                    ["nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo_v2"].contains(call)
+                        || call.contains("RunningProcesses"),
+                    "a settled reading called {call}"
+                );
+            }
+            assert!(
+                full.failure.is_some() || settled_calls.len() * 4 <= full_calls.len(),
+                "{settled_calls:?} of {full_calls:?}"
+            );
         }
     }
 

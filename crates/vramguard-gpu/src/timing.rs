@@ -55,6 +55,11 @@ impl CallTimes {
         }
     }
 
+    /// The calls recorded, by NVML function name, each with how many times it was made.
+    pub fn counts(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.calls.iter().map(|(call, a)| (*call, a.took.len()))
+    }
+
     /// Times `f` as one call of `call`.
     fn time<T>(
         &mut self,
@@ -217,6 +222,9 @@ pub struct SampleCost {
     /// The GPU read as every sample of vramguard reads it (its Xid events included), not
     /// call by call, median, µs: what the agent pays for this GPU per sample.
     pub read_median_us: f64,
+    /// The settled reading of the agent's quiet samples (UUID, memory, process lists, Xid
+    /// events: [`crate::read::read_gpu_settled`]), median, µs.
+    pub settled_read_median_us: f64,
 }
 
 /// Why the calls could not be timed.
@@ -254,15 +262,17 @@ pub fn time_calls(
 ) -> Result<SampleCost, TimingError> {
     let samples = samples.max(1);
     let mut times = CallTimes::default();
-    let (mut heads, mut sums, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut heads, mut sums, mut reads, mut settled) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         reader.begin_sample();
         let result = one_sample(reader, gpu, window, &mut times);
         reader.end_sample();
-        let (head, sum, read) = result?;
+        let (head, sum, read, settled_read) = result?;
         heads.push(head);
         sums.push(sum);
         reads.push(read);
+        settled.push(settled_read);
     }
     let mut calls: Vec<CallCost> = times
         .calls
@@ -296,16 +306,18 @@ pub fn time_calls(
         calls_median_us: median(sums),
         head_median_us: median(heads),
         read_median_us: median(reads),
+        settled_read_median_us: median(settled),
     })
 }
 
-/// One timed reading and one untimed: (head, every call summed, whole read).
+/// One timed reading, one untimed and one settled: (head, every call summed, whole read,
+/// settled read).
 fn one_sample(
     reader: &dyn GpuReader,
     gpu: u32,
     window: Duration,
     times: &mut CallTimes,
-) -> Result<(Duration, Duration, Duration), TimingError> {
+) -> Result<(Duration, Duration, Duration, Duration), TimingError> {
     let t = Instant::now();
     let head: DriverHead = reader.head()?;
     let head_took = t.elapsed();
@@ -328,7 +340,15 @@ fn one_sample(
     let after: Duration = times.calls.values().flat_map(|a| a.took.iter()).sum();
     let t = Instant::now();
     reader.read_gpu(gpu, &head, now, since);
-    Ok((head_took, after.saturating_sub(before), t.elapsed()))
+    let read_took = t.elapsed();
+    let t = Instant::now();
+    reader.read_gpu_settled(gpu, &head);
+    Ok((
+        head_took,
+        after.saturating_sub(before),
+        read_took,
+        t.elapsed(),
+    ))
 }
 
 fn micros(d: Duration) -> f64 {

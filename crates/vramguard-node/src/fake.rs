@@ -414,6 +414,11 @@ impl Node for FakeNode {
         Ok(self.state().snapshot_at(now, wall).gpus)
     }
 
+    fn settled_gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {
+        self.state().calls.push("settled gpus".into());
+        Ok(self.gpus()?.iter().map(GpuSample::settled_part).collect())
+    }
+
     fn nothing_exited(&mut self) -> bool {
         let now = self.clock.now();
         let s = self.state();

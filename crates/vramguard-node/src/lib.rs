@@ -82,6 +82,13 @@ pub trait Node: Send {
     /// Every GPU as the driver sees it (memory, listed processes), without reading `/proc`.
     fn gpus(&mut self) -> Result<Vec<GpuSample>, NodeError>;
 
+    /// Only what a settled GPU is compared on between two full readings: UUID, memory,
+    /// process lists, Xid events ([`vramguard_gpu::read::read_gpu_settled`]); the rest of
+    /// each sample is left unread. A node that cannot read less reads everything.
+    fn settled_gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {
+        self.gpus()
+    }
+
     /// Used memory of one GPU, straight from the driver (the call a fast poll makes).
     fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError>;
 

@@ -232,6 +232,10 @@ impl Node for MachineNode {
         Ok(self.source.sample(window)?.gpus)
     }
 
+    fn settled_gpus(&mut self) -> Result<Vec<GpuSample>, NodeError> {
+        Ok(self.source.settled()?.gpus)
+    }
+
     fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError> {
         self.source
             .memory_used(gpu)

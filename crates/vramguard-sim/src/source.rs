@@ -13,6 +13,7 @@ use vramguard_core::snapshot::{
 };
 use vramguard_gpu::read::{
     DeviceCalls, NOT_FOUND, NOT_SUPPORTED, RawProcess, RawUtilization, XidTally, read_gpu,
+    read_gpu_settled,
 };
 use vramguard_gpu::{
     DriverHead, DriverSample, GpuReader, GpuSource, SourceError, init_advice, read_in_turn,
@@ -382,23 +383,13 @@ impl GpuReader for SimSource {
     }
 
     fn read_gpu(&self, index: u32, head: &DriverHead, now: u64, since: u64) -> GpuSample {
-        if let Some(code) = meet_fault(&self.sim, "nvmlDeviceGetHandleByIndex_v2", Some(index)) {
-            return unreachable_gpu(index, fault_error("nvmlDeviceGetHandleByIndex_v2", code));
-        }
-        let mut dev = SimDevice {
-            sim: &self.sim,
-            index,
-        };
-        let mut sample = read_gpu(
-            index,
-            &mut dev,
-            head.driver.driver_version.as_deref(),
-            now,
-            since,
-        );
-        self.receive_xids(index, &mut sample.warnings);
-        sample.health.xid_events = lock(&self.xids).counts(index);
-        sample
+        let version = head.driver.driver_version.as_deref();
+        self.read_device(index, |dev| read_gpu(index, dev, version, now, since))
+    }
+
+    fn read_gpu_settled(&self, index: u32, head: &DriverHead) -> GpuSample {
+        let version = head.driver.driver_version.as_deref();
+        self.read_device(index, |dev| read_gpu_settled(index, dev, version))
     }
 
     fn memory_used(&self, gpu: u32) -> Result<u64, CallError> {
@@ -447,6 +438,25 @@ impl GpuSource for SimSource {
 }
 
 impl SimSource {
+    /// GPU `index` read by `read` through its handle, with the Xid events since the last
+    /// reading.
+    fn read_device(
+        &self,
+        index: u32,
+        read: impl FnOnce(&mut dyn vramguard_gpu::read::DeviceCalls) -> GpuSample,
+    ) -> GpuSample {
+        if let Some(code) = meet_fault(&self.sim, "nvmlDeviceGetHandleByIndex_v2", Some(index)) {
+            return unreachable_gpu(index, fault_error("nvmlDeviceGetHandleByIndex_v2", code));
+        }
+        let mut sample = read(&mut SimDevice {
+            sim: &self.sim,
+            index,
+        });
+        self.receive_xids(index, &mut sample.warnings);
+        sample.health.xid_events = lock(&self.xids).counts(index);
+        sample
+    }
+
     /// Takes the Xid events raised on `gpu` since the last sample, as `nvmlEventSetWait_v2`
     /// with a zero timeout would deliver them.
     fn receive_xids(&self, gpu: u32, warnings: &mut Vec<CallError>) {

@@ -503,8 +503,9 @@ fn render_calls(cost: &vramguard_gpu::timing::SampleCost, driver: Option<&str>) 
     let _ = writeln!(
         out,
         "every call of one sample: {:.1} µs (median); the driver-wide calls: {:.1} µs; the GPU \
-         read as each sample of vramguard reads it, Xid events included: {:.1} µs",
-        cost.calls_median_us, cost.head_median_us, cost.read_median_us
+         read as each sample of vramguard reads it, Xid events included: {:.1} µs; as the \
+         agent's quiet samples read it (UUID, memory, process lists, Xid events): {:.1} µs",
+        cost.calls_median_us, cost.head_median_us, cost.read_median_us, cost.settled_read_median_us
     );
     out
 }
