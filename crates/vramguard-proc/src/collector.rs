@@ -13,7 +13,7 @@
 //!   `diagnose`, when a GPU shows unaccounted memory, and periodically.
 
 use crate::devices::DeviceTable;
-use crate::parse::{Stat, Status};
+use crate::parse::{Stat, Status, StatusMemory};
 use crate::procfs::{Found, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -81,7 +81,7 @@ struct Known {
     /// Its pid in its innermost PID namespace when that is not this one (`Some(None)`: not
     /// nested), read once: a process never changes PID namespace.
     inner_pid: Option<Option<u32>>,
-    /// `VmPin` and `VmLck` from the `status` its identity was read from, with the number of
+    /// The memory figures of the `status` its identity was read from, with the number of
     /// the collection that read it: host memory reuses them within that collection.
     status_memory: Option<(u64, StatusMemory)>,
 }
@@ -93,9 +93,6 @@ struct DeviceIndex {
     holding: Vec<u32>,
     denied: usize,
 }
-
-/// `VmPin` and `VmLck` of a `status` read, in bytes.
-type StatusMemory = (Option<u64>, Option<u64>);
 
 const DEPARTED_KEEP: usize = 256;
 /// Ancestors followed above a holder (its parent, the parent's parent...).

@@ -5,6 +5,7 @@
 //! Segments are matched to their users by device and inode, never by path: a process in a
 //! container sees its own `/dev/shm` under the same name.
 
+use crate::parse::StatusMemory;
 use crate::procfs::{Found, ProcError, ProcFs};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -246,27 +247,37 @@ fn open_fds(
     Found::Yes(files)
 }
 
-/// Pinned, locked and shared memory of one process: `status` (`VmPin`, `VmLck`) and `maps`
-/// (each shared-memory file once, at its largest mapping). `Gone` when it exited.
-/// `status_memory`: `VmPin` and `VmLck` when this collection has already read `status`.
+/// Pinned, locked and shared memory of one process: `status` (`VmPin`, `VmLck`, `RssShmem`)
+/// and `maps` (each shared-memory file once, at its largest mapping). `Gone` when it exited.
+/// `status_memory`: the `status` figures when this collection has already read them.
+///
+/// The maps (tens of µs each, most of a host-memory pass over hundreds of holders) are read
+/// only where they can name a segment: some shared-memory directory is watched, and the
+/// process has shared memory in its page tables (`RssShmem` above 0, or a kernel without
+/// it). A mapping of which no page is resident (never touched, or swapped out) is then not
+/// counted; the segment's users, found apart, still name the process.
 pub fn process_memory(
     fs: &ProcFs,
     pid: u32,
     devs: &BTreeSet<u64>,
-    status_memory: Option<(Option<u64>, Option<u64>)>,
+    status_memory: Option<StatusMemory>,
 ) -> Result<Found<ProcessHostMemory>, ProcError> {
     let mut buf = Vec::new();
     let mut memory = ProcessHostMemory::default();
-    let (pinned, locked) = match status_memory {
+    let status = match status_memory {
         Some(read) => read,
         None => match fs.read_into(&format!("{pid}/status"), &mut buf)? {
             Found::Yes(()) => crate::parse::parse_status_memory(&buf),
             Found::Gone => return Ok(Found::Gone),
-            Found::Denied => (None, None),
+            Found::Denied => StatusMemory::default(),
         },
     };
-    memory.pinned_bytes = pinned;
-    memory.locked_bytes = locked;
+    memory.pinned_bytes = status.pinned;
+    memory.locked_bytes = status.locked;
+    if devs.is_empty() || status.shmem_resident == Some(0) {
+        memory.shm_bytes = Some(0);
+        return Ok(Found::Yes(memory));
+    }
     let maps = fs.read_into(&format!("{pid}/maps"), &mut buf)?;
     if maps == Found::Gone {
         // Gone since its status was read (or, with figures reused, since the collection
@@ -389,8 +400,14 @@ mod tests {
         assert_eq!((p.some_avg10, p.some_avg60, p.full_avg10), (1.5, 0.25, 0.5));
         assert!(parse_pressure(b"some avg10=NaN avg60=1\n").is_none());
         assert_eq!(
-            parse_status_memory(b"Name:\tpython\nVmLck:\t    4096 kB\nVmPin:\t       0 kB\n"),
-            (Some(0), Some(4 << 20))
+            parse_status_memory(
+                b"Name:\tpython\nVmLck:\t    4096 kB\nVmPin:\t       0 kB\nRssShmem:\t  8 kB\n"
+            ),
+            StatusMemory {
+                pinned: Some(0),
+                locked: Some(4 << 20),
+                shmem_resident: Some(8 << 10),
+            }
         );
     }
 
@@ -409,7 +426,17 @@ mod tests {
             "maps gone"
         );
         assert_eq!(
-            process_memory(&fs, 42, &devs, Some((Some(1), Some(2)))).unwrap(),
+            process_memory(
+                &fs,
+                42,
+                &devs,
+                Some(StatusMemory {
+                    pinned: Some(1),
+                    locked: Some(2),
+                    shmem_resident: None
+                })
+            )
+            .unwrap(),
             Found::Gone,
             "status figures reused, maps gone"
         );
@@ -420,6 +447,40 @@ mod tests {
         };
         assert_eq!((m.pinned_bytes, m.locked_bytes), (Some(8192), Some(4096)));
         assert_eq!(m.shm_bytes, Some(0));
+    }
+
+    /// The maps are read only where they can name a segment: with no shared-memory
+    /// directory watched, or no shared memory in the process's page tables, its shared
+    /// memory is none, unread.
+    #[test]
+    fn maps_are_read_only_where_shared_memory_is_resident_and_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("42")).unwrap();
+        let maps = "7f0000000000-7f0000800000 rw-s 00000000 00:1a 4242 /dev/shm/torch_1\n";
+        std::fs::write(dir.path().join("42/maps"), maps).unwrap();
+        let fs = ProcFs::open(dir.path()).unwrap();
+        let shm_dev = BTreeSet::from([rustix::fs::makedev(0, 0x1a)]);
+        let shm = |status: &str, devs: &BTreeSet<u64>| {
+            std::fs::write(dir.path().join("42/status"), status).unwrap();
+            match process_memory(&fs, 42, devs, None).unwrap() {
+                Found::Yes(m) => m.shm_bytes,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            shm("VmPin:\t0 kB\nRssShmem:\t4 kB\n", &shm_dev),
+            Some(8 << 20)
+        );
+        assert_eq!(
+            shm("VmPin:\t0 kB\n", &shm_dev),
+            Some(8 << 20),
+            "an old kernel"
+        );
+        assert_eq!(shm("VmPin:\t0 kB\nRssShmem:\t0 kB\n", &shm_dev), Some(0));
+        assert_eq!(shm("RssShmem:\t4 kB\n", &BTreeSet::new()), Some(0));
+        // Unread: a maps file that cannot be read is no failure then.
+        std::fs::remove_file(dir.path().join("42/maps")).unwrap();
+        assert_eq!(shm("RssShmem:\t0 kB\n", &shm_dev), Some(0));
     }
 
     #[test]

@@ -97,9 +97,10 @@ pub struct Status {
     pub nspid: Vec<u32>,
     /// `SigIgn:` bit mask of ignored signals (bit n-1 for signal n).
     pub sig_ignored: Option<u64>,
-    /// `VmPin:` and `VmLck:` in bytes: read with the rest, so that a collection that reads a
-    /// process's identity does not read its `status` a second time for its host memory.
-    pub memory: (Option<u64>, Option<u64>),
+    /// `VmPin:`, `VmLck:` and `RssShmem:` in bytes: read with the rest, so that a collection
+    /// that reads a process's identity does not read its `status` a second time for its host
+    /// memory.
+    pub memory: StatusMemory,
 }
 
 /// Parses `status`, line by line; unknown and malformed lines are skipped.
@@ -128,28 +129,42 @@ pub fn parse_status(bytes: &[u8]) -> Status {
                 status.nspid = parsed.unwrap_or_default();
             }
             "SigIgn" => status.sig_ignored = u64::from_str_radix(value, 16).ok(),
-            "VmPin" => status.memory.0 = kib_value(value),
-            "VmLck" => status.memory.1 = kib_value(value),
+            "VmPin" => status.memory.pinned = kib_value(value),
+            "VmLck" => status.memory.locked = kib_value(value),
+            "RssShmem" => status.memory.shmem_resident = kib_value(value),
             _ => {}
         }
     }
     status
 }
 
-/// `VmPin` and `VmLck` of `status`, bytes (the kernel writes them in kB).
-pub fn parse_status_memory(bytes: &[u8]) -> (Option<u64>, Option<u64>) {
-    let (mut pinned, mut locked) = (None, None);
+/// The memory figures of a process's `status`, bytes (the kernel writes them in kB).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatusMemory {
+    /// `VmPin`: pages pinned (RDMA, `cudaHostAlloc`'s pinned buffers on some drivers).
+    pub pinned: Option<u64>,
+    /// `VmLck`: pages locked with `mlock`.
+    pub locked: Option<u64>,
+    /// `RssShmem` (Linux 4.5 and later): shared memory in the process's page tables (tmpfs
+    /// files such as `/dev/shm`'s, System V segments, shared anonymous mappings).
+    pub shmem_resident: Option<u64>,
+}
+
+/// `VmPin`, `VmLck` and `RssShmem` of `status`.
+pub fn parse_status_memory(bytes: &[u8]) -> StatusMemory {
+    let mut memory = StatusMemory::default();
     for line in bytes.split(|b| *b == b'\n') {
         let Ok(line) = std::str::from_utf8(line) else {
             continue;
         };
         match line.split_once(':') {
-            Some(("VmPin", v)) => pinned = kib_value(v),
-            Some(("VmLck", v)) => locked = kib_value(v),
+            Some(("VmPin", v)) => memory.pinned = kib_value(v),
+            Some(("VmLck", v)) => memory.locked = kib_value(v),
+            Some(("RssShmem", v)) => memory.shmem_resident = kib_value(v),
             _ => {}
         }
     }
-    (pinned, locked)
+    memory
 }
 
 /// `MemTotal` and `MemAvailable` of `meminfo`, bytes.
@@ -460,8 +475,14 @@ mod tests {
     #[test]
     fn status_carries_pinned_and_locked_memory() {
         let st = parse_status(b"Name:\tx\nUid:\t7 7 7 7\nVmLck:\t    8 kB\nVmPin:\t  16 kB\n");
-        assert_eq!(st.memory, (Some(16 * 1024), Some(8 * 1024)));
-        assert_eq!(parse_status(b"Uid:\t0 0 0 0\n").memory, (None, None));
+        assert_eq!(
+            (st.memory.pinned, st.memory.locked),
+            (Some(16 * 1024), Some(8 * 1024))
+        );
+        assert_eq!(
+            parse_status(b"Uid:\t0 0 0 0\n").memory,
+            StatusMemory::default()
+        );
     }
 
     use super::*;
