@@ -1849,10 +1849,8 @@ mod tests {
             .map_or(0, |v| v.parse().unwrap())
     }
 
-    /// (#28) A node where nothing is undecided (every holder in a live job, no ghost) is
-    /// sampled quietly: the used memory is read and the last report kept, no process is
-    /// looked at. A change of used memory, an exit, the periodic re-read of the holders, or
-    /// automatic reclaim being on makes the sample a full one again.
+    /// A quiet sample records the history's points only, but a refit of the trends in one is
+    /// still exported.
     #[test]
     fn the_trends_refitted_in_quiet_samples_are_exported() {
         use vramguard_node::Clock;
@@ -1885,6 +1883,10 @@ mod tests {
         assert!(slopes(&agent) > 0, "{}", agent.metrics.render());
     }
 
+    /// (#28) A node where nothing is undecided (every holder in a live job, no ghost) is
+    /// sampled quietly: the used memory is read and the last report kept, no process is
+    /// looked at. A change of used memory, an exit, the periodic re-read of the holders, or
+    /// automatic reclaim being on makes the sample a full one again.
     #[test]
     fn a_calm_node_is_sampled_quietly_until_something_changes() {
         use vramguard_node::Clock;

@@ -130,7 +130,8 @@ pub struct ProcessHostMemory {
     #[serde(default)]
     pub locked_bytes: Option<u64>,
     /// Memory of shared-memory segments it maps, bytes (each segment once, its largest
-    /// mapping), from `/proc/PID/maps`.
+    /// mapping), from `/proc/PID/maps`; 0, unread, when `status` shows no shared memory
+    /// resident at all (`RssShmem: 0 kB`).
     #[serde(default)]
     pub shm_bytes: Option<u64>,
 }

@@ -465,10 +465,11 @@ impl GpuSample {
 
     /// Whether this GPU reads the same as `then` in every field a settled reading holds:
     /// memory, the process lists and their bytes, MIG devices, Xid counts, any failure. Name,
-    /// bus id, persistence, utilization, telemetry and the other health counters are not
-    /// read by it (they move while nothing else does, or change only with the holders), and
-    /// warnings are left aside: a reading with warnings is never taken as settled. (Every
-    /// field is named: a new one must be placed on one side or the other.)
+    /// bus id, persistence, utilization, telemetry, retired pages and remapped rows are not
+    /// read by it (they move while nothing else does, or decide nothing about a holder; a
+    /// full sample reads them within the agent's re-read period), and warnings are left
+    /// aside: a reading with warnings is never taken as settled. (Every field is named: a
+    /// new one must be placed on one side or the other.)
     pub fn settled_alike(&self, then: &GpuSample) -> bool {
         let GpuSample {
             index,

@@ -248,14 +248,17 @@ fn open_fds(
 }
 
 /// Pinned, locked and shared memory of one process: `status` (`VmPin`, `VmLck`, `RssShmem`)
-/// and `maps` (each shared-memory file once, at its largest mapping). `Gone` when it exited.
+/// and `maps` (each shared-memory file once, at its largest mapping). `Gone` when it exited
+/// before a file of it was read (with `status` figures reused and the maps not read, none
+/// is: the figures are then this collection's).
 /// `status_memory`: the `status` figures when this collection has already read them.
 ///
 /// The maps (tens of µs each, most of a host-memory pass over hundreds of holders) are read
 /// only where they can name a segment: some shared-memory directory is watched, and the
 /// process has shared memory in its page tables (`RssShmem` above 0, or a kernel without
-/// it). A mapping of which no page is resident (never touched, or swapped out) is then not
-/// counted; the segment's users, found apart, still name the process.
+/// it). A process with none resident at all (its segments never touched, or swapped out)
+/// is counted as mapping none; one with any, at each segment's largest mapping. The
+/// segments' users, found apart, name it either way.
 pub fn process_memory(
     fs: &ProcFs,
     pid: u32,
@@ -477,10 +480,10 @@ mod tests {
             "an old kernel"
         );
         assert_eq!(shm("VmPin:\t0 kB\nRssShmem:\t0 kB\n", &shm_dev), Some(0));
-        assert_eq!(shm("RssShmem:\t4 kB\n", &BTreeSet::new()), Some(0));
-        // Unread: a maps file that cannot be read is no failure then.
+        // Unread: without the maps file, a read of it would say the process is gone.
         std::fs::remove_file(dir.path().join("42/maps")).unwrap();
         assert_eq!(shm("RssShmem:\t0 kB\n", &shm_dev), Some(0));
+        assert_eq!(shm("RssShmem:\t4 kB\n", &BTreeSet::new()), Some(0));
     }
 
     #[test]
