@@ -27,7 +27,10 @@
 #   probe       the release probe: TERM and KILL, 3 repeats of 4 GiB, --rate 1000, report;
 #   run         `vramguard run` around the built-in CUDA holder (3 s lifetime).
 #   guard       `vramguard.guard()` in a live script ends its forked and its spawned CUDA
-#               worker (scripts/gpu-check/guard.py): its log, its time, the memory back.
+#               worker (scripts/gpu-check/guard.py): its log, its time, the memory back;
+#   top-cost    `vramguard top` and (when installed) `nvitop --monitor full --interval 1` in a
+#               200x50 pseudo-terminal, 10 s each (scripts/gpu-check/ptycost.py): CPU per
+#               second and RSS of each on this GPU.
 # Usage: scripts/gpu-check.sh [--dry-run] [VRAMGUARD_BINARY] [OUT_DIR] [GPU_INDEX]
 #   VRAMGUARD_BINARY  default ./vramguard (a stripped release build)
 #   OUT_DIR           the results folder, default ./gpu-results (an existing non-empty one is
@@ -96,6 +99,7 @@ STEPS=(
     "probe|40|probe release --signals TERM,KILL --repeat 3 --size 4GiB --rate 1000 --report"
     "run|12|vramguard run -- __cuda-hold 4 GiB, lifetime 3 s (the run summary)"
     "guard|25|guard.py: vramguard.guard() ends a forked and a spawned CUDA worker of a live script (log, time, memory back)"
+    "top-cost|26|vramguard top and nvitop (when installed) in a 200x50 pty, 10 s each: CPU per second and RSS"
 )
 budget_of() {
     local s
@@ -118,7 +122,7 @@ if [ "$DRY" = 1 ]; then
     total=$((total + 5))
     [ "$total" -le "$BUDGET" ] || echo "  note: the budgets add up to ${total}s > ${BUDGET}s: the last steps are skipped if the earlier ones use their whole budgets"
     rc=0
-    for f in common.py train.py spawn_workers.py busy.py oom.py memwatch.py fetch.py guard.py; do
+    for f in common.py train.py spawn_workers.py busy.py oom.py memwatch.py fetch.py guard.py ptycost.py; do
         if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$HELPERS/$f"; then
             echo "  helper ok: scripts/gpu-check/$f"
         else
@@ -747,6 +751,19 @@ if step guard; then
         python3 guard.py "$PYMOD" 1 >"$DIR/guard.out" 2>"$DIR/guard.err"
     log "  guard.py exit: $?"
     log "  guard: $(grep -E 'SIGTERM sent|SIGKILL|exited|back after|still|gone:|took|cuda free' "$DIR/guard.out" | tr '\n' ' ' | cut -c1-900)"
+    end_step
+fi
+
+# --- top against nvitop: what a user watching the GPU pays -----------------------------------
+if step top-cost; then
+    save top-cost.txt 14 python3 "$HELPERS/ptycost.py" 10 vramguard-top -- "$BIN" top --gpu "$GPU"
+    if command -v nvitop >/dev/null 2>&1; then
+        save top-cost-nvitop.txt 14 python3 "$HELPERS/ptycost.py" 10 nvitop -- \
+            nvitop --monitor full --interval 1
+    else
+        echo "nvitop: not installed" >"$DIR/top-cost-nvitop.txt"
+    fi
+    log "  top cost: $(cat "$DIR/top-cost.txt" "$DIR/top-cost-nvitop.txt" | tr '\n' ' ' | cut -c1-400)"
     end_step
 fi
 
