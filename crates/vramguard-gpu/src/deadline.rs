@@ -10,8 +10,7 @@
 //! as still not answering, so a stuck GPU costs one timeout, not one per sample, and never a
 //! pile of blocked threads.
 
-use crate::DriverHead;
-use crate::{DriverSample, GpuReader, GpuSource, SourceError, now_ms, unreachable_gpu};
+use crate::{DriverHead, DriverSample, GpuReader, GpuSource, SourceError, now_ms, unreachable_gpu};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};

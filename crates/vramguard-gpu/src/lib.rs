@@ -153,6 +153,20 @@ pub fn read_in_turn(
     result
 }
 
+/// [`read_in_turn`]'s settled reading ([`GpuReader::read_gpu_settled`] of every GPU): what a
+/// source's own [`GpuSource::settled`] does.
+pub fn read_settled_in_turn(reader: &dyn GpuReader) -> Result<DriverSample, SourceError> {
+    reader.begin_sample();
+    let result = reader.head().map(|head| DriverSample {
+        gpus: (0..head.count)
+            .map(|index| reader.read_gpu_settled(index, &head))
+            .collect(),
+        driver: head.driver,
+    });
+    reader.end_sample();
+    result
+}
+
 /// What to check when NVML refuses to start with `code`.
 pub fn init_advice(code: Option<u32>) -> &'static str {
     match code {

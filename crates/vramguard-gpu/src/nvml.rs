@@ -618,4 +618,8 @@ impl GpuSource for NvmlSource {
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         read_in_turn(self, utilization_window)
     }
+
+    fn settled(&mut self) -> Result<DriverSample, SourceError> {
+        crate::read_settled_in_turn(self)
+    }
 }

@@ -34,9 +34,10 @@ fn normalized(mut gpus: Vec<GpuSample>) -> Vec<GpuSample> {
     gpus
 }
 
-#[test]
-fn in_process_and_nvml_paths_agree() {
-    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+/// Four GPUs, each showing one thing: compute and graphics holders with utilization (0), MIG
+/// (1), a driver whose `_v3` records are 32 bytes, with leaked residue (2), a lost GPU (3).
+/// The holders live as long as what is returned.
+fn four_gpu_world() -> (World, Vec<Reaped>) {
     let world = World::new(4);
     let trainer = world.holder(&["nvidiactl", "nvidia0"], 60);
     let viewer = world.holder(&["nvidiactl", "nvidia0"], 60);
@@ -70,7 +71,25 @@ fn in_process_and_nvml_paths_agree() {
             delay_ms: None,
         });
     });
+    (
+        world,
+        vec![
+            trainer,
+            viewer,
+            mig_user,
+            old_driver_user,
+            old_driver_user_2,
+        ],
+    )
+}
 
+#[test]
+fn in_process_and_nvml_paths_agree() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let (world, holders) = four_gpu_world();
+    let [_, viewer, _, old_driver_user, old_driver_user_2] = &holders[..] else {
+        unreachable!()
+    };
     let via_nvml = nvml_sample(&world).unwrap();
     let in_process = SimSource::open(&world.state_path())
         .unwrap()
@@ -122,6 +141,45 @@ fn in_process_and_nvml_paths_agree() {
     let lost = a[3].failure.as_ref().unwrap();
     assert_eq!(lost.code, Some(15));
     assert_eq!(lost.message, "GPU is lost");
+}
+
+/// The settled reading of the agent's quiet samples (UUID, memory, process lists, Xid
+/// events) is the same on both paths, and is the full reading's settled part: on a GPU in MIG
+/// mode, on the `_v2` fallback with its warning, and on a lost GPU.
+#[test]
+fn both_paths_settled_readings_agree_and_are_the_full_readings_settled_part() {
+    let _guard = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let (world, _holders) = four_gpu_world();
+    // SAFETY: every test that touches the environment holds NVML.
+    unsafe { std::env::set_var("VRAMGUARD_SIM", world.state_path()) };
+    let mut via_nvml = NvmlSource::open(Some(&sim_nvml_lib())).unwrap();
+    let mut in_process = SimSource::open(&world.state_path()).unwrap();
+    let full = via_nvml.sample(Duration::from_secs(600)).unwrap().gpus;
+    let settled = via_nvml.settled().unwrap().gpus;
+    assert_eq!(settled, in_process.settled().unwrap().gpus);
+    assert_eq!(
+        settled,
+        full.iter().map(GpuSample::settled_part).collect::<Vec<_>>()
+    );
+    assert!(
+        settled[0].name.is_none() && settled[0].telemetry.is_none(),
+        "{settled:#?}"
+    );
+    assert_eq!(settled[0].processes.len(), 2);
+    assert_eq!(
+        settled[1].processes[0].used_bytes, None,
+        "MIG: not available"
+    );
+    assert!(
+        settled[2]
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("_v2"))
+    );
+    assert_eq!(settled[3].failure.as_ref().and_then(|f| f.code), Some(15));
+    for (s, f) in settled.iter().zip(&full) {
+        assert!(s.settled_alike(f), "GPU {}", s.index);
+    }
 }
 
 /// Not a test: the body of a holder process when this binary is re-executed as one.

@@ -435,6 +435,10 @@ impl GpuSource for SimSource {
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         read_in_turn(self, utilization_window)
     }
+
+    fn settled(&mut self) -> Result<DriverSample, SourceError> {
+        vramguard_gpu::read_settled_in_turn(self)
+    }
 }
 
 impl SimSource {
