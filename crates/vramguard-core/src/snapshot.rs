@@ -855,3 +855,148 @@ impl Snapshot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu() -> GpuSample {
+        GpuSample {
+            index: 0,
+            uuid: Some("GPU-1".into()),
+            name: Some("NVIDIA H200".into()),
+            pci_bus_id: Some("00000000:19:00.0".into()),
+            minor_number: Some(0),
+            memory: Some(GpuMemory {
+                total: 100,
+                reserved: 1,
+                used: 40,
+                free: 59,
+            }),
+            persistence_mode: Some(true),
+            processes: vec![GpuProcess {
+                pid: 10,
+                kinds: vec![ProcessKind::Compute],
+                used_bytes: Some(40),
+            }],
+            process_list: ProcessListState::Complete,
+            utilization: None,
+            failure: None,
+            warnings: Vec::new(),
+            health: GpuHealth::default(),
+            mig_devices: Vec::new(),
+            telemetry: Some(GpuTelemetry::default()),
+        }
+    }
+
+    fn call_error(call: &str) -> CallError {
+        CallError {
+            call: call.into(),
+            code: Some(999),
+            message: "Unknown Error".into(),
+        }
+    }
+
+    /// A quiet sample stays quiet only while everything a settled reading holds is what the
+    /// full sample read: each such field, changed alone, ends it; each field it does not read,
+    /// changed alone, does not.
+    #[test]
+    fn settled_alike_compares_exactly_what_a_settled_reading_holds() {
+        let then = gpu();
+        assert!(then.settled_part().settled_alike(&then));
+        let compared: Vec<(&str, fn(&mut GpuSample))> = vec![
+            ("index", |g| g.index = 1),
+            ("uuid", |g| g.uuid = Some("GPU-2".into())),
+            ("memory", |g| g.memory.as_mut().unwrap().used += 1),
+            ("process bytes", |g| g.processes[0].used_bytes = Some(41)),
+            ("process kinds", |g| {
+                g.processes[0].kinds.push(ProcessKind::Graphics)
+            }),
+            ("a new process", |g| {
+                g.processes.push(GpuProcess {
+                    pid: 11,
+                    kinds: vec![ProcessKind::Compute],
+                    used_bytes: None,
+                })
+            }),
+            ("list state", |g| {
+                g.process_list = ProcessListState::Unreliable { reason: "x".into() }
+            }),
+            ("failure", |g| {
+                g.failure = Some(call_error("nvmlDeviceGetMemoryInfo_v2"))
+            }),
+            ("MIG devices", |g| {
+                g.mig_devices.push(MigDeviceSample {
+                    gpu_instance: Some(1),
+                    compute_instance: Some(0),
+                    uuid: None,
+                    name: None,
+                    memory: None,
+                    processes: Vec::new(),
+                })
+            }),
+            ("Xid counts", |g| {
+                g.health.xid_events.push(XidCount { xid: 79, count: 1 })
+            }),
+        ];
+        for (what, change) in compared {
+            let mut now = then.settled_part();
+            change(&mut now);
+            assert!(!now.settled_alike(&then), "{what} changed, still alike");
+        }
+        let unread: Vec<(&str, fn(&mut GpuSample))> = vec![
+            ("name", |g| g.name = None),
+            ("bus id", |g| g.pci_bus_id = None),
+            ("minor number", |g| g.minor_number = Some(3)),
+            ("persistence", |g| g.persistence_mode = Some(false)),
+            ("telemetry", |g| g.telemetry = None),
+            ("remapped rows", |g| {
+                g.health.remapped_rows = Some(RemappedRows {
+                    pending: true,
+                    ..RemappedRows::default()
+                })
+            }),
+            ("retired pages", |g| {
+                g.health.retired_pages = Some(RetiredPages::default())
+            }),
+            ("warnings", |g| {
+                g.warnings.push(call_error("nvmlDeviceGetFanSpeed"))
+            }),
+        ];
+        for (what, change) in unread {
+            let mut now = then.settled_part();
+            change(&mut now);
+            assert!(now.settled_alike(&then), "{what} is not read, yet compared");
+        }
+    }
+
+    /// What a settled reading holds of a full one: the fields it reads, and the warnings of
+    /// the calls it makes.
+    #[test]
+    fn the_settled_part_keeps_the_settled_calls_warnings_only() {
+        let mut full = gpu();
+        full.health.xid_events.push(XidCount { xid: 48, count: 2 });
+        full.health.remapped_rows = Some(RemappedRows::default());
+        full.warnings = vec![
+            call_error("nvmlDeviceGetFanSpeed"),
+            call_error("nvmlDeviceGetComputeRunningProcesses_v3"),
+            call_error("nvmlEventSetWait_v2"),
+            call_error("nvmlDeviceGetName"),
+        ];
+        let part = full.settled_part();
+        assert_eq!(
+            part.warnings
+                .iter()
+                .map(|w| w.call.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlEventSetWait_v2"
+            ]
+        );
+        assert_eq!(part.health.xid_events, full.health.xid_events);
+        assert_eq!(part.health.remapped_rows, None);
+        assert_eq!((part.name, part.telemetry), (None, None));
+        assert_eq!(part.processes, full.processes);
+    }
+}
