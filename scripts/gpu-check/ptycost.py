@@ -3,8 +3,9 @@ pseudo-terminal, as a user watching it pays: its output is read and thrown away 
 seconds; the CPU is measured over the last SECS - 2 (the first two are its start).
 
 Usage: ptycost.py SECS LABEL -- ARGV...
-Prints one line: `LABEL cpu_ms_per_s X rss_kib Y hwm_kib Z window_s W`, or `LABEL failed: WHY`
-(exit 1). The program is ended with SIGTERM, then SIGKILL, and reaped, whatever happens.
+Prints one line: `LABEL cpu_ms_per_s X rss_kib Y hwm_kib Z window_s W pid P`, or
+`LABEL failed: WHY` (exit 1). The program (pid P) is ended with SIGTERM, then SIGKILL, and
+reaped, whatever happens.
 """
 import fcntl
 import os
@@ -79,7 +80,7 @@ def main():
         cpu_ms_per_s = (t1 - t0) * 1000 / hz / (w1 - w0)
         print(
             f"{label} cpu_ms_per_s {cpu_ms_per_s:.1f} rss_kib {rss} hwm_kib {hwm} "
-            f"window_s {w1 - w0:.1f}"
+            f"window_s {w1 - w0:.1f} pid {pid}"
         )
         return 0
     finally:

@@ -136,6 +136,16 @@ struct Calm {
     gpus: BTreeMap<u32, (GpuSample, u64)>,
 }
 
+/// A period of the agent: the `configured` one, else `long` while `long_now`, else `short`.
+fn period(
+    configured: Option<Duration>,
+    long_now: bool,
+    long: Duration,
+    short: Duration,
+) -> Duration {
+    configured.unwrap_or(if long_now { long } else { short })
+}
+
 /// The least time between two samples that opens of the device files ask for: an open is
 /// seen within this, and a flood of opens (a `watch nvidia-smi`, a hostile loop) costs at most
 /// one extra sample per gap.
@@ -280,12 +290,12 @@ impl Agent {
     /// nothing undecided ([`Calm`]) and nothing has happened since: no exit of a holder or of
     /// a process the collection follows (parents, job leaders), no device open, and the driver
     /// says what it said then ([`GpuSample::settled_alike`]: memory, process lists, Xid
-    /// counts). The driver is asked only that ([`Node::settled_gpus`]: a sixth of a full
-    /// reading's calls). Then the last report still holds, and classifying it again would
-    /// only repeat it: the sample records the used memory, follows the heal, and publishes.
-    /// Anything else, and every sample while automatic reclaim is on, is a full one; so is
-    /// every sample a periodic re-read of the holders (`recheck_every`, 30 s while calm) is
-    /// due, which bounds how stale what a quiet sample does not read (utilization,
+    /// counts). The driver is asked only that ([`Node::settled_gpus`]: 7 of a full reading's
+    /// ~27 calls per GPU, and no driver-wide call). Then the last report still holds, and
+    /// classifying it again would only repeat it: the sample records the used memory, follows
+    /// the heal, and publishes. Anything else, and every sample while automatic reclaim is
+    /// on, is a full one; so is every sample a periodic re-read of the holders
+    /// (`recheck_every`, 30 s while calm) is due, which bounds how stale what a quiet sample does not read (utilization,
     /// telemetry, retired pages and remapped rows, persistence) can be.
     /// Returns whether it was quiet.
     fn quiet_sample(&mut self, t0: Instant) -> bool {
@@ -458,40 +468,35 @@ impl Agent {
     /// and opens are watched (a new holder is then seen by its open; one forked from a holder
     /// opens nothing, but its holder's job is alive, and its exit brings a full sample).
     fn discover_every(&self) -> Duration {
-        self.config
-            .agent
-            .discover_every
-            .unwrap_or(if self.calm.is_some() && self.watching_opens {
-                vramguard_config::CALM_PERIOD
-            } else {
-                vramguard_config::DISCOVER_EVERY
-            })
+        period(
+            self.config.agent.discover_every,
+            self.calm.is_some() && self.watching_opens,
+            vramguard_config::CALM_PERIOD,
+            vramguard_config::DISCOVER_EVERY,
+        )
     }
 
     /// The holders' re-read period: the configured one, else long while nothing is
     /// undecided (what it catches that no pidfd announces, a leader thread exiting while
-    /// others live on, a process group changing, concerns no verdict there).
+    /// others live on, a process group changing, concerns no verdict there). It also bounds
+    /// how old what quiet samples do not read (utilization, telemetry, memory health) gets.
     fn recheck_every(&self) -> Duration {
-        self.config
-            .agent
-            .recheck_every
-            .unwrap_or(if self.calm.is_some() {
-                vramguard_config::CALM_PERIOD
-            } else {
-                vramguard_config::RECHECK_EVERY
-            })
+        period(
+            self.config.agent.recheck_every,
+            self.calm.is_some(),
+            vramguard_config::CALM_PERIOD,
+            vramguard_config::RECHECK_EVERY,
+        )
     }
 
     /// The full fd scan's period: the configured one, else long while opens are watched.
     fn full_scan_every(&self) -> Duration {
-        self.config
-            .agent
-            .full_scan_every
-            .unwrap_or(if self.watching_opens {
-                vramguard_config::FULL_SCAN_EVERY_WATCHED
-            } else {
-                vramguard_config::FULL_SCAN_EVERY
-            })
+        period(
+            self.config.agent.full_scan_every,
+            self.watching_opens,
+            vramguard_config::FULL_SCAN_EVERY_WATCHED,
+            vramguard_config::FULL_SCAN_EVERY,
+        )
     }
 
     /// Starts watching the device files for opens, when the config asks for it; says once

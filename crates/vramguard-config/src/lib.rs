@@ -692,7 +692,9 @@ impl Config {
                 ),
             ));
         }
-        let floor = interval * MIN_AGE_SAMPLES;
+        let floor = interval
+            .checked_mul(MIN_AGE_SAMPLES)
+            .unwrap_or(Duration::MAX);
         if self.reclaim.min_age < floor {
             return Some((
                 "reclaim.min_age",

@@ -557,8 +557,6 @@ impl ProcCollector {
         Some(k)
     }
 
-    /// Processes whose pidfd says they exited since their facts were read; their pidfds are
-    /// closed (the exit is news once). `None` when polling failed: treat it as news.
     /// Whether no followed process (holder, parent, job leader) has exited since the last
     /// collection, as far as the pidfds tell without being read: false when one has, or
     /// when it cannot be told cheaply: no epoll set, or a process of the last collection
@@ -581,6 +579,8 @@ impl ProcCollector {
         matches!(poll(&mut fds, Some(&zero)), Ok(0))
     }
 
+    /// Processes whose pidfd says they exited since their facts were read; their pidfds are
+    /// closed (the exit is news once). `None` when polling failed: treat it as news.
     fn take_exits(&mut self) -> Option<Vec<u32>> {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
         if let Some(set) = &self.exit_set {

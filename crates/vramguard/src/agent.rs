@@ -36,9 +36,15 @@ pub fn run(settings: Settings, args: &AgentArgs) -> Result<i32> {
             return Err(anyhow!("--interval {i:?}: at least 50ms"));
         }
         // The config's own rules, for the flag too.
-        if let Some((_, why)) = config.auto_reclaim_sampling(i) {
+        if let Some((key, why)) = config.auto_reclaim_sampling(i) {
+            // The flag is agent.interval; any other key at fault is named.
+            let other = if key == "agent.interval" {
+                String::new()
+            } else {
+                format!("{key}: ")
+            };
             return Err(anyhow!(
-                "--interval {}: {why}",
+                "--interval {}: {other}{why}",
                 vramguard_core::units::format_duration(i)
             ));
         }

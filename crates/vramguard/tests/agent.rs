@@ -2636,11 +2636,21 @@ fn a_reload_that_turns_the_open_watch_off_stops_reading_opens() {
 /// `extra` after it, that must refuse to start: its stderr. Under `timeout`: an agent that
 /// started anyway fails the test instead of hanging it. Nothing may reach the audit log.
 fn refused_auto_agent(world: &World, global: &[&std::ffi::OsStr], extra: &[&str]) -> String {
+    refused_auto_agent_with(world, "", global, extra)
+}
+
+/// [`refused_auto_agent`] with more `[reclaim]` keys.
+fn refused_auto_agent_with(
+    world: &World,
+    reclaim_keys: &str,
+    global: &[&std::ffi::OsStr],
+    extra: &[&str],
+) -> String {
     let audit = world.dir.path().join("audit.jsonl");
     let cfg = config(
         world,
         &format!(
-            "[reclaim]\nauto = true\naudit_log = \"{}\"\n",
+            "[reclaim]\nauto = true\naudit_log = \"{}\"\n{reclaim_keys}",
             audit.display()
         ),
     );
@@ -2691,6 +2701,13 @@ fn automatic_reclaim_refuses_an_interval_flag_longer_than_gpu_work_is_remembered
     let err = refused_auto_agent(&world, &[], &["--interval", "30s"]);
     assert!(
         err.contains("--interval 30.0s: 30.0s is longer than policy.gpu_busy_recent"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    // And its min_age floor, naming the key at fault.
+    let err = refused_auto_agent_with(&world, "min_age = \"20s\"\n", &[], &["--interval", "8s"]);
+    assert!(
+        err.contains("--interval 8.0s: reclaim.min_age: 20.0s is shorter than 3 samples"),
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
