@@ -23,7 +23,7 @@
 #   nvml-calls  `probe calls --samples 200` (text and JSON): each NVML call of the agent's
 #               sample timed on this driver;
 #   agent-cost  case 9: the agent at --interval 500ms for 20 s on a quiet GPU: CPU per
-#               sample (utime+stime of /proc/PID/stat over vramguard_collections_total) and RSS;
+#               sample (every thread's schedstat over vramguard_collections_total) and RSS;
 #   probe       the release probe: TERM and KILL, 3 repeats of 4 GiB, --rate 1000, report;
 #   run         `vramguard run` around the built-in CUDA holder (3 s lifetime).
 #   guard       `vramguard.guard()` in a live script ends its forked and its spawned CUDA
@@ -186,11 +186,19 @@ track() {
         TRACKED+=("$p:$st")
     done
 }
-alive() { # PID: still the process we recorded?
+state_of() { # PID -> its state letter (field 3 of /proc/PID/stat), or fail
+    local s
+    s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    s=${s##*) }
+    echo "${s%% *}"
+}
+alive() { # PID: still the process we recorded, and not a zombie waiting for its reaper?
     local e
     for e in ${TRACKED[@]+"${TRACKED[@]}"}; do
         if [ "${e%%:*}" = "$1" ]; then
-            [ "$(starttime "$1" 2>/dev/null)" = "${e#*:}" ] && return 0
+            [ "$(starttime "$1" 2>/dev/null)" = "${e#*:}" ] || continue
+            case "$(state_of "$1")" in Z | X | "") return 1 ;; esac
+            return 0
         fi
     done
     return 1
@@ -398,6 +406,26 @@ cpu_ticks() { # PID: utime+stime in clock ticks
     read -ra f <<<"$s"
     echo $((f[11] + f[12]))
 }
+cpu_ns() { # PID: CPU time of all its threads in ns (schedstat: the clock ticks of /proc/PID/stat
+    # are 10 ms, coarser than a whole 20 s window of an agent at 0.5 ms a sample); from the
+    # ticks where schedstat is missing
+    local f t rest s=0 any=0
+    for f in /proc/"$1"/task/*/schedstat; do
+        read -r t rest 2>/dev/null <"$f" || continue
+        [[ $t =~ ^[0-9]+$ ]] || continue
+        s=$((s + t))
+        any=1
+    done
+    if [ "$any" = 1 ] && [ "$s" -gt 0 ]; then
+        echo "$s"
+    else
+        echo $(($(cpu_ticks "$1") * 1000000000 / $(getconf CLK_TCK)))
+    fi
+}
+us_per() { # NS COUNT: NS/COUNT in µs with 3 decimals, as "X.YYY"
+    local n=$(($1 / $2))
+    echo "$((n / 1000)).$(printf '%03d' $((n % 1000)))"
+}
 collections() { # METRICS_FILE: sum of vramguard_collections_total over kinds
     awk '/^vramguard_collections_total/ { s += $NF } END { printf "%d\n", s }' "$1" 2>/dev/null
 }
@@ -491,7 +519,7 @@ EOF
     cp "$TMP/agent-alert.toml" "$DIR/agent-alert.toml"
     start_agent agent-alert "$PORT" "$TMP/agent-alert.toml"
     ALERT_AGENT=$AGENT
-    A0_TICKS=$(cpu_ticks "$ALERT_AGENT")
+    A0_NS=$(cpu_ns "$ALERT_AGENT")
     fetch "http://127.0.0.1:$PORT/metrics" "$TMP/a0.prom"
     A0_COLL=$(collections "$TMP/a0.prom")
 
@@ -552,7 +580,7 @@ EOF
         fetch "http://127.0.0.1:$PORT/api/status" "$DIR/c1-agent-status.json"
         log "  agent: $(metric_lines "$DIR/c1-agent-metrics.prom" '^vramguard_(gpu_ghost_bytes|alert_firing)')"
         log "  alert sink: $(sink_lines)"
-        A1_TICKS=$(cpu_ticks "$ALERT_AGENT")
+        A1_NS=$(cpu_ns "$ALERT_AGENT")
         A1_COLL=$(collections "$DIR/c1-agent-metrics.prom")
 
         # Case 5: the OOM, with the ghost still there.
@@ -578,8 +606,7 @@ EOF
         log "  agent after: $(metric_lines "$DIR/c1-agent-metrics-after.prom" '^vramguard_(gpu_ghost_bytes|alert_firing|collection_errors_total)')"
         log "  alert sink after: $(sink_lines)"
         if [ "${A1_COLL:-0}" -gt "${A0_COLL:-0}" ]; then
-            us=$(((A1_TICKS - A0_TICKS) * 1000000 / $(getconf CLK_TCK) / (A1_COLL - A0_COLL)))
-            log "  alert agent: $((us / 1000)).$(printf '%03d' $((us % 1000))) ms CPU per collection over $((A1_COLL - A0_COLL)) collections with the trainer and its ghost (clock-tick resolution)"
+            log "  alert agent: $(us_per $((A1_NS - A0_NS)) $((A1_COLL - A0_COLL))) µs CPU per collection over $((A1_COLL - A0_COLL)) collections with the trainer and its ghost (every thread's schedstat)"
         fi
     else
         kill_pid KILL "$OOM"
@@ -699,10 +726,12 @@ if step agent-cost; then
         sleep 2
         fetch "http://127.0.0.1:$((PORT + 1))/metrics" "$DIR/agent-cost-metrics-0.prom"
         T_A=$(cpu_ticks "$COST_AGENT")
+        N_A=$(cpu_ns "$COST_AGENT")
         C_A=$(collections "$DIR/agent-cost-metrics-0.prom")
         W_A=$(now_ms)
         sleep 20
         T_B=$(cpu_ticks "$COST_AGENT")
+        N_B=$(cpu_ns "$COST_AGENT")
         W_B=$(now_ms)
         fetch "http://127.0.0.1:$((PORT + 1))/metrics" "$DIR/agent-cost-metrics-1.prom"
         C_B=$(collections "$DIR/agent-cost-metrics-1.prom")
@@ -713,9 +742,10 @@ if step agent-cost; then
         {
             echo "window_ms $((W_B - W_A))"
             echo "collections $N (vramguard_collections_total, all kinds)"
-            echo "cpu_ms $CPU_MS (utime+stime, ${HZ} ticks/s)"
-            [ "$N" -gt 0 ] && echo "cpu_us_per_collection $(((T_B - T_A) * 1000000 / HZ / N))"
-            echo "cpu_ms_per_s $((CPU_MS * 1000 / (W_B - W_A)))"
+            echo "cpu_ms_ticks $CPU_MS (utime+stime, ${HZ} ticks/s: a cross-check, 10 ms steps)"
+            echo "cpu_ns $((N_B - N_A)) (every thread's schedstat)"
+            [ "$N" -gt 0 ] && echo "cpu_us_per_collection $(us_per $((N_B - N_A)) "$N")"
+            echo "cpu_ms_per_s $(us_per $((N_B - N_A)) $((W_B - W_A)))"
             cat "$DIR/agent-cost-rss.txt"
         } >"$DIR/agent-cost.txt"
         log "  agent cost: $(tr '\n' ';' <"$DIR/agent-cost.txt")"
