@@ -51,6 +51,9 @@ pub use unsupported::*;
 struct Loaded {
     sim: Sim,
     refcount: u32,
+    /// Kept open from init to the last shutdown, as a real NVML client keeps the control,
+    /// unified-memory and GPU device files ([`vramguard_sim::source::open_client_device_files`]).
+    _device_files: Vec<std::fs::File>,
 }
 
 static STATE: Mutex<Option<Loaded>> = Mutex::new(None);
@@ -201,7 +204,12 @@ fn init() -> u32 {
         if let Some(code) = fault(&mut sim, "nvmlInit_v2", None) {
             return code;
         }
-        *guard = Some(Loaded { sim, refcount: 1 });
+        let device_files = vramguard_sim::source::open_client_device_files(sim.state());
+        *guard = Some(Loaded {
+            sim,
+            refcount: 1,
+            _device_files: device_files,
+        });
         SUCCESS
     });
     if let Some(stall) = STALL.with(|s| s.take()) {

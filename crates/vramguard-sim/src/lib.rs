@@ -42,6 +42,7 @@
 
 /// NVML's return codes (they belong to the GPU crate, which speaks NVML).
 pub use vramguard_gpu::codes;
+pub mod client;
 pub mod context;
 mod fdpass;
 pub mod holder;

@@ -34,6 +34,26 @@ pub struct SimSource {
     /// at open, as [`vramguard_gpu::NvmlSource`]'s does), or why registering failed, until reported.
     xid_seen: Mutex<Vec<Result<usize, Option<CallError>>>>,
     xids: Mutex<XidTally>,
+    /// The stand-in device files this client keeps open from init to shutdown, as a real
+    /// NVML client keeps `/dev/nvidiactl`, `/dev/nvidia-uvm` and each GPU's file (seen on an
+    /// H200, driver 580.159.04: an unprivileged vramguard showed as a holder of all three),
+    /// so that a scan of `/proc` sees this client where it would see the real one.
+    _device_files: Vec<std::fs::File>,
+}
+
+/// Opens what a real NVML client opens, when the state models it
+/// ([`crate::SimState::nvml_client_files`]): the control device, unified memory and every
+/// GPU's file; a file that cannot be opened is left out (the model answers without it).
+pub fn open_client_device_files(state: &crate::SimState) -> Vec<std::fs::File> {
+    if !state.nvml_client_files {
+        return Vec::new();
+    }
+    let names = ["nvidiactl".to_string(), "nvidia-uvm".to_string()]
+        .into_iter()
+        .chain((0..state.gpus.len()).map(|i| format!("nvidia{i}")));
+    names
+        .filter_map(|name| std::fs::File::open(state.dev_dir.join(name)).ok())
+        .collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,7 +106,9 @@ impl SimSource {
                 })
                 .collect(),
         };
+        let device_files = open_client_device_files(sim.state());
         Ok(SimSource {
+            _device_files: device_files,
             sim: Mutex::new(sim),
             xid_seen: Mutex::new(xid_seen),
             xids: Mutex::new(XidTally::default()),

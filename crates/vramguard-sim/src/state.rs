@@ -29,6 +29,14 @@ pub struct SimState {
     /// `nvmlDeviceGetCount_v2`, `nvmlSystemGetDriverVersion`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<Fault>,
+    /// NVML clients (the in-process simulator, the simulated `libnvidia-ml.so.1`) keep the
+    /// control, unified-memory and GPU device files open from init to shutdown, as driver
+    /// 580's NVML does (an H200 snapshot shows `vramguard snapshot` holding all three). Off
+    /// by default: on, every running agent is a holder that blocks GPU resets, as it would be
+    /// on a real node, which vramguard's resets do not yet account for (see
+    /// docs/gpu-results.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nvml_client_files: bool,
 }
 
 fn default_driver_version() -> String {
@@ -241,6 +249,7 @@ impl SimState {
             gpus: (0..gpus).map(SimGpu::h200).collect(),
             allocations: vec![],
             faults: vec![],
+            nvml_client_files: false,
         }
     }
 }

@@ -73,6 +73,7 @@ impl World {
             gpus: vec![gpu(0), gpu(1)],
             allocations,
             faults: vec![],
+            nvml_client_files: false,
         };
         store::write_state(&dir.path().join("state.json"), &state).unwrap();
         World { dir }
@@ -503,4 +504,36 @@ fn an_idle_live_context_is_sampled_at_one_percent_sm() {
     want.sort_unstable();
     assert_eq!(samples, want);
     assert_eq!(g.gpu_utilization().0, 40, "the idle context adds no load");
+}
+
+/// The stand-in device files this process has open, by name.
+fn own_device_files(dev: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dev))
+        .map(|target| target.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// With `nvml_client_files`, the in-process simulator holds what driver 580's NVML holds
+/// while initialised (the control, unified-memory and every GPU's file), and lets go when
+/// dropped; without it, nothing.
+#[test]
+fn an_nvml_client_holds_the_device_files_only_where_the_state_says_so() {
+    let world = World::new(None, vec![]);
+    let dev = world.dir.path().join("dev");
+    let plain = vramguard_sim::SimSource::open(&world.path()).unwrap();
+    assert_eq!(own_device_files(&dev), Vec::<String>::new());
+    drop(plain);
+    world.update(|s| s.nvml_client_files = true);
+    let client = vramguard_sim::SimSource::open(&world.path()).unwrap();
+    assert_eq!(
+        own_device_files(&dev),
+        ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]
+    );
+    drop(client);
+    assert_eq!(own_device_files(&dev), Vec::<String>::new());
 }

@@ -953,6 +953,26 @@ pub enum SimCommand {
     },
     /// Print what the simulated driver reports now, as JSON
     Show,
+    /// Create or grow the calling program's context on a GPU, for a stand-in CUDA client
+    /// that opens the GPU's device file itself (the gpu-check rehearsal's PyTorch): the
+    /// caller is this command's parent, and its context lives on the caller's descriptor
+    /// --fd, as a real context lives on the device file it was created on. Exit 3: out of
+    /// memory
+    #[command(hide = true)]
+    Attach {
+        /// GPU index
+        #[arg(long)]
+        gpu: u32,
+        /// Memory to add, e.g. 2GiB (0 to change only --sm-util)
+        #[arg(long, value_parser = bytes)]
+        bytes: u64,
+        /// The caller's open descriptor of the GPU's stand-in device file, inherited
+        #[arg(long)]
+        fd: i32,
+        /// SM utilization percent of the context from now on (a kernel loop)
+        #[arg(long)]
+        sm_util: Option<u32>,
+    },
     /// Raise a critical Xid error on a simulated GPU (seen by NVML event sets, e.g. the agent's)
     Xid {
         /// GPU index

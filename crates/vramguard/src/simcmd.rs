@@ -171,6 +171,29 @@ pub fn run(global: &Global, cmd: SimCommand) -> Result<i32> {
             );
             Ok(0)
         }
+        SimCommand::Attach {
+            gpu,
+            bytes,
+            fd,
+            sm_util,
+        } => {
+            use vramguard_sim::client::{AttachError, attach};
+            match attach(state_path(global)?, gpu, bytes, sm_util, fd) {
+                Ok(done) => {
+                    println!(
+                        "pid {}: {} on simulated GPU {gpu}",
+                        done.pid,
+                        format_bytes(done.bytes)
+                    );
+                    Ok(0)
+                }
+                Err(e @ AttachError::OutOfMemory { .. }) => {
+                    eprintln!("vramguard: {e}");
+                    Ok(3)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
         SimCommand::Show => {
             let mut sim = Sim::open(state_path(global)?)?;
             let obs = sim.observe()?;
