@@ -113,3 +113,271 @@ fn ptycost_value(line: &str, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} missing: {line}"));
     fields[i + 1].parse().unwrap()
 }
+
+/// Two free loopback ports in a row (gpu-check's agents take PORT and PORT + 1).
+fn free_port_pair() -> u16 {
+    for _ in 0..50 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no two free loopback ports in a row");
+}
+
+/// A report's holders by class, vramguard's own processes left out (the one taking the
+/// snapshot, and on the rehearsal the agent it runs: NVML clients, not part of the incident).
+fn classes(report: &serde_json::Value) -> Vec<String> {
+    let comm_of = |pid: &serde_json::Value| -> Option<String> {
+        report["processes"]
+            .as_array()?
+            .iter()
+            .find(|p| &p["pid"] == pid)
+            .and_then(|p| p["comm"].as_str().map(str::to_string))
+    };
+    let mut out: Vec<String> = report["gpus"][0]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| {
+            comm_of(&h["pid"]).as_deref() != Some("vramguard")
+                && h["command"]
+                    .as_str()
+                    .is_none_or(|c| !c.contains("vramguard"))
+        })
+        .map(|h| h["class"].as_str().unwrap().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+fn replay_status(snapshot: &std::path::Path) -> serde_json::Value {
+    let out = vg_command()
+        .arg("--replay")
+        .arg(snapshot)
+        .args(["status", "--json"])
+        .env_remove("VRAMGUARD_SIM")
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{}: {e}: {}", snapshot.display(), stderr(&out)))
+}
+
+/// The whole of `scripts/gpu-check.sh`, rehearsed on the simulated driver with its stand-in
+/// PyTorch and nvidia-smi: every step runs within its budget, tells the truth the H200
+/// incidents' README asks for, and leaves nothing running; and each snapshot it takes
+/// replays to the same classes, and the same share of ghost memory, as the snapshot of the
+/// same name taken on the real H200.
+#[test]
+fn gpu_check_rehearsed_on_the_simulator_tells_the_h200_truths() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg(scripts().join("gpu-check-rehearsal.sh"))
+        .arg(BIN)
+        .arg(out_dir.path())
+        .env("GPU_CHECK_PORT", free_port_pair().to_string())
+        .env_remove("VRAMGUARD_SIM")
+        .output()
+        .unwrap();
+    let results = out_dir.path().join("results");
+    let log = std::fs::read_to_string(results.join("check.log")).unwrap_or_default();
+    let file = |name: &str| std::fs::read_to_string(results.join(name)).unwrap_or_default();
+    let context = format!("{}\n{}\n{log}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{context}");
+    assert!(out_dir.path().join("results.tar.gz").is_file(), "{context}");
+    for bad in [
+        "SKIP",
+        "OVER BUDGET",
+        "interrupted",
+        "terminated",
+        "left behind",
+    ] {
+        assert!(!log.contains(bad), "{bad}: {log}");
+    }
+    assert!(
+        log.contains("[cleanup] no process of the check is left"),
+        "{log}"
+    );
+    let line = |needle: &str| -> &str {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?}: {log}"))
+    };
+    // Case 1: the dead trainer's memory is ghost memory, everywhere.
+    assert!(
+        line("c1 status headline").contains("ghost memory: 20.5 GiB"),
+        "{log}"
+    );
+    assert!(!file("c1-status.txt").contains("accounted for by a live job"));
+    assert!(
+        line("c1 metrics").contains("class=\"exited\"} 22011707392"),
+        "{log}"
+    );
+    assert!(
+        line("  alert sink: ").contains("firing rule=ghost-memory"),
+        "{log}"
+    );
+    assert!(
+        line("alert sink after").contains("resolved rule=ghost-memory"),
+        "{log}"
+    );
+    assert!(
+        line("oom hook").contains("keeping the context of exited pid"),
+        "{log}"
+    );
+    assert!(
+        line("c1-reclaim says").contains("expected back on GPU 0: 20.5 GiB"),
+        "{log}"
+    );
+    assert!(line("c1-reclaim memory").contains("back after"), "{log}");
+    assert!(line("workers after reclaim").contains(":gone"), "{log}");
+    // Case 7: unprivileged, and from another PID namespace.
+    let unprivileged = file("c1-status-unprivileged.txt");
+    assert!(unprivileged.contains("exited pids whose keepers are other users' processes"));
+    assert!(!unprivileged.contains("accounted for by a live job"));
+    assert!(file("c1-status-pidns.txt").contains("no process vramguard can see holds this GPU"));
+    // Cases 2 to 4.
+    assert!(
+        file("c2-status.txt").contains("ghost memory: 3.0 GiB"),
+        "{log}"
+    );
+    assert!(line("c2-reclaim says").contains("3.0 GiB freed"), "{log}");
+    assert!(
+        line("c3-reclaim says").contains("nothing to reclaim"),
+        "{log}"
+    );
+    assert!(line("survived reclaim --yes").ends_with("yes"), "{log}");
+    // The figures the silicon run is for are there, each with its unit.
+    assert!(line("  status: ").ends_with(" ms"), "{log}");
+    assert!(line("  nvidia-smi: ").ends_with(" ms"), "{log}");
+    assert!(
+        line("agent cost").contains("cpu_us_per_collection "),
+        "{log}"
+    );
+    assert!(line("top cost").contains("cpu_ms_per_s "), "{log}");
+    assert!(
+        line("nvmlDeviceGetFanSpeed").contains("Invalid Argument"),
+        "{log}"
+    );
+    let guard = line("  guard: ");
+    assert_eq!(guard.matches(" yes").count(), 2, "{log}");
+
+    // Each snapshot replays as the real one of the same name does.
+    // The corpus keeps them as h200_<name with underscores>.json.
+    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/incidents");
+    let mut compared = 0;
+    for entry in std::fs::read_dir(results.join("snapshots")).unwrap() {
+        let ours = entry.unwrap().path();
+        let stem = ours
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('-', "_");
+        let theirs = corpus.join(format!("h200_{stem}"));
+        if !theirs.is_file() {
+            continue;
+        }
+        let (a, b) = (replay_status(&ours), replay_status(&theirs));
+        let name = ours.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(classes(&a), classes(&b), "{name}");
+        let share = |r: &serde_json::Value| {
+            r["gpus"][0]["ghost_bytes"].as_f64().unwrap_or(0.0)
+                / r["gpus"][0]["memory"]["used"].as_f64().unwrap().max(1.0)
+        };
+        assert!((share(&a) - share(&b)).abs() < 0.02, "{name}: {a} {b}");
+        compared += 1;
+    }
+    assert_eq!(compared, 5, "every H200 snapshot has its rehearsal: {log}");
+}
+
+/// `vramguard sim attach`, the rehearsal's CUDA: the caller's context grows with each call,
+/// takes an SM utilization, refuses more than is free (exit 3, as cudaMalloc refuses it) and a
+/// descriptor that is not the GPU's device file; and it lives on the caller's open file
+/// description, so a child forked after it keeps it, listed under the dead caller's pid, until
+/// that child exits.
+#[test]
+fn sim_attach_gives_the_caller_a_context_that_its_forked_child_keeps() {
+    let world = World::new(1);
+    let script = r#"
+import os, subprocess, sys, time
+binary, dev = sys.argv[1], sys.argv[2]
+fd = os.open(dev + "/nvidia0", os.O_RDONLY)
+def attach(size, *extra, fd=fd):
+    r = subprocess.run([binary, "sim", "attach", "--gpu", "0", "--bytes", size, "--fd", str(fd),
+                        *extra], pass_fds=(fd,), capture_output=True, text=True)
+    print("attach %s: %d %s" % (size, r.returncode, (r.stdout + r.stderr).strip()), flush=True)
+attach("2GiB")
+attach("1GiB", "--sm-util", "80")
+attach("100000GiB")
+other = os.open(dev + "/nvidiactl", os.O_RDONLY)
+attach("1GiB", fd=other)
+child = os.fork()
+if child == 0:
+    null = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(null, 1)  # the test reads the caller's output to its end
+    os.dup2(null, 2)
+    time.sleep(30)
+    os._exit(0)
+print("caller %d child %d" % (os.getpid(), child), flush=True)
+os._exit(0)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, BIN])
+        .arg(world.dir.path().join("dev"))
+        .env("VRAMGUARD_SIM", world.state_path())
+        .env("VRAMGUARD_CONFIG", "none")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    let mut last = text.lines().last().unwrap_or("").split_whitespace();
+    let caller: u32 = last.nth(1).unwrap().parse().unwrap();
+    let child: u32 = last.nth(1).unwrap().parse().unwrap();
+    let _reaped = KillOnDrop(child);
+    assert!(
+        text.contains(&format!(
+            "attach 2GiB: 0 pid {caller}: 2.0 GiB on simulated GPU 0"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("attach 1GiB: 0 pid {caller}: 3.0 GiB")),
+        "{text}"
+    );
+    assert!(
+        text.contains("attach 100000GiB: 3 vramguard: out of memory on GPU 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("attach 1GiB: 2 vramguard: error: fd "),
+        "{text}"
+    );
+    assert!(text.contains("another file"), "{text}");
+
+    let show = || -> serde_json::Value {
+        let out = vg_command()
+            .args(["sim", "show"])
+            .env("VRAMGUARD_SIM", world.state_path())
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // The caller is gone; its forked child keeps its context, listed under the caller's pid.
+    let gpu = &show()["gpus"][0];
+    assert_eq!(gpu["used"], 3 * GIB, "{gpu}");
+    assert_eq!(gpu["processes"][0]["pid"], caller, "{gpu}");
+    assert_eq!(gpu["processes"][0]["used_bytes"], 3 * GIB, "{gpu}");
+    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    wait_until(10, "the child's exit to free the context", || {
+        show()["gpus"][0]["used"] == 0
+    });
+}
+
+/// Kills, by pid, a process this test started (through a helper), when the test ends.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Rehearses scripts/gpu-check.sh on vramguard's simulated driver, so that a GPU session (few,
+# and minutes long) is not spent on a broken step: every step runs as it would on a GPU, with
+# stand-ins for what this machine lacks (scripts/gpu-check/rehearsal/: a PyTorch whose CUDA
+# calls create and grow contexts on the simulated driver, and an nvidia-smi that reads it).
+# The figures it records are the simulator's, not silicon's: never copy them into
+# docs/gpu-results.md.
+# Usage: scripts/gpu-check-rehearsal.sh VRAMGUARD_BINARY OUT_DIR
+#   OUT_DIR gets sim/ (the simulated node) and results/ (gpu-check's folder; its tarball is
+#   OUT_DIR/results.tar.gz). GPU_CHECK_BUDGET and GPU_CHECK_PORT pass through.
+# As root it runs in a mount namespace of its own: the simulated driver reads the host's
+# /proc through a bind mount made there, which the `unshare --mount-proc` of gpu-check's
+# other-PID-namespace view does not cover (a real driver needs no /proc to number pids).
+# The simulated node's NVML clients hold the device files as driver 580's do
+# (`nvml_client_files`: vramguard itself, and the agents, show as holders). Known difference
+# from silicon: `vramguard run -- vramguard __cuda-hold` needs a real libcuda, so the `run`
+# step records a job that used no GPU.
+set -euo pipefail
+if [ $# -ne 2 ]; then
+    echo "usage: scripts/gpu-check-rehearsal.sh VRAMGUARD_BINARY OUT_DIR" >&2
+    exit 2
+fi
+if [ "$(id -u)" = 0 ] && [ -z "${GPU_CHECK_REHEARSAL_NS:-}" ] && command -v unshare >/dev/null; then
+    exec unshare --mount --propagation private env GPU_CHECK_REHEARSAL_NS=1 "$0" "$@"
+fi
+BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+OUT=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+chmod 755 "$OUT" # the unprivileged view (uid 65534) reads the simulated node
+"$BIN" sim init --dir "$OUT/sim" --gpus 1 >/dev/null
+PROC_ROOT=/proc
+if [ -n "${GPU_CHECK_REHEARSAL_NS:-}" ]; then
+    PROC_ROOT=$OUT/sim/host-proc
+    mkdir -p "$PROC_ROOT"
+    mount --bind /proc "$PROC_ROOT"
+else
+    echo "gpu-check-rehearsal: not root: the other-PID-namespace view will list host pids" >&2
+fi
+# As driver 580's NVML does, vramguard (an NVML client) holds the device files while it runs.
+python3 - "$OUT/sim/state.json" "$PROC_ROOT" <<'PY'
+import json, sys
+path, proc = sys.argv[1], sys.argv[2]
+with open(path) as f:
+    state = json.load(f)
+state["proc_root"] = proc
+state["nvml_client_files"] = True
+with open(path, "w") as f:
+    json.dump(state, f, indent=2)
+PY
+chmod -R a+rX "$OUT/sim" 2>/dev/null || true
+export VRAMGUARD_SIM=$OUT/sim/state.json
+export VRAMGUARD_BINARY=$BIN
+export VRAMGUARD_CONFIG=none
+export PATH=$HERE/gpu-check/rehearsal:$PATH
+export PYTHONPATH=$HERE/gpu-check/rehearsal${PYTHONPATH:+:$PYTHONPATH}
+export GPU_CHECK_TARBALL=$OUT/results.tar.gz
+exec "$HERE/gpu-check.sh" "$BIN" "$OUT/results" 0
