@@ -10,7 +10,9 @@
 #   OUT_DIR/results.tar.gz). GPU_CHECK_BUDGET and GPU_CHECK_PORT pass through.
 # As root it runs in a mount namespace of its own: the simulated driver reads the host's
 # /proc through a bind mount made there, which the `unshare --mount-proc` of gpu-check's
-# other-PID-namespace view does not cover (a real driver needs no /proc to number pids).
+# other-PID-namespace view does not cover (a real driver needs no /proc to number pids), and
+# /dev/shm is a tmpfs of its own, gone with the namespace (the killed multiprocessing
+# launchers leave their semaphores there, as they do on a GPU node).
 # The simulated node's NVML clients hold the device files as driver 580's do
 # (`nvml_client_files`: vramguard itself, and the agents, show as holders). Known difference
 # from silicon: `vramguard run -- vramguard __cuda-hold` needs a real libcuda, so the `run`
@@ -35,6 +37,9 @@ if [ -n "${GPU_CHECK_REHEARSAL_NS:-}" ]; then
     PROC_ROOT=$OUT/sim/host-proc
     mkdir -p "$PROC_ROOT"
     mount --bind /proc "$PROC_ROOT"
+    # A /dev/shm of its own: the check SIGKILLs multiprocessing launchers (and their resource
+    # trackers), whose semaphores (sem.mp-*) would otherwise stay in the host's /dev/shm.
+    mount -t tmpfs -o size=64m,mode=1777 gpu-check-rehearsal-shm /dev/shm
 else
     echo "gpu-check-rehearsal: not root: the other-PID-namespace view will list host pids" >&2
 fi

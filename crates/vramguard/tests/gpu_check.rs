@@ -171,6 +171,12 @@ fn replay_status(snapshot: &std::path::Path) -> serde_json::Value {
 /// same name taken on the real H200.
 #[test]
 fn gpu_check_rehearsed_on_the_simulator_tells_the_h200_truths() {
+    let shm = || -> std::collections::BTreeSet<std::ffi::OsString> {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| d.filter_map(|e| Some(e.ok()?.file_name())).collect())
+            .unwrap_or_default()
+    };
+    let shm_before = shm();
     let out_dir = tempfile::tempdir().unwrap();
     let out = Command::new("bash")
         .arg(scripts().join("gpu-check-rehearsal.sh"))
@@ -199,6 +205,9 @@ fn gpu_check_rehearsed_on_the_simulator_tells_the_h200_truths() {
         log.contains("[cleanup] no process of the check is left"),
         "{log}"
     );
+    // The killed launchers' semaphores stayed in the rehearsal's own /dev/shm.
+    let left: Vec<_> = shm().difference(&shm_before).cloned().collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
     let line = |needle: &str| -> &str {
         log.lines()
             .find(|l| l.contains(needle))
