@@ -22,8 +22,15 @@ if [ $# -ne 2 ]; then
     echo "usage: scripts/gpu-check-rehearsal.sh VRAMGUARD_BINARY OUT_DIR" >&2
     exit 2
 fi
-if [ "$(id -u)" = 0 ] && [ -z "${GPU_CHECK_REHEARSAL_NS:-}" ] && command -v unshare >/dev/null; then
-    exec unshare --mount --propagation private env GPU_CHECK_REHEARSAL_NS=1 "$0" "$@"
+# The check leads a session and process group of its own (setsid), as it does when a person
+# or the device tool starts it: its in-script cases need the script's group to have a live
+# leader, which a caller's group need not have (a background job whose shell has exited).
+if [ -z "${GPU_CHECK_REHEARSAL_INNER:-}" ]; then
+    export GPU_CHECK_REHEARSAL_INNER=1
+    if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+        exec unshare --mount --propagation private env GPU_CHECK_REHEARSAL_NS=1 setsid -w "$0" "$@"
+    fi
+    exec setsid -w "$0" "$@"
 fi
 BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 OUT=$2

@@ -241,7 +241,7 @@ pack() {
         echo "steps (name, seconds, budget):"
         cat "$DIR/timing.tsv" 2>/dev/null
         echo
-        grep -E 'timing:|SKIP|survived|workers after|memory:|agent( after)?:|alert sink|agent cost|oom|c1 |unprivileged|namespace|cleanup|interrupted|terminated' "$DIR/check.log" 2>/dev/null
+        grep -E 'timing:|SKIP|survived|workers after|memory:|agent( after[^:]*)?:|alert sink|agent cost|oom|c1 |unprivileged|namespace|cleanup|interrupted|terminated' "$DIR/check.log" 2>/dev/null
     } >"$DIR/summary.txt"
     (cd "$(dirname "$DIR")" && tar -czf "$TARBALL" "$(basename "$DIR")") &&
         echo "gpu-check: results in $DIR, packed into $TARBALL ($(du -h "$TARBALL" | cut -f1)), $((ms / 1000)) s" ||
@@ -601,9 +601,16 @@ EOF
         report_pids "workers after reclaim" "${WORKERS[@]}"
         vg c1-status-after.txt 15 status
         kill_pid KILL "${WORKERS[@]}"
-        sleep 1.5
-        fetch "http://127.0.0.1:$PORT/metrics" "$DIR/c1-agent-metrics-after.prom"
-        log "  agent after: $(metric_lines "$DIR/c1-agent-metrics-after.prom" '^vramguard_(gpu_ghost_bytes|alert_firing|collection_errors_total)')"
+        # Until the agent says the ghost is gone and the sink has the resolution (10 s at most):
+        # how long that takes is part of the record, and a busy machine must not cut it short.
+        t=$(now_ms)
+        for _ in $(seq 40); do
+            fetch "http://127.0.0.1:$PORT/metrics" "$DIR/c1-agent-metrics-after.prom" 2>/dev/null
+            grep -q '^vramguard_gpu_ghost_bytes{[^}]*} 0$' "$DIR/c1-agent-metrics-after.prom" 2>/dev/null &&
+                grep -q ' resolved ' "$DIR/alerts.txt" 2>/dev/null && break
+            sleep 0.25
+        done
+        log "  agent after ($(($(now_ms) - t)) ms after the reclaim's end): $(metric_lines "$DIR/c1-agent-metrics-after.prom" '^vramguard_(gpu_ghost_bytes|alert_firing|collection_errors_total)')"
         log "  alert sink after: $(sink_lines)"
         if [ "${A1_COLL:-0}" -gt "${A0_COLL:-0}" ]; then
             log "  alert agent: $(us_per $((A1_NS - A0_NS)) $((A1_COLL - A0_COLL))) µs CPU per collection over $((A1_COLL - A0_COLL)) collections with the trainer and its ghost (every thread's schedstat)"
