@@ -22,37 +22,52 @@ if [ $# -ne 2 ]; then
     echo "usage: scripts/gpu-check-rehearsal.sh VRAMGUARD_BINARY OUT_DIR" >&2
     exit 2
 fi
-# The check leads a session and process group of its own (setsid), as it does when a person
-# or the device tool starts it: its in-script cases need the script's group to have a live
-# leader, which a caller's group need not have (a background job whose shell has exited).
+# The check leads a process group of its own, as it does when a person or the device tool
+# starts it: its in-script cases need the script's group to have a live leader, which a
+# caller's group need not have (a background job whose shell has exited). A process that
+# leads no group can `setsid` without a fork (one that leads its group already needs none),
+# so signals and the caller's wait reach the check itself.
+leads_group() { [ "$(ps -o pgid= -p $$ | tr -d ' ')" = "$$" ]; }
 if [ -z "${GPU_CHECK_REHEARSAL_INNER:-}" ]; then
     export GPU_CHECK_REHEARSAL_INNER=1
-    if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
-        exec unshare --mount --propagation private env GPU_CHECK_REHEARSAL_NS=1 setsid -w "$0" "$@"
+    if [ -e "$2" ] && { [ ! -d "$2" ] || [ -n "$(ls -A "$2")" ]; }; then
+        echo "gpu-check-rehearsal: $2 exists and is not an empty folder: name a new or empty one" >&2
+        exit 2
     fi
-    exec setsid -w "$0" "$@"
+    SETSID=(setsid)
+    leads_group && SETSID=()
+    if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+        exec unshare --mount --propagation private env GPU_CHECK_REHEARSAL_NS=1 \
+            ${SETSID[@]+"${SETSID[@]}"} "$0" "$@"
+    fi
+    exec ${SETSID[@]+"${SETSID[@]}"} "$0" "$@"
 fi
 BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 OUT=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-chmod 755 "$OUT" # the unprivileged view (uid 65534) reads the simulated node
+# The unprivileged view (uid 65534) reads the simulated node: the folder was checked empty
+# (or made) above, so no one else's folder changes mode here.
+chmod 755 "$OUT"
 "$BIN" sim init --dir "$OUT/sim" --gpus 1 >/dev/null
 PROC_ROOT=/proc
-if [ -n "${GPU_CHECK_REHEARSAL_NS:-}" ]; then
-    PROC_ROOT=$OUT/sim/host-proc
-    mkdir -p "$PROC_ROOT"
+# Mounts only in a mount namespace of our own (the variable alone proves nothing).
+if [ -n "${GPU_CHECK_REHEARSAL_NS:-}" ] &&
+    [ "$(readlink /proc/self/ns/mnt)" != "$(readlink /proc/1/ns/mnt)" ]; then
+    # Outside the simulated node's folder, and bound after every mode is set: a recursive
+    # chmod through a bind of /proc would change the host's procfs entries.
+    PROC_ROOT=$(mktemp -d "$OUT/host-proc.XXXXXX")
     mount --bind /proc "$PROC_ROOT"
     # A /dev/shm of its own: the check SIGKILLs multiprocessing launchers (and their resource
     # trackers), whose semaphores (sem.mp-*) would otherwise stay in the host's /dev/shm.
     mount -t tmpfs -o size=64m,mode=1777 gpu-check-rehearsal-shm /dev/shm
 else
-    echo "gpu-check-rehearsal: not root: the other-PID-namespace view will list host pids" >&2
+    echo "gpu-check-rehearsal: no mount namespace of its own (not root): the other-PID-namespace view will list host pids" >&2
 fi
 # As driver 580's NVML does, vramguard (an NVML client) holds the device files while it runs.
 python3 - "$OUT/sim/state.json" "$PROC_ROOT" <<'PY'
-import json, sys
+import json, os, sys
 path, proc = sys.argv[1], sys.argv[2]
 with open(path) as f:
     state = json.load(f)
@@ -60,12 +75,17 @@ state["proc_root"] = proc
 state["nvml_client_files"] = True
 with open(path, "w") as f:
     json.dump(state, f, indent=2)
+os.chmod(path, 0o644)
 PY
-chmod -R a+rX "$OUT/sim" 2>/dev/null || true
 export VRAMGUARD_SIM=$OUT/sim/state.json
 export VRAMGUARD_BINARY=$BIN
 export VRAMGUARD_CONFIG=none
 export PATH=$HERE/gpu-check/rehearsal:$PATH
 export PYTHONPATH=$HERE/gpu-check/rehearsal${PYTHONPATH:+:$PYTHONPATH}
 export GPU_CHECK_TARBALL=$OUT/results.tar.gz
-exec "$HERE/gpu-check.sh" "$BIN" "$OUT/results" 0
+status=0
+"$HERE/gpu-check.sh" "$BIN" "$OUT/results" 0 || status=$?
+if [ "$PROC_ROOT" != /proc ]; then
+    umount "$PROC_ROOT" && rmdir "$PROC_ROOT"
+fi
+exit "$status"

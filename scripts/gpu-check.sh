@@ -23,7 +23,7 @@
 #   nvml-calls  `probe calls --samples 200` (text and JSON): each NVML call of the agent's
 #               sample timed on this driver;
 #   agent-cost  case 9: the agent at --interval 500ms for 20 s on a quiet GPU: CPU per
-#               sample (every thread's schedstat over vramguard_collections_total) and RSS;
+#               sample (the process CPU clock over vramguard_collections_total) and RSS;
 #   probe       the release probe: TERM and KILL, 3 repeats of 4 GiB, --rate 1000, report;
 #   run         `vramguard run` around the built-in CUDA holder (3 s lifetime).
 #   guard       `vramguard.guard()` in a live script ends its forked and its spawned CUDA
@@ -406,10 +406,16 @@ cpu_ticks() { # PID: utime+stime in clock ticks
     read -ra f <<<"$s"
     echo $((f[11] + f[12]))
 }
-cpu_ns() { # PID: CPU time of all its threads in ns (schedstat: the clock ticks of /proc/PID/stat
-    # are 10 ms, coarser than a whole 20 s window of an agent at 0.5 ms a sample); from the
-    # ticks where schedstat is missing
-    local f t rest s=0 any=0
+cpu_ns() { # PID: CPU time of the whole process in ns, its exited threads included (the
+    # process CPU clock, clock_gettime of ((~PID) << 3) | 2; the clock ticks of /proc/PID/stat
+    # are 10 ms steps, coarser than a whole 20 s window of an agent at 0.5 ms a sample); from
+    # every live thread's schedstat, then the ticks, where that clock cannot be read
+    local ns f t rest s=0 any=0
+    ns=$(python3 -c 'import sys, time; print(time.clock_gettime_ns(((~int(sys.argv[1])) << 3) | 2))' "$1" 2>/dev/null)
+    if [[ $ns =~ ^[0-9]+$ ]]; then
+        echo "$ns"
+        return
+    fi
     for f in /proc/"$1"/task/*/schedstat; do
         read -r t rest 2>/dev/null <"$f" || continue
         [[ $t =~ ^[0-9]+$ ]] || continue
@@ -422,7 +428,11 @@ cpu_ns() { # PID: CPU time of all its threads in ns (schedstat: the clock ticks 
         echo $(($(cpu_ticks "$1") * 1000000000 / $(getconf CLK_TCK)))
     fi
 }
-us_per() { # NS COUNT: NS/COUNT in µs with 3 decimals, as "X.YYY"
+us_per() { # NS COUNT: NS/COUNT in µs with 3 decimals, as "X.YYY"; "n/a" unless both > 0
+    if [ "$1" -le 0 ] 2>/dev/null || [ "$2" -le 0 ] 2>/dev/null; then
+        echo "n/a"
+        return
+    fi
     local n=$(($1 / $2))
     echo "$((n / 1000)).$(printf '%03d' $((n % 1000)))"
 }
@@ -604,16 +614,20 @@ EOF
         # Until the agent says the ghost is gone and the sink has the resolution (10 s at most):
         # how long that takes is part of the record, and a busy machine must not cut it short.
         t=$(now_ms)
-        for _ in $(seq 40); do
+        settled="not resolved within 10 s"
+        while [ "$(now_ms)" -lt $((t + 10000)) ]; do
             fetch "http://127.0.0.1:$PORT/metrics" "$DIR/c1-agent-metrics-after.prom" 2>/dev/null
-            grep -q '^vramguard_gpu_ghost_bytes{[^}]*} 0$' "$DIR/c1-agent-metrics-after.prom" 2>/dev/null &&
-                grep -q ' resolved ' "$DIR/alerts.txt" 2>/dev/null && break
+            if grep -q "^vramguard_gpu_ghost_bytes{gpu=\"$GPU\"[,}].* 0\$" "$DIR/c1-agent-metrics-after.prom" 2>/dev/null &&
+                grep -q " resolved rule=ghost-memory gpu=$GPU " "$DIR/alerts.txt" 2>/dev/null; then
+                settled="resolved"
+                break
+            fi
             sleep 0.25
         done
-        log "  agent after ($(($(now_ms) - t)) ms after the reclaim's end): $(metric_lines "$DIR/c1-agent-metrics-after.prom" '^vramguard_(gpu_ghost_bytes|alert_firing|collection_errors_total)')"
+        log "  agent after ($settled, $(($(now_ms) - t)) ms after the reclaim's end): $(metric_lines "$DIR/c1-agent-metrics-after.prom" '^vramguard_(gpu_ghost_bytes|alert_firing|collection_errors_total)')"
         log "  alert sink after: $(sink_lines)"
         if [ "${A1_COLL:-0}" -gt "${A0_COLL:-0}" ]; then
-            log "  alert agent: $(us_per $((A1_NS - A0_NS)) $((A1_COLL - A0_COLL))) µs CPU per collection over $((A1_COLL - A0_COLL)) collections with the trainer and its ghost (every thread's schedstat)"
+            log "  alert agent: $(us_per $((A1_NS - A0_NS)) $((A1_COLL - A0_COLL))) µs CPU per collection over $((A1_COLL - A0_COLL)) collections with the trainer and its ghost (the process CPU clock)"
         fi
     else
         kill_pid KILL "$OOM"
@@ -739,6 +753,7 @@ if step agent-cost; then
         sleep 20
         T_B=$(cpu_ticks "$COST_AGENT")
         N_B=$(cpu_ns "$COST_AGENT")
+        alive "$COST_AGENT" || log "  agent-cost: the agent $COST_AGENT died during the window: no figure"
         W_B=$(now_ms)
         fetch "http://127.0.0.1:$((PORT + 1))/metrics" "$DIR/agent-cost-metrics-1.prom"
         C_B=$(collections "$DIR/agent-cost-metrics-1.prom")
@@ -750,7 +765,7 @@ if step agent-cost; then
             echo "window_ms $((W_B - W_A))"
             echo "collections $N (vramguard_collections_total, all kinds)"
             echo "cpu_ms_ticks $CPU_MS (utime+stime, ${HZ} ticks/s: a cross-check, 10 ms steps)"
-            echo "cpu_ns $((N_B - N_A)) (every thread's schedstat)"
+            echo "cpu_ns $((N_B - N_A)) (the process CPU clock)"
             [ "$N" -gt 0 ] && echo "cpu_us_per_collection $(us_per $((N_B - N_A)) "$N")"
             echo "cpu_ms_per_s $(us_per $((N_B - N_A)) $((W_B - W_A)))"
             cat "$DIR/agent-cost-rss.txt"

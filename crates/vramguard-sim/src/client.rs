@@ -74,7 +74,7 @@ pub struct Attached {
 /// Adds `bytes` to the context of the calling process (this process's parent) on GPU `gpu`,
 /// creating it on the caller's descriptor `fd` of that GPU's stand-in device file when it is
 /// the first; `sm_util`, when given, becomes the context's SM utilization (a kernel loop
-/// reads it as work). `fd` must be inherited from the caller (the same open file
+/// reads it as work; 0 to 100). `fd` must be inherited from the caller (the same open file
 /// description), so that the context lives with the caller's descriptor and not with this
 /// short-lived process.
 pub fn attach(
@@ -95,8 +95,12 @@ pub fn attach(
         why,
         expected: device.display().to_string(),
     };
-    // SAFETY: the File is never dropped (ManuallyDrop), so the caller's descriptor stays
-    // open; it is only fstat-ed and locked, and both fail cleanly on a closed descriptor.
+    if fd < 0 {
+        return Err(not_device("not a descriptor".into()));
+    }
+    // SAFETY: `fd` is not negative (std's File refuses -1), and the File is never dropped
+    // (ManuallyDrop), so the caller's descriptor stays open and owned by no one here; it is
+    // only fstat-ed and locked, and both fail cleanly on a descriptor that is not open.
     let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
     let got = file
         .metadata()
@@ -125,8 +129,16 @@ pub fn attach(
         .and_then(|s| s.ok())
         .and_then(|s| s.start_ticks)
         .ok_or_else(|| caller_error("its stat is unreadable"))?;
+    // The caller must hold this very file: its own descriptor FD is the same file (a parent
+    // that died meanwhile, and a re-parented command asking for pid 1, are refused).
+    let callers = std::fs::metadata(state.proc_root.join(format!("{pid}/fd/{fd}")))
+        .map_err(|e| caller_error(&format!("pid {pid}'s descriptor {fd}: {e}")))?;
+    if (callers.dev(), callers.ino()) != (got.dev(), got.ino()) {
+        return Err(caller_error(&format!(
+            "pid {pid}'s descriptor {fd} is another file than the one passed"
+        )));
+    }
     let lock = crate::context::lock_offset(pid, start_ticks);
-    crate::context::take(&file, lock).map_err(|source| AttachError::Lock { gpu, source })?;
     let namespace = proc
         .namespace_pids(ProcDir::Pid(pid))
         .zip(proc.pid_namespace(ProcDir::Pid(pid)))
@@ -151,9 +163,13 @@ pub fn attach(
             free,
         });
     }
+    // Only now the context exists: a refused first allocation leaves no lock behind.
+    crate::context::take(&file, lock).map_err(|source| AttachError::Lock { gpu, source })?;
     let mut total = bytes;
     store::update_state(state_path, |s| {
-        let after_exit = s.gpus[gpu as usize].after_exit;
+        let Some(after_exit) = s.gpus.get(gpu as usize).map(|g| g.after_exit) else {
+            return; // the GPU left the state meanwhile: nothing to add it to
+        };
         match s
             .allocations
             .iter_mut()
@@ -162,7 +178,7 @@ pub fn attach(
             Some(a) => {
                 a.bytes = a.bytes.saturating_add(bytes);
                 if let Some(u) = sm_util {
-                    a.sm_util = u.min(100);
+                    a.sm_util = u;
                 }
                 total = a.bytes;
             }
@@ -174,7 +190,7 @@ pub fn attach(
                 after_exit,
                 listed: true,
                 reported_pid: None,
-                sm_util: sm_util.unwrap_or(0).min(100),
+                sm_util: sm_util.unwrap_or(0),
                 mem_util: 0,
                 held_by: vec![],
                 mig_device: None,

@@ -967,10 +967,10 @@ pub enum SimCommand {
         #[arg(long, value_parser = bytes)]
         bytes: u64,
         /// The caller's open descriptor of the GPU's stand-in device file, inherited
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(i32).range(0..))]
         fd: i32,
-        /// SM utilization percent of the context from now on (a kernel loop)
-        #[arg(long)]
+        /// SM utilization percent of the context from now on (a kernel loop), 0 to 100
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
         sm_util: Option<u32>,
     },
     /// Raise a critical Xid error on a simulated GPU (seen by NVML event sets, e.g. the agent's)

@@ -119,7 +119,12 @@ def _ensure_context():
             dev_dir = json.load(f)["dev_dir"]
         fds = [os.open(os.path.join(dev_dir, name), os.O_RDONLY | os.O_CLOEXEC)
                for name in ("nvidiactl", "nvidia-uvm", "nvidia%d" % gpu)]
-        _call_attach(gpu, fds[-1], CONTEXT_BYTES)
+        try:
+            _call_attach(gpu, fds[-1], CONTEXT_BYTES)
+        except BaseException:
+            for fd in fds:  # no context: nothing of it stays open
+                os.close(fd)
+            raise
         _context[pid] = (gpu, fds)
     return _context[pid]
 
