@@ -7,7 +7,9 @@
 # docs/gpu-results.md.
 # Usage: scripts/gpu-check-rehearsal.sh VRAMGUARD_BINARY OUT_DIR
 #   OUT_DIR gets sim/ (the simulated node) and results/ (gpu-check's folder; its tarball is
-#   OUT_DIR/results.tar.gz). GPU_CHECK_BUDGET and GPU_CHECK_PORT pass through.
+#   OUT_DIR/results.tar.gz). GPU_CHECK_BUDGET and GPU_CHECK_PORT pass through; so does
+#   VRAMGUARD_NVML_LIB: naming the simulator's libnvidia-ml.so.1 there makes every vramguard
+#   of the check read the GPU through NVML (nvml-wrapper), as it does on silicon.
 # As root it runs in a mount namespace of its own: the simulated driver reads the host's
 # /proc through a bind mount made there, which the `unshare --mount-proc` of gpu-check's
 # other-PID-namespace view does not cover (a real driver needs no /proc to number pids), and
