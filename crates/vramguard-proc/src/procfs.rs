@@ -287,6 +287,18 @@ impl ProcFs {
         self.open_rel(&dir.rel("ns/pid"), OFlags::RDONLY).ok()
     }
 
+    /// The (device, inode) of the file `pid`'s descriptor `fd` is open on (`/proc/PID/fd/FD`
+    /// followed); `None` when the process, the descriptor or the right to look is missing.
+    pub fn fd_file_id(&self, pid: u32, fd: i32) -> Option<(u64, u64)> {
+        let st = rustix::fs::statat(
+            &self.root_fd,
+            format!("{pid}/fd/{fd}").as_str(),
+            rustix::fs::AtFlags::empty(),
+        )
+        .ok()?;
+        Some((st.st_dev, st.st_ino))
+    }
+
     /// Whether any of `pid`'s open fds links to `target` (`/proc/PID/fd/*`, one `readlinkat`
     /// per fd): for a device file that is no character device (the simulator's).
     pub fn holds_open(&self, pid: u32, target: &Path) -> Result<Found<bool>, ProcError> {

@@ -131,9 +131,10 @@ pub fn attach(
         .ok_or_else(|| caller_error("its stat is unreadable"))?;
     // The caller must hold this very file: its own descriptor FD is the same file (a parent
     // that died meanwhile, and a re-parented command asking for pid 1, are refused).
-    let callers = std::fs::metadata(state.proc_root.join(format!("{pid}/fd/{fd}")))
-        .map_err(|e| caller_error(&format!("pid {pid}'s descriptor {fd}: {e}")))?;
-    if (callers.dev(), callers.ino()) != (got.dev(), got.ino()) {
+    let callers = proc
+        .fd_file_id(pid, fd)
+        .ok_or_else(|| caller_error(&format!("pid {pid} has no descriptor {fd} to look at")))?;
+    if callers != (got.dev(), got.ino()) {
         return Err(caller_error(&format!(
             "pid {pid}'s descriptor {fd} is another file than the one passed"
         )));
