@@ -243,10 +243,13 @@ fn the_agent_recovers_after_a_whole_driver_fault() {
         let world = World::new(1);
         let h = world.holder(&["nvidia0"], 120);
         world.allocate(allocation(0, h.pid(), GIB));
+        // A quiet sample of a calm node makes no driver-wide call: a fault of
+        // nvmlDeviceGetCount is met by the next full sample, which recheck_every bounds (30 s
+        // by default while calm, more than this test waits).
         let agent = Agent::start(
             &world,
             path,
-            "[agent]\ninterval = \"100ms\"\n[driver]\ncall_timeout = \"1s\"\n",
+            "[agent]\ninterval = \"100ms\"\nrecheck_every = \"1s\"\n[driver]\ncall_timeout = \"1s\"\n",
         );
         let up = |m: &str| sample(m, "vramguard_up", &["gpu=\"0\""]);
         let source_errors = |m: &str| {
