@@ -857,6 +857,19 @@ impl<'a> Context<'a> {
             Some(exited) if !job_gone => {
                 keeper_action(gpu.index, p.pid, exited, &job.info, inheritor, work)
             }
+            // Without /dev/nvidia-uvm no CUDA context can exist: an NVML client (a monitor,
+            // an exporter) holds no GPU memory, and signalling it would free nothing.
+            _ if matches!(&p.device_files, FdScan::Scanned(f) if !f.contains(&DeviceFile::Uvm)) => {
+                evidence.push(NO_CONTEXT.into());
+                Action {
+                    summary: "an NVML client (no /dev/nvidia-uvm: no CUDA context, no GPU \
+                              memory): signalling it frees nothing; it blocks a GPU reset \
+                              while it runs, so a reset waits for its owner to stop it"
+                        .into(),
+                    command: None,
+                    reclaimable: false,
+                }
+            }
             _ => hidden_action(gpu.index, job_gone, work),
         };
         (Class::Hidden, action)
@@ -2309,6 +2322,12 @@ fn system_verdict(p: &ProcessFacts, job: &JobView, evidence: &mut Vec<String>) -
         },
     )
 }
+
+/// Why an unlisted holder without `/dev/nvidia-uvm` is never a target (the report's evidence
+/// and the planner's refusal say the same).
+pub const NO_CONTEXT: &str = "holds no /dev/nvidia-uvm: no CUDA context, so no GPU memory \
+                              (an NVML client: a monitor, an exporter); signalling it would free \
+                              nothing";
 
 /// What to do about a holder the driver does not list (a hidden one): terminate it only when
 /// its job is gone and it does no work.

@@ -193,6 +193,15 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     {
         return Some(crate::job::supervised_by(sup));
     }
+    // An unlisted holder without /dev/nvidia-uvm has no CUDA context (an NVML client): it
+    // holds no GPU memory, and signalling it frees nothing, whatever its job's state.
+    if h.class == Class::Hidden
+        && h.device_files
+            .as_ref()
+            .is_some_and(|f| !f.contains(&crate::snapshot::DeviceFile::Uvm))
+    {
+        return Some(crate::classify::NO_CONTEXT.into());
+    }
     match h.class {
         Class::Active => {
             // A supervised job says which supervisor keeps it (already sanitised).

@@ -49,6 +49,15 @@ fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> GpuSample {
     }
 }
 
+/// `p` with `/dev/nvidia-uvm` open too: a CUDA process (its own context or an inherited one).
+fn cuda(mut p: ProcessFacts) -> ProcessFacts {
+    if let FdScan::Scanned(files) = &mut p.device_files {
+        files.push(DeviceFile::Uvm);
+        files.sort();
+    }
+    p
+}
+
 fn p(pid: u32, ppid: u32, pgid: u32, comm: &str, gpus: &[u32]) -> ProcessFacts {
     let mut files = vec![DeviceFile::Ctl];
     files.extend(gpus.iter().map(|g| DeviceFile::Gpu(*g)));
@@ -315,8 +324,8 @@ fn hidden_holders_only_when_their_job_is_gone_and_their_memory_is_expected_back(
         vec![gpu(0, 6 * GIB, &[])],
         vec![
             init(),
-            p(601, 1, 600, "pt_data_worker", &[0]),
-            p(700, 1, 700, "python", &[0]),
+            cuda(p(601, 1, 600, "pt_data_worker", &[0])),
+            cuda(p(700, 1, 700, "python", &[0])),
         ],
     );
     let plan = plan_of(&s, &ReclaimOptions::default());
@@ -330,13 +339,51 @@ fn hidden_holders_only_when_their_job_is_gone_and_their_memory_is_expected_back(
     assert_eq!(plan.expected_free.get(&0), Some(&0));
     let s = snap(
         vec![gpu(0, 6 * GIB, &[])],
-        vec![init(), p(601, 1, 600, "pt_data_worker", &[0])],
+        vec![init(), cuda(p(601, 1, 600, "pt_data_worker", &[0]))],
     );
     assert_eq!(
         plan_of(&s, &ReclaimOptions::default())
             .expected_free
             .get(&0),
         Some(&(6 * GIB))
+    );
+}
+
+/// An unlisted holder without `/dev/nvidia-uvm` has no CUDA context (an NVML client: a
+/// monitor, an exporter started with nohup from a shell that has gone): its job gone and
+/// idle, it is still never a target, by default, by class, or by its job's name; the same
+/// process with `/dev/nvidia-uvm` (an inherited context) is.
+#[test]
+fn an_nvml_client_whose_launcher_is_gone_is_never_signalled() {
+    let monitor = p(601, 1, 600, "gpu_exporter", &[0]);
+    let s = snap(vec![gpu(0, 6 * GIB, &[])], vec![init(), monitor.clone()]);
+    let mut by_name = ReclaimOptions::default();
+    by_name
+        .include
+        .extend([Class::Hidden, Class::Orphan, Class::Zombie]);
+    by_name.include_keepers = true;
+    by_name.job_label = Some("pgid:600".into());
+    for opts in [ReclaimOptions::default(), by_name] {
+        let plan = plan_of(&s, &opts);
+        assert_eq!(plan.targets().count(), 0, "{opts:?}");
+        assert!(
+            plan.left_alone
+                .iter()
+                .any(|l| l.pid == 601 && l.reason.contains("no /dev/nvidia-uvm")),
+            "{:?}",
+            plan.left_alone
+        );
+    }
+    let report = classify(&s, &Policy::default());
+    let h = &report.gpus[0].holders[0];
+    assert!(!h.action.reclaimable && h.action.command.is_none(), "{h:?}");
+    let s = snap(vec![gpu(0, 6 * GIB, &[])], vec![init(), cuda(monitor)]);
+    assert_eq!(
+        plan_of(&s, &ReclaimOptions::default())
+            .targets()
+            .map(|t| t.pid)
+            .collect::<Vec<_>>(),
+        vec![601]
     );
 }
 
@@ -1330,6 +1377,13 @@ proptest! {
                 );
             }
             prop_assert!(!forbidden.contains(&t.class));
+            // An unlisted holder without /dev/nvidia-uvm has no context: nothing to free.
+            if t.class == Class::Hidden {
+                prop_assert!(
+                    !matches!(&proc_.device_files, FdScan::Scanned(f) if !f.contains(&DeviceFile::Uvm)),
+                    "target {} holds no /dev/nvidia-uvm", t.pid
+                );
+            }
             // Nothing of a job whose supervisor lives is planned as if its job were gone.
             if matches!(t.class, Class::Orphan | Class::Hidden | Class::Detached) {
                 prop_assert!(

@@ -986,3 +986,42 @@ fn an_orphan_on_a_gpu_whose_process_list_fails_is_left_alone_and_it_says_why() {
         assert!(alive(worker), "the worker was signalled");
     }
 }
+
+/// An NVML client (the GPU's device file without `/dev/nvidia-uvm`: a monitor, an exporter)
+/// left behind by a dead job holds no GPU memory: `reclaim --yes` never signals it, not even
+/// with the classes diagnose names, while the dead job's idle CUDA worker beside it goes.
+#[test]
+fn an_nvml_client_of_a_dead_job_is_never_signalled() {
+    let world = World::new(1);
+    let mut trainer = spec(&world, json!([hold(0, 2)]));
+    trainer["group_leader"] = json!(true);
+    trainer["workers"] = json!([
+        { "argv": ["python3", "gpu_exporter.py"], "spec": {
+            "state": world.state_path(), "lifetime_ms": 120_000, "open_gpus": [0] } },
+        { "argv": ["python3", "w.py"], "spec": {
+            "state": world.state_path(), "lifetime_ms": 120_000, "holds": [hold(0, 1)] } },
+    ]);
+    let mut t = start(&world, &["python3", "train.py"], trainer);
+    t.crash();
+    let (monitor, worker) = (t.workers[0], t.workers[1]);
+    let (out, shown) = Vg::new(&world, Path_::Nvml)
+        .args([
+            "reclaim",
+            "--yes",
+            "--json",
+            "--include",
+            "orphan,zombie,hidden",
+        ])
+        .output();
+    let o: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("$ {shown}: {e}\n{}", stderr(&out)));
+    let left = o["plan"]["left_alone"].to_string();
+    assert!(
+        left.contains(&format!("\"pid\":{monitor}")) && left.contains("no /dev/nvidia-uvm"),
+        "{o:#}"
+    );
+    assert!(alive(monitor), "the NVML client was signalled: {o:#}");
+    wait_until(10, "the dead job's CUDA worker to be reclaimed", || {
+        !alive(worker)
+    });
+}
