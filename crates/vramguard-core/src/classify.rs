@@ -857,20 +857,16 @@ impl<'a> Context<'a> {
             Some(exited) if !job_gone => {
                 keeper_action(gpu.index, p.pid, exited, &job.info, inheritor, work)
             }
-            // Without /dev/nvidia-uvm no CUDA context can exist: an NVML client (a monitor,
-            // an exporter) holds no GPU memory, and signalling it would free nothing.
-            _ if matches!(&p.device_files, FdScan::Scanned(f) if !f.contains(&DeviceFile::Uvm)) => {
-                evidence.push(NO_CONTEXT.into());
-                Action {
-                    summary: "an NVML client (no /dev/nvidia-uvm: no CUDA context, no GPU \
-                              memory): signalling it frees nothing; it blocks a GPU reset \
-                              while it runs, so a reset waits for its owner to stop it"
-                        .into(),
-                    command: None,
-                    reclaimable: false,
+            _ => {
+                let no_context = matches!(
+                    &p.device_files,
+                    FdScan::Scanned(f) if !f.contains(&DeviceFile::Uvm)
+                );
+                if no_context {
+                    evidence.push(NO_CONTEXT.into());
                 }
+                hidden_action(gpu.index, job_gone, no_context, work)
             }
-            _ => hidden_action(gpu.index, job_gone, work),
         };
         (Class::Hidden, action)
     }
@@ -2330,8 +2326,20 @@ pub const NO_CONTEXT: &str = "holds no /dev/nvidia-uvm: no CUDA context, so no G
                               nothing";
 
 /// What to do about a holder the driver does not list (a hidden one): terminate it only when
-/// its job is gone and it does no work.
-fn hidden_action(gpu: u32, job_gone: bool, work: &Work) -> Action {
+/// its job is gone and it does no work, never when it cannot hold a context (`no_context`).
+fn hidden_action(gpu: u32, job_gone: bool, no_context: bool, work: &Work) -> Action {
+    // Without /dev/nvidia-uvm no CUDA context can exist: an NVML client (a monitor, an
+    // exporter) holds no GPU memory, and signalling it would free nothing.
+    if no_context {
+        return Action {
+            summary: "an NVML client (no /dev/nvidia-uvm: no CUDA context, no GPU memory): \
+                      signalling it frees nothing; it blocks a GPU reset while it runs, so a \
+                      reset waits for its owner to stop it"
+                .into(),
+            command: None,
+            reclaimable: false,
+        };
+    }
     let reclaimable = job_gone && work.is_idle();
     Action {
         summary: if reclaimable {

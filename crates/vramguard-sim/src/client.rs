@@ -32,7 +32,11 @@ pub enum AttachError {
         expected: String,
     },
     /// The caller could not be identified through the state's `proc_root`.
-    #[error("the caller (the parent of this process) cannot be read in {proc_root}: {why}")]
+    #[error(
+        "the caller (the parent of this process) cannot be read in {proc_root}: {why} (run \
+         `sim attach` as a child of the process that holds the GPU file, with that \
+         descriptor inherited)"
+    )]
     Caller {
         /// The state's proc root.
         proc_root: String,
