@@ -38,8 +38,8 @@ use crate::report::{
 };
 use crate::sanitize::{escape, shown};
 use crate::snapshot::{
-    DepartedProcess, DeviceFile, FdScan, GpuProcess, GpuSample, PF_EXITING, ProcessFacts,
-    ProcessListState, Snapshot,
+    DepartedProcess, DeviceFile, DriverLibrary, FdScan, GpuProcess, GpuSample, PF_EXITING,
+    ProcessFacts, ProcessListState, Snapshot,
 };
 
 /// How long after its exit a listed pid may still be a context the driver tears down. Drivers
@@ -820,12 +820,23 @@ impl<'a> Context<'a> {
         evidence: &mut Vec<String>,
     ) -> (Class, Action) {
         let job_gone = job.dead.is_some();
+        // Where this verdict's own evidence starts (an impostor's name may come before it).
+        let own = evidence.len();
         if let Some(dead) = &job.dead {
             evidence.push(self.dead_job_evidence(p, dead));
         } else {
             evidence.push(job.info.evidence.clone());
         }
         let minor = self.minor_of(gpu);
+        let files = match &p.device_files {
+            FdScan::Scanned(files) => Some(files.as_slice()),
+            _ => None,
+        };
+        let never = never_a_target(files, p.driver_library);
+        // An NVML client is told as one first: what it is matters more than its job.
+        if let Some(why @ (NO_CONTEXT | NVML_CLIENT)) = never {
+            evidence.insert(own, why.into());
+        }
         let kept = tie.filter(|t| self.tie_is_sound(p, t));
         match (tie, kept.and_then(|t| t.exited)) {
             (Some(t), Some(exited)) => evidence.push(format!(
@@ -838,6 +849,9 @@ impl<'a> Context<'a> {
                 "may keep alive the context of an exited pid listed on GPU {}: it holds \
                  /dev/nvidia{minor} unlisted and {}",
                 gpu.index, t.why
+            )),
+            (None, _) if matches!(never, Some(NO_CONTEXT | NVML_CLIENT)) => evidence.push(format!(
+                "holds /dev/nvidia{minor}, and the driver lists it on no GPU"
             )),
             (None, _) => evidence.push(format!(
                 "holds /dev/nvidia{minor} but the driver lists it on no GPU (a context it \
@@ -853,20 +867,14 @@ impl<'a> Context<'a> {
         if job_gone || keeps.is_some() {
             evidence.push(work_evidence(work));
         }
+        if never == Some(DRIVER_LIBRARY_UNKNOWN) {
+            evidence.push(DRIVER_LIBRARY_UNKNOWN.into());
+        }
         let action = match keeps {
-            Some(exited) if !job_gone => {
+            Some(exited) if !job_gone && never.is_none() => {
                 keeper_action(gpu.index, p.pid, exited, &job.info, inheritor, work)
             }
-            _ => {
-                let no_context = matches!(
-                    &p.device_files,
-                    FdScan::Scanned(f) if !f.contains(&DeviceFile::Uvm)
-                );
-                if no_context {
-                    evidence.push(NO_CONTEXT.into());
-                }
-                hidden_action(gpu.index, job_gone, no_context, work)
-            }
+            _ => hidden_action(gpu.index, job_gone, never, work),
         };
         (Class::Hidden, action)
     }
@@ -991,9 +999,9 @@ impl<'a> Context<'a> {
         ties
     }
 
-    /// The processes that hold `gpu`'s device file and `/dev/nvidia-uvm` (a CUDA context, of
-    /// their own or inherited) while the driver lists them on no GPU: who can keep an exited
-    /// pid's context.
+    /// The processes that hold `gpu`'s device file and may hold a CUDA context (of their own
+    /// or inherited: `/dev/nvidia-uvm`, and not known to be an NVML client) while
+    /// the driver lists them on no GPU: who can keep an exited pid's context.
     fn unlisted_context_holders(
         &self,
         gpu: &'a GpuSample,
@@ -1003,7 +1011,7 @@ impl<'a> Context<'a> {
                 && !p.is_kernel_thread()
                 && !self.listed_anywhere.contains(&p.pid)
                 && self.holds_gpu_file(p, gpu)
-                && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+                && p.may_hold_context() == Some(true)
                 && !self.is_system(p)
         })
     }
@@ -1313,6 +1321,7 @@ impl<'a> Context<'a> {
                 FdScan::Scanned(files) => Some(files.clone()),
                 _ => None,
             },
+            driver_library: p.driver_library,
             dead_job,
             job: Some(job.info),
             work,
@@ -2094,14 +2103,12 @@ impl<'a> Context<'a> {
                 .iter()
                 .filter(|h| h.class == Class::Hidden || (!h.listed && h.class == Class::Zombie))
                 .collect();
-            // A CUDA context needs /dev/nvidia-uvm; a process holding only /dev/nvidiaN and
-            // /dev/nvidiactl is an NVML client (a monitor, a daemon) and holds no memory.
-            let (hidden, contextless): (Vec<&Holder>, Vec<&Holder>) =
-                unlisted.into_iter().partition(|h| {
-                    h.device_files
-                        .as_ref()
-                        .is_none_or(|files| files.contains(&DeviceFile::Uvm))
-                });
+            // A CUDA context needs /dev/nvidia-uvm; a process without it, or one mapping NVML
+            // and not the CUDA driver library, is an NVML client (a monitor, a daemon) and
+            // holds no memory.
+            let (hidden, contextless): (Vec<&Holder>, Vec<&Holder>) = unlisted
+                .into_iter()
+                .partition(|h| h.may_hold_context() != Some(false));
             let (why, lines) = self.unaccounted_cause(gpu, &hidden, blockers, residue_pids);
             cause = Some(why);
             explanation.extend(lines);
@@ -2118,9 +2125,21 @@ impl<'a> Context<'a> {
                 ));
             }
             if !contextless.is_empty() && hidden.is_empty() {
+                let without_uvm = contextless.iter().all(|h| {
+                    h.device_files
+                        .as_ref()
+                        .is_some_and(|f| !f.contains(&DeviceFile::Uvm))
+                });
+                let why = if without_uvm {
+                    "without /dev/nvidia-uvm (no CUDA context)"
+                } else {
+                    // Driver 580's NVML holds uvm too: the library mapped tells.
+                    "as NVML clients (no /dev/nvidia-uvm, or libnvidia-ml mapped without \
+                     libcuda: no CUDA context)"
+                };
                 explanation.push(format!(
-                    "at least {} is not explained by any holder: {} hold /dev/nvidia{} without \
-                     /dev/nvidia-uvm (no CUDA context), so they hold none of it",
+                    "at least {} is not explained by any holder: {} hold /dev/nvidia{} {why}, \
+                     so they hold none of it",
                     format_bytes(bytes),
                     contextless
                         .iter()
@@ -2275,6 +2294,7 @@ fn not_a_process_here(listed: &GpuProcess, class: Class, why_no_work: &str) -> H
         container: None,
         pod_uid: None,
         device_files: None,
+        driver_library: None,
         dead_job: None,
         job: None,
         work: Work::Unknown {
@@ -2325,20 +2345,71 @@ pub const NO_CONTEXT: &str = "holds no /dev/nvidia-uvm: no CUDA context, so no G
                               (an NVML client: a monitor, an exporter); signalling it would free \
                               nothing";
 
+/// Why an unlisted holder of `/dev/nvidia-uvm` that maps the NVML library and not the CUDA
+/// driver library is never a target: on driver 580 every NVML client holds uvm too.
+pub const NVML_CLIENT: &str = "maps libnvidia-ml and no CUDA driver library (libcuda.so): an \
+                               NVML client (a monitor, an exporter; on driver 580 these hold \
+                               /dev/nvidia-uvm too), with no CUDA context and no GPU memory; \
+                               signalling it would free nothing";
+
+/// Why an unlisted holder whose memory map could not be read whole is never a target.
+pub const DRIVER_LIBRARY_UNKNOWN: &str = "its memory map could not be read whole, so whether \
+                                          it holds a CUDA context or is an NVML client (which \
+                                          on driver 580 holds /dev/nvidia-uvm too) is unknown: \
+                                          not signalled";
+
+/// Why an unlisted holder of these files is never a reclaim target, whatever its job: it
+/// holds no CUDA context (an NVML client), or nothing shows whether it does. `None`: it may
+/// be one. `files`: `None` when not scanned; `library`: `None` when not looked at (a snapshot
+/// from before the libraries were read, judged by uvm alone as then).
+pub fn never_a_target(
+    files: Option<&[DeviceFile]>,
+    library: Option<DriverLibrary>,
+) -> Option<&'static str> {
+    if !files?.contains(&DeviceFile::Uvm) {
+        return Some(NO_CONTEXT);
+    }
+    match library? {
+        DriverLibrary::NvmlOnly => Some(NVML_CLIENT),
+        DriverLibrary::Unknown => Some(DRIVER_LIBRARY_UNKNOWN),
+        DriverLibrary::Cuda | DriverLibrary::Neither => None,
+    }
+}
+
 /// What to do about a holder the driver does not list (a hidden one): terminate it only when
-/// its job is gone and it does no work, never when it cannot hold a context (`no_context`).
-fn hidden_action(gpu: u32, job_gone: bool, no_context: bool, work: &Work) -> Action {
-    // Without /dev/nvidia-uvm no CUDA context can exist: an NVML client (a monitor, an
-    // exporter) holds no GPU memory, and signalling it would free nothing.
-    if no_context {
-        return Action {
-            summary: "an NVML client (no /dev/nvidia-uvm: no CUDA context, no GPU memory): \
-                      signalling it frees nothing; it blocks a GPU reset while it runs, so a \
-                      reset waits for its owner to stop it"
-                .into(),
-            command: None,
-            reclaimable: false,
-        };
+/// its job is gone and it does no work, never when it cannot hold a context or nothing shows
+/// whether it does (`never`, the reason).
+fn hidden_action(gpu: u32, job_gone: bool, never: Option<&str>, work: &Work) -> Action {
+    // Without /dev/nvidia-uvm no CUDA context can exist, and a process mapping NVML but not
+    // the CUDA driver library is an NVML client (a monitor, an exporter): it holds no GPU
+    // memory, and signalling it would free nothing.
+    match never {
+        Some(why @ (NO_CONTEXT | NVML_CLIENT)) => {
+            let because = if why == NO_CONTEXT {
+                "no /dev/nvidia-uvm"
+            } else {
+                "libnvidia-ml without libcuda"
+            };
+            return Action {
+                summary: format!(
+                    "an NVML client ({because}: no CUDA context, no GPU memory): signalling it \
+                     frees nothing; it blocks a GPU reset while it runs, so a reset waits for \
+                     its owner to stop it"
+                ),
+                command: None,
+                reclaimable: false,
+            };
+        }
+        Some(_) => {
+            return Action {
+                summary: "whether it holds a CUDA context is unknown (its memory map could not \
+                          be read): leave it; ask its owner"
+                    .into(),
+                command: None,
+                reclaimable: false,
+            };
+        }
+        None => {}
     }
     let reclaimable = job_gone && work.is_idle();
     Action {

@@ -840,16 +840,32 @@ fn foreign_pids(d: &mut GpuChecks<'_, '_>) {
     }
 }
 
-/// Holders of the device file the driver does not list.
+/// Holders of the device file the driver does not list. NVML clients (no CUDA context: a
+/// monitor, an exporter; on driver 580 they hold `/dev/nvidia-uvm` too) are named apart:
+/// they hold no memory, and only block a reset.
 fn hidden_holders(d: &mut GpuChecks<'_, '_>) {
     let (gpu, g) = (d.gpu, Some(d.gpu.index));
     let checks = &mut *d.checks;
-    let of = |class: Class| -> Vec<&Holder> {
-        gpu.holders.iter().filter(|h| h.class == class).collect()
-    };
-    let hidden = of(Class::Hidden);
+    let (clients, hidden): (Vec<&Holder>, Vec<&Holder>) = gpu
+        .holders
+        .iter()
+        .filter(|h| h.class == Class::Hidden)
+        .partition(|h| h.may_hold_context() == Some(false));
+    let minor = gpu.minor_number.unwrap_or(gpu.index);
+    let nvml_clients = (!clients.is_empty()).then(|| {
+        format!(
+            "{} NVML client(s) hold /dev/nvidia{minor} too: {} (no CUDA context, no GPU memory; \
+             they block a reset while they run)",
+            clients.len(),
+            list_pids(&clients),
+        )
+    });
     if hidden.is_empty() {
-        checks.push(check(g, "hidden holders", CheckStatus::Pass, "none".into()));
+        let (status, text) = match nvml_clients {
+            None => (CheckStatus::Pass, "none".to_string()),
+            Some(c) => (CheckStatus::Warn, format!("none with a CUDA context; {c}")),
+        };
+        checks.push(check(g, "hidden holders", status, text));
     } else {
         let gone = hidden.iter().filter(|h| h.dead_job.is_some()).count();
         checks.push(check(
@@ -857,15 +873,15 @@ fn hidden_holders(d: &mut GpuChecks<'_, '_>) {
             "hidden holders",
             CheckStatus::Fail,
             format!(
-                "{} process(es) hold /dev/nvidia{} unlisted by the driver: {}{}",
+                "{} process(es) hold /dev/nvidia{minor} unlisted by the driver: {}{}{}",
                 hidden.len(),
-                gpu.minor_number.unwrap_or(gpu.index),
                 list_pids(&hidden),
                 if gone > 0 {
                     format!("; {gone} of them belong to a job that is gone")
                 } else {
                     String::new()
-                }
+                },
+                nvml_clients.map(|c| format!("; {c}")).unwrap_or_default(),
             ),
         ));
     }

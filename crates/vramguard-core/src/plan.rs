@@ -193,14 +193,15 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     {
         return Some(crate::job::supervised_by(sup));
     }
-    // An unlisted holder without /dev/nvidia-uvm has no CUDA context (an NVML client): it
-    // holds no GPU memory, and signalling it frees nothing, whatever its job's state.
+    // An unlisted holder without /dev/nvidia-uvm, or mapping NVML and not the CUDA driver
+    // library, has no CUDA context (an NVML client): it holds no GPU memory, and signalling
+    // it frees nothing, whatever its job's state. One whose memory map could not be read is
+    // left alone too.
     if h.class == Class::Hidden
-        && h.device_files
-            .as_ref()
-            .is_some_and(|f| !f.contains(&crate::snapshot::DeviceFile::Uvm))
+        && let Some(why) =
+            crate::classify::never_a_target(h.device_files.as_deref(), h.driver_library)
     {
-        return Some(crate::classify::NO_CONTEXT.into());
+        return Some(why.into());
     }
     match h.class {
         Class::Active => {

@@ -426,6 +426,10 @@ pub struct Holder {
     pub pod_uid: Option<String>,
     /// Device files it holds, if scanned.
     pub device_files: Option<Vec<DeviceFile>>,
+    /// Which NVIDIA driver libraries are mapped in it (read for holders of
+    /// `/dev/nvidia-uvm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_library: Option<crate::snapshot::DriverLibrary>,
     /// Its job, when the job's leader is gone.
     pub dead_job: Option<DeadJob>,
     /// The job it belongs to, with its liveness; `None` for foreign holders.
@@ -456,6 +460,12 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// Whether it may hold a CUDA context (see [`crate::snapshot::may_hold_context`]);
+    /// `None` when its fds were not scanned.
+    pub fn may_hold_context(&self) -> Option<bool> {
+        crate::snapshot::may_hold_context(self.device_files.as_deref(), self.driver_library)
+    }
+
     /// Its command line for display, else its command name; `[exited]` for an exited pid
     /// whose command nobody saw, `?` for what cannot be read. Raw: escape it before printing.
     pub fn shown_command(&self) -> &str {

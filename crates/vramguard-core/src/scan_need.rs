@@ -125,10 +125,12 @@ pub fn full_scan_needed(snapshot: &Snapshot, report: &Report) -> Option<ScanNeed
             // A compute context needs /dev/nvidia-uvm too: a listed pid holding only the GPU's
             // file and nvidiactl is an NVML client (`nvidia-smi` on a reused pid, say), not
             // the process whose context the driver lists, which may be dead and kept by others.
+            // On driver 580 an NVML client holds uvm too: one mapping NVML and not the CUDA
+            // driver library is not the holder either.
             let needs_uvm = h.listed && h.kinds.contains(&ProcessKind::Compute);
             let holds_the_gpu = h.device_files.as_ref().is_some_and(|files| {
                 files.contains(&DeviceFile::Gpu(minor))
-                    && (!needs_uvm || files.contains(&DeviceFile::Uvm))
+                    && (!needs_uvm || h.may_hold_context() == Some(true))
             });
             if !holds_the_gpu {
                 return Some(ScanNeed::Unproven { pid: h.pid });

@@ -744,6 +744,45 @@ pub struct ProcessFacts {
     /// matter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory: Option<crate::host::ProcessHostMemory>,
+    /// Which NVIDIA driver libraries are mapped in it, read for holders of
+    /// `/dev/nvidia-uvm`; `None`: not looked at (a snapshot from before this was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_library: Option<DriverLibrary>,
+}
+
+/// Which NVIDIA driver library a process maps (`/proc/PID/maps`): what tells a CUDA context
+/// from an NVML client once both hold `/dev/nvidia-uvm`.
+///
+/// Every process that created a CUDA context maps the CUDA driver library (`libcuda.so*`),
+/// and a child `fork()`ed after `cuInit` inherits the mapping with the context's device
+/// files. An NVML client (a monitor, an exporter, the vramguard agent) maps `libnvidia-ml`
+/// only: on driver 580 it holds `/dev/nvidia-uvm` too (seen on an H200 with 580.159.04), so
+/// holding uvm alone no longer tells a CUDA context from a monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverLibrary {
+    /// `libcuda.so*` is mapped: a CUDA process, or a child forked from one.
+    Cuda,
+    /// `libnvidia-ml.so*` is mapped and `libcuda.so*` is not: an NVML client, no context.
+    NvmlOnly,
+    /// Neither is mapped, though it holds the device files: inherited across `exec`,
+    /// received from another process, or a runtime that talks to the driver directly. It
+    /// may keep a context alive.
+    Neither,
+    /// The map could not be read whole (denied, too large, empty for every thread): no
+    /// evidence either way.
+    Unknown,
+}
+
+/// Whether a holder of these device files may hold (or keep alive) a CUDA context: it holds
+/// `/dev/nvidia-uvm` and is not known to be an NVML client. `Some(false)` is proof it holds
+/// none: never a target and never a keeper. `files`: `None` when its fds were not scanned.
+pub fn may_hold_context(
+    files: Option<&[DeviceFile]>,
+    library: Option<DriverLibrary>,
+) -> Option<bool> {
+    let files = files?;
+    Some(files.contains(&DeviceFile::Uvm) && library != Some(DriverLibrary::NvmlOnly))
 }
 
 /// `PF_EXITING` from the kernel's `include/linux/sched.h`: the process is in `do_exit`.
@@ -779,6 +818,16 @@ impl ProcessFacts {
             && self.threads.as_deref().unwrap_or(&[]).iter().all(|t| {
                 t.tid == self.pid || matches!(t.state, 'Z' | 'X') || t.leaving == Some(true)
             })
+    }
+
+    /// Whether it may hold a CUDA context (see [`may_hold_context`]); `None` when its fds
+    /// were not scanned.
+    pub fn may_hold_context(&self) -> Option<bool> {
+        let files = match &self.device_files {
+            FdScan::Scanned(files) => Some(files.as_slice()),
+            _ => None,
+        };
+        may_hold_context(files, self.driver_library)
     }
 
     /// Whether this is a kernel thread.

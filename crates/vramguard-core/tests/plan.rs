@@ -349,6 +349,17 @@ fn hidden_holders_only_when_their_job_is_gone_and_their_memory_is_expected_back(
     );
 }
 
+/// Reclaim options that ask for everything of the job `label`: the unlisted classes, its
+/// keepers, and the job by name.
+fn every_class_of_job(label: &str) -> ReclaimOptions {
+    let mut opts = ReclaimOptions::default();
+    opts.include
+        .extend([Class::Hidden, Class::Orphan, Class::Zombie]);
+    opts.include_keepers = true;
+    opts.job_label = Some(label.into());
+    opts
+}
+
 /// An unlisted holder without `/dev/nvidia-uvm` has no CUDA context (an NVML client: a
 /// monitor, an exporter started with nohup from a shell that has gone): its job gone and
 /// idle, it is still never a target, by default, by class, or by its job's name; the same
@@ -357,12 +368,7 @@ fn hidden_holders_only_when_their_job_is_gone_and_their_memory_is_expected_back(
 fn an_nvml_client_whose_launcher_is_gone_is_never_signalled() {
     let monitor = p(601, 1, 600, "gpu_exporter", &[0]);
     let s = snap(vec![gpu(0, 6 * GIB, &[])], vec![init(), monitor.clone()]);
-    let mut by_name = ReclaimOptions::default();
-    by_name
-        .include
-        .extend([Class::Hidden, Class::Orphan, Class::Zombie]);
-    by_name.include_keepers = true;
-    by_name.job_label = Some("pgid:600".into());
+    let by_name = every_class_of_job("pgid:600");
     for opts in [ReclaimOptions::default(), by_name] {
         let plan = plan_of(&s, &opts);
         assert_eq!(plan.targets().count(), 0, "{opts:?}");
@@ -385,6 +391,70 @@ fn an_nvml_client_whose_launcher_is_gone_is_never_signalled() {
             .collect::<Vec<_>>(),
         vec![601]
     );
+}
+
+/// On driver 580 an NVML client holds `/dev/nvidia-uvm` too (an H200 snapshot shows
+/// `vramguard snapshot` holding all three files): what tells it from a CUDA context is the
+/// library it maps. An exporter mapping only libnvidia-ml, whose launcher is gone and which
+/// does no work, is never a target; neither is a holder whose map could not be read. The same
+/// process with the CUDA driver library mapped (a forked worker of a dead trainer), or with
+/// neither library (device files inherited across exec), is a target as before.
+#[test]
+fn an_nvml_client_holding_uvm_on_driver_580_is_never_signalled() {
+    let with = |library: Option<DriverLibrary>| {
+        let mut monitor = cuda(p(601, 1, 600, "gpu_exporter", &[0]));
+        monitor.driver_library = library;
+        snap(vec![gpu(0, 6 * GIB, &[])], vec![init(), monitor])
+    };
+    let by_name = every_class_of_job("pgid:600");
+    for (library, why) in [
+        (DriverLibrary::NvmlOnly, "an NVML client"),
+        (DriverLibrary::Unknown, "could not be read whole"),
+    ] {
+        let s = with(Some(library));
+        for opts in [&ReclaimOptions::default(), &by_name] {
+            let plan = plan_of(&s, opts);
+            assert_eq!(plan.targets().count(), 0, "{library:?} {opts:?}");
+            assert!(
+                plan.left_alone
+                    .iter()
+                    .any(|l| l.pid == 601 && l.reason.contains(why)),
+                "{library:?}: {:?}",
+                plan.left_alone
+            );
+        }
+        let report = classify(&s, &Policy::default());
+        let h = &report.gpus[0].holders[0];
+        assert!(!h.action.reclaimable && h.action.command.is_none(), "{h:?}");
+        assert!(h.evidence.iter().any(|e| e.contains(why)), "{h:?}");
+    }
+    // An NVML client holds no memory: the GPU's unexplained memory is not put on it.
+    let report = classify(&with(Some(DriverLibrary::NvmlOnly)), &Policy::default());
+    let unaccounted = report.gpus[0]
+        .unaccounted
+        .as_ref()
+        .expect("6 GiB unexplained");
+    assert!(
+        unaccounted
+            .explanation
+            .iter()
+            .any(|l| l.contains("as NVML clients")),
+        "{unaccounted:?}"
+    );
+    for library in [
+        None,
+        Some(DriverLibrary::Cuda),
+        Some(DriverLibrary::Neither),
+    ] {
+        assert_eq!(
+            plan_of(&with(library), &ReclaimOptions::default())
+                .targets()
+                .map(|t| t.pid)
+                .collect::<Vec<_>>(),
+            vec![601],
+            "{library:?}"
+        );
+    }
 }
 
 #[test]
@@ -1078,6 +1148,16 @@ fn arb_plain_process() -> impl Strategy<Value = ProcessFacts> {
                             .collect()
                     }),
                     device_files: FdScan::Scanned(files),
+                    // The library its map shows (independent of uvm, decided by `start % 3`):
+                    // not read, the CUDA driver library, NVML only (a driver-580 monitor),
+                    // neither, or an unreadable map.
+                    driver_library: start.and_then(|s| match s / 3 % 5 {
+                        0 => None,
+                        1 => Some(DriverLibrary::Cuda),
+                        2 => Some(DriverLibrary::NvmlOnly),
+                        3 => Some(DriverLibrary::Neither),
+                        _ => Some(DriverLibrary::Unknown),
+                    }),
                     ..Default::default()
                 }
             },
@@ -1377,11 +1457,20 @@ proptest! {
                 );
             }
             prop_assert!(!forbidden.contains(&t.class));
-            // An unlisted holder without /dev/nvidia-uvm has no context: nothing to free.
+            // An unlisted holder without /dev/nvidia-uvm has no context: nothing to free. Nor
+            // has one that maps NVML and not the CUDA driver library (a monitor on driver
+            // 580), and one whose map could not be read is not known to have one.
             if t.class == Class::Hidden {
                 prop_assert!(
                     !matches!(&proc_.device_files, FdScan::Scanned(f) if !f.contains(&DeviceFile::Uvm)),
                     "target {} holds no /dev/nvidia-uvm", t.pid
+                );
+                prop_assert!(
+                    !matches!(
+                        proc_.driver_library,
+                        Some(DriverLibrary::NvmlOnly | DriverLibrary::Unknown)
+                    ),
+                    "target {} maps {:?}", t.pid, proc_.driver_library
                 );
             }
             // Nothing of a job whose supervisor lives is planned as if its job were gone.

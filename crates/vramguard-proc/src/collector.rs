@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use vramguard_core::host::{HostMemoryFacts, ProcessHostMemory, ShmDirFacts};
 use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
-    DepartedProcess, ExeFacts, FdScan, HostFacts, JobCgroupFacts, PF_EXITING, ProcessFacts,
-    ScanFacts,
+    DepartedProcess, DeviceFile, DriverLibrary, ExeFacts, FdScan, HostFacts, JobCgroupFacts,
+    PF_EXITING, ProcessFacts, ScanFacts,
 };
 
 /// How deep a collection looks (see the module documentation).
@@ -65,6 +65,9 @@ struct Known {
     /// Pinned, locked and shared memory, read at the last full scan.
     host_memory: Option<ProcessHostMemory>,
     devices: FdScan,
+    /// Which driver libraries are mapped, read when a scan finds `/dev/nvidia-uvm` held
+    /// (once the CUDA driver library is found, not read again: it is never unloaded).
+    driver_library: Option<DriverLibrary>,
     /// Identity facts that do not change while the process lives (cmdline, uid, namespace,
     /// cgroup), read once.
     facts: Option<ProcessFacts>,
@@ -1000,7 +1003,19 @@ impl ProcCollector {
 
     /// Records a process's device-file scan; the index is rebuilt when next asked for.
     fn set_devices(&mut self, pid: u32, devices: FdScan) {
-        self.known.entry(pid).or_default().devices = devices;
+        let uvm = matches!(&devices, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm));
+        let known = self.known.entry(pid).or_default();
+        known.devices = devices;
+        known.driver_library = match known.driver_library {
+            _ if !uvm => None,
+            Some(DriverLibrary::Cuda) => Some(DriverLibrary::Cuda),
+            // On driver 580 an NVML client holds uvm too: only the map tells it from a CUDA
+            // context. An error reads as no evidence either way.
+            _ => Some(match self.fs.driver_library(pid) {
+                Ok(Found::Yes(found)) => found,
+                _ => DriverLibrary::Unknown,
+            }),
+        };
         self.device_index = None;
     }
 
@@ -1378,6 +1393,7 @@ impl ProcCollector {
             .map(|pages| pages.saturating_mul(rustix::param::page_size() as u64));
         facts.earlier_ppid = earlier_ppid;
         facts.device_files = known.devices.clone();
+        facts.driver_library = known.driver_library;
         if let Some(f) = known.facts.as_mut() {
             f.comm = Some(stat.comm);
         }
@@ -1391,6 +1407,7 @@ impl ProcCollector {
             };
             if self.known.contains_key(&pid) {
                 self.set_devices(pid, devices.clone());
+                facts.driver_library = self.known.get(&pid).and_then(|k| k.driver_library);
             }
             facts.device_files = devices;
         }

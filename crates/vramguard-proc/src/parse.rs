@@ -699,6 +699,28 @@ mod tests {
     }
 
     #[test]
+    fn a_maps_line_names_the_driver_library_by_file_name() {
+        let l = |path: &str| {
+            maps_line_library(format!("7f00-7f10 r-xp 00000000 08:01 42  {path}").as_bytes())
+        };
+        assert_eq!(l("/usr/lib/libcuda.so.1"), Some(MappedLibrary::Cuda));
+        assert_eq!(
+            l("/usr/lib/libcuda.so.580.159.04 (deleted)"),
+            Some(MappedLibrary::Cuda)
+        );
+        assert_eq!(
+            l("/usr/local/cuda/compat/libcuda.so"),
+            Some(MappedLibrary::Cuda)
+        );
+        assert_eq!(l("/usr/lib/libnvidia-ml.so.1"), Some(MappedLibrary::Nvml));
+        assert_eq!(l("/usr/lib/libcudart.so.12"), None);
+        assert_eq!(l("/opt/libcuda.so.dir/libc.so.6"), None);
+        assert_eq!(l("[heap]"), None);
+        assert_eq!(maps_line_library(b""), None);
+        assert_eq!(maps_line_library(b"/"), None);
+    }
+
+    #[test]
     fn boot_time_and_passwd() {
         assert_eq!(
             parse_boot_time(b"cpu 1 2 3\nbtime 1764680000\nprocesses 5\n"),
@@ -729,6 +751,7 @@ mod tests {
             let _ = parse_meminfo(&bytes);
             let _ = parse_pressure(&bytes);
             let _ = parse_maps_files(&bytes).count();
+            let _ = maps_line_library(&bytes);
             let text = String::from_utf8_lossy(&bytes);
             let _ = container_from_cgroup(&text);
         }
@@ -757,5 +780,32 @@ mod tests {
             proptest::prop_assert_eq!(s.comm, comm);
             proptest::prop_assert_eq!(s.start_ticks, Some(42));
         }
+    }
+}
+
+/// An NVIDIA driver library one line of `/proc/PID/maps` maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MappedLibrary {
+    /// The CUDA driver library, `libcuda.so*` (`libcuda.so.1`, `libcuda.so.580.159.04`, with
+    /// ` (deleted)` after a driver upgrade). Not `libcudart.so`, the runtime, which loads the
+    /// driver library only when CUDA is first used.
+    Cuda,
+    /// The NVML library, `libnvidia-ml.so*`.
+    Nvml,
+}
+
+/// Which driver library one line of `/proc/PID/maps` maps, if any: by its path's file name.
+/// Never panics; anything else reads as none.
+pub fn maps_line_library(line: &[u8]) -> Option<MappedLibrary> {
+    // The path is the sixth field and the only one with a '/'; anonymous mappings ("[heap]",
+    // none) have none. The kernel escapes a newline in a path, so a line is one mapping.
+    let slash = line.iter().rposition(|&b| b == b'/')?;
+    let name = &line[slash + 1..];
+    if name.starts_with(b"libcuda.so") {
+        Some(MappedLibrary::Cuda)
+    } else if name.starts_with(b"libnvidia-ml.so") {
+        Some(MappedLibrary::Nvml)
+    } else {
+        None
     }
 }

@@ -6,7 +6,9 @@ use rustix::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use std::path::{Path, PathBuf};
-use vramguard_core::snapshot::{DeviceFile, ExeFacts, FdScan, PF_EXITING, ThreadFacts};
+use vramguard_core::snapshot::{
+    DeviceFile, DriverLibrary, ExeFacts, FdScan, PF_EXITING, ThreadFacts,
+};
 
 /// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
 const INIT_PID_NS_INODE: &str = "pid:[4026531836]";
@@ -626,6 +628,91 @@ impl ProcFs {
         Ok(Found::Yes(scan))
     }
 
+    /// Which NVIDIA driver libraries the process maps (`/proc/PID/maps`, read in pieces up to
+    /// [`MAX_MAPS_BYTES`], stopping at the first `libcuda.so*`). A zombie leader's own map is
+    /// empty while its other threads live on: the first other thread's is read. A map that is
+    /// empty for every thread, or larger than the bound, is [`DriverLibrary::Unknown`].
+    pub fn driver_library(&self, pid: u32) -> Result<Found<DriverLibrary>, ProcError> {
+        match self.driver_library_in(&format!("{pid}/maps"))? {
+            Found::Yes(Some(found)) => return Ok(Found::Yes(found)),
+            Found::Yes(None) => {}
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        }
+        let Ok(tasks) = std::fs::read_dir(self.path(&format!("{pid}/task"))) else {
+            return Ok(Found::Yes(DriverLibrary::Unknown));
+        };
+        for task in tasks.flatten() {
+            let Some(tid) = parse_pid(task.file_name().as_encoded_bytes()) else {
+                continue;
+            };
+            if tid == pid {
+                continue;
+            }
+            if let Found::Yes(Some(found)) =
+                self.driver_library_in(&format!("{pid}/task/{tid}/maps"))?
+            {
+                return Ok(Found::Yes(found));
+            }
+        }
+        Ok(Found::Yes(DriverLibrary::Unknown))
+    }
+
+    /// One `maps` file: `Some` verdict, or `None` when it is empty (no address space).
+    fn driver_library_in(&self, rel: &str) -> Result<Found<Option<DriverLibrary>>, ProcError> {
+        use crate::parse::{MappedLibrary, maps_line_library};
+        let result = self
+            .open_rel(rel, OFlags::RDONLY | OFlags::NONBLOCK)
+            .and_then(|fd| {
+                let mut buf = vec![0u8; 64 * 1024];
+                // Bytes of a line not yet ended, at the front of `buf`.
+                let mut pending = 0;
+                let mut total = 0usize;
+                let mut nvml = false;
+                let mut note = |line: &[u8]| match maps_line_library(line) {
+                    Some(MappedLibrary::Cuda) => true,
+                    Some(MappedLibrary::Nvml) => {
+                        nvml = true;
+                        false
+                    }
+                    None => false,
+                };
+                loop {
+                    if pending == buf.len() {
+                        // A line longer than the buffer: a path of over 64 KiB cannot be
+                        // (PATH_MAX is 4096); drop what was kept of it.
+                        pending = 0;
+                    }
+                    let n = rustix::io::read(&fd, &mut buf[pending..])?;
+                    if n == 0 {
+                        if note(&buf[..pending]) {
+                            return Ok(Some(DriverLibrary::Cuda));
+                        }
+                        return Ok(match (total, nvml) {
+                            (0, _) => None,
+                            (_, true) => Some(DriverLibrary::NvmlOnly),
+                            (_, false) => Some(DriverLibrary::Neither),
+                        });
+                    }
+                    total += n;
+                    let filled = pending + n;
+                    let mut start = 0;
+                    while let Some(end) = buf[start..filled].iter().position(|&b| b == b'\n') {
+                        if note(&buf[start..start + end]) {
+                            return Ok(Some(DriverLibrary::Cuda));
+                        }
+                        start += end + 1;
+                    }
+                    if total >= MAX_MAPS_BYTES {
+                        return Ok(Some(DriverLibrary::Unknown));
+                    }
+                    buf.copy_within(start..filled, 0);
+                    pending = filled - start;
+                }
+            });
+        triage(result, || self.path(rel))
+    }
+
     /// Scans one `fd/` directory; returns the device files and the number of entries.
     fn scan_fd_dir(
         &self,
@@ -744,6 +831,10 @@ impl ProcFs {
 /// The most read from one `/proc` file: above the longest command line Linux accepts
 /// (`ARG_MAX` is a quarter of the stack limit, 2 MiB by default).
 pub const MAX_PROC_FILE: usize = 8 << 20;
+
+/// The most read of one process's `maps` looking for the driver libraries: about 200,000
+/// mappings, three times the default `vm.max_map_count` (65,530).
+pub const MAX_MAPS_BYTES: usize = 32 << 20;
 
 /// Threads looked at per observation; a process with more is judged by the first ones.
 pub const MAX_THREADS_OBSERVED: usize = 256;

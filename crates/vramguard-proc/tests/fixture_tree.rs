@@ -376,3 +376,95 @@ fn the_same_number_in_another_namespaces_proc_is_not_ours() {
     assert!(tree("ours", "pid:[4026531836]").is_own_namespace());
     assert!(!tree("a-parents", "pid:[4026532999]").is_own_namespace());
 }
+
+/// `/proc/PID/maps` tells a CUDA process from an NVML client (on driver 580 both hold
+/// `/dev/nvidia-uvm`): the CUDA driver library found past the read buffer's first fill and
+/// across its edges, NVML alone, neither, an empty map (a zombie leader) read through a live
+/// thread, an empty map with no live thread, a FIFO and `/dev/zero` where the map should be.
+#[test]
+fn the_driver_library_a_process_maps_is_read_in_bounded_pieces() {
+    use vramguard_core::snapshot::DriverLibrary;
+    use vramguard_proc::Found;
+    let dir = tempfile::tempdir().unwrap();
+    let line = |i: usize, path: &str| {
+        format!("7f{i:010x}000-7f{i:010x}fff r--p 00000000 08:01 {i:<8} {path}\n")
+    };
+    let filler: String = (0..2000)
+        .map(|i| line(i, "/usr/lib/x86_64-linux-gnu/libc.so.6"))
+        .collect();
+    assert!(filler.len() > 64 * 1024, "past one buffer");
+    let cuda = line(
+        9,
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04 (deleted)",
+    );
+    let nvml = line(8, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04");
+    let maps: &[(u32, String)] = &[
+        (10, format!("{filler}{nvml}{filler}{cuda}{filler}")),
+        // The library on the very last line, with no newline after it.
+        (11, format!("{filler}{}", cuda.trim_end())),
+        (12, format!("{nvml}{filler}")),
+        (13, filler.clone()),
+        (14, line(1, "/opt/app/libcudart.so.12 [heap] /x/libcuda")),
+        (15, String::new()),
+        (16, String::new()),
+    ];
+    for (pid, text) in maps {
+        let d = dir.path().join(pid.to_string());
+        std::fs::create_dir_all(d.join("task")).unwrap();
+        std::fs::write(d.join("maps"), text).unwrap();
+    }
+    // 15 is a zombie leader whose thread 151 lives on with the CUDA process's map.
+    let t = dir.path().join("15/task/151");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(t.join("maps"), &cuda).unwrap();
+    // 17: a FIFO; 18: /dev/zero (no newline, endless).
+    let d = dir.path().join("17");
+    std::fs::create_dir(&d).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        d.join("maps"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("18")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("18/maps")).unwrap();
+    let fs = vramguard_proc::ProcFs::open(dir.path()).unwrap();
+    let read = |pid| match fs.driver_library(pid).unwrap() {
+        Found::Yes(l) => Some(l),
+        _ => None,
+    };
+    assert_eq!(read(10), Some(DriverLibrary::Cuda));
+    assert_eq!(read(11), Some(DriverLibrary::Cuda));
+    assert_eq!(read(12), Some(DriverLibrary::NvmlOnly));
+    assert_eq!(read(13), Some(DriverLibrary::Neither));
+    assert_eq!(
+        read(14),
+        Some(DriverLibrary::Neither),
+        "libcudart is not the driver"
+    );
+    assert_eq!(
+        read(15),
+        Some(DriverLibrary::Cuda),
+        "through the live thread"
+    );
+    assert_eq!(
+        read(16),
+        Some(DriverLibrary::Unknown),
+        "empty: no proof of absence"
+    );
+    assert_eq!(read(17), Some(DriverLibrary::Unknown));
+    let t = std::time::Instant::now();
+    assert_eq!(
+        read(18),
+        Some(DriverLibrary::Unknown),
+        "endless: cut at the bound"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(read(19), None, "gone");
+}

@@ -53,7 +53,7 @@ struct Loaded {
     refcount: u32,
     /// Kept open from init to the last shutdown, as a real NVML client keeps the control,
     /// unified-memory and GPU device files ([`vramguard_sim::source::open_client_device_files`]).
-    _device_files: Vec<std::fs::File>,
+    _device_files: vramguard_sim::source::ClientFiles,
 }
 
 static STATE: Mutex<Option<Loaded>> = Mutex::new(None);

@@ -51,6 +51,14 @@ pub enum AttachError {
         /// The fcntl error.
         source: std::io::Error,
     },
+    /// The stand-in CUDA driver library the caller maps could not be written.
+    #[error("writing the stand-in CUDA driver library under {dev_dir}/.driver: {source}")]
+    Library {
+        /// The state's device directory.
+        dev_dir: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// More than the GPU has free, as cudaMalloc would refuse it.
     #[error(
         "out of memory on GPU {gpu}: {asked} bytes asked, {free} free (the simulated \
@@ -170,6 +178,14 @@ pub fn attach(
     }
     // Only now the context exists: a refused first allocation leaves no lock behind.
     crate::context::take(&file, lock).map_err(|source| AttachError::Lock { gpu, source })?;
+    // A real context comes with the CUDA driver library mapped in its creator: the caller
+    // maps the stand-in, which this makes sure exists.
+    crate::library::ensure(&state.dev_dir, crate::library::Library::Cuda).map_err(|source| {
+        AttachError::Library {
+            dev_dir: state.dev_dir.display().to_string(),
+            source,
+        }
+    })?;
     let mut total = bytes;
     store::update_state(state_path, |s| {
         let Some(after_exit) = s.gpus.get(gpu as usize).map(|g| g.after_exit) else {

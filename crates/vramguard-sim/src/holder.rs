@@ -106,7 +106,9 @@ pub struct HolderSpec {
     pub holds: Vec<Hold>,
     /// GPUs whose device files to open without allocating. With `holds`, the other GPUs a
     /// CUDA process opens at `cuInit`; alone, an NVML client (a monitor, the persistence
-    /// daemon): it opens no `/dev/nvidia-uvm` and has no context.
+    /// daemon): it maps the NVML library's stand-in and has no context, and it opens
+    /// `/dev/nvidia-uvm` only where the state models driver 580's NVML
+    /// ([`crate::SimState::nvml_client_files`]).
     #[serde(default)]
     pub open_gpus: Vec<u32>,
     /// Become a process-group leader (a job started by a shell with job control).
@@ -396,8 +398,25 @@ fn open_device_files(spec: &HolderSpec, state: &SimState, lock: u64) -> Result<V
     if !spec.holds.is_empty() || !spec.open_gpus.is_empty() {
         files.push(open("nvidiactl".into())?);
     }
-    if !spec.holds.is_empty() {
+    // Driver 580's NVML opens unified memory too (`nvml_client_files` models that driver).
+    let nvml_client = spec.holds.is_empty() && !spec.open_gpus.is_empty();
+    if !spec.holds.is_empty() || (nvml_client && state.nvml_client_files) {
         files.push(open("nvidia-uvm".into())?);
+    }
+    // A CUDA process maps the CUDA driver library (its forked children inherit the mapping);
+    // an NVML client maps the NVML library only. Kept for the process's life, as a loaded
+    // library is.
+    let library = if !spec.holds.is_empty() {
+        Some(crate::library::Library::Cuda)
+    } else if !spec.open_gpus.is_empty() {
+        Some(crate::library::Library::Nvml)
+    } else {
+        None
+    };
+    if let Some(library) = library {
+        crate::library::map(&state.dev_dir, library)
+            .with_context(|| format!("mapping the stand-in for {library:?}"))?
+            .keep();
     }
     let mut gpus: Vec<u32> = spec
         .holds

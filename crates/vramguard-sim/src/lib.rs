@@ -31,7 +31,9 @@
 //!   resets), so a lag measured by one process is the lag every process sees.
 //! - `dev_dir` holds plain files `nvidia0..N`, `nvidiactl`, `nvidia-uvm` standing in for
 //!   `/dev`; simulated holders keep them open, and vramguard's `/proc` scanner treats
-//!   `dev_dir` as the device directory.
+//!   `dev_dir` as the device directory. Simulated CUDA processes map a stand-in
+//!   `libcuda.so.1`, and NVML clients a stand-in `libnvidia-ml.so.1` (see [`library`]), as
+//!   the real ones map the driver's libraries.
 //! - A reset of GPU N ([`Sim::reset`], the stand-in for `nvidia-smi --gpu-reset -i N`) clears
 //!   its residue and lagging releases, and fails with "in use" while a live process holds an
 //!   allocation on it or has its device file open.
@@ -46,6 +48,7 @@ pub mod client;
 pub mod context;
 mod fdpass;
 pub mod holder;
+pub mod library;
 pub mod model;
 pub mod namespace;
 pub mod quirks;

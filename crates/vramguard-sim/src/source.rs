@@ -38,22 +38,34 @@ pub struct SimSource {
     /// NVML client keeps `/dev/nvidiactl`, `/dev/nvidia-uvm` and each GPU's file (seen on an
     /// H200, driver 580.159.04: an unprivileged vramguard showed as a holder of all three),
     /// so that a scan of `/proc` sees this client where it would see the real one.
-    _device_files: Vec<std::fs::File>,
+    _device_files: ClientFiles,
 }
 
 /// Opens what a real NVML client opens, when the state models it
 /// ([`crate::SimState::nvml_client_files`]): the control device, unified memory and every
 /// GPU's file; a file that cannot be opened is left out (the model answers without it).
-pub fn open_client_device_files(state: &crate::SimState) -> Vec<std::fs::File> {
+pub fn open_client_device_files(state: &crate::SimState) -> ClientFiles {
     if !state.nvml_client_files {
-        return Vec::new();
+        return ClientFiles::default();
     }
     let names = ["nvidiactl".to_string(), "nvidia-uvm".to_string()]
         .into_iter()
         .chain((0..state.gpus.len()).map(|i| format!("nvidia{i}")));
-    names
-        .filter_map(|name| std::fs::File::open(state.dev_dir.join(name)).ok())
-        .collect()
+    ClientFiles {
+        _files: names
+            .filter_map(|name| std::fs::File::open(state.dev_dir.join(name)).ok())
+            .collect(),
+        // A real client has `libnvidia-ml.so.1` mapped, which tells it from a CUDA process.
+        _library: crate::library::map(&state.dev_dir, crate::library::Library::Nvml).ok(),
+    }
+}
+
+/// What an NVML client keeps from init to shutdown: the device files it opened and its
+/// mapping of the NVML library's stand-in.
+#[derive(Debug, Default)]
+pub struct ClientFiles {
+    _files: Vec<std::fs::File>,
+    _library: Option<crate::library::Mapped>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -525,8 +525,16 @@ fn own_device_files(dev: &Path) -> Vec<String> {
 fn an_nvml_client_holds_the_device_files_only_where_the_state_says_so() {
     let world = World::new(None, vec![]);
     let dev = world.dir.path().join("dev");
+    // A real client maps libnvidia-ml (and no libcuda): what tells it from a CUDA process.
+    let maps_nvml = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .any(|l| l.ends_with(&format!("{}/.driver/libnvidia-ml.so.1", dev.display())))
+    };
     let plain = vramguard_sim::SimSource::open(&world.path()).unwrap();
     assert_eq!(own_device_files(&dev), Vec::<String>::new());
+    assert!(!maps_nvml());
     drop(plain);
     world.update(|s| s.nvml_client_files = true);
     let client = vramguard_sim::SimSource::open(&world.path()).unwrap();
@@ -534,6 +542,8 @@ fn an_nvml_client_holds_the_device_files_only_where_the_state_says_so() {
         own_device_files(&dev),
         ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]
     );
+    assert!(maps_nvml(), "the NVML stand-in is mapped while initialised");
     drop(client);
     assert_eq!(own_device_files(&dev), Vec::<String>::new());
+    assert!(!maps_nvml(), "and unmapped at shutdown");
 }

@@ -1457,6 +1457,8 @@ fn dataloader_workers_forked_without_exec_keep_the_dead_trainers_memory_as_hidde
     assert_eq!(g0["ghost_bytes"], json!(4 * GIB), "{g0:#}");
     for &w in &trainer.workers {
         assert_eq!(holder(&report, 0, w)["keeps_alive"], json!(leader));
+        // Forked after the context was made, they inherit the CUDA driver library's mapping.
+        assert_eq!(holder(&report, 0, w)["driver_library"], "cuda");
     }
     // Once the workers are gone too, the memory is back.
     for &w in &trainer.workers {
@@ -1501,6 +1503,10 @@ fn device_files_received_over_a_unix_socket_keep_the_senders_memory() {
     assert!(
         h["device_files"].to_string().contains("uvm"),
         "it holds the CUDA files it received: {h:#}"
+    );
+    assert_eq!(
+        h["driver_library"], "neither",
+        "received files come without the library: {h:#}"
     );
     assert_eq!(h["action"]["reclaimable"], json!(false), "its job is alive");
     // The received descriptors carry the sender's context: the dead sender stays listed with

@@ -987,12 +987,25 @@ fn an_orphan_on_a_gpu_whose_process_list_fails_is_left_alone_and_it_says_why() {
     }
 }
 
-/// An NVML client (the GPU's device file without `/dev/nvidia-uvm`: a monitor, an exporter)
-/// left behind by a dead job holds no GPU memory: `reclaim --yes` never signals it, not even
-/// with the classes diagnose names, while the dead job's idle CUDA worker beside it goes.
+/// An NVML client (a monitor, an exporter) left behind by a dead job holds no GPU memory:
+/// `reclaim --yes` never signals it, not even with the classes diagnose names, while the dead
+/// job's idle CUDA worker beside it goes. Before driver 580 the client holds the GPU's device
+/// file without `/dev/nvidia-uvm`.
 #[test]
 fn an_nvml_client_of_a_dead_job_is_never_signalled() {
+    nvml_client_of_a_dead_job_is_left_alone(false, "no /dev/nvidia-uvm");
+}
+
+/// The same on driver 580, whose NVML clients hold `/dev/nvidia-uvm` too (as an H200 showed):
+/// the client maps libnvidia-ml and no libcuda, the worker maps libcuda.
+#[test]
+fn an_nvml_client_holding_uvm_as_on_driver_580_is_never_signalled() {
+    nvml_client_of_a_dead_job_is_left_alone(true, "maps libnvidia-ml and no CUDA driver library");
+}
+
+fn nvml_client_of_a_dead_job_is_left_alone(driver_580: bool, why: &str) {
     let world = World::new(1);
+    world.update(|s| s.nvml_client_files = driver_580);
     let mut trainer = spec(&world, json!([hold(0, 2)]));
     trainer["group_leader"] = json!(true);
     trainer["workers"] = json!([
@@ -1017,8 +1030,16 @@ fn an_nvml_client_of_a_dead_job_is_never_signalled() {
         .unwrap_or_else(|e| panic!("$ {shown}: {e}\n{}", stderr(&out)));
     let left = o["plan"]["left_alone"].to_string();
     assert!(
-        left.contains(&format!("\"pid\":{monitor}")) && left.contains("no /dev/nvidia-uvm"),
+        left.contains(&format!("\"pid\":{monitor}")) && left.contains(why),
         "{o:#}"
+    );
+    let uvm = std::fs::read_dir(format!("/proc/{monitor}/fd"))
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == world.dev("nvidia-uvm")));
+    assert_eq!(
+        uvm, driver_580,
+        "the client holds /dev/nvidia-uvm only as on driver 580"
     );
     assert!(alive(monitor), "the NVML client was signalled: {o:#}");
     wait_until(10, "the dead job's CUDA worker to be reclaimed", || {

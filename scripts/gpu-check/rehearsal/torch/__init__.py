@@ -2,8 +2,8 @@
 rehearsed without a GPU (scripts/gpu-check-rehearsal.sh). It has only what the gpu-check
 helpers use, and each piece does what the real one does to the driver:
 
-- the first CUDA call of a process creates its context: it opens the control, unified-memory
-  and GPU device files (the simulator's stand-ins, under the state's `dev_dir`), and asks
+- the first CUDA call of a process creates its context: it maps a stand-in `libcuda.so.1`,
+  opens the control, unified-memory and GPU device files (the simulator's stand-ins, under the state's `dev_dir`), and asks
   `vramguard sim attach` to create the context on its own descriptor of the GPU file, with
   512 MiB of context overhead; the context then lives while that open file description does,
   in children forked afterwards too, as a real context does;
@@ -18,6 +18,7 @@ VRAMGUARD_SIM, the binary VRAMGUARD_BINARY (else `vramguard` on PATH).
 """
 
 import json
+import mmap
 import os
 import subprocess
 import time
@@ -75,6 +76,7 @@ def _gpu():
 
 
 _context = {}  # pid -> (gpu, [fds]): a forked child never uses its parent's context
+_libraries = []  # the stand-in libcuda.so.1, mapped for the process's life
 
 
 def _show():
@@ -117,10 +119,15 @@ def _ensure_context():
         gpu = _gpu()
         with open(_state()) as f:
             dev_dir = json.load(f)["dev_dir"]
+        # A real first CUDA call loads the CUDA driver library, which stays mapped (children
+        # forked later inherit the mapping): map the simulator's stand-in (`sim attach`
+        # creates it if missing) once the context exists.
         fds = [os.open(os.path.join(dev_dir, name), os.O_RDONLY | os.O_CLOEXEC)
                for name in ("nvidiactl", "nvidia-uvm", "nvidia%d" % gpu)]
         try:
             _call_attach(gpu, fds[-1], CONTEXT_BYTES)
+            with open(os.path.join(dev_dir, ".driver", "libcuda.so.1"), "rb") as lib:
+                _libraries.append(mmap.mmap(lib.fileno(), 0, prot=mmap.PROT_READ))
         except BaseException:
             for fd in fds:  # no context: nothing of it stays open
                 os.close(fd)
