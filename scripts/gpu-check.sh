@@ -88,7 +88,7 @@ elapsed_s() { echo $((($(now_ms) - T0) / 1000)); }
 
 # --- the plan: name, budget (s), what ---------------------------------------------------
 STEPS=(
-    "preflight|10|nvidia-smi (-q too), versions, status/status --json/diagnose before; import torch in the background"
+    "preflight|10|nvidia-smi (-q too), versions, what an NVML client holds and whether nvmlShutdown lets go (nvml_files.py), status/status --json/diagnose before; import torch in the background"
     "trainer|62|cases 1+5+6+7: agent with a ghost_bytes rule; setsid train.py 20 GiB + 2 forked workers, SIGKILL; snapshot/status/diagnose/metrics/nvidia-smi as root, as uid 65534, from a new PID namespace; OOM with explain_oom(); agent /metrics; reclaim --yes + time to memory back"
     "in-script|30|case 2: train.py 2.5 GiB + 2 workers in this script's process group, SIGKILL; snapshot, status, reclaim --yes"
     "spawned|34|case 3: spawn_workers.py (2 spawned workers x 1 GiB), launcher SIGKILLed, script alive; snapshot, status, reclaim --yes"
@@ -122,7 +122,7 @@ if [ "$DRY" = 1 ]; then
     total=$((total + 5))
     [ "$total" -le "$BUDGET" ] || echo "  note: the budgets add up to ${total}s > ${BUDGET}s: the last steps are skipped if the earlier ones use their whole budgets"
     rc=0
-    for f in common.py train.py spawn_workers.py busy.py oom.py memwatch.py fetch.py guard.py ptycost.py; do
+    for f in common.py train.py spawn_workers.py busy.py oom.py memwatch.py fetch.py guard.py ptycost.py nvml_files.py; do
         if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$HELPERS/$f"; then
             echo "  helper ok: scripts/gpu-check/$f"
         else
@@ -482,6 +482,10 @@ if step preflight; then
     BASE_MIB=$(used_mib)
     log "  GPU $GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,persistence_mode --format=csv,noheader -i "$GPU"), bus $BUS"
     [ "${BASE_MIB:-0}" -gt 4096 ] 2>/dev/null && log "  WARNING: ${BASE_MIB} MiB already used before the check: results may mix in someone else's memory"
+    # What an NVML client holds on this driver (uvm too, on 580?), the library it maps, and
+    # whether nvmlShutdown lets go of the files (vramguard's resets rely on it).
+    timeout 10 python3 "$HELPERS/nvml_files.py" >"$DIR/nvml-files.json" 2>&1
+    log "  NVML client: $(cut -c1-400 "$DIR/nvml-files.json")"
     vg status-before.txt 15 status
     vg status-before.json 15 status --json
     vg diagnose-before.txt 15 diagnose

@@ -498,16 +498,29 @@ fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
             why: format!(
                 "GPU {g}: the system service {who} holds the device: stop it for the reset"
             ),
-            command: h
-                .job
-                .as_ref()
-                .and_then(|j| j.label.strip_prefix("unit:"))
-                // A command root may paste: only a unit name that is one plain word.
-                .filter(|unit| {
-                    unit.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b))
-                })
-                .map(|unit| format!("systemctl stop {unit}")),
+            command: plain_unit(h).map(|unit| format!("systemctl stop {unit}")),
+        },
+        // An NVML client (a monitor, an exporter, the vramguard agent: on driver 580 they hold
+        // /dev/nvidia-uvm too) holds no memory, but a reset is refused while it runs. One in
+        // a systemd unit is stopped for the reset and started again after.
+        Class::Hidden if h.may_hold_context() == Some(false) => match plain_unit(h) {
+            Some(unit) => NextStep {
+                why: format!(
+                    "GPU {g}: the NVML client {who} (unit {unit}) holds the device: stop it for \
+                     the reset and start it again after"
+                ),
+                command: Some(format!(
+                    "systemctl stop {unit} && vramguard reclaim --gpu {g} --reset=auto --yes; \
+                     systemctl start {unit}"
+                )),
+            },
+            None => NextStep {
+                why: format!(
+                    "GPU {g}: the NVML client {who} holds the device (no GPU memory): ask \
+                     {owner} to stop it for the reset"
+                ),
+                command: None,
+            },
         },
         Class::Idle => NextStep {
             why: format!("GPU {g}: {who} is idle and holds the device; if {owner} agrees, stop it"),
@@ -525,6 +538,20 @@ fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
             command: h.action.command.clone(),
         },
     }
+}
+
+/// The systemd unit a holder runs in, when its name is one plain word (a command root may
+/// paste).
+fn plain_unit(h: &Holder) -> Option<&str> {
+    h.job
+        .as_ref()
+        .and_then(|j| j.label.strip_prefix("unit:"))
+        .filter(|unit| {
+            !unit.is_empty()
+                && unit
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b))
+        })
 }
 
 /// What the checks of one GPU read and write.

@@ -1547,6 +1547,60 @@ fn a_holder_without_a_cuda_context_does_not_mask_driver_residue() {
     );
 }
 
+/// On driver 580 the vramguard agent (an NVML client in its systemd unit) holds the GPU's
+/// files and `/dev/nvidia-uvm`: a reset is refused while it runs. diagnose says to stop the
+/// unit for the reset and start it again; an NVML client outside a unit is named, with no
+/// command; neither is ever a target.
+#[test]
+fn an_nvml_client_blocking_a_reset_is_stopped_by_its_unit() {
+    let in_unit = |pid: u32, comm: &str, unit: &str| {
+        let mut p = proc_(pid, 1, pid, comm, &[1]);
+        p.uid = Some(0);
+        p.device_files =
+            FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl, DeviceFile::Uvm]);
+        p.driver_library = Some(DriverLibrary::NvmlOnly);
+        p.cgroup = Some(format!("/system.slice/{unit}"));
+        p
+    };
+    let agent = in_unit(60, "vramguard", "vramguard-agent.service");
+    // A unit name root must not paste.
+    let odd = in_unit(61, "exporter", "x;reboot.service");
+    let mut loose = in_unit(62, "gpu_exporter", "");
+    loose.cgroup = Some("/user.slice/user-1000.slice/session-3.scope".into());
+    let s = snapshot(
+        vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
+        vec![init(), agent, odd, loose],
+    );
+    let report = classify(&s, &Policy::default());
+    for h in &report.gpus[1].holders {
+        assert!(!h.action.reclaimable, "{h:#?}");
+    }
+    let steps: Vec<(String, Option<String>)> = diagnose(report)
+        .verdict
+        .next_steps
+        .into_iter()
+        .map(|s| (s.why, s.command))
+        .collect();
+    let step = |pid: u32| {
+        steps
+            .iter()
+            .find(|(why, _)| why.contains(&format!("pid {pid} (")))
+            .unwrap_or_else(|| panic!("no step names pid {pid}: {steps:#?}"))
+            .clone()
+    };
+    assert_eq!(
+        step(60).1.as_deref(),
+        Some(
+            "systemctl stop vramguard-agent.service && vramguard reclaim --gpu 1 --reset=auto \
+             --yes; systemctl start vramguard-agent.service"
+        ),
+        "{steps:#?}"
+    );
+    assert_eq!(step(61).1, None, "{steps:#?}");
+    assert_eq!(step(62).1, None, "{steps:#?}");
+    assert!(step(62).0.contains("NVML client"), "{steps:#?}");
+}
+
 #[test]
 fn every_reset_blocker_gets_the_command_that_clears_it() {
     let mut daemon = proc_(50, 1, 50, "nvidia-persiste", &[1]);

@@ -400,6 +400,20 @@ impl<R: GpuReader> DeadlineSource<R> {
 }
 
 impl<R: GpuReader> GpuSource for DeadlineSource<R> {
+    /// Stops the lanes and waits (at most the call timeout) until no call holds the reader,
+    /// so that dropping this source right after drops the reader (NVML's shutdown, closing
+    /// its device files) before a reset runs. A call still blocked in the driver keeps it:
+    /// the reset then names this process as what holds the GPU. Lanes start again at the
+    /// next call.
+    fn release(&mut self) {
+        self.driver = None;
+        self.gpus.clear();
+        let deadline = Instant::now() + self.timeout;
+        while Arc::strong_count(&self.reader) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn sample(&mut self, utilization_window: Duration) -> Result<DriverSample, SourceError> {
         let reader = Arc::clone(&self.reader);
         let deadline = Instant::now() + self.timeout;

@@ -16,10 +16,12 @@ pub mod codes;
 mod deadline;
 mod nvml;
 pub mod read;
+mod reopen;
 pub mod timing;
 
 pub use deadline::DeadlineSource;
 pub use nvml::{NvmlSource, now_ms, unreachable_gpu};
+pub use reopen::{OpenSource, Reopening};
 
 use std::time::Duration;
 use vramguard_core::snapshot::{CallError, DriverFacts, GpuSample};
@@ -79,6 +81,12 @@ pub trait GpuSource: Send {
     fn settled(&mut self) -> Result<DriverSample, SourceError> {
         self.sample(Duration::ZERO)
     }
+
+    /// Lets go of the driver: closes what this process holds of it (NVML's handles, and with
+    /// them its device files) before a GPU reset, which is refused while any process other
+    /// than the resetting one holds the GPU. A source that can open it again does so at its
+    /// next call ([`Reopening`]); one that holds nothing, or cannot, does nothing.
+    fn release(&mut self) {}
 }
 
 /// What a sample starts with: the driver-wide calls.

@@ -243,6 +243,10 @@ impl Node for MachineNode {
     }
 
     fn reset(&mut self, gpu: &ResetTarget) -> Result<String, ResetError> {
+        // The reset command runs as another process: this one's own NVML handles (and the
+        // device files they hold) would make the driver refuse it, as any monitor's do. The
+        // source opens the driver again at its next call.
+        self.source.release();
         self.reset.reset(gpu)
     }
 

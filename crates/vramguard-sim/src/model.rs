@@ -1165,14 +1165,16 @@ fn read_runtime(path: &Path) -> Result<Runtime, SimError> {
     }
 }
 
-/// Pids holding `dev_dir/nvidia<gpu>` open, from `proc_root/*/fd`.
+/// Pids holding `dev_dir/nvidia<gpu>` open, from `proc_root/*/fd`. The calling process is
+/// one of them when it holds the file: the reset it stands in for (`nvidia-smi
+/// --gpu-reset`) runs as a process of its own, which a real driver refuses while the
+/// process that started it holds the GPU (NVML's handles included).
 pub fn device_file_holders(proc: &ProcFs, dev_dir: &Path, gpu: u32) -> Vec<u32> {
     let target = dev_dir.join(format!("nvidia{gpu}"));
     let Ok(pids) = proc.pid_lister().and_then(|mut l| l.list()) else {
         return Vec::new();
     };
     pids.into_iter()
-        .filter(|&pid| pid != std::process::id())
         .filter(|&pid| matches!(proc.holds_open(pid, &target), Ok(Found::Yes(true))))
         .collect()
 }

@@ -265,7 +265,19 @@ fn simulated_reset(state: PathBuf) -> ResetBackend {
     }))
 }
 
+/// The driver's source, which lets go of the driver before a reset and opens it again after
+/// ([`vramguard_gpu::Reopening`]).
 fn open_source(
+    driver: &Driver,
+    call_timeout: Duration,
+) -> Result<Box<dyn GpuSource>, vramguard_gpu::SourceError> {
+    let driver = driver.clone();
+    let open: vramguard_gpu::OpenSource =
+        std::sync::Arc::new(move || open_source_once(&driver, call_timeout));
+    Ok(Box::new(vramguard_gpu::Reopening::open(open)?))
+}
+
+fn open_source_once(
     driver: &Driver,
     call_timeout: Duration,
 ) -> Result<Box<dyn GpuSource>, vramguard_gpu::SourceError> {

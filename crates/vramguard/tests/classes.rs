@@ -742,8 +742,9 @@ fn status_answers_from_the_listed_processes_until_they_leave_something_unexplain
     };
     assert!(pids(&full).contains(&u64::from(m.pid)), "{full:#}");
     assert!(!pids(&quick).contains(&u64::from(m.pid)), "{quick:#}");
-    // `diagnose` reads every process, and finds the monitor the driver does not list.
-    let d = vg().args(["diagnose", "--json"]).json(1);
+    // `diagnose` reads every process, and finds the monitor the driver does not list: an
+    // NVML client, named as a warning (it holds no memory; the machine is clean, exit 0).
+    let d = vg().args(["diagnose", "--json"]).json(0);
     assert_eq!(d["report"]["full_fd_scan"], json!(true));
     assert!(
         d["checks"]

@@ -27,6 +27,7 @@ fn the_gpu_checks_dry_run_plans_every_step_and_parses_every_helper() {
         "busy.py",
         "guard.py",
         "ptycost.py",
+        "nvml_files.py",
     ] {
         assert!(
             text.contains(&format!("helper ok: scripts/gpu-check/{helper}")),
@@ -282,6 +283,55 @@ fn gpu_check_rehearsed_on_the_simulator_tells_the_h200_truths() {
     );
     let guard = line("  guard: ");
     assert_eq!(guard.matches(" yes").count(), 2, "{log}");
+    // What an NVML client holds (on 580: uvm too), the library it maps, and that
+    // nvmlShutdown lets go of the files (what a reset relies on).
+    let nvml: serde_json::Value = serde_json::from_str(&file("nvml-files.json"))
+        .unwrap_or_else(|e| panic!("nvml-files.json: {e}: {log}"));
+    assert_eq!(
+        nvml["after_init"]["files"],
+        serde_json::json!(["nvidia-uvm", "nvidia0", "nvidiactl"]),
+        "{nvml}"
+    );
+    assert_eq!(
+        nvml["after_init"]["libraries"],
+        serde_json::json!(["libnvidia-ml.so"]),
+        "{nvml}"
+    );
+    assert_eq!(
+        nvml["after_shutdown"]["files"],
+        serde_json::json!([]),
+        "{nvml}"
+    );
+    // In the dead trainer's snapshot, the forked workers map the CUDA driver library; every
+    // vramguard process holding the GPU (the snapshot itself, the alert agent) is an NVML
+    // client.
+    let snap: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(results.join("snapshots/dead-trainer-inherited-fds.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let procs = snap["processes"].as_array().unwrap();
+    let holding_uvm = |p: &&serde_json::Value| p["device_files"].to_string().contains("uvm");
+    let workers: Vec<_> = procs
+        .iter()
+        .filter(holding_uvm)
+        .filter(|p| p["cmdline"].to_string().contains("train.py"))
+        .collect();
+    assert!(workers.len() >= 2, "{snap}");
+    assert!(
+        workers.iter().all(|p| p["driver_library"] == "cuda"),
+        "{snap}"
+    );
+    let ours: Vec<_> = procs
+        .iter()
+        .filter(holding_uvm)
+        .filter(|p| p["comm"] == "vramguard")
+        .collect();
+    assert!(!ours.is_empty(), "the alert agent holds the GPU: {snap}");
+    assert!(
+        ours.iter().all(|p| p["driver_library"] == "nvml_only"),
+        "{snap}"
+    );
 
     // Each snapshot replays as the real one of the same name does.
     // The corpus keeps them as h200_<name with underscores>.json.

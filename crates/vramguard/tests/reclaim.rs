@@ -187,6 +187,35 @@ fn residue_is_freed_only_by_a_reset_which_is_refused_while_the_gpu_is_held() {
     );
 }
 
+/// A reset runs as a process of its own (`nvidia-smi --gpu-reset`), which a real driver
+/// refuses while any other process holds the GPU: vramguard's own NVML handles included
+/// (driver 580's NVML holds the control, unified-memory and GPU files, modelled by
+/// `nvml_client_files`). vramguard lets go of the driver before the reset, and reads the
+/// memory after it through a handle opened again, through NVML and in-process alike.
+#[test]
+fn a_reset_lets_go_of_vramguards_own_nvml_handles_first() {
+    for path in [Path_::Nvml, Path_::InProcess] {
+        let world = World::new(1);
+        world.update(|s| s.nvml_client_files = true);
+        let mut bench = spec(
+            &world,
+            json!([{ "gpu": 0, "bytes": 6 * GIB, "after_exit": "leak" }]),
+        );
+        bench["new_session"] = json!(true);
+        start(&world, &["python3", "bench.py"], bench).crash();
+        let out = Vg::new(&world, path)
+            .args(["reclaim", "--yes", "--reset=auto", "--json"])
+            .json(0);
+        let r = &out["resets"][0];
+        assert_eq!(r["attempted"], json!(true), "{path:?}: {r:#}");
+        assert!(
+            r["result"].as_str().unwrap().contains("back to baseline"),
+            "{path:?}: {r:#}"
+        );
+        assert_eq!(r["used_after"], json!(0), "{path:?}: {r:#}");
+    }
+}
+
 #[test]
 fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
     let world = World::new(1);

@@ -33,7 +33,7 @@ pub fn vg_wrapped(wrapper: &str) -> Command {
 }
 
 /// How the binary reads the GPUs.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path_ {
     /// nvml-wrapper → the simulator's libnvidia-ml.so.1.
     Nvml,
