@@ -118,6 +118,10 @@ struct Agent {
     open_sample_due: Option<Instant>,
     /// Why the open watch could not start, as last logged.
     open_watch_failure: Option<String>,
+    /// The reset this agent lets go of the driver for, while the reset lock names one.
+    reset_pause: Option<vramguard_ops::reset_lock::LockInfo>,
+    /// This process's own `/proc`, where the reset lock's pid is checked.
+    own_proc: Option<vramguard_proc::ProcFs>,
     /// The node's name in the last good sample: the heal's alert names it while samples fail.
     last_hostname: Option<String>,
     /// What the last full sample left for quiet samples to compare with, when it left nothing
@@ -151,6 +155,9 @@ fn period(
 /// one extra sample per gap.
 const OPEN_SAMPLE_GAP: Duration = Duration::from_millis(250);
 
+/// How often a paused agent looks at the reset lock again.
+const RESET_PAUSE_POLL: Duration = Duration::from_millis(100);
+
 impl Agent {
     /// One collection, classification, and everything that follows from it.
     /// Now, on the node's clock.
@@ -161,6 +168,42 @@ impl Agent {
     /// How long ago `t` was, on the node's clock.
     fn since(&self, t: Instant) -> Duration {
         self.now().saturating_duration_since(t)
+    }
+
+    /// Whether a reset lock names a reset under way (see [`vramguard_ops::reset_lock`]): the
+    /// agent then lets go of the driver, and takes it up again once the lock is gone, stale,
+    /// or its process has exited.
+    fn paused_for_reset(&mut self) -> bool {
+        let lock = self.own_proc.as_ref().and_then(|proc| {
+            vramguard_ops::reset_lock::active(
+                &self.config.reclaim.reset_lock,
+                proc,
+                self.node.clock().wall_ms(),
+            )
+        });
+        match (lock, self.reset_pause.is_some()) {
+            (Some(lock), false) => {
+                tracing::info!(
+                    pid = lock.pid,
+                    gpu = lock.gpu,
+                    "a GPU reset is under way: the driver is let go of until it ends"
+                );
+                self.node.release_driver();
+                self.metrics.paused_for_reset(true);
+                self.reset_pause = Some(lock);
+                true
+            }
+            (Some(_), true) => true,
+            (None, true) => {
+                tracing::info!("the reset ended: sampling again");
+                self.metrics.paused_for_reset(false);
+                self.reset_pause = None;
+                // What changed meanwhile (the reset, its memory back) is read in full.
+                self.needs_full = true;
+                false
+            }
+            (None, false) => false,
+        }
     }
 
     fn sample(&mut self) {
@@ -750,6 +793,21 @@ impl Agent {
     /// wait for the next one, a holder's exit or the wake pipe, then the exits and the
     /// release lags they started. Returns when the next sample is due.
     fn step(&mut self, mut next: Instant, wake: &OwnedFd) -> Instant {
+        if self.paused_for_reset() {
+            // No driver call while another vramguard process resets a GPU: the reset is
+            // refused while this process holds it. Looked at again shortly.
+            let _ = rustix::event::poll(
+                &mut [rustix::event::PollFd::new(
+                    wake,
+                    rustix::event::PollFlags::IN,
+                )],
+                Some(&rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: RESET_PAUSE_POLL.as_nanos() as i64,
+                }),
+            );
+            return next;
+        }
         if self.now() >= next {
             self.sample();
             next = self.now() + self.config.agent.interval;
@@ -1031,7 +1089,20 @@ impl Agent {
                 if let Some(note) = &loaded.note {
                     tracing::warn!("{note}");
                 }
-                let c = loaded.config;
+                let mut c = loaded.config;
+                // The reset lock is the one the agent started with (a simulated node's lies
+                // beside its state, which the file does not say): a new one takes effect at
+                // the next restart, as a new listen address does.
+                if c.reclaim.reset_lock != self.config.reclaim.reset_lock
+                    && c.reclaim.reset_lock.as_os_str()
+                        != vramguard_ops::reset_lock::DEFAULT_RESET_LOCK
+                {
+                    tracing::warn!(
+                        "a new reset lock ({}) takes effect at the next restart",
+                        c.reclaim.reset_lock.display()
+                    );
+                }
+                c.reclaim.reset_lock = self.config.reclaim.reset_lock.clone();
                 self.stirred = true;
                 if let Some(why) = self.auto_reclaim_refused(&c) {
                     tracing::error!(
@@ -1211,7 +1282,8 @@ fn auto_reclaim(
     Ok(prepared.run_observed(
         node.as_mut(),
         &mut audit,
-        &ExecuteOptions::new(rc.grace, rc.release_timeout, rc.reset),
+        &ExecuteOptions::new(rc.grace, rc.release_timeout, rc.reset)
+            .with_reset_lock(&rc.reset_lock),
         &mut (),
         stop,
     )?)
@@ -1263,6 +1335,8 @@ impl Agent {
             last_sample: None,
             open_sample_due: None,
             open_watch_failure: None,
+            reset_pause: None,
+            own_proc: vramguard_proc::ProcFs::own().ok(),
             last_hostname: None,
             calm: None,
             stirred: false,

@@ -192,6 +192,8 @@ pub struct Metrics {
     /// Device opens watched (1) or not (0), and the openers seen, when tracked
     /// ([`Metrics::track_open_watch`]).
     open_watch: Option<(Gauge, Counter)>,
+    /// 1 while the agent lets go of the driver for a reset (`vramguard_agent_paused_for_reset`).
+    paused_for_reset: Gauge,
     up: Family<GpuLabels, Gauge>,
     /// The GPUs of the last good sample: what `up` goes to 0 for when collection fails.
     seen_gpus: std::sync::Mutex<Vec<GpuLabels>>,
@@ -486,6 +488,7 @@ impl Metrics {
             registry: Registry::default(),
             heap: None,
             open_watch: None,
+            paused_for_reset: Gauge::default(),
         };
         m.register_gpu_memory(&mut r);
         m.register_trends_and_reclaim(&mut r);
@@ -494,6 +497,12 @@ impl Metrics {
         m.register_heal(&mut r);
         m.host.register(&mut r);
         register_build_info(&mut r);
+        r.register(
+            "agent_paused_for_reset",
+            "1 while the agent makes no driver call because another vramguard process resets a \
+             GPU (the reset lock); 0 otherwise",
+            m.paused_for_reset.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 
@@ -526,6 +535,11 @@ impl Metrics {
             openers.clone(),
         );
         self.open_watch = Some((watching, openers));
+    }
+
+    /// Whether the agent lets go of the driver for a reset another vramguard process does.
+    pub fn paused_for_reset(&self, paused: bool) {
+        self.paused_for_reset.set(i64::from(paused));
     }
 
     /// Whether device opens are watched.

@@ -201,6 +201,7 @@ struct RawReclaim {
     reset: Option<String>,
     audit_log: Option<String>,
     sample: Option<String>,
+    reset_lock: Option<String>,
 }
 
 /// The line (1-based) of `key` in a config text: `agent.top_holders` is the `top_holders`
@@ -386,6 +387,9 @@ pub struct ReclaimConfig {
     pub sample: Duration,
     /// The audit log.
     pub audit_log: PathBuf,
+    /// The reset lock: written before a reset, it pauses the agent's driver calls (see
+    /// [`vramguard_ops::reset_lock`]).
+    pub reset_lock: PathBuf,
 }
 
 /// The whole, checked config.
@@ -1097,6 +1101,11 @@ fn reclaim(c: &Checker, rc: &RawReclaim) -> Result<ReclaimConfig, ConfigError> {
                 .as_deref()
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(defaults::AUDIT_LOG)),
+        },
+        reset_lock: match rc.reset_lock.as_deref() {
+            Some("") => return Err(c.err("reclaim.reset_lock", "empty: name a file".into())),
+            Some(path) => PathBuf::from(path),
+            None => PathBuf::from(vramguard_ops::reset_lock::DEFAULT_RESET_LOCK),
         },
     };
     Ok(reclaim)

@@ -418,9 +418,16 @@ impl<'a> Context<'a> {
     /// taken; else the pid is foreign.
     fn resolve(&self, gpu: &GpuSample, reported: u32) -> Resolution<'a> {
         let here = self.snap.process(reported);
+        // An NVML client on the listed pid (mapping libnvidia-ml, not libcuda) is not the
+        // process whose context the driver lists: that one exited and the pid was reused.
+        let nvml_client = |p: &ProcessFacts| {
+            p.driver_library == Some(DriverLibrary::NvmlOnly)
+                && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+        };
         if let Some(p) = here
             && !p.is_kernel_thread()
             && p.device_files.holds_any() == Some(true)
+            && !nvml_client(p)
         {
             return Resolution::Local {
                 proc_: p,
@@ -468,7 +475,9 @@ impl<'a> Context<'a> {
                 None => return Resolution::Exited { reused_by: None },
                 Some(p)
                     if self.files_complete
-                        && (p.is_kernel_thread() || p.device_files.holds_any() == Some(false)) =>
+                        && (p.is_kernel_thread()
+                            || p.device_files.holds_any() == Some(false)
+                            || nvml_client(p)) =>
                 {
                     return Resolution::Exited { reused_by: Some(p) };
                 }
@@ -476,6 +485,11 @@ impl<'a> Context<'a> {
             }
         }
         let why = match here {
+            Some(p) if nvml_client(p) => format!(
+                "pid {reported} here is {} (an NVML client, no CUDA context): the driver \
+                 reports a pid from another PID namespace, or one that exited",
+                escape(p.comm.as_deref().unwrap_or("?"))
+            ),
             Some(p) => format!(
                 "pid {reported} here is {} ({}), which holds no NVIDIA device file: the driver \
                  reports a pid from another PID namespace",
@@ -1055,6 +1069,12 @@ impl<'a> Context<'a> {
                  the driver still lists it{held}: its context outlives it",
                 escape(q.comm.as_deref().unwrap_or("?"))
             ),
+            Some(q) if q.driver_library == Some(DriverLibrary::NvmlOnly) => format!(
+                "pid {pid} is now {} (an NVML client: libnvidia-ml without libcuda, no CUDA \
+                 context): the process the driver lists{held} exited{when} and its pid was \
+                 reused",
+                escape(q.comm.as_deref().unwrap_or("?"))
+            ),
             Some(q) => format!(
                 "pid {pid} is now {} ({}), which holds no NVIDIA device file: the process the \
                  driver lists{held} exited{when} and its pid was reused",
@@ -1419,6 +1439,24 @@ impl<'a> Context<'a> {
                 command: None,
                 reclaimable: false,
             }
+        } else if never_a_target(
+            match &p.device_files {
+                FdScan::Scanned(files) => Some(files.as_slice()),
+                _ => None,
+            },
+            p.driver_library,
+        ) == Some(NVML_CLIENT)
+        {
+            // An NVML client on its way out (a monitor, the agent, stopping): no context, no
+            // memory; its exit closes its files without help.
+            evidence.push(NVML_CLIENT.into());
+            Action {
+                summary: "an NVML client on its way out (no CUDA context, no GPU memory): its \
+                          exit closes its files; signalling it frees nothing"
+                    .into(),
+                command: None,
+                reclaimable: false,
+            }
         } else if leader_zombie && live.is_empty() {
             Action {
                 summary: format!(
@@ -1686,12 +1724,22 @@ impl<'a> Context<'a> {
                 None,
             ),
         };
+        let system_service = cg
+            .label
+            .strip_prefix("unit:")
+            .filter(|name| {
+                cg.kind == JobKind::Unit
+                    && name.ends_with(".service")
+                    && cg.root == format!("/system.slice/{name}")
+            })
+            .map(str::to_string);
         JobView {
             info: JobInfo {
                 label: cg.label,
                 kind: cg.kind,
                 alive,
                 evidence,
+                system_service,
             },
             // A dead Slurm job's members are the processes of its cgroup; work of any
             // of them is judged per process.
@@ -1718,6 +1766,7 @@ impl<'a> Context<'a> {
                 kind: JobKind::ProcessGroup,
                 alive: Some(true),
                 evidence,
+                system_service: None,
             },
             dead: None,
             tree_top: Some(top.pid),
@@ -2261,6 +2310,7 @@ fn supervised_view(label: String, evidence: String, tree_top: Option<u32>) -> Jo
             kind: JobKind::Supervised,
             alive: Some(true),
             evidence,
+            system_service: None,
         },
         dead: None,
         tree_top,

@@ -123,6 +123,7 @@ pub fn diagnose(report: Report) -> Diagnosis {
     for gpu in &report.gpus {
         gpu_checks(
             gpu,
+            &report.gpus,
             &mut checks,
             &mut steps,
             &mut GpuPlan {
@@ -500,27 +501,15 @@ fn blocker_step(gpu: &GpuReport, b: &crate::report::ResetBlocker) -> NextStep {
             ),
             command: plain_unit(h).map(|unit| format!("systemctl stop {unit}")),
         },
-        // An NVML client (a monitor, an exporter, the vramguard agent: on driver 580 they hold
-        // /dev/nvidia-uvm too) holds no memory, but a reset is refused while it runs. One in
-        // a systemd unit is stopped for the reset and started again after.
-        Class::Hidden if h.may_hold_context() == Some(false) => match plain_unit(h) {
-            Some(unit) => NextStep {
-                why: format!(
-                    "GPU {g}: the NVML client {who} (unit {unit}) holds the device: stop it for \
-                     the reset and start it again after"
-                ),
-                command: Some(format!(
-                    "systemctl stop {unit} && vramguard reclaim --gpu {g} --reset=auto --yes; \
-                     systemctl start {unit}"
-                )),
-            },
-            None => NextStep {
-                why: format!(
-                    "GPU {g}: the NVML client {who} holds the device (no GPU memory): ask \
-                     {owner} to stop it for the reset"
-                ),
-                command: None,
-            },
+        // An NVML client (a monitor, an exporter: on driver 580 they hold /dev/nvidia-uvm too)
+        // holds no memory, but a reset is refused while it runs. One in a system service that
+        // may be stopped is in the combined step (see `stoppable_nvml_service`).
+        Class::Hidden if h.may_hold_context() == Some(false) => NextStep {
+            why: format!(
+                "GPU {g}: the NVML client {who} holds the device (no GPU memory): ask {owner} to \
+                 stop it for the reset"
+            ),
+            command: None,
         },
         Class::Idle => NextStep {
             why: format!("GPU {g}: {who} is idle and holds the device; if {owner} agrees, stop it"),
@@ -546,17 +535,45 @@ fn plain_unit(h: &Holder) -> Option<&str> {
     h.job
         .as_ref()
         .and_then(|j| j.label.strip_prefix("unit:"))
-        .filter(|unit| {
-            !unit.is_empty()
-                && unit
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b))
-        })
+        .filter(|unit| is_plain_unit_name(unit))
+}
+
+/// A unit name made of the characters systemd allows, not starting with `-` (an option).
+fn is_plain_unit_name(unit: &str) -> bool {
+    !unit.is_empty()
+        && !unit.starts_with('-')
+        && unit
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b))
+}
+
+/// The system service to stop for a reset that NVML client `h` blocks, when stopping it ends
+/// nothing else on a GPU: `h` is root's, its job is exactly a system service
+/// (`/system.slice/NAME.service`: never a user's unit, whose name its user chose), and no
+/// other holder of that service on any GPU may hold a context (stopping a unit whose stats
+/// sidecar blocks one GPU would end the training it runs on another).
+fn stoppable_nvml_service<'a>(h: &'a Holder, all: &[GpuReport]) -> Option<&'a str> {
+    if h.class != Class::Hidden || h.may_hold_context() != Some(false) || h.uid != Some(0) {
+        return None;
+    }
+    let job = h.job.as_ref()?;
+    let unit = job
+        .system_service
+        .as_deref()
+        .filter(|u| is_plain_unit_name(u))?;
+    let other_gpu_user = all.iter().flat_map(|g| &g.holders).any(|o| {
+        o.pid != h.pid
+            && o.job.as_ref().is_some_and(|j| j.label == job.label)
+            && (o.listed || o.may_hold_context() != Some(false))
+    });
+    (!other_gpu_user).then_some(unit)
 }
 
 /// What the checks of one GPU read and write.
 struct GpuChecks<'a, 'p> {
     gpu: &'a GpuReport,
+    /// Every GPU of the report (what else a holder's job holds).
+    all: &'a [GpuReport],
     checks: &'a mut Vec<Check>,
     steps: &'a mut Vec<NextStep>,
     plan: &'a mut GpuPlan<'p>,
@@ -581,12 +598,14 @@ const GPU_CHECKS: &[fn(&mut GpuChecks<'_, '_>)] = &[
 
 fn gpu_checks(
     gpu: &GpuReport,
+    all: &[GpuReport],
     checks: &mut Vec<Check>,
     steps: &mut Vec<NextStep>,
     plan: &mut GpuPlan<'_>,
 ) {
     let mut d = GpuChecks {
         gpu,
+        all,
         checks,
         steps,
         plan,
@@ -1003,8 +1022,39 @@ fn reset_blockers(d: &mut GpuChecks<'_, '_>) {
                 CheckStatus::Warn,
                 format!("a reset would be refused: {}", blockers.join("; ")),
             ));
+            // NVML clients in system services that may be stopped: one step that stops them
+            // all for the reset (one step each would start one before the next is stopped).
+            let mut services: Vec<&str> = Vec::new();
             for b in &gpu.reset_blockers {
-                steps.push(blocker_step(gpu, b));
+                let service = gpu
+                    .holders
+                    .iter()
+                    .find(|h| h.pid == b.pid)
+                    .and_then(|h| stoppable_nvml_service(h, d.all));
+                match service {
+                    Some(unit) => {
+                        if !services.contains(&unit) {
+                            services.push(unit);
+                        }
+                    }
+                    None => steps.push(blocker_step(gpu, b)),
+                }
+            }
+            if !services.is_empty() {
+                let units = services.join(" ");
+                steps.push(NextStep {
+                    why: format!(
+                        "GPU {}: NVML clients in {} hold the device (no GPU memory): stop them \
+                         for the reset and start them again after",
+                        gpu.index,
+                        services.join(", ")
+                    ),
+                    command: Some(format!(
+                        "systemctl stop -- {units} && vramguard reclaim --gpu {} --reset=auto \
+                         --yes; systemctl start -- {units}",
+                        gpu.index
+                    )),
+                });
             }
             steps.push(NextStep {
                 why: format!(

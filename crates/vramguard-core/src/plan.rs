@@ -203,6 +203,14 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
     {
         return Some(why.into());
     }
+    // The same for an NVML client on its way out (a zombie or exiting monitor, the agent
+    // stopping): its exit closes its files; nothing to finish.
+    if h.class == Class::Zombie
+        && crate::classify::never_a_target(h.device_files.as_deref(), h.driver_library)
+            == Some(crate::classify::NVML_CLIENT)
+    {
+        return Some(crate::classify::NVML_CLIENT.into());
+    }
     match h.class {
         Class::Active => {
             // A supervised job says which supervisor keeps it (already sanitised).

@@ -1549,30 +1549,43 @@ fn a_holder_without_a_cuda_context_does_not_mask_driver_residue() {
 
 /// On driver 580 the vramguard agent (an NVML client in its systemd unit) holds the GPU's
 /// files and `/dev/nvidia-uvm`: a reset is refused while it runs. diagnose says to stop the
-/// unit for the reset and start it again; an NVML client outside a unit is named, with no
-/// command; neither is ever a target.
+/// NVML clients' system services for the reset and start them again, in one step; never a
+/// user's unit (its name is the user's: `docker.service` under `user@1000.service`), a unit
+/// name unsafe to paste, or a service that also runs GPU work (a stats sidecar beside its
+/// trainer). None of them is ever a target.
 #[test]
 fn an_nvml_client_blocking_a_reset_is_stopped_by_its_unit() {
-    let in_unit = |pid: u32, comm: &str, unit: &str| {
+    let client = |pid: u32, comm: &str, cgroup: &str| {
         let mut p = proc_(pid, 1, pid, comm, &[1]);
         p.uid = Some(0);
         p.device_files =
             FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl, DeviceFile::Uvm]);
         p.driver_library = Some(DriverLibrary::NvmlOnly);
-        p.cgroup = Some(format!("/system.slice/{unit}"));
+        p.cgroup = Some(cgroup.into());
         p
     };
-    let agent = in_unit(60, "vramguard", "vramguard-agent.service");
-    // A unit name root must not paste.
-    let odd = in_unit(61, "exporter", "x;reboot.service");
-    let mut loose = in_unit(62, "gpu_exporter", "");
-    loose.cgroup = Some("/user.slice/user-1000.slice/session-3.scope".into());
+    let agent = client(60, "vramguard", "/system.slice/vramguard-agent.service");
+    let dcgm = client(61, "dcgm-exporter", "/system.slice/dcgm-exporter.service");
+    let odd = client(62, "exporter", "/system.slice/x;reboot.service");
+    let users = client(
+        63,
+        "python3",
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/docker.service",
+    );
+    let sidecar = client(64, "gpu_stats", "/system.slice/train.service");
+    // The sidecar's unit trains on GPU 0.
+    let mut trainer = proc_(65, 1, 65, "python3", &[0]);
+    trainer.uid = Some(0);
+    trainer.cgroup = Some("/system.slice/train.service".into());
     let s = snapshot(
-        vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
-        vec![init(), agent, odd, loose],
+        vec![
+            gpu(0, 4 * GIB, &[(65, Some(4 * GIB))]),
+            gpu(1, 6 * GIB, &[]),
+        ],
+        vec![init(), agent, dcgm, odd, users, sidecar, trainer],
     );
     let report = classify(&s, &Policy::default());
-    for h in &report.gpus[1].holders {
+    for h in report.gpus[1].holders.iter() {
         assert!(!h.action.reclaimable, "{h:#?}");
     }
     let steps: Vec<(String, Option<String>)> = diagnose(report)
@@ -1581,24 +1594,29 @@ fn an_nvml_client_blocking_a_reset_is_stopped_by_its_unit() {
         .into_iter()
         .map(|s| (s.why, s.command))
         .collect();
-    let step = |pid: u32| {
-        steps
-            .iter()
-            .find(|(why, _)| why.contains(&format!("pid {pid} (")))
-            .unwrap_or_else(|| panic!("no step names pid {pid}: {steps:#?}"))
-            .clone()
-    };
-    assert_eq!(
-        step(60).1.as_deref(),
-        Some(
-            "systemctl stop vramguard-agent.service && vramguard reclaim --gpu 1 --reset=auto \
-             --yes; systemctl start vramguard-agent.service"
+    let commands: Vec<&str> = steps.iter().filter_map(|(_, c)| c.as_deref()).collect();
+    assert!(
+        commands.contains(
+            &"systemctl stop -- vramguard-agent.service dcgm-exporter.service && vramguard \
+              reclaim --gpu 1 --reset=auto --yes; systemctl start -- vramguard-agent.service \
+              dcgm-exporter.service"
         ),
         "{steps:#?}"
     );
-    assert_eq!(step(61).1, None, "{steps:#?}");
-    assert_eq!(step(62).1, None, "{steps:#?}");
-    assert!(step(62).0.contains("NVML client"), "{steps:#?}");
+    assert!(
+        commands
+            .iter()
+            .all(|c| !c.contains("reboot") && !c.contains("docker") && !c.contains("train")),
+        "{steps:#?}"
+    );
+    for pid in [62, 63, 64] {
+        let (why, command) = steps
+            .iter()
+            .find(|(why, _)| why.contains(&format!("pid {pid} (")))
+            .unwrap_or_else(|| panic!("no step names pid {pid}: {steps:#?}"));
+        assert!(why.contains("NVML client"), "{why}");
+        assert_eq!(command, &None, "{why}");
+    }
 }
 
 #[test]

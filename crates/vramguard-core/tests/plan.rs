@@ -457,6 +457,38 @@ fn an_nvml_client_holding_uvm_on_driver_580_is_never_signalled() {
     }
 }
 
+/// A listed pid that is now an NVML client (a monitor that took the pid of a trainer whose
+/// context its forked worker keeps) is not the holder: the listed process exited and its pid
+/// was reused. The monitor is never a target; the worker keeping the context is.
+#[test]
+fn a_listed_pid_reused_by_an_nvml_client_is_an_exited_pid() {
+    let mut monitor = cuda(p(446, 1, 900, "gpu_exporter", &[0]));
+    monitor.driver_library = Some(DriverLibrary::NvmlOnly);
+    let mut worker = cuda(p(576, 1, 446, "python3", &[0]));
+    worker.driver_library = Some(DriverLibrary::Cuda);
+    let s = snap(
+        vec![gpu(0, 20 * GIB, &[(446, 20 * GIB)])],
+        vec![init(), monitor, worker],
+    );
+    let report = classify(&s, &Policy::default());
+    let listed = report.gpus[0]
+        .holders
+        .iter()
+        .find(|h| h.pid == 446)
+        .unwrap();
+    assert_eq!(listed.class, Class::Exited, "{listed:#?}");
+    assert!(
+        listed.evidence[0].contains("is now gpu_exporter (an NVML client"),
+        "{listed:#?}"
+    );
+    let mut all = every_class_of_job("pgid:446");
+    all.include.insert(Class::Idle);
+    for opts in [ReclaimOptions::default(), all] {
+        let targets: Vec<u32> = plan_of(&s, &opts).targets().map(|t| t.pid).collect();
+        assert!(!targets.contains(&446), "{opts:?}: {targets:?}");
+    }
+}
+
 #[test]
 fn idle_holders_need_an_explicit_include_and_duration() {
     let mut g = gpu(0, GIB, &[(100, GIB)]);
@@ -1471,6 +1503,14 @@ proptest! {
                         Some(DriverLibrary::NvmlOnly | DriverLibrary::Unknown)
                     ),
                     "target {} maps {:?}", t.pid, proc_.driver_library
+                );
+            }
+            // Nor is an NVML client on its way out (its exit closes its files).
+            if t.class == Class::Zombie {
+                let uvm = matches!(&proc_.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm));
+                prop_assert!(
+                    !(uvm && proc_.driver_library == Some(DriverLibrary::NvmlOnly)),
+                    "zombie target {} is an NVML client", t.pid
                 );
             }
             // Nothing of a job whose supervisor lives is planned as if its job were gone.

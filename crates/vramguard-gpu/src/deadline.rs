@@ -406,8 +406,17 @@ impl<R: GpuReader> GpuSource for DeadlineSource<R> {
     /// the reset then names this process as what holds the GPU. Lanes start again at the
     /// next call.
     fn release(&mut self) {
+        // A call already known to be blocked will not come back within the timeout either.
+        let stalled = self
+            .driver
+            .iter()
+            .chain(self.gpus.iter().flatten())
+            .any(|lane| lane.stalled);
         self.driver = None;
         self.gpus.clear();
+        if stalled {
+            return;
+        }
         let deadline = Instant::now() + self.timeout;
         while Arc::strong_count(&self.reader) > 1 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));

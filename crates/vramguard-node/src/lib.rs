@@ -95,6 +95,11 @@ pub trait Node: Send {
     /// Resets one GPU: what the reset said, or why it failed.
     fn reset(&mut self, gpu: &ResetTarget) -> Result<String, ResetError>;
 
+    /// Lets go of the driver (this process's NVML handles and the device files they hold)
+    /// until the next call that needs it: while another vramguard process resets a GPU,
+    /// which the driver refuses while any other process holds it.
+    fn release_driver(&mut self) {}
+
     /// The `/proc` the node's snapshots read; `None` for a node without one (the fake).
     fn proc(&self) -> Option<&ProcFs>;
 

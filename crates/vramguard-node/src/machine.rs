@@ -83,6 +83,34 @@ fn foreign_proc(proc: &Path) -> Option<String> {
     })
 }
 
+/// How long a reset waits for this process's other holders of the driver to let go.
+const OWN_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits, at most `limit`, until this process holds no NVIDIA device file of `dev_dir`
+/// (`/proc/self/fd`); returns whether it holds none.
+fn wait_until_no_device_file_held(dev_dir: &Path, limit: Duration) -> bool {
+    let holds = || {
+        std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|target| {
+                    target.parent() == Some(dev_dir)
+                        && target
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("nvidia"))
+                })
+            })
+        })
+    };
+    let deadline = Instant::now() + limit;
+    while holds() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 impl MachineNode {
     /// A node reading GPUs from `source` and processes through `collector`, classifying with
     /// `policy` (its idle threshold sets how far back utilisation samples are asked for),
@@ -247,7 +275,14 @@ impl Node for MachineNode {
         // device files they hold) would make the driver refuse it, as any monitor's do. The
         // source opens the driver again at its next call.
         self.source.release();
+        // Another thread of this process (the agent's main loop, while its automatic reclaim
+        // resets) lets go when it sees the reset lock: give it a moment.
+        wait_until_no_device_file_held(self.collector.dev_dir(), OWN_RELEASE_WAIT);
         self.reset.reset(gpu)
+    }
+
+    fn release_driver(&mut self) {
+        self.source.release();
     }
 
     fn proc(&self) -> Option<&ProcFs> {

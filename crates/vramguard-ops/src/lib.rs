@@ -11,6 +11,7 @@ pub mod audit;
 pub mod cgroup;
 pub mod gpus;
 pub mod reclaim;
+pub mod reset_lock;
 pub mod slurm;
 /// Process spawning lives with the process facts ([`vramguard_proc::spawn`]).
 pub use vramguard_proc::spawn;

@@ -83,6 +83,9 @@ pub struct ExecuteOptions {
     /// slow storage, thousands of targets) is left alone, its work evidence too old.
     /// [`Prepared::run`] sets it to [`SIGNAL_WITHIN`] after the plan was made.
     pub signal_by: Option<Instant>,
+    /// The reset lock written before each reset, which pauses the node's agent (see
+    /// [`crate::reset_lock`]); `None`: none is written.
+    pub reset_lock: Option<std::path::PathBuf>,
 }
 
 /// How long after its plan was made a reclaim may still send a first SIGTERM.
@@ -98,9 +101,29 @@ impl ExecuteOptions {
             poll: Duration::from_millis(20),
             reset,
             signal_by: None,
+            reset_lock: None,
         }
     }
+
+    /// The same, writing the reset lock at `path` before each reset.
+    pub fn with_reset_lock(mut self, path: &std::path::Path) -> ExecuteOptions {
+        self.reset_lock = Some(path.to_path_buf());
+        self
+    }
 }
+
+/// Whether an NVML client (a holder with no CUDA context: a monitor, the agent) is among the
+/// processes that would make `gpu`'s reset fail.
+fn nvml_client_blocks(gpu: &vramguard_core::GpuReport) -> bool {
+    gpu.reset_blockers.iter().any(|b| {
+        gpu.holders
+            .iter()
+            .any(|h| h.pid == b.pid && h.may_hold_context() == Some(false))
+    })
+}
+
+/// How often the holders of a GPU are looked at while a reset waits for them to let go.
+const RESET_WAIT_POLL: Duration = Duration::from_millis(250);
 
 /// How often a wait looks at the stop requests and tells the observer the time left: short
 /// enough that Ctrl-C is answered at once, long enough to cost nothing.
@@ -1187,9 +1210,28 @@ impl<'a> Run<'a> {
                 });
                 continue;
             }
+            // The node's other vramguard processes (the agent) let go of the driver while the
+            // lock names this reset: its holders are then waited for, up to RESET_WAIT.
+            let lock = self.take_reset_lock(g.index)?;
+            let wait_until = self.node.clock().now() + crate::reset_lock::RESET_WAIT;
             // Looked at again right before this GPU's reset: waiting for earlier GPUs' resets
             // (up to release_timeout each) leaves time for a new job to open this one.
-            let again = match self.classified_snapshot() {
+            let again = loop {
+                let again = self.classified_snapshot();
+                // Only an NVML client may let go on request (the agent); a reset blocked by
+                // anything else is refused at once, as without a lock.
+                let held = again.as_ref().is_ok_and(|r| {
+                    r.gpus
+                        .iter()
+                        .filter(|x| x.index == g.index)
+                        .any(nvml_client_blocks)
+                });
+                if !held || lock.is_none() || self.node.clock().now() >= wait_until {
+                    break again;
+                }
+                self.node.clock().sleep(RESET_WAIT_POLL);
+            };
+            let again = match again {
                 Ok(report) => report,
                 Err(e) => {
                     let why = format!("skipped: GPU {} could not be read again ({e})", g.index);
@@ -1225,8 +1267,32 @@ impl<'a> Run<'a> {
                 continue;
             }
             resets.push(self.reset_one(g, un.bytes)?);
+            drop(lock);
         }
         Ok(resets)
+    }
+
+    /// Writes the reset lock for `gpu` when the options name one; a lock that cannot be
+    /// written is an audit record, and the reset goes on without it (the agent, if one runs,
+    /// then refuses it by holding the GPU, and the result names it).
+    fn take_reset_lock(
+        &mut self,
+        gpu: u32,
+    ) -> Result<Option<crate::reset_lock::ResetLock>, ExecuteError> {
+        let Some(path) = self.opts.reset_lock.clone() else {
+            return Ok(None);
+        };
+        let now = self.node.clock().wall_ms();
+        match crate::reset_lock::ResetLock::acquire(&path, gpu, now) {
+            Ok(lock) => Ok(Some(lock)),
+            Err(e) => {
+                self.log(
+                    "reset_lock_failed",
+                    json!({ "gpu": gpu, "reason": e.to_string() }),
+                )?;
+                Ok(None)
+            }
+        }
     }
 
     /// Why resetting `g` could end a context vramguard cannot see or one being torn down,

@@ -65,8 +65,7 @@ struct Known {
     /// Pinned, locked and shared memory, read at the last full scan.
     host_memory: Option<ProcessHostMemory>,
     devices: FdScan,
-    /// Which driver libraries are mapped, read when a scan finds `/dev/nvidia-uvm` held
-    /// (once the CUDA driver library is found, not read again: it is never unloaded).
+    /// Which driver libraries are mapped, read whenever a scan finds `/dev/nvidia-uvm` held.
     driver_library: Option<DriverLibrary>,
     /// Identity facts that do not change while the process lives (cmdline, uid, namespace,
     /// cgroup), read once.
@@ -1006,16 +1005,13 @@ impl ProcCollector {
         let uvm = matches!(&devices, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm));
         let known = self.known.entry(pid).or_default();
         known.devices = devices;
-        known.driver_library = match known.driver_library {
-            _ if !uvm => None,
-            Some(DriverLibrary::Cuda) => Some(DriverLibrary::Cuda),
-            // On driver 580 an NVML client holds uvm too: only the map tells it from a CUDA
-            // context. An error reads as no evidence either way.
-            _ => Some(match self.fs.driver_library(pid) {
-                Ok(Found::Yes(found)) => found,
-                _ => DriverLibrary::Unknown,
-            }),
-        };
+        // On driver 580 an NVML client holds uvm too: only the map tells it from a CUDA
+        // context. Read at every fd scan (an exec keeps the pid and start time but not the
+        // map); an error reads as no evidence either way.
+        known.driver_library = uvm.then(|| match self.fs.driver_library(pid) {
+            Ok(Found::Yes(found)) => found,
+            _ => DriverLibrary::Unknown,
+        });
         self.device_index = None;
     }
 

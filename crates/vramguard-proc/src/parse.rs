@@ -716,8 +716,19 @@ mod tests {
         assert_eq!(l("/usr/lib/libcudart.so.12"), None);
         assert_eq!(l("/opt/libcuda.so.dir/libc.so.6"), None);
         assert_eq!(l("[heap]"), None);
+        assert_eq!(l("[anon:x/libcuda.so.1]"), None, "a name its process chose");
+        assert_eq!(
+            l("/memfd:libcuda.so.1 (deleted)"),
+            None,
+            "a memfd's chosen name"
+        );
         assert_eq!(maps_line_library(b""), None);
         assert_eq!(maps_line_library(b"/"), None);
+        assert_eq!(
+            maps_line_library(b"/usr/lib/libcuda.so.1"),
+            None,
+            "no fields"
+        );
     }
 
     #[test]
@@ -795,12 +806,25 @@ pub enum MappedLibrary {
 }
 
 /// Which driver library one line of `/proc/PID/maps` maps, if any: by its path's file name.
-/// Never panics; anything else reads as none.
+/// Only a file's path counts (the sixth field, starting with `/`): not an anonymous mapping's
+/// name (`[anon:…]`, which its process chooses) nor a memfd (`/memfd:…`). Never panics;
+/// anything else reads as none.
 pub fn maps_line_library(line: &[u8]) -> Option<MappedLibrary> {
-    // The path is the sixth field and the only one with a '/'; anonymous mappings ("[heap]",
-    // none) have none. The kernel escapes a newline in a path, so a line is one mapping.
-    let slash = line.iter().rposition(|&b| b == b'/')?;
-    let name = &line[slash + 1..];
+    // Five fields (address, perms, offset, device, inode), then spaces, then the path. The
+    // kernel escapes a newline in a path, so a line is one mapping.
+    let mut rest = line;
+    for _ in 0..5 {
+        let start = rest.iter().position(|b| *b != b' ')?;
+        rest = &rest[start..];
+        let end = rest.iter().position(|b| *b == b' ')?;
+        rest = &rest[end..];
+    }
+    let path = &rest[rest.iter().position(|b| *b != b' ')?..];
+    if !path.starts_with(b"/") || path.starts_with(b"/memfd:") {
+        return None;
+    }
+    let slash = path.iter().rposition(|&b| b == b'/')?;
+    let name = &path[slash + 1..];
     if name.starts_with(b"libcuda.so") {
         Some(MappedLibrary::Cuda)
     } else if name.starts_with(b"libnvidia-ml.so") {

@@ -633,6 +633,15 @@ impl ProcFs {
     /// empty while its other threads live on: the first other thread's is read. A map that is
     /// empty for every thread, or larger than the bound, is [`DriverLibrary::Unknown`].
     pub fn driver_library(&self, pid: u32) -> Result<Found<DriverLibrary>, ProcError> {
+        // Reading a map takes the process's mmap lock: a thread stuck in D state (in the
+        // driver) may hold it, or have a writer queued behind it, and the read would hang
+        // the collection. Such a process reads as unknown, its map unread.
+        match self.any_thread_in_d(pid)? {
+            Found::Yes(false) => {}
+            Found::Yes(true) => return Ok(Found::Yes(DriverLibrary::Unknown)),
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        }
         match self.driver_library_in(&format!("{pid}/maps"))? {
             Found::Yes(Some(found)) => return Ok(Found::Yes(found)),
             Found::Yes(None) => {}
@@ -658,6 +667,32 @@ impl ProcFs {
         Ok(Found::Yes(DriverLibrary::Unknown))
     }
 
+    /// Whether any thread of `pid` is in D state (`task/*/stat`, at most
+    /// [`MAX_THREADS_LOOKED_AT`] of them; more reads as yes: not known to be safe).
+    fn any_thread_in_d(&self, pid: u32) -> Result<Found<bool>, ProcError> {
+        let dir = match self.open_dir(&format!("{pid}/task"))? {
+            Found::Yes(d) => d,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Denied),
+        };
+        let mut seen = 0;
+        for entry in dir.flatten() {
+            let Some(tid) = parse_pid(entry.file_name().to_bytes()) else {
+                continue;
+            };
+            seen += 1;
+            if seen > MAX_THREADS_LOOKED_AT {
+                return Ok(Found::Yes(true));
+            }
+            if let Found::Yes(st) = self.stat_at(&format!("{pid}/task/{tid}/stat"))?
+                && st.state == Some('D')
+            {
+                return Ok(Found::Yes(true));
+            }
+        }
+        Ok(Found::Yes(false))
+    }
+
     /// One `maps` file: `Some` verdict, or `None` when it is empty (no address space).
     fn driver_library_in(&self, rel: &str) -> Result<Found<Option<DriverLibrary>>, ProcError> {
         use crate::parse::{MappedLibrary, maps_line_library};
@@ -669,6 +704,9 @@ impl ProcFs {
                 let mut pending = 0;
                 let mut total = 0usize;
                 let mut nvml = false;
+                // A line longer than the buffer was read in pieces: a name cut there may
+                // have been missed, so no verdict of absence is given.
+                let mut overlong = false;
                 let mut note = |line: &[u8]| match maps_line_library(line) {
                     Some(MappedLibrary::Cuda) => true,
                     Some(MappedLibrary::Nvml) => {
@@ -679,19 +717,21 @@ impl ProcFs {
                 };
                 loop {
                     if pending == buf.len() {
-                        // A line longer than the buffer: a path of over 64 KiB cannot be
-                        // (PATH_MAX is 4096); drop what was kept of it.
+                        // A line longer than the buffer (a path deeper than PATH_MAX, which
+                        // the kernel prints whole): its rest is read as a line of its own.
                         pending = 0;
+                        overlong = true;
                     }
                     let n = rustix::io::read(&fd, &mut buf[pending..])?;
                     if n == 0 {
                         if note(&buf[..pending]) {
                             return Ok(Some(DriverLibrary::Cuda));
                         }
-                        return Ok(match (total, nvml) {
-                            (0, _) => None,
-                            (_, true) => Some(DriverLibrary::NvmlOnly),
-                            (_, false) => Some(DriverLibrary::Neither),
+                        return Ok(match (total, overlong, nvml) {
+                            (0, _, _) => None,
+                            (_, true, _) => Some(DriverLibrary::Unknown),
+                            (_, false, true) => Some(DriverLibrary::NvmlOnly),
+                            (_, false, false) => Some(DriverLibrary::Neither),
                         });
                     }
                     total += n;
@@ -831,6 +871,10 @@ impl ProcFs {
 /// The most read from one `/proc` file: above the longest command line Linux accepts
 /// (`ARG_MAX` is a quarter of the stack limit, 2 MiB by default).
 pub const MAX_PROC_FILE: usize = 8 << 20;
+
+/// The most threads of one process whose states are read before its map is (more: the map is
+/// not read).
+pub const MAX_THREADS_LOOKED_AT: usize = 4096;
 
 /// The most read of one process's `maps` looking for the driver libraries: about 200,000
 /// mappings, three times the default `vm.max_map_count` (65,530).

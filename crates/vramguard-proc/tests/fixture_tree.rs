@@ -408,18 +408,45 @@ fn the_driver_library_a_process_maps_is_read_in_bounded_pieces() {
         (15, String::new()),
         (16, String::new()),
     ];
+    // 20: a path longer than the read buffer, its file name past the cut (a deep tree):
+    // unknown, not "NVML only". 21: the CUDA library mapped, but a thread is in D state (its
+    // map may hang a reader): unknown, its map unread.
+    let deep = format!("/{}", "d/".repeat(40_000));
+    let maps: &[(u32, String)] = &[
+        maps,
+        &[
+            (
+                20,
+                format!("{}{}", line(3, &format!("{deep}libnvidia-ml.so.1")), filler),
+            ),
+            (21, cuda.clone()),
+        ],
+    ]
+    .concat();
     for (pid, text) in maps {
         let d = dir.path().join(pid.to_string());
         std::fs::create_dir_all(d.join("task")).unwrap();
         std::fs::write(d.join("maps"), text).unwrap();
     }
+    let stat = |pid: u32, tid: u32, state: char| {
+        let t = dir.path().join(format!("{pid}/task/{tid}"));
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(
+            t.join("stat"),
+            format!("{tid} (python3) {state} 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 2 0 100 0 0\n"),
+        )
+        .unwrap();
+    };
+    stat(21, 21, 'S');
+    stat(21, 22, 'D');
+    stat(10, 10, 'S');
     // 15 is a zombie leader whose thread 151 lives on with the CUDA process's map.
     let t = dir.path().join("15/task/151");
     std::fs::create_dir_all(&t).unwrap();
     std::fs::write(t.join("maps"), &cuda).unwrap();
     // 17: a FIFO; 18: /dev/zero (no newline, endless).
     let d = dir.path().join("17");
-    std::fs::create_dir(&d).unwrap();
+    std::fs::create_dir_all(d.join("task")).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
         d.join("maps"),
@@ -428,7 +455,7 @@ fn the_driver_library_a_process_maps_is_read_in_bounded_pieces() {
         0,
     )
     .unwrap();
-    std::fs::create_dir(dir.path().join("18")).unwrap();
+    std::fs::create_dir_all(dir.path().join("18/task")).unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("18/maps")).unwrap();
     let fs = vramguard_proc::ProcFs::open(dir.path()).unwrap();
     let read = |pid| match fs.driver_library(pid).unwrap() {
@@ -467,4 +494,14 @@ fn the_driver_library_a_process_maps_is_read_in_bounded_pieces() {
         t.elapsed()
     );
     assert_eq!(read(19), None, "gone");
+    assert_eq!(
+        read(20),
+        Some(DriverLibrary::Unknown),
+        "a name cut by the buffer"
+    );
+    assert_eq!(
+        read(21),
+        Some(DriverLibrary::Unknown),
+        "a thread in D: the map unread"
+    );
 }

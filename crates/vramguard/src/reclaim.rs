@@ -492,7 +492,8 @@ pub fn run(settings: &Settings, args: &ReclaimArgs) -> Result<i32> {
     let ran = prepared.run_observed(
         &mut node,
         &mut audit,
-        &ExecuteOptions::new(grace, release_timeout, reset),
+        &ExecuteOptions::new(grace, release_timeout, reset)
+            .with_reset_lock(&settings.config.reclaim.reset_lock),
         &mut feedback,
         &stop,
     );

@@ -77,6 +77,18 @@ impl Settings {
             (Some(state), None) => Driver::Sim { state },
             (None, lib) => Driver::Nvml { lib },
         };
+        let mut config = config;
+        if let Some(state) = driver.sim_state()
+            && config.reclaim.reset_lock.as_os_str()
+                == vramguard_ops::reset_lock::DEFAULT_RESET_LOCK
+        {
+            // A simulated node's reset lock is its own, beside its state (as its /run would
+            // be): resets of one simulated node never pause the agent of another, nor touch
+            // the host's /run. A config file that names a lock keeps it.
+            let mut lock = state.as_os_str().to_owned();
+            lock.push(".reset.lock");
+            config.reclaim.reset_lock = PathBuf::from(lock);
+        }
         Ok(Settings {
             driver,
             proc_root: global.proc_root,

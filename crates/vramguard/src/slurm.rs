@@ -194,7 +194,8 @@ pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
         wait: args.wait,
         poll: args.poll,
         sample: args.sample,
-        execute: ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Auto),
+        execute: ExecuteOptions::new(args.grace, args.release_timeout, ResetMode::Auto)
+            .with_reset_lock(&settings.config.reclaim.reset_lock),
     };
     let outcome = heal_loop(
         &mut node,

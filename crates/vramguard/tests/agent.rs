@@ -631,6 +631,51 @@ fn automatic_reclaim_terminates_orphans_after_min_age() {
     assert_eq!(events.last().map(String::as_str), Some("result"));
 }
 
+/// Red-team finding: the agent's own automatic reclaim resets from a thread of its own while
+/// the agent's main loop holds NVML (as driver 580's NVML holds the GPU's files), which the
+/// driver refuses. The reset lock pauses the main loop, the reclaim's reset waits for this
+/// process to let go of the device files, and the residue left beside the orphans is reset.
+#[test]
+fn the_agents_own_automatic_reset_is_not_refused_by_the_agent() {
+    let world = residue_world_580();
+    let audit = world.dir.path().join("audit.jsonl");
+    let config = format!(
+        "[agent]\ninterval = \"200ms\"\n[reclaim]\nauto = true\nmin_age = \"1s\"\ngrace = \"2s\"\nreset = \"auto\"\naudit_log = \"{}\"\n",
+        audit.display()
+    );
+    let agent = Agent::start(&world, Path_::Nvml, &config);
+    let mut j = job(&world, 0);
+    j.crash();
+    let events = || -> Vec<Value> {
+        std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["event"].as_str().is_some_and(|e| e.starts_with("reset")))
+            .collect()
+    };
+    wait_until(30, "the automatic reclaim to reset the GPU", || {
+        !events().is_empty() && events().iter().any(|e| e["event"] != "reset")
+    });
+    let done = events();
+    assert!(
+        done.iter().any(|e| e["event"] == "reset_done"
+            && e["result"]
+                .as_str()
+                .unwrap_or("")
+                .contains("back to baseline")),
+        "{done:#?}\n{}",
+        agent.log_text()
+    );
+    wait_until(10, "the agent to see the GPU empty", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_memory_used_bytes",
+            &["gpu=\"0\""],
+        ) == Some(0.0)
+    });
+}
+
 /// Red-team finding: a reload kept the time a holder had been counted reclaimable under the
 /// old rules, so a holder could be reclaimed moments after a stricter policy took effect.
 #[test]
@@ -861,6 +906,54 @@ fn promtool_checks_and_unit_tests_the_rules() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The driver refuses a reset while any other process holds the GPU, and the agent, an NVML
+/// client, holds it for as long as it runs (driver 580's NVML: the control, unified-memory
+/// and GPU files, modelled by `nvml_client_files`). A `reclaim --reset` writes the reset lock:
+/// the agent lets go of the driver, the reset goes through, the lock is removed, and the
+/// agent samples (and holds the GPU) again. Without the pause, the reset is refused with the
+/// agent named as what holds the GPU.
+#[test]
+fn a_reset_pauses_the_agent_which_lets_go_of_the_driver_and_samples_again() {
+    let world = residue_world_580();
+    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    let agent_pid = agent.child.0.id();
+    let used = |agent: &Agent| {
+        sample(
+            &agent.metrics(),
+            "vramguard_gpu_memory_used_bytes",
+            &["gpu=\"0\""],
+        )
+    };
+    wait_until(10, "the agent to see the residue", || {
+        used(&agent) == Some((6 * GIB) as f64)
+    });
+    assert!(
+        open_files(agent_pid, &world.dev_dir()) >= 3,
+        "the agent holds the device files, as a real NVML client does"
+    );
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--yes", "--reset=auto", "--json"])
+        .json(0);
+    let r = &out["resets"][0];
+    assert_eq!(r["attempted"], json!(true), "{r:#}\n{}", agent.log_text());
+    assert!(
+        r["result"].as_str().unwrap().contains("back to baseline"),
+        "{r:#}"
+    );
+    let lock = PathBuf::from(format!("{}.reset.lock", world.state_path().display()));
+    assert!(!lock.exists(), "the lock is removed after the reset");
+    wait_until(10, "the agent to sample again after the reset", || {
+        used(&agent) == Some(0.0)
+            && sample(&agent.metrics(), "vramguard_agent_paused_for_reset", &[]) == Some(0.0)
+    });
+    let log = agent.log_text();
+    assert!(log.contains("a GPU reset is under way"), "{log}");
+    assert!(log.contains("the reset ended"), "{log}");
+    wait_until(10, "the agent to hold the driver again", || {
+        open_files(agent_pid, &world.dev_dir()) >= 3
+    });
 }
 
 #[test]

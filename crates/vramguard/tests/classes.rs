@@ -203,6 +203,51 @@ fn zombie_leader_with_a_running_thread_is_a_killable_zombie() {
     assert!(ev.contains("threads still holding the device"), "{ev}");
 }
 
+/// An NVML client on its way out (a monitor whose main thread exited while a thread still
+/// holds its files; on driver 580 those include `/dev/nvidia-uvm`) is a zombie holder, but
+/// not one to SIGKILL: it holds no context and no memory, and its map (read through its live
+/// thread, the leader's being empty) shows libnvidia-ml without libcuda. Left alone even with
+/// `--include zombie`. Without the rule, it was planned as a zombie to finish (a vramguard
+/// process in exit was, when the simulator first modelled 580's NVML).
+#[test]
+fn an_nvml_client_on_its_way_out_is_not_a_zombie_to_kill() {
+    let world = World::new(1);
+    world.update(|s| s.nvml_client_files = true);
+    let mut s = spec(&world, json!([]));
+    s["open_gpus"] = json!([0]);
+    s["new_session"] = json!(true);
+    s["shape"] = json!("zombie_leader");
+    let h = start(&world, &["gpu-monitor"], s);
+    wait_until(10, "the leader to become a zombie", || {
+        state_of(h.pid) == Some('Z')
+    });
+    let report = Vg::new(&world, Path_::Nvml)
+        .args(["status", "--json", "--full-scan"])
+        .json(0);
+    let z = holder(&report, 0, h.pid);
+    assert_eq!(z["class"], "zombie", "{z:#}");
+    assert_eq!(z["driver_library"], "nvml_only", "{z:#}");
+    assert_eq!(z["action"]["reclaimable"], json!(false), "{z:#}");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args([
+            "reclaim",
+            "--yes",
+            "--json",
+            "--include",
+            "zombie,hidden,orphan",
+        ])
+        .output()
+        .0;
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        o["plan"]["left_alone"]
+            .to_string()
+            .contains("maps libnvidia-ml and no CUDA driver library"),
+        "{o:#}"
+    );
+    assert_eq!(state_of(h.pid), Some('Z'), "left as it was: {o:#}");
+}
+
 /// A server whose main thread exited while another thread works: the kernel shows its
 /// leader `Z` and in `do_exit` (`PF_EXITING`), the working thread neither. The process lives,
 /// and with it the job of the idle worker it started: neither is reclaimed, by default or

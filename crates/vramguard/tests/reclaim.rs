@@ -195,14 +195,7 @@ fn residue_is_freed_only_by_a_reset_which_is_refused_while_the_gpu_is_held() {
 #[test]
 fn a_reset_lets_go_of_vramguards_own_nvml_handles_first() {
     for path in [Path_::Nvml, Path_::InProcess] {
-        let world = World::new(1);
-        world.update(|s| s.nvml_client_files = true);
-        let mut bench = spec(
-            &world,
-            json!([{ "gpu": 0, "bytes": 6 * GIB, "after_exit": "leak" }]),
-        );
-        bench["new_session"] = json!(true);
-        start(&world, &["python3", "bench.py"], bench).crash();
+        let world = residue_world_580();
         let out = Vg::new(&world, path)
             .args(["reclaim", "--yes", "--reset=auto", "--json"])
             .json(0);

@@ -206,6 +206,20 @@ pub fn hold(gpu: u32, gib: u64) -> Value {
 }
 
 /// Starts a holder from a JSON spec.
+/// A one-GPU world whose GPU 0 holds 6 GiB of driver residue (a crashed benchmark's leak),
+/// its NVML clients holding the device files as driver 580's do (`nvml_client_files`).
+pub fn residue_world_580() -> World {
+    let world = World::new(1);
+    world.update(|s| s.nvml_client_files = true);
+    let mut bench = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    bench["new_session"] = json!(true);
+    start(&world, &["python3", "bench.py"], bench).crash();
+    world
+}
+
 pub fn start(world: &World, argv: &[&str], spec: serde_json::Value) -> Holding {
     start_wrapped(world, &[], argv, spec)
 }

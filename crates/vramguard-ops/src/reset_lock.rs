@@ -1,0 +1,216 @@
+//! The reset pause: how a vramguard process that resets a GPU asks the node's other vramguard
+//! processes (the agent) to let go of the driver meanwhile.
+//!
+//! The driver refuses a reset while any process other than the resetting one holds the GPU,
+//! NVML clients included ("In use by another client"). The agent holds NVML for as long as it
+//! runs, so a `reclaim --reset`, a Slurm heal or the agent's own automatic reclaim would
+//! always be refused on a node that runs it. Before a reset, the resetter writes the lock
+//! file (`[reclaim] reset_lock`, `/run/vramguard/reset.lock`): its pid, start time and the
+//! GPU. While the file names a live process (the same pid and start time) and is younger than
+//! [`MAX_PAUSE`], the agent makes no driver call and holds no NVML handle; the resetter
+//! waits for the holders it can see to let go ([`RESET_WAIT`]), resets, and removes the file.
+//!
+//! The file is trusted only when root wrote it: read by root, it must be root's and writable
+//! by no one else, and never larger than [`MAX_LOCK_BYTES`]; anything else is ignored (a user
+//! cannot pause the agent).
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vramguard_proc::{Found, ProcFs};
+
+/// The default lock file.
+pub const DEFAULT_RESET_LOCK: &str = "/run/vramguard/reset.lock";
+
+/// The longest the agent stays paused for one lock, whatever it says: a resetter that hangs
+/// cannot blind the agent for longer.
+pub const MAX_PAUSE: Duration = Duration::from_secs(120);
+
+/// How long a resetter waits, with the lock written, for the holders of the GPU to let go.
+/// The agent looks at the lock before each of its steps (at most its interval apart, 1 s by
+/// default).
+pub const RESET_WAIT: Duration = Duration::from_secs(10);
+
+/// The most read of a lock file.
+const MAX_LOCK_BYTES: u64 = 4096;
+
+/// What the lock file says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockInfo {
+    /// The resetting process.
+    pub pid: u32,
+    /// Its start time (`/proc/PID/stat` field 22): a reused pid is not it.
+    pub start_ticks: u64,
+    /// The GPU being reset.
+    pub gpu: u32,
+    /// When it was written (ms since the epoch).
+    pub since_ms: u64,
+}
+
+/// A lock this process wrote; removed when dropped (if it is still ours).
+#[derive(Debug)]
+pub struct ResetLock {
+    path: PathBuf,
+    info: LockInfo,
+}
+
+/// Why the lock could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("writing the reset lock {path}: {why}")]
+pub struct LockError {
+    /// The file.
+    pub path: PathBuf,
+    /// What failed.
+    pub why: String,
+}
+
+impl ResetLock {
+    /// Writes the lock for a reset of `gpu` by this process, creating its directory (root's,
+    /// mode 0755) if missing.
+    pub fn acquire(path: &Path, gpu: u32, now_ms: u64) -> Result<Self, LockError> {
+        let fail = |why: String| LockError {
+            path: path.to_path_buf(),
+            why,
+        };
+        // Pids and start times as this process's own PID namespace gives them: the agent
+        // reading the lock runs beside it.
+        let proc = ProcFs::own().map_err(|e| fail(e.to_string()))?;
+        let pid = std::process::id();
+        let start_ticks = match proc.stat(pid) {
+            Ok(Found::Yes(s)) => s.start_ticks,
+            _ => None,
+        }
+        .ok_or_else(|| fail("this process's start time is unreadable".into()))?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
+        }
+        let info = LockInfo {
+            pid,
+            start_ticks,
+            gpu,
+            since_ms: now_ms,
+        };
+        let text = serde_json::to_string(&info).expect("serialises");
+        vramguard_fs::write_file(path, text.as_bytes()).map_err(|e| fail(e.reason()))?;
+        Ok(ResetLock {
+            path: path.to_path_buf(),
+            info,
+        })
+    }
+}
+
+impl Drop for ResetLock {
+    fn drop(&mut self) {
+        // Only our own: another resetter may have taken the file over meanwhile.
+        if read_lock(&self.path).is_some_and(|l| l == self.info) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The lock at `path`, if there is one root may trust (see the module documentation).
+fn read_lock(path: &Path) -> Option<LockInfo> {
+    let text = vramguard_fs::read_root_config_to_string(path, MAX_LOCK_BYTES).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The reset a vramguard process is doing now, if the lock at `path` names one: a trusted
+/// file, younger than [`MAX_PAUSE`] (and not from the future), whose process lives with the
+/// start time it wrote (`proc`: this process's own `/proc`). A missing file costs one failed
+/// `stat`.
+pub fn active(path: &Path, proc: &ProcFs, now_ms: u64) -> Option<LockInfo> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return None;
+    }
+    let lock = read_lock(path)?;
+    let age = now_ms.checked_sub(lock.since_ms)?;
+    if age > MAX_PAUSE.as_millis() as u64 {
+        return None;
+    }
+    match proc.stat(lock.pid) {
+        Ok(Found::Yes(s)) if s.start_ticks == Some(lock.start_ticks) && s.state != Some('Z') => {
+            Some(lock)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    }
+
+    /// Written, it is active while this process lives and the file is ours; dropped, gone.
+    /// A lock naming a dead pid or a reused one, an old one or one from the future, a file
+    /// every user may write or another user's, or text that is no lock, is not active.
+    #[test]
+    fn a_lock_is_active_only_while_it_is_trusted_fresh_and_its_process_lives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/reset.lock");
+        let proc = ProcFs::own().unwrap();
+        let now = now_ms();
+        let lock = ResetLock::acquire(&path, 1, now).unwrap();
+        let got = active(&path, &proc, now).expect("active");
+        assert_eq!((got.pid, got.gpu), (std::process::id(), 1));
+        assert!(active(&path, &proc, now + MAX_PAUSE.as_millis() as u64 + 1).is_none());
+        assert!(active(&path, &proc, now - 1).is_none(), "from the future");
+        drop(lock);
+        assert!(!path.exists());
+
+        let write = |info: &LockInfo| {
+            std::fs::write(&path, serde_json::to_string(info).unwrap()).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        let mine = LockInfo {
+            pid: std::process::id(),
+            start_ticks: got.start_ticks,
+            gpu: 0,
+            since_ms: now,
+        };
+        write(&mine);
+        assert!(active(&path, &proc, now).is_some());
+        write(&LockInfo {
+            start_ticks: got.start_ticks + 1,
+            ..mine.clone()
+        });
+        assert!(active(&path, &proc, now).is_none(), "a reused pid");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        write(&LockInfo {
+            pid: dead,
+            ..mine.clone()
+        });
+        assert!(active(&path, &proc, now).is_none(), "a dead pid");
+        write(&mine);
+        if rustix::process::geteuid().is_root() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+            assert!(
+                active(&path, &proc, now).is_none(),
+                "writable by every user"
+            );
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert!(active(&path, &proc, now).is_none(), "another user's file");
+        }
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "{\"pid\": 1, \"junk\": true}").unwrap();
+        assert!(active(&path, &proc, now).is_none(), "not a lock");
+    }
+}
