@@ -158,6 +158,9 @@ const OPEN_SAMPLE_GAP: Duration = Duration::from_millis(250);
 /// How often a paused agent looks at the reset lock again.
 const RESET_PAUSE_POLL: Duration = Duration::from_millis(100);
 
+/// The longest a running agent goes without looking at the reset lock.
+const RESET_LOCK_CHECK: Duration = Duration::from_millis(250);
+
 impl Agent {
     /// One collection, classification, and everything that follows from it.
     /// Now, on the node's clock.
@@ -193,7 +196,11 @@ impl Agent {
                 self.reset_pause = Some(lock);
                 true
             }
-            (Some(_), true) => true,
+            (Some(_), true) => {
+                // A reload meanwhile may have opened the node again.
+                self.node.release_driver();
+                true
+            }
             (None, true) => {
                 tracing::info!("the reset ended: sampling again");
                 self.metrics.paused_for_reset(false);
@@ -795,7 +802,8 @@ impl Agent {
     fn step(&mut self, mut next: Instant, wake: &OwnedFd) -> Instant {
         if self.paused_for_reset() {
             // No driver call while another vramguard process resets a GPU: the reset is
-            // refused while this process holds it. Looked at again shortly.
+            // refused while this process holds it. Looked at again shortly; a signal's wake-up
+            // byte is taken (the run loop acts on the signal), else the poll would spin.
             let _ = rustix::event::poll(
                 &mut [rustix::event::PollFd::new(
                     wake,
@@ -806,6 +814,8 @@ impl Agent {
                     tv_nsec: RESET_PAUSE_POLL.as_nanos() as i64,
                 }),
             );
+            let mut drain = [0u8; 64];
+            while matches!(rustix::io::read(wake, &mut drain), Ok(n) if n > 0) {}
             return next;
         }
         if self.now() >= next {
@@ -817,6 +827,9 @@ impl Agent {
         } else {
             next.min(self.now() + Duration::from_millis(20))
         };
+        // A reset lock is seen within RESET_LOCK_CHECK however long the interval: the
+        // resetter waits for this process to let go (at most RESET_WAIT, 10 s).
+        let until = until.min(self.now() + RESET_LOCK_CHECK);
         let exits = self.wait(until, wake);
         if !exits.is_empty() {
             self.stirred = true;
@@ -1302,6 +1315,7 @@ impl Agent {
                 let mut m = Metrics::new();
                 m.track_own_heap();
                 m.track_open_watch();
+                m.track_reset_pause();
                 Arc::new(m)
             },
             history: History::default(),

@@ -192,8 +192,9 @@ pub struct Metrics {
     /// Device opens watched (1) or not (0), and the openers seen, when tracked
     /// ([`Metrics::track_open_watch`]).
     open_watch: Option<(Gauge, Counter)>,
-    /// 1 while the agent lets go of the driver for a reset (`vramguard_agent_paused_for_reset`).
-    paused_for_reset: Gauge,
+    /// 1 while the agent lets go of the driver for a reset (`vramguard_agent_paused_for_reset`;
+    /// the agent's only, [`Metrics::track_reset_pause`]).
+    paused_for_reset: Option<Gauge>,
     up: Family<GpuLabels, Gauge>,
     /// The GPUs of the last good sample: what `up` goes to 0 for when collection fails.
     seen_gpus: std::sync::Mutex<Vec<GpuLabels>>,
@@ -488,7 +489,7 @@ impl Metrics {
             registry: Registry::default(),
             heap: None,
             open_watch: None,
-            paused_for_reset: Gauge::default(),
+            paused_for_reset: None,
         };
         m.register_gpu_memory(&mut r);
         m.register_trends_and_reclaim(&mut r);
@@ -497,12 +498,6 @@ impl Metrics {
         m.register_heal(&mut r);
         m.host.register(&mut r);
         register_build_info(&mut r);
-        r.register(
-            "agent_paused_for_reset",
-            "1 while the agent makes no driver call because another vramguard process resets a \
-             GPU (the reset lock); 0 otherwise",
-            m.paused_for_reset.clone(),
-        );
         Metrics { registry: r, ..m }
     }
 
@@ -537,9 +532,23 @@ impl Metrics {
         self.open_watch = Some((watching, openers));
     }
 
-    /// Whether the agent lets go of the driver for a reset another vramguard process does.
+    /// Exports whether the agent lets go of the driver for a reset (the agent's own gauge).
+    pub fn track_reset_pause(&mut self) {
+        let paused = Gauge::default();
+        self.registry.register(
+            "agent_paused_for_reset",
+            "1 while the agent makes no driver call because a vramguard process resets a GPU \
+             (the reset lock); 0 otherwise",
+            paused.clone(),
+        );
+        self.paused_for_reset = Some(paused);
+    }
+
+    /// Whether the agent lets go of the driver for a reset a vramguard process does.
     pub fn paused_for_reset(&self, paused: bool) {
-        self.paused_for_reset.set(i64::from(paused));
+        if let Some(g) = &self.paused_for_reset {
+            g.set(i64::from(paused));
+        }
     }
 
     /// Whether device opens are watched.

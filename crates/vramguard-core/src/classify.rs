@@ -1343,7 +1343,10 @@ impl<'a> Context<'a> {
             },
             driver_library: p.driver_library,
             dead_job,
-            job: Some(job.info),
+            job: Some(JobInfo {
+                system_service: system_service_of(p),
+                ..job.info
+            }),
             work,
             idle_secs,
             keepers: Vec::new(),
@@ -1724,22 +1727,13 @@ impl<'a> Context<'a> {
                 None,
             ),
         };
-        let system_service = cg
-            .label
-            .strip_prefix("unit:")
-            .filter(|name| {
-                cg.kind == JobKind::Unit
-                    && name.ends_with(".service")
-                    && cg.root == format!("/system.slice/{name}")
-            })
-            .map(str::to_string);
         JobView {
             info: JobInfo {
                 label: cg.label,
                 kind: cg.kind,
                 alive,
                 evidence,
-                system_service,
+                system_service: None,
             },
             // A dead Slurm job's members are the processes of its cgroup; work of any
             // of them is judged per process.
@@ -2387,6 +2381,19 @@ fn system_verdict(p: &ProcessFacts, job: &JobView, evidence: &mut Vec<String>) -
             reclaimable: false,
         },
     )
+}
+
+/// The systemd system service `p`'s cgroup lies in (`/system.slice/NAME.service` or below it:
+/// a sub-unit or a container of the service's own counts as the service's), whatever names
+/// its job.
+fn system_service_of(p: &ProcessFacts) -> Option<String> {
+    p.cgroup
+        .as_deref()?
+        .strip_prefix("/system.slice/")?
+        .split('/')
+        .next()
+        .filter(|name| name.ends_with(".service"))
+        .map(str::to_string)
 }
 
 /// Why an unlisted holder without `/dev/nvidia-uvm` is never a target (the report's evidence

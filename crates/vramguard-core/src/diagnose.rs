@@ -557,13 +557,17 @@ fn stoppable_nvml_service<'a>(h: &'a Holder, all: &[GpuReport]) -> Option<&'a st
         return None;
     }
     let job = h.job.as_ref()?;
+    // The client's own job is the service itself (not a sub-unit of it).
     let unit = job
         .system_service
         .as_deref()
-        .filter(|u| is_plain_unit_name(u))?;
+        .filter(|u| is_plain_unit_name(u) && job.label.strip_prefix("unit:") == Some(*u))?;
+    // Anything of the service's, its sub-units and containers included, that may use a GPU.
     let other_gpu_user = all.iter().flat_map(|g| &g.holders).any(|o| {
         o.pid != h.pid
-            && o.job.as_ref().is_some_and(|j| j.label == job.label)
+            && o.job
+                .as_ref()
+                .is_some_and(|j| j.system_service.as_deref() == Some(unit))
             && (o.listed || o.may_hold_context() != Some(false))
     });
     (!other_gpu_user).then_some(unit)

@@ -334,9 +334,10 @@ pub struct JobInfo {
     pub alive: Option<bool>,
     /// The evidence, in words.
     pub evidence: String,
-    /// The systemd system service the job is (its cgroup is exactly
-    /// `/system.slice/NAME.service`): a unit root started, which a command for root may name.
-    /// `None` for anything else, a user manager's units included (their names are the user's).
+    /// The systemd system service the job lies in (its cgroup is `/system.slice/NAME.service`
+    /// or below it: the service's own sub-units and containers count): a unit root started,
+    /// which a command for root may name. `None` for anything else, a user manager's units
+    /// included (their names are the user's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_service: Option<String>,
 }

@@ -1573,10 +1573,10 @@ fn an_nvml_client_blocking_a_reset_is_stopped_by_its_unit() {
         "/user.slice/user-1000.slice/user@1000.service/app.slice/docker.service",
     );
     let sidecar = client(64, "gpu_stats", "/system.slice/train.service");
-    // The sidecar's unit trains on GPU 0.
+    // The sidecar's unit trains on GPU 0, in a scope of its own below the service.
     let mut trainer = proc_(65, 1, 65, "python3", &[0]);
     trainer.uid = Some(0);
-    trainer.cgroup = Some("/system.slice/train.service".into());
+    trainer.cgroup = Some("/system.slice/train.service/worker.scope".into());
     let s = snapshot(
         vec![
             gpu(0, 4 * GIB, &[(65, Some(4 * GIB))]),

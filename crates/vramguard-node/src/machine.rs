@@ -89,20 +89,8 @@ const OWN_RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// Waits, at most `limit`, until this process holds no NVIDIA device file of `dev_dir`
 /// (`/proc/self/fd`); returns whether it holds none.
 fn wait_until_no_device_file_held(dev_dir: &Path, limit: Duration) -> bool {
-    let holds = || {
-        std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
-            fds.flatten().any(|fd| {
-                std::fs::read_link(fd.path()).is_ok_and(|target| {
-                    target.parent() == Some(dev_dir)
-                        && target
-                            .file_name()
-                            .is_some_and(|n| n.to_string_lossy().starts_with("nvidia"))
-                })
-            })
-        })
-    };
     let deadline = Instant::now() + limit;
-    while holds() {
+    while vramguard_proc::procfs::own_process_holds_device_files(dev_dir) {
         if Instant::now() >= deadline {
             return false;
         }

@@ -112,14 +112,15 @@ impl ExecuteOptions {
     }
 }
 
-/// Whether an NVML client (a holder with no CUDA context: a monitor, the agent) is among the
-/// processes that would make `gpu`'s reset fail.
-fn nvml_client_blocks(gpu: &vramguard_core::GpuReport) -> bool {
-    gpu.reset_blockers.iter().any(|b| {
-        gpu.holders
-            .iter()
-            .any(|h| h.pid == b.pid && h.may_hold_context() == Some(false))
-    })
+/// Whether the processes that would make `gpu`'s reset fail are all NVML clients (holders
+/// with no CUDA context: monitors, the agent), which may let go on request.
+fn only_nvml_clients_block(gpu: &vramguard_core::GpuReport) -> bool {
+    !gpu.reset_blockers.is_empty()
+        && gpu.reset_blockers.iter().all(|b| {
+            gpu.holders
+                .iter()
+                .any(|h| h.pid == b.pid && h.may_hold_context() == Some(false))
+        })
 }
 
 /// How often the holders of a GPU are looked at while a reset waits for them to let go.
@@ -1218,15 +1219,20 @@ impl<'a> Run<'a> {
             // (up to release_timeout each) leaves time for a new job to open this one.
             let again = loop {
                 let again = self.classified_snapshot();
-                // Only an NVML client may let go on request (the agent); a reset blocked by
-                // anything else is refused at once, as without a lock.
+                // Only an NVML client may let go on request (the agent): a reset that
+                // anything else blocks too is refused at once, as without a lock. A stop
+                // request (Ctrl-C) ends the wait.
                 let held = again.as_ref().is_ok_and(|r| {
                     r.gpus
                         .iter()
                         .filter(|x| x.index == g.index)
-                        .any(nvml_client_blocks)
+                        .any(only_nvml_clients_block)
                 });
-                if !held || lock.is_none() || self.node.clock().now() >= wait_until {
+                if !held
+                    || lock.is_none()
+                    || self.stop.count() > 0
+                    || self.node.clock().now() >= wait_until
+                {
                     break again;
                 }
                 self.node.clock().sleep(RESET_WAIT_POLL);

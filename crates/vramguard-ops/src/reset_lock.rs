@@ -99,7 +99,10 @@ impl ResetLock {
             since_ms: now_ms,
         };
         let text = serde_json::to_string(&info).expect("serialises");
-        vramguard_fs::write_file(path, text.as_bytes()).map_err(|e| fail(e.reason()))?;
+        // Readable by all: an agent that does not run as root reads it too (only root may
+        // write where it lies, and only root's file is trusted by root).
+        vramguard_fs::write_file_mode(path, text.as_bytes(), 0o644)
+            .map_err(|e| fail(e.reason()))?;
         Ok(ResetLock {
             path: path.to_path_buf(),
             info,

@@ -868,6 +868,22 @@ impl ProcFs {
     }
 }
 
+/// Whether this process holds an NVIDIA device file of `dev_dir` open (a name starting with
+/// `nvidia` there), read from its own `/proc/self/fd`. What a reset waits on: the driver
+/// refuses it while this process holds the GPU.
+pub fn own_process_holds_device_files(dev_dir: &Path) -> bool {
+    std::fs::read_dir(Path::new(OWN_PROC).join("self/fd")).is_ok_and(|fds| {
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| {
+                target.parent() == Some(dev_dir)
+                    && target
+                        .file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("nvidia"))
+            })
+        })
+    })
+}
+
 /// The most read from one `/proc` file: above the longest command line Linux accepts
 /// (`ARG_MAX` is a quarter of the stack limit, 2 MiB by default).
 pub const MAX_PROC_FILE: usize = 8 << 20;
