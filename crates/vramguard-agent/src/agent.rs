@@ -122,6 +122,11 @@ struct Agent {
     reset_pause: Option<vramguard_ops::reset_lock::LockInfo>,
     /// This process's own `/proc`, where the reset lock's pid is checked.
     own_proc: Option<vramguard_proc::ProcFs>,
+    /// How often the reset lock is looked at when nothing wakes the loop for it: `None` while
+    /// its directory is watched (a new file there wakes the loop, see [`watch_reset_lock`]).
+    reset_lock_poll: Option<Duration>,
+    /// A pause for a reset just ended: the next step samples at once.
+    sample_now: bool,
     /// The node's name in the last good sample: the heal's alert names it while samples fail.
     last_hostname: Option<String>,
     /// What the last full sample left for quiet samples to compare with, when it left nothing
@@ -205,8 +210,9 @@ impl Agent {
                 tracing::info!("the reset ended: sampling again");
                 self.metrics.paused_for_reset(false);
                 self.reset_pause = None;
-                // What changed meanwhile (the reset, its memory back) is read in full.
+                // What changed meanwhile (the reset, its memory back) is read in full, now.
                 self.needs_full = true;
+                self.sample_now = true;
                 false
             }
             (None, false) => false,
@@ -818,6 +824,9 @@ impl Agent {
             while matches!(rustix::io::read(wake, &mut drain), Ok(n) if n > 0) {}
             return next;
         }
+        if std::mem::take(&mut self.sample_now) {
+            next = next.min(self.now());
+        }
         if self.now() >= next {
             self.sample();
             next = self.now() + self.config.agent.interval;
@@ -827,9 +836,13 @@ impl Agent {
         } else {
             next.min(self.now() + Duration::from_millis(20))
         };
-        // A reset lock is seen within RESET_LOCK_CHECK however long the interval: the
-        // resetter waits for this process to let go (at most RESET_WAIT, 10 s).
-        let until = until.min(self.now() + RESET_LOCK_CHECK);
+        // Where the lock's directory cannot be watched, it is looked at within
+        // RESET_LOCK_CHECK however long the interval: the resetter waits for this process to
+        // let go (at most RESET_WAIT, 10 s).
+        let until = match self.reset_lock_poll {
+            Some(every) => until.min(self.now() + every),
+            None => until,
+        };
         let exits = self.wait(until, wake);
         if !exits.is_empty() {
             self.stirred = true;
@@ -1351,6 +1364,8 @@ impl Agent {
             open_watch_failure: None,
             reset_pause: None,
             own_proc: vramguard_proc::ProcFs::own().ok(),
+            reset_lock_poll: None,
+            sample_now: false,
             last_hostname: None,
             calm: None,
             stirred: false,
@@ -1417,6 +1432,14 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
     agent.reclaim_stop = reclaim_stop;
+    if !watch_reset_lock(&agent.config.reclaim.reset_lock, wake_tx.clone()) {
+        tracing::info!(
+            "the reset lock's directory ({}) cannot be watched: the lock is looked at every {:?}",
+            agent.config.reclaim.reset_lock.display(),
+            RESET_LOCK_CHECK
+        );
+        agent.reset_lock_poll = Some(RESET_LOCK_CHECK);
+    }
     agent.start_watching_opens();
     let mut next = agent.now();
     while !shutdown.load(Ordering::SeqCst) {
@@ -1432,6 +1455,51 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     server.stop();
     agent.notifier.stop();
     Ok(())
+}
+
+/// Wakes the agent's loop (a byte on `wake`) whenever a file is created or renamed into the
+/// reset lock's directory (made, root's, mode 0755, if missing), so that a lock is seen at
+/// once without polling. `false` when the directory cannot be watched.
+fn watch_reset_lock(lock: &std::path::Path, wake: Arc<OwnedFd>) -> bool {
+    use rustix::fs::inotify;
+    let Some(dir) = lock.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return false;
+    };
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir);
+    }
+    let Ok(fd) = inotify::init(inotify::CreateFlags::CLOEXEC) else {
+        return false;
+    };
+    let watched = inotify::add_watch(
+        &fd,
+        dir,
+        inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO | inotify::WatchFlags::ONLYDIR,
+    );
+    if watched.is_err() {
+        return false;
+    }
+    std::thread::Builder::new()
+        .name("vramguard-reset-lock".into())
+        .spawn(move || {
+            let mut events = [0u8; 4096];
+            loop {
+                match rustix::io::read(&fd, &mut events) {
+                    Ok(n) if n > 0 => {
+                        let _ = rustix::io::write(&*wake, b"l");
+                    }
+                    Err(rustix::io::Errno::INTR) => {}
+                    // The watch ended (its directory removed) or the read failed: the loop
+                    // no longer hears of new locks from here.
+                    _ => return,
+                }
+            }
+        })
+        .is_ok()
 }
 
 /// Hands the allocator's free pages back to the kernel after a full scan, the sample that

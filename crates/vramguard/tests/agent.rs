@@ -917,7 +917,14 @@ fn promtool_checks_and_unit_tests_the_rules() {
 #[test]
 fn a_reset_pauses_the_agent_which_lets_go_of_the_driver_and_samples_again() {
     let world = residue_world_580();
-    let agent = Agent::start(&world, Path_::Nvml, "[agent]\ninterval = \"200ms\"\n");
+    // A long interval, and no watch of device opens (which wakes the agent too): the lock is
+    // seen because a new file in its directory wakes the agent (inotify), not because a
+    // sample happens to come within the resetter's 10 s wait.
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        "[agent]\ninterval = \"30s\"\nwatch_opens = false\n",
+    );
     let agent_pid = agent.child.0.id();
     let used = |agent: &Agent| {
         sample(
