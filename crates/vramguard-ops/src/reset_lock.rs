@@ -4,11 +4,13 @@
 //! The driver refuses a reset while any process other than the resetting one holds the GPU,
 //! NVML clients included ("In use by another client"). The agent holds NVML for as long as it
 //! runs, so a `reclaim --reset`, a Slurm heal or the agent's own automatic reclaim would
-//! always be refused on a node that runs it. Before a reset, the resetter writes the lock
-//! file (`[reclaim] reset_lock`, `/run/vramguard/reset.lock`): its pid, start time and the
-//! GPU. While the file names a live process (the same pid and start time) and is younger than
-//! [`MAX_PAUSE`], the agent makes no driver call and holds no NVML handle; the resetter
-//! waits for the holders it can see to let go ([`RESET_WAIT`]), resets, and removes the file.
+//! always be refused on a node that runs it. Before a reset, the resetter writes a lock file
+//! of its own beside the configured path (`[reclaim] reset_lock`, `/run/vramguard/reset.lock`:
+//! `reset.lock.<pid>`), with its pid, start time and the GPU. While any such file names a live
+//! process (the same pid and start time) and is younger than [`MAX_PAUSE`], the agent makes no
+//! driver call and holds no NVML handle; the resetter waits for the holders it can see to let
+//! go ([`RESET_WAIT`]), resets, and removes its file. One file per resetter: two resets at once
+//! (a CLI's and the agent's own) each keep the agent paused until both are done.
 //!
 //! The file is trusted only when root wrote it: read by root, it must be root's and writable
 //! by no one else, and never larger than [`MAX_LOCK_BYTES`]; anything else is ignored (a user
@@ -33,6 +35,16 @@ pub const RESET_WAIT: Duration = Duration::from_secs(10);
 
 /// The most read of a lock file.
 const MAX_LOCK_BYTES: u64 = 4096;
+
+/// The most entries of the lock's directory looked at for locks.
+const MAX_DIR_ENTRIES: usize = 256;
+
+/// The lock file of the resetter `pid` for the configured path: `<path>.<pid>`.
+pub fn own_path(path: &Path, pid: u32) -> PathBuf {
+    let mut own = path.as_os_str().to_owned();
+    own.push(format!(".{pid}"));
+    PathBuf::from(own)
+}
 
 /// What the lock file says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +110,8 @@ impl ResetLock {
             gpu,
             since_ms: now_ms,
         };
+        let path = own_path(path, pid);
+        let path = path.as_path();
         let text = serde_json::to_string(&info).expect("serialises");
         // Readable by all: an agent that does not run as root reads it too (only root may
         // write where it lies, and only root's file is trusted by root).
@@ -125,14 +139,35 @@ fn read_lock(path: &Path) -> Option<LockInfo> {
     serde_json::from_str(&text).ok()
 }
 
-/// The reset a vramguard process is doing now, if the lock at `path` names one: a trusted
-/// file, younger than [`MAX_PAUSE`] (and not from the future), whose process lives with the
-/// start time it wrote (`proc`: this process's own `/proc`). A missing file costs one failed
-/// `stat`.
+/// A reset a vramguard process is doing now, if a lock for the configured `path` names one
+/// (`path` itself, or a resetter's own `path.<pid>`): a trusted file, younger than
+/// [`MAX_PAUSE`] (and not from the future), whose process lives with the start time it wrote
+/// (`proc`: this process's own `/proc`). Costs a listing of the lock's directory (at most
+/// [`MAX_DIR_ENTRIES`] entries).
 pub fn active(path: &Path, proc: &ProcFs, now_ms: u64) -> Option<LockInfo> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return None;
-    }
+    let name = path.file_name()?.to_str()?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let prefix = format!("{name}.");
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .take(MAX_DIR_ENTRIES)
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n == name
+                    || n.strip_prefix(&prefix).is_some_and(|pid| {
+                        !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+                    })
+            })
+        })
+        .find_map(|e| live_lock(&e.path(), proc, now_ms))
+}
+
+/// The lock at `path` if it is trusted, fresh and its process lives.
+fn live_lock(path: &Path, proc: &ProcFs, now_ms: u64) -> Option<LockInfo> {
     let lock = read_lock(path)?;
     let age = now_ms.checked_sub(lock.since_ms)?;
     if age > MAX_PAUSE.as_millis() as u64 {
@@ -169,10 +204,47 @@ mod tests {
         let lock = ResetLock::acquire(&path, 1, now).unwrap();
         let got = active(&path, &proc, now).expect("active");
         assert_eq!((got.pid, got.gpu), (std::process::id(), 1));
+        assert!(
+            own_path(&path, std::process::id()).is_file(),
+            "its own file"
+        );
         assert!(active(&path, &proc, now + MAX_PAUSE.as_millis() as u64 + 1).is_none());
         assert!(active(&path, &proc, now - 1).is_none(), "from the future");
+        // Another resetter at the same time (a live process of its own): when this one is
+        // done, the other still holds the pause.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let other_start = loop {
+            if let Ok(Found::Yes(st)) = proc.stat(other.id())
+                && let Some(t) = st.start_ticks
+            {
+                break t;
+            }
+        };
+        let other_lock = LockInfo {
+            pid: other.id(),
+            start_ticks: other_start,
+            gpu: 0,
+            since_ms: now,
+        };
+        std::fs::write(
+            own_path(&path, other.id()),
+            serde_json::to_string(&other_lock).unwrap(),
+        )
+        .unwrap();
         drop(lock);
-        assert!(!path.exists());
+        assert!(!own_path(&path, std::process::id()).exists());
+        assert_eq!(
+            active(&path, &proc, now),
+            Some(other_lock),
+            "the other reset's"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+        assert!(active(&path, &proc, now).is_none(), "its process is gone");
+        std::fs::remove_file(own_path(&path, other.id())).unwrap();
 
         let write = |info: &LockInfo| {
             std::fs::write(&path, serde_json::to_string(info).unwrap()).unwrap();

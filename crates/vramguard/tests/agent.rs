@@ -949,8 +949,14 @@ fn a_reset_pauses_the_agent_which_lets_go_of_the_driver_and_samples_again() {
         r["result"].as_str().unwrap().contains("back to baseline"),
         "{r:#}"
     );
-    let lock = PathBuf::from(format!("{}.reset.lock", world.state_path().display()));
-    assert!(!lock.exists(), "the lock is removed after the reset");
+    // The resetter's own lock file (`<state>.reset.lock.<pid>`) is removed after the reset.
+    let locks: Vec<_> = std::fs::read_dir(world.dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("state.json.reset.lock"))
+        .collect();
+    assert!(locks.is_empty(), "left behind: {locks:?}");
     wait_until(10, "the agent to sample again after the reset", || {
         used(&agent) == Some(0.0)
             && sample(&agent.metrics(), "vramguard_agent_paused_for_reset", &[]) == Some(0.0)
