@@ -420,9 +420,19 @@ impl<'a> Context<'a> {
         let here = self.snap.process(reported);
         // An NVML client on the listed pid (mapping libnvidia-ml, not libcuda) is not the
         // process whose context the driver lists: that one exited and the pid was reused.
+        // Only where the pid can have been reused: Linux gives no new process a pid that
+        // another process still has as its group or session id, so a process group or session
+        // the listed pid leads, with other members, is the listed process's own.
+        let leads_others = || {
+            self.snap
+                .processes
+                .iter()
+                .any(|q| q.pid != reported && (q.pgid == Some(reported) || q.sid == Some(reported)))
+        };
         let nvml_client = |p: &ProcessFacts| {
             p.driver_library == Some(DriverLibrary::NvmlOnly)
                 && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+                && !leads_others()
         };
         if let Some(p) = here
             && !p.is_kernel_thread()

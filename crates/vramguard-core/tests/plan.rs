@@ -464,11 +464,13 @@ fn an_nvml_client_holding_uvm_on_driver_580_is_never_signalled() {
 fn a_listed_pid_reused_by_an_nvml_client_is_an_exited_pid() {
     let mut monitor = cuda(p(446, 1, 900, "gpu_exporter", &[0]));
     monitor.driver_library = Some(DriverLibrary::NvmlOnly);
-    let mut worker = cuda(p(576, 1, 446, "python3", &[0]));
+    // The trainer was in its launcher's group (440, the launcher gone too): had it led its
+    // own group with the worker in it, pid 446 could not have been reused.
+    let mut worker = cuda(p(576, 1, 440, "python3", &[0]));
     worker.driver_library = Some(DriverLibrary::Cuda);
     let s = snap(
         vec![gpu(0, 20 * GIB, &[(446, 20 * GIB)])],
-        vec![init(), monitor, worker],
+        vec![init(), monitor.clone(), worker.clone()],
     );
     let report = classify(&s, &Policy::default());
     let listed = report.gpus[0]
@@ -487,6 +489,28 @@ fn a_listed_pid_reused_by_an_nvml_client_is_an_exited_pid() {
         let targets: Vec<u32> = plan_of(&s, &opts).targets().map(|t| t.pid).collect();
         assert!(!targets.contains(&446), "{opts:?}: {targets:?}");
     }
+    // A worker in the process group 446 leads: pid 446 is still the group's leader, not a
+    // reused pid, whatever its map says (a process can map what it likes): it is taken as
+    // the listed process, and its worker is no keeper of an "exited" pid.
+    worker.pgid = Some(446);
+    worker.sid = Some(446);
+    let s = snap(
+        vec![gpu(0, 20 * GIB, &[(446, 20 * GIB)])],
+        vec![init(), monitor, worker],
+    );
+    let report = classify(&s, &Policy::default());
+    let listed = report.gpus[0]
+        .holders
+        .iter()
+        .find(|h| h.pid == 446)
+        .unwrap();
+    assert_ne!(listed.class, Class::Exited, "{listed:#?}");
+    let w = report.gpus[0]
+        .holders
+        .iter()
+        .find(|h| h.pid == 576)
+        .unwrap();
+    assert_eq!(w.keeps_alive, None, "{w:#?}");
 }
 
 #[test]

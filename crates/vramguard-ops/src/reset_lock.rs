@@ -216,13 +216,15 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let other_start = loop {
-            if let Ok(Found::Yes(st)) = proc.stat(other.id())
-                && let Some(t) = st.start_ticks
-            {
-                break t;
-            }
-        };
+        let other_start = (0..500)
+            .find_map(|_| match proc.stat(other.id()) {
+                Ok(Found::Yes(st)) => st.start_ticks,
+                _ => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    None
+                }
+            })
+            .expect("the other resetter's start time");
         let other_lock = LockInfo {
             pid: other.id(),
             start_ticks: other_start,
