@@ -12,12 +12,15 @@
 //!   holder that was already running before it opened the device; callers request it for
 //!   `diagnose`, when a GPU shows unaccounted memory, and periodically.
 
+use crate::address_space::AddressSpaceReads;
 use crate::devices::DeviceTable;
 use crate::parse::{Stat, Status, StatusMemory};
 use crate::procfs::{Found, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 use vramguard_core::host::{HostMemoryFacts, ProcessHostMemory, ShmDirFacts};
 use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
@@ -117,7 +120,7 @@ const SCAN_BATCH: usize = 16;
 /// Gathers process facts, remembering what it saw between collections.
 #[derive(Debug)]
 pub struct ProcCollector {
-    fs: ProcFs,
+    fs: Arc<ProcFs>,
     lister: PidLister,
     dev_dir: PathBuf,
     devices: DeviceTable,
@@ -172,6 +175,14 @@ pub struct ProcCollector {
     /// each (hundreds of holders, every sample). `None` where epoll could not be had or
     /// refused one: each pidfd is then polled.
     exit_set: Option<crate::exits::ExitSet>,
+    /// Reads of address spaces (`cmdline`, `maps`), each with a deadline; started at the
+    /// first such read.
+    address_space: Option<AddressSpaceReads>,
+    /// How long one of them may take.
+    address_space_deadline: Duration,
+    /// Processes whose address space went unread (a read given up, or not tried while an
+    /// earlier one is blocked): read again once nothing of theirs is blocked.
+    address_space_unread: BTreeSet<u32>,
 }
 
 /// What the first read of a process takes from `/proc`: its `stat` (kept open for later
@@ -194,15 +205,12 @@ struct IdentityFiles {
 }
 
 impl IdentityFiles {
-    /// Without `cmdline`, the command line is not read (left unknown, as if denied).
-    fn read(fs: &ProcFs, pid: u32, cmdline: bool) -> Result<IdentityFiles, ProcError> {
+    /// All but the command line, left unknown (as if denied): it is read under the
+    /// process's mmap lock, so apart, with a deadline ([`ProcCollector::command_lines_of`]).
+    fn read(fs: &ProcFs, pid: u32) -> Result<IdentityFiles, ProcError> {
         Ok(IdentityFiles {
             status: fs.status(pid)?,
-            cmdline: if cmdline {
-                fs.cmdline(pid)?
-            } else {
-                Found::Denied
-            },
+            cmdline: Found::Denied,
             cgroup: fs.cgroup(pid)?,
             exe: fs.exe(pid)?,
         })
@@ -212,7 +220,7 @@ impl IdentityFiles {
 impl FirstRead {
     /// Reads `stat` (kept open) and the identity files; `None` when the process is gone or
     /// unreadable (the serial walk then looks for itself).
-    fn read(fs: &ProcFs, pid: u32, cmdline: bool) -> Option<FirstRead> {
+    fn read(fs: &ProcFs, pid: u32) -> Option<FirstRead> {
         let Ok(Found::Yes(fd)) = fs.open_stat(pid) else {
             return None;
         };
@@ -223,7 +231,7 @@ impl FirstRead {
         // taken (`refresh`), as for files read then.
         Some(FirstRead {
             stat: Some((fd, stat)),
-            identity: Some(IdentityFiles::read(fs, pid, cmdline)),
+            identity: Some(IdentityFiles::read(fs, pid)),
         })
     }
 }
@@ -231,6 +239,8 @@ impl FirstRead {
 /// `f` of each pid, on up to `threads` threads (the calling one included), handed out
 /// [`SCAN_BATCH`] pids at a time from one counter: processes differ widely in cost (fd
 /// tables of 3 and of 3,000), and fixed shares left one thread idle while another worked.
+/// Only for reads that take no process's mmap lock: those go to [`AddressSpaceReads`],
+/// whose reads can be given up.
 fn on_every_core<T: Send>(
     pids: &[u32],
     threads: usize,
@@ -271,7 +281,7 @@ impl ProcCollector {
         let dev_dir = dev_dir.into();
         // Link targets are absolute and normalised; compare without a trailing slash.
         let dev_dir = PathBuf::from(dev_dir.to_string_lossy().trim_end_matches('/'));
-        let fs = ProcFs::open(proc_root)?;
+        let fs = Arc::new(ProcFs::open(proc_root)?);
         let lister = fs.pid_lister()?;
         let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
@@ -305,6 +315,9 @@ impl ProcCollector {
             threads: std::sync::OnceLock::new(),
             first_reads: HashMap::new(),
             exit_set: crate::exits::ExitSet::new(),
+            address_space: None,
+            address_space_deadline: crate::address_space::READ_DEADLINE,
+            address_space_unread: BTreeSet::new(),
         };
         c.pidfds_usable = c.fs.is_own_namespace();
         c.refresh_host();
@@ -329,6 +342,14 @@ impl ProcCollector {
     /// of one per core the process may use (at most 8).
     pub fn with_read_threads(self, threads: usize) -> Self {
         let _ = self.threads.set(threads.max(1));
+        self
+    }
+
+    /// Gives up a read of a process's address space (`cmdline`, `maps`) after `deadline`
+    /// instead of [`crate::address_space::READ_DEADLINE`].
+    pub fn with_address_space_deadline(mut self, deadline: Duration) -> Self {
+        self.address_space_deadline = deadline;
+        self.address_space = None;
         self
     }
 
@@ -722,6 +743,7 @@ impl ProcCollector {
         now_ms: u64,
     ) -> Result<Collected, ProcError> {
         self.collections += 1;
+        self.retry_unread_address_spaces();
         if depth == ScanDepth::Full {
             self.refresh_host();
             self.devices = DeviceTable::load(&self.dev_dir);
@@ -739,6 +761,9 @@ impl ProcCollector {
                 "open files of {denied} process(es) were unreadable (other users' processes): \
                  run as root (or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) to see every holder"
             ));
+        }
+        if !self.address_space_unread.is_empty() {
+            limitations.push(self.unread_address_spaces());
         }
         self.check_fd_accounting();
         let job_cgroups = if reuse {
@@ -761,6 +786,30 @@ impl ProcCollector {
             host: self.host.clone(),
             host_memory,
         })
+    }
+
+    /// What the collection says of address spaces it could not read in time.
+    fn unread_address_spaces(&self) -> String {
+        let pids: Vec<String> = self
+            .address_space_unread
+            .iter()
+            .take(10)
+            .map(u32::to_string)
+            .collect();
+        let more = self.address_space_unread.len().saturating_sub(pids.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        let deadline = self.address_space_deadline;
+        format!(
+            "the memory map of pid {}{more} could not be read within {deadline:?} (a thread may be \
+             stuck in the kernel holding it: see its threads' state and wchan in \
+             /proc/PID/task/*/); what it tells (command line, mapped driver libraries, shared \
+             memory) is unknown until it can be read",
+            pids.join(", ")
+        )
     }
 
     /// Debug builds (every test) check that the count of held `stat` fds and pidfds, which
@@ -830,20 +879,19 @@ impl ProcCollector {
                 })
                 .collect();
             let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
-            let (fs, devs_ref) = (&self.fs, &devs);
-            let read = on_every_core(&pids, self.threads(), |pid| {
-                crate::host::process_memory(fs, pid, devs_ref, read_now.get(&pid).copied())
-            });
-            for (pid, found) in read {
-                if let Ok(Found::Yes(m)) = found
-                    && let Some(k) = self.known.get_mut(&pid)
-                {
-                    k.host_memory = Some(m);
-                }
-            }
+            self.read_host_memory(&pids, &devs, read_now);
             let any_segment = dirs.iter().any(|d| !d.segments.is_empty());
             if let (true, Some(pids)) = (any_segment, listing) {
-                let used = crate::host::scan_users(&self.fs, pids, &devs, &self.shm_dirs);
+                let used = if devs.is_empty() {
+                    crate::host::ShmUse::default()
+                } else {
+                    let (devs, shm_dirs) =
+                        (Arc::new(devs.clone()), Arc::new(self.shm_dirs.clone()));
+                    let read = self.address_space().each(pids, move |fs, pid| {
+                        crate::host::shm_use_of(fs, pid, &devs, &shm_dirs)
+                    });
+                    crate::host::ShmUse::merge(pids, read)
+                };
                 for d in dirs.iter_mut().filter(|d| d.error.is_none()) {
                     d.users_checked = used.unreadable.is_empty() && used.read > 0;
                     d.unchecked_pids = used.unreadable.iter().take(10).copied().collect();
@@ -865,16 +913,16 @@ impl ProcCollector {
                 .filter(|d| d.error.is_none())
                 .map(|d| d.dev)
                 .collect();
-            for p in processes.iter() {
-                if let Some(k) = self.known.get(&p.pid)
-                    && k.host_memory.is_none()
-                    && let Ok(Found::Yes(m)) =
-                        crate::host::process_memory(&self.fs, p.pid, &devs, None)
-                    && let Some(k) = self.known.get_mut(&p.pid)
-                {
-                    k.host_memory = Some(m);
-                }
-            }
+            let unread: Vec<u32> = processes
+                .iter()
+                .filter(|p| {
+                    self.known
+                        .get(&p.pid)
+                        .is_some_and(|k| k.host_memory.is_none())
+                })
+                .map(|p| p.pid)
+                .collect();
+            self.read_host_memory(&unread, &devs, HashMap::new());
         }
         for p in processes.iter_mut() {
             p.host_memory = self.known.get(&p.pid).and_then(|k| k.host_memory);
@@ -884,6 +932,34 @@ impl ProcCollector {
             mem_available_bytes,
             pressure: crate::host::pressure(&self.fs),
             shm: self.last_shm.clone(),
+        }
+    }
+
+    /// Each process's pinned, locked and shared memory, on the workers (the maps are read
+    /// under the process's mmap lock); `read_now`: `status` figures this collection already
+    /// read. A read given up leaves the process without figures, read again next time.
+    fn read_host_memory(
+        &mut self,
+        pids: &[u32],
+        devs: &BTreeSet<u64>,
+        read_now: HashMap<u32, StatusMemory>,
+    ) {
+        let devs = Arc::new(devs.clone());
+        let read = self.address_space().each(pids, move |fs, pid| {
+            crate::host::process_memory(fs, pid, &devs, read_now.get(&pid).copied())
+        });
+        for (&pid, found) in pids.iter().zip(read) {
+            match found {
+                Some(Ok(Found::Yes(m))) => {
+                    if let Some(k) = self.known.get_mut(&pid) {
+                        k.host_memory = Some(m);
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    self.address_space_unread.insert(pid);
+                }
+            }
         }
     }
 
@@ -984,10 +1060,26 @@ impl ProcCollector {
             .filter(|(pid, _)| !self.known.contains_key(pid))
             .count();
         self.known.reserve(new);
+        // The maps of every uvm holder at once, on the workers. Read after the fd scans, not
+        // with them: a process letting go of the driver in between (closing its files, then
+        // unmapping the library) reads as holding the files and mapping neither library.
+        let uvm: Vec<u32> = scanned
+            .iter()
+            .filter(|(_, found)| matches!(found, Found::Yes(d) if holds_uvm(d)))
+            .map(|(pid, _)| *pid)
+            .collect();
+        let mut libraries: HashMap<u32, DriverLibrary> = uvm
+            .iter()
+            .copied()
+            .zip(self.driver_libraries(&uvm))
+            .collect();
         for (pid, found) in scanned {
             match found {
-                Found::Yes(devices) => self.set_devices(pid, devices),
-                Found::Denied => self.set_devices(pid, FdScan::Denied),
+                Found::Yes(devices) => {
+                    let library = libraries.remove(&pid);
+                    self.set_devices_read(pid, devices, library)
+                }
+                Found::Denied => self.set_devices_read(pid, FdScan::Denied, None),
                 Found::Gone => self.depart(pid, now_ms),
             }
             // Facts kept for reuse carry the old scan: an opener is read afresh.
@@ -1002,17 +1094,111 @@ impl ProcCollector {
 
     /// Records a process's device-file scan; the index is rebuilt when next asked for.
     fn set_devices(&mut self, pid: u32, devices: FdScan) {
-        let uvm = matches!(&devices, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm));
+        let library = holds_uvm(&devices).then(|| self.driver_libraries(&[pid])[0]);
+        self.set_devices_read(pid, devices, library);
+    }
+
+    /// [`ProcCollector::set_devices`] with the driver library already read (for a process
+    /// holding uvm).
+    fn set_devices_read(&mut self, pid: u32, devices: FdScan, library: Option<DriverLibrary>) {
         let known = self.known.entry(pid).or_default();
         known.devices = devices;
-        // On driver 580 an NVML client holds uvm too: only the map tells it from a CUDA
-        // context. Read at every fd scan (an exec keeps the pid and start time but not the
-        // map); an error reads as no evidence either way.
-        known.driver_library = uvm.then(|| match self.fs.driver_library(pid) {
-            Ok(Found::Yes(found)) => found,
-            _ => DriverLibrary::Unknown,
-        });
+        known.driver_library = library;
         self.device_index = None;
+    }
+
+    /// Which driver libraries each process maps. On driver 580 an NVML client holds uvm too:
+    /// only the map tells it from a CUDA context. Read at every fd scan that finds uvm held
+    /// (an exec keeps the pid and start time but not the map); an error, or a read given up
+    /// at its deadline, reads as no evidence either way.
+    fn driver_libraries(&mut self, pids: &[u32]) -> Vec<DriverLibrary> {
+        let read = self
+            .address_space()
+            .each(pids, |fs, pid| fs.driver_library(pid));
+        pids.iter()
+            .zip(read)
+            .map(|(&pid, found)| match found {
+                Some(Ok(Found::Yes(library))) => library,
+                Some(_) => DriverLibrary::Unknown,
+                None => {
+                    self.address_space_unread.insert(pid);
+                    DriverLibrary::Unknown
+                }
+            })
+            .collect()
+    }
+
+    /// Each process's command line, read with a deadline; one given up reads as unknown
+    /// (as if denied) and is read again later.
+    fn command_lines_of(&mut self, pids: &[u32]) -> Vec<Result<Found<Vec<String>>, ProcError>> {
+        let read = self.address_space().each(pids, |fs, pid| fs.cmdline(pid));
+        pids.iter()
+            .zip(read)
+            .map(|(&pid, line)| {
+                line.unwrap_or_else(|| {
+                    self.address_space_unread.insert(pid);
+                    Ok(Found::Denied)
+                })
+            })
+            .collect()
+    }
+
+    /// Makes every read of an address space call `hook` first, on the reading thread: how
+    /// the tests make one process's memory map hang as a stuck driver call can.
+    #[cfg(test)]
+    fn before_address_space_read(&mut self, hook: Arc<dyn Fn(u32) + Send + Sync>) {
+        self.address_space().before_read(hook);
+    }
+
+    /// The reads of address spaces, started at the first.
+    fn address_space(&mut self) -> &AddressSpaceReads {
+        if self.address_space.is_none() {
+            self.address_space = Some(AddressSpaceReads::new(
+                self.fs.clone(),
+                self.threads(),
+                self.address_space_deadline,
+            ));
+        }
+        self.address_space.as_ref().expect("just started")
+    }
+
+    /// Processes whose address space went unread and is no longer blocked: their identity
+    /// (command line) is read again at their next read, and a driver library left unknown
+    /// is read now.
+    fn retry_unread_address_spaces(&mut self) {
+        if self.address_space_unread.is_empty() {
+            return;
+        }
+        let blocked: HashSet<u32> = self
+            .address_space
+            .as_ref()
+            .map(|r| r.blocked().into_iter().collect())
+            .unwrap_or_default();
+        let retry: Vec<u32> = self
+            .address_space_unread
+            .iter()
+            .copied()
+            .filter(|pid| !blocked.contains(pid))
+            .collect();
+        let mut libraries = Vec::new();
+        for pid in retry {
+            self.address_space_unread.remove(&pid);
+            if let Some(k) = self.known.get_mut(&pid) {
+                k.facts = None;
+                k.last = None;
+                if k.driver_library == Some(DriverLibrary::Unknown) {
+                    libraries.push(pid);
+                }
+            }
+        }
+        if !libraries.is_empty() {
+            let read = self.driver_libraries(&libraries);
+            for (pid, library) in libraries.into_iter().zip(read) {
+                if let Some(k) = self.known.get_mut(&pid) {
+                    k.driver_library = Some(library);
+                }
+            }
+        }
     }
 
     /// The holders and the unreadable count, from the index when nothing changed since it
@@ -1216,13 +1402,30 @@ impl ProcCollector {
             return;
         }
         let fs = &self.fs;
-        let cmdline = self.command_lines;
-        self.first_reads = on_every_core(&fresh, self.threads(), |pid| {
-            FirstRead::read(fs, pid, cmdline)
-        })
-        .into_iter()
-        .filter_map(|(pid, read)| Some((pid, read?)))
-        .collect();
+        self.first_reads = on_every_core(&fresh, self.threads(), |pid| FirstRead::read(fs, pid))
+            .into_iter()
+            .filter_map(|(pid, read)| Some((pid, read?)))
+            .collect();
+        if self.command_lines {
+            // Apart, with a deadline: a command line is read under the process's mmap lock.
+            let pids: Vec<u32> = self
+                .first_reads
+                .iter()
+                .filter(|(_, r)| matches!(r.identity, Some(Ok(_))))
+                .map(|(pid, _)| *pid)
+                .collect();
+            let lines = self.command_lines_of(&pids);
+            for (pid, line) in pids.into_iter().zip(lines) {
+                let Some(read) = self.first_reads.get_mut(&pid) else {
+                    continue;
+                };
+                match (line, read.identity.as_mut()) {
+                    (Ok(line), Some(Ok(files))) => files.cmdline = line,
+                    (Err(e), identity) => *identity.expect("read") = Err(e),
+                    _ => {}
+                }
+            }
+        }
         // Their `stat` fds count against the budget while they are held.
         self.open_stat_fds += self.first_reads.len();
     }
@@ -1247,7 +1450,13 @@ impl ProcCollector {
             .and_then(|r| r.identity.take())
         {
             Some(read) => read?,
-            None => IdentityFiles::read(&self.fs, pid, self.command_lines)?,
+            None => {
+                let mut files = IdentityFiles::read(&self.fs, pid)?;
+                if self.command_lines {
+                    files.cmdline = self.command_lines_of(&[pid]).pop().expect("one pid")?;
+                }
+                files
+            }
         };
         let status = files.status.ok();
         // Only a status actually read stands in for host memory's own read.
@@ -1432,6 +1641,11 @@ impl ProcCollector {
     }
 }
 
+/// Whether a scan found `/dev/nvidia-uvm` held.
+fn holds_uvm(devices: &FdScan) -> bool {
+    matches!(devices, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+}
+
 /// Reads a small file outside `/proc` (a cgroup file), refusing anything larger than `max`.
 fn read_small(path: &Path, max: u64) -> Option<String> {
     use std::io::Read;
@@ -1439,4 +1653,151 @@ fn read_small(path: &Path, max: u64) -> Option<String> {
     let mut buf = Vec::new();
     f.take(max).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    /// Killed and reaped on drop.
+    struct Reaped(Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A `sleep` holding the stand-ins of `nvidia0` and `nvidia-uvm` in `dev`.
+    fn holder(dev: &Path) -> Reaped {
+        let script = format!(
+            "exec 3<{} 4<{}; exec sleep 60",
+            dev.join("nvidia0").display(),
+            dev.join("nvidia-uvm").display()
+        );
+        let h = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+        let pid = h.0.id();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim() == "sleep")
+        {
+            assert!(Instant::now() < until, "the holder never became `sleep`");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        h
+    }
+
+    /// Collects on another thread, failing (not hanging) when it takes more than `limit`.
+    fn collect_within(
+        c: ProcCollector,
+        listed: Vec<u32>,
+        depth: ScanDepth,
+        limit: Duration,
+    ) -> (ProcCollector, Collected, Duration) {
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut c = c;
+            let began = Instant::now();
+            let got = c.collect(&listed, depth, 0).unwrap();
+            let _ = send.send((c, got, began.elapsed()));
+        });
+        receive
+            .recv_timeout(limit)
+            .expect("the collection hung on a process whose memory map cannot be read")
+    }
+
+    /// A process whose memory map cannot be read (a thread stuck in the driver holding its
+    /// mmap lock; here the read is made to hang) costs the collection one deadline, not the
+    /// collection: the other holder is read whole, the stuck one is there with its command
+    /// line and driver library unknown, the collection says so, its map is not read again
+    /// while the first read is blocked, and it is read in full once that returns.
+    #[test]
+    fn a_process_whose_memory_map_hangs_costs_one_deadline_not_the_collection() {
+        let dev = tempfile::tempdir().unwrap();
+        for name in ["nvidia0", "nvidia-uvm", "nvidiactl"] {
+            std::fs::write(dev.path().join(name), b"").unwrap();
+        }
+        let (stuck, fine) = (holder(dev.path()), holder(dev.path()));
+        let (stuck_pid, fine_pid) = (stuck.0.id(), fine.0.id());
+        let mut c = ProcCollector::new("/proc", dev.path())
+            .unwrap()
+            .with_address_space_deadline(Duration::from_millis(300));
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let wait = Mutex::new(wait);
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = tries.clone();
+        c.before_address_space_read(Arc::new(move |pid| {
+            if pid == stuck_pid {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = wait.lock().unwrap().recv();
+            }
+        }));
+        let listed = vec![stuck_pid, fine_pid];
+        let limit = Duration::from_secs(20);
+        let (c, got, took) = collect_within(c, listed.clone(), ScanDepth::Full, limit);
+        assert!(
+            took >= Duration::from_millis(300),
+            "nothing was given up: {took:?}"
+        );
+        let facts = |got: &Collected, pid: u32| {
+            got.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .cloned()
+                .unwrap_or_else(|| panic!("pid {pid} not collected"))
+        };
+        let (s, f) = (facts(&got, stuck_pid), facts(&got, fine_pid));
+        assert_eq!(s.cmdline, None);
+        assert_eq!(s.driver_library, Some(DriverLibrary::Unknown));
+        assert!(matches!(&s.device_files, FdScan::Scanned(d) if d.contains(&DeviceFile::Uvm)));
+        assert_eq!(f.cmdline.as_deref().map(|c| c[0].as_str()), Some("sleep"));
+        assert_eq!(f.driver_library, Some(DriverLibrary::Neither));
+        let said = got
+            .scan
+            .limitations
+            .iter()
+            .find(|l| l.contains("memory map of pid"))
+            .expect("the collection says what it could not read");
+        assert!(said.contains(&stuck_pid.to_string()), "{said}");
+        assert!(!said.contains(&fine_pid.to_string()), "{said}");
+        // Still blocked: not read again (no second thread lost to it), still said.
+        let (c, got, _) = collect_within(c, listed.clone(), ScanDepth::Full, limit);
+        assert_eq!(
+            tries.load(Ordering::SeqCst),
+            1,
+            "a blocked map was read again"
+        );
+        assert_eq!(facts(&got, stuck_pid).cmdline, None);
+        assert!(
+            got.scan
+                .limitations
+                .iter()
+                .any(|l| l.contains("memory map"))
+        );
+        // The read returns: the next collection reads the process in full.
+        drop(release);
+        let until = Instant::now() + Duration::from_secs(10);
+        while c
+            .address_space
+            .as_ref()
+            .is_some_and(|r| !r.blocked().is_empty())
+        {
+            assert!(Instant::now() < until, "the released read never returned");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (_, got, _) = collect_within(c, listed, ScanDepth::Holders, limit);
+        let s = facts(&got, stuck_pid);
+        assert_eq!(s.cmdline.as_deref().map(|c| c[0].as_str()), Some("sleep"));
+        assert_eq!(s.driver_library, Some(DriverLibrary::Neither));
+        assert!(
+            !got.scan
+                .limitations
+                .iter()
+                .any(|l| l.contains("memory map"))
+        );
+    }
 }

@@ -140,49 +140,67 @@ pub struct ShmUse {
     pub read: usize,
 }
 
-/// Finds which of `pids` map or hold open a file on one of `devs` (the shared-memory
-/// filesystems). Mappings are matched by device and inode whatever their path; open files are
-/// stat'ed only when their path lies under one of `dirs` (a stat of any other open file could
-/// hang on a network filesystem). Processes that vanish meanwhile are skipped; unreadable ones
-/// are counted.
-pub fn scan_users(fs: &ProcFs, pids: &[u32], devs: &BTreeSet<u64>, dirs: &[PathBuf]) -> ShmUse {
-    let mut found = ShmUse::default();
-    if devs.is_empty() {
-        return found;
-    }
+/// What one process maps or holds open on the shared-memory filesystems.
+#[derive(Debug)]
+pub enum ShmUseOf {
+    /// Its maps and fds were read: the (device, inode) of each such file.
+    Read(Vec<(u64, u64)>),
+    /// It exited meanwhile.
+    Gone,
+    /// Its maps or fds could not be read (not root, a read failed, maps cut at the cap).
+    Unreadable,
+}
+
+/// Which files on one of `devs` (the shared-memory filesystems) `pid` maps or holds open.
+/// Mappings are matched by device and inode whatever their path; open files are stat'ed
+/// only when their path lies under one of `dirs` (a stat of any other open file could hang
+/// on a network filesystem). The maps are read under the process's mmap lock: the collector
+/// calls this on its address-space workers, with a deadline.
+pub fn shm_use_of(fs: &ProcFs, pid: u32, devs: &BTreeSet<u64>, dirs: &[PathBuf]) -> ShmUseOf {
     let mut buf = Vec::new();
-    for &pid in pids {
-        match fs.read_into(&format!("{pid}/maps"), &mut buf) {
-            // A maps file cut at the read cap may hide a mapping: that process is unchecked.
-            Ok(Found::Yes(())) if buf.len() >= crate::procfs::MAX_PROC_FILE => {
-                found.unreadable.push(pid);
-                continue;
+    let mut files = Vec::new();
+    match fs.read_into(&format!("{pid}/maps"), &mut buf) {
+        // A maps file cut at the read cap may hide a mapping: that process is unchecked.
+        Ok(Found::Yes(())) if buf.len() >= crate::procfs::MAX_PROC_FILE => {
+            return ShmUseOf::Unreadable;
+        }
+        Ok(Found::Yes(())) => {
+            for (dev, inode, _) in crate::parse::parse_maps_files(&buf) {
+                if devs.contains(&dev) {
+                    files.push((dev, inode));
+                }
             }
-            Ok(Found::Yes(())) => {
-                found.read += 1;
-                for (dev, inode, _) in crate::parse::parse_maps_files(&buf) {
-                    if devs.contains(&dev) {
-                        found.users.entry((dev, inode)).or_default().insert(pid);
+        }
+        Ok(Found::Gone) => return ShmUseOf::Gone,
+        _ => return ShmUseOf::Unreadable,
+    }
+    match open_fds(fs, pid, devs, dirs) {
+        Found::Yes(open) => files.extend(open),
+        Found::Gone => {}
+        Found::Denied => return ShmUseOf::Unreadable,
+    }
+    ShmUseOf::Read(files)
+}
+
+impl ShmUse {
+    /// The users of each file, from each pid's [`shm_use_of`] (`None`: a read given up at its
+    /// deadline, so that process is unchecked).
+    pub fn merge(pids: &[u32], read: Vec<Option<ShmUseOf>>) -> ShmUse {
+        let mut found = ShmUse::default();
+        for (&pid, use_of) in pids.iter().zip(read) {
+            match use_of {
+                Some(ShmUseOf::Read(files)) => {
+                    found.read += 1;
+                    for key in files {
+                        found.users.entry(key).or_default().insert(pid);
                     }
                 }
-            }
-            Ok(Found::Gone) => continue,
-            _ => {
-                found.unreadable.push(pid);
-                continue;
+                Some(ShmUseOf::Gone) => {}
+                Some(ShmUseOf::Unreadable) | None => found.unreadable.push(pid),
             }
         }
-        match open_fds(fs, pid, devs, dirs) {
-            Found::Yes(files) => {
-                for key in files {
-                    found.users.entry(key).or_default().insert(pid);
-                }
-            }
-            Found::Gone => {}
-            Found::Denied => found.unreadable.push(pid),
-        }
+        found
     }
-    found
 }
 
 /// The (device, inode) of each of `pid`'s open files that lies on one of `devs`.
