@@ -88,6 +88,11 @@ export GPU_CHECK_TARBALL=$OUT/results.tar.gz
 status=0
 "$HERE/gpu-check.sh" "$BIN" "$OUT/results" 0 || status=$?
 if [ "$PROC_ROOT" != /proc ]; then
+    # The check removes the semaphores its killed launchers left (a GPU node's /dev/shm is
+    # everyone's): none may be left in this one.
+    left=$(find /dev/shm -mindepth 1 -maxdepth 1 -name 'sem.mp-*' | wc -l)
+    echo "gpu-check-rehearsal: semaphores left in /dev/shm: $left" >>"$OUT/results/check.log"
+    [ "$left" = 0 ] || { echo "gpu-check-rehearsal: the check left $left semaphore(s) in /dev/shm" >&2; status=1; }
     umount "$PROC_ROOT" && rmdir "$PROC_ROOT"
 fi
 exit "$status"

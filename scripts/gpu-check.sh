@@ -161,6 +161,9 @@ case "$DIR/" in
 esac
 TMP=$(mktemp -d /tmp/gpu-check.XXXXXX) || exit 2
 chmod 755 "$TMP"
+# What /dev/shm held before: the semaphores the check's SIGKILLed launchers leave are removed
+# at the end, and nothing that was there before.
+SHM_BEFORE=$(ls -1A /dev/shm 2>/dev/null | LC_ALL=C sort)
 
 log() { echo "[$(date +%T) +$(elapsed_s)s] $*" | tee -a "$DIR/check.log"; }
 
@@ -229,6 +232,24 @@ reap_tagged() { # kill (by pid) every process still carrying our tag; no subshel
     return "$((found > 0))"
 }
 
+remove_own_semaphores() { # sem.mp-* left by the check's killed multiprocessing launchers
+    local f n=0
+    for f in /dev/shm/sem.mp-*; do
+        # A regular file of ours, new since the check began, that no process maps (a live
+        # semaphore is mapped by its users; another job's is never touched).
+        [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ] || continue
+        grep -qxF -- "${f#/dev/shm/}" <<<"$SHM_BEFORE" && continue
+        local users rc
+        users=$(timeout 10 grep -lsF -- "$f" /proc/[0-9]*/maps)
+        rc=$?
+        [ "$rc" = 124 ] && continue # not known: kept
+        [ -n "$users" ] && continue
+        rm -f -- "$f" && n=$((n + 1))
+    done
+    [ "$n" -gt 0 ] && echo "[cleanup] removed $n semaphore(s) (sem.mp-*) the killed launchers left in /dev/shm" >>"$DIR/check.log"
+    return 0
+}
+
 # --- packing: called by cleanup, after every process of the check is gone -------------------
 pack() {
     local ms
@@ -261,6 +282,7 @@ cleanup() {
     reap_tagged || true
     sleep 0.2
     reap_tagged && echo "[cleanup] no process of the check is left" >>"$DIR/check.log"
+    remove_own_semaphores
     rm -rf "$TMP"
     pack
 }
