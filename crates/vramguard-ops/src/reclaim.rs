@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use vramguard_core::plan::{Plan, Target};
 use vramguard_core::release::ReleaseWatch;
 use vramguard_core::report::{Report, UnaccountedCause};
-use vramguard_core::snapshot::Snapshot;
+use vramguard_core::snapshot::{DriverLibrary, Snapshot};
 use vramguard_core::{Policy, classify};
 use vramguard_node::{Identity, Node, NodeError, Refusal, ResetTarget, Signal};
 use vramguard_proc::ScanDepth;
@@ -112,14 +112,24 @@ impl ExecuteOptions {
     }
 }
 
-/// Whether the processes that would make `gpu`'s reset fail are all NVML clients (holders
-/// with no CUDA context: monitors, the agent), which may let go on request.
+/// Whether the processes that would make `gpu`'s reset fail may all let go on request: NVML
+/// clients (holders with no CUDA context: monitors, the agent), and holders of uvm whose map
+/// shows no driver library or could not be read at that moment (`neither`, `unknown`). The
+/// map is read after the open files: the agent letting go of the driver in between (files
+/// closed, then the library unmapped) reads as `neither`, and a thread of it in D state as
+/// `unknown`. Waiting costs time, never a signal; a blocker that maps libcuda is not waited
+/// for.
 fn only_nvml_clients_block(gpu: &vramguard_core::GpuReport) -> bool {
     !gpu.reset_blockers.is_empty()
         && gpu.reset_blockers.iter().all(|b| {
-            gpu.holders
-                .iter()
-                .any(|h| h.pid == b.pid && h.may_hold_context() == Some(false))
+            gpu.holders.iter().any(|h| {
+                h.pid == b.pid
+                    && (h.may_hold_context() == Some(false)
+                        || matches!(
+                            h.driver_library,
+                            Some(DriverLibrary::Unknown | DriverLibrary::Neither)
+                        ))
+            })
         })
 }
 
@@ -3007,6 +3017,43 @@ mod tests {
         let t0 = node.manual_clock().elapsed();
         let out = prepared.run(&mut n, &mut audit, opts).unwrap();
         (out, node.manual_clock().elapsed() - t0)
+    }
+
+    /// A flaky test's cause: under load the resetter read the agent's open files, then its
+    /// map after the agent had begun to let go (files closed, library unmapped): `neither`,
+    /// and the reset was refused at once instead of waiting for the agent. A reset waits for
+    /// NVML clients and for holders whose map shows no library or could not be read; never
+    /// for a blocker that maps libcuda.
+    #[test]
+    fn a_reset_waits_for_nvml_clients_and_unknown_maps_but_not_for_cuda_processes() {
+        use vramguard_node::Node;
+        let mut node =
+            FakeNode::incident("an_nvml_exporter_holding_uvm_on_driver_580_is_not_a_keeper");
+        let report = classify(&node.snapshot(ScanDepth::Full).unwrap(), &Policy::default());
+        let mut gpu = report.gpus[0].clone();
+        let client = gpu
+            .holders
+            .iter()
+            .find(|h| h.driver_library == Some(DriverLibrary::NvmlOnly))
+            .expect("the exporter")
+            .pid;
+        // The exporter and the CUDA workers block: nothing to wait for.
+        assert!(gpu.reset_blockers.iter().any(|b| b.pid == client));
+        assert!(gpu.reset_blockers.len() > 1);
+        assert!(!only_nvml_clients_block(&gpu));
+        gpu.reset_blockers.retain(|b| b.pid == client);
+        assert!(only_nvml_clients_block(&gpu));
+        let library = |gpu: &mut vramguard_core::GpuReport, library| {
+            for h in gpu.holders.iter_mut().filter(|h| h.pid == client) {
+                h.driver_library = Some(library);
+            }
+        };
+        library(&mut gpu, DriverLibrary::Unknown);
+        assert!(only_nvml_clients_block(&gpu));
+        library(&mut gpu, DriverLibrary::Neither);
+        assert!(only_nvml_clients_block(&gpu));
+        library(&mut gpu, DriverLibrary::Cuda);
+        assert!(!only_nvml_clients_block(&gpu));
     }
 
     #[test]
