@@ -125,6 +125,10 @@ struct Agent {
     /// How often the reset lock is looked at when nothing wakes the loop for it: `None` while
     /// its directory is watched (a new file there wakes the loop, see [`watch_reset_lock`]).
     reset_lock_poll: Option<Duration>,
+    /// Set by the watch of the lock's directory when a file appears there: while it is
+    /// watched, the directory is listed only then (and while paused), not at every turn of
+    /// the loop. `None`: listed at every turn (no watch).
+    reset_lock_seen: Option<Arc<LockWatch>>,
     /// A pause for a reset just ended: the next step samples at once.
     sample_now: bool,
     /// The node's name in the last good sample: the heal's alert names it while samples fail.
@@ -182,6 +186,21 @@ impl Agent {
     /// agent then lets go of the driver, and takes it up again once the lock is gone, stale,
     /// or its process has exited.
     fn paused_for_reset(&mut self) -> bool {
+        // A lock only begins with a new file in its directory, which the watch reports.
+        if let Some(watch) = &self.reset_lock_seen {
+            if watch.ended.load(Ordering::SeqCst) {
+                tracing::warn!(
+                    "the watch of the reset lock's directory ({}) ended (the directory was \
+                     removed?): the lock is looked at every {:?}",
+                    self.config.reclaim.reset_lock.display(),
+                    RESET_LOCK_CHECK
+                );
+                self.reset_lock_seen = None;
+                self.reset_lock_poll = Some(RESET_LOCK_CHECK);
+            } else if !watch.seen.swap(false, Ordering::SeqCst) && self.reset_pause.is_none() {
+                return false;
+            }
+        }
         let lock = self.own_proc.as_ref().and_then(|proc| {
             vramguard_ops::reset_lock::active(
                 &self.config.reclaim.reset_lock,
@@ -198,6 +217,8 @@ impl Agent {
                 );
                 self.node.release_driver();
                 self.metrics.paused_for_reset(true);
+                // Scrapes see the last published metrics: no sample publishes while paused.
+                self.publish_metrics_only();
                 self.reset_pause = Some(lock);
                 true
             }
@@ -209,6 +230,7 @@ impl Agent {
             (None, true) => {
                 tracing::info!("the reset ended: sampling again");
                 self.metrics.paused_for_reset(false);
+                self.publish_metrics_only();
                 self.reset_pause = None;
                 // What changed meanwhile (the reset, its memory back) is read in full, now.
                 self.needs_full = true;
@@ -1365,6 +1387,7 @@ impl Agent {
             reset_pause: None,
             own_proc: vramguard_proc::ProcFs::own().ok(),
             reset_lock_poll: None,
+            reset_lock_seen: None,
             sample_now: false,
             last_hostname: None,
             calm: None,
@@ -1432,7 +1455,18 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     }
     tracing::info!(listen = %server.addr, interval = ?setup.config.agent.interval, "vramguard agent started");
     agent.reclaim_stop = reclaim_stop;
-    if !watch_reset_lock(&agent.config.reclaim.reset_lock, wake_tx.clone()) {
+    // Looked at once before the first sample, then whenever the watch sees a new file.
+    let watch = Arc::new(LockWatch {
+        seen: AtomicBool::new(true),
+        ended: AtomicBool::new(false),
+    });
+    if watch_reset_lock(
+        &agent.config.reclaim.reset_lock,
+        wake_tx.clone(),
+        watch.clone(),
+    ) {
+        agent.reset_lock_seen = Some(watch);
+    } else {
         tracing::info!(
             "the reset lock's directory ({}) cannot be watched: the lock is looked at every {:?}",
             agent.config.reclaim.reset_lock.display(),
@@ -1457,10 +1491,20 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
     Ok(())
 }
 
-/// Wakes the agent's loop (a byte on `wake`) whenever a file is created or renamed into the
-/// reset lock's directory (made, root's, mode 0755, if missing), so that a lock is seen at
-/// once without polling. `false` when the directory cannot be watched.
-fn watch_reset_lock(lock: &std::path::Path, wake: Arc<OwnedFd>) -> bool {
+/// What the watch of the reset lock's directory tells the agent's loop.
+struct LockWatch {
+    /// A file appeared there since the loop last looked.
+    seen: AtomicBool,
+    /// The watch ended (the directory was removed, or reading it failed): the loop looks at
+    /// the lock by itself from then on.
+    ended: AtomicBool,
+}
+
+/// Wakes the agent's loop (a byte on `wake`, after setting `watch.seen`) whenever a file is
+/// created or renamed into the reset lock's directory (made, root's, mode 0755, if missing),
+/// so that a lock is seen at once without polling, and the directory is listed only then.
+/// `false` when the directory cannot be watched.
+fn watch_reset_lock(lock: &std::path::Path, wake: Arc<OwnedFd>, watch: Arc<LockWatch>) -> bool {
     use rustix::fs::inotify;
     let Some(dir) = lock.parent().filter(|d| !d.as_os_str().is_empty()) else {
         return false;
@@ -1486,16 +1530,22 @@ fn watch_reset_lock(lock: &std::path::Path, wake: Arc<OwnedFd>) -> bool {
     std::thread::Builder::new()
         .name("vramguard-reset-lock".into())
         .spawn(move || {
-            let mut events = [0u8; 4096];
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut events = inotify::Reader::new(&fd, &mut buf);
             loop {
-                match rustix::io::read(&fd, &mut events) {
-                    Ok(n) if n > 0 => {
-                        let _ = rustix::io::write(&*wake, b"l");
-                    }
-                    Err(rustix::io::Errno::INTR) => {}
-                    // The watch ended (its directory removed) or the read failed: the loop
-                    // no longer hears of new locks from here.
-                    _ => return,
+                let ended = match events.next() {
+                    // The directory was removed (or unmounted): the kernel drops the watch.
+                    Ok(event) => event.events().contains(inotify::ReadFlags::IGNORED),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => true,
+                };
+                if ended {
+                    watch.ended.store(true, Ordering::SeqCst);
+                }
+                watch.seen.store(true, Ordering::SeqCst);
+                let _ = rustix::io::write(&*wake, b"l");
+                if ended {
+                    return;
                 }
             }
         })

@@ -969,6 +969,68 @@ fn a_reset_pauses_the_agent_which_lets_go_of_the_driver_and_samples_again() {
     });
 }
 
+/// The agent lists the reset lock's directory only when its watch sees a new file there (and
+/// while paused), not at every turn of its loop. If the directory is removed, the kernel ends
+/// the watch: the agent then looks at the lock by itself every 250 ms, so a lock written in
+/// the directory made again still pauses it (before, nothing woke a 30 s loop for it).
+#[test]
+fn a_reset_lock_directory_removed_and_made_again_is_still_looked_at() {
+    let world = World::new(1);
+    let locks = world.dir.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let lock = locks.join("reset.lock");
+    let agent = Agent::start(
+        &world,
+        Path_::InProcess,
+        &format!(
+            "[agent]\ninterval = \"30s\"\nwatch_opens = false\n[reclaim]\nreset_lock = \"{}\"\n",
+            lock.display()
+        ),
+    );
+    let paused = |agent: &Agent| sample(&agent.metrics(), "vramguard_agent_paused_for_reset", &[]);
+    wait_until(10, "the agent's first sample", || {
+        paused(&agent) == Some(0.0)
+    });
+    std::fs::remove_dir(&locks).unwrap();
+    wait_until(10, "the agent to see its watch end", || {
+        agent
+            .log_text()
+            .contains("the watch of the reset lock's directory")
+    });
+    std::fs::create_dir(&locks).unwrap();
+    // This test's own lock, as a resetter writes it: its pid and start time, root's, 0644.
+    let me = std::process::id();
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let start_ticks: u64 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let mine = locks.join(format!("reset.lock.{me}"));
+    std::fs::write(
+        &mine,
+        format!("{{\"pid\":{me},\"start_ticks\":{start_ticks},\"gpu\":0,\"since_ms\":{now_ms}}}"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while paused(&agent) != Some(1.0) {
+        assert!(Instant::now() < until, "not paused: {}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_file(&mine).unwrap();
+    wait_until(5, "the pause to end", || paused(&agent) == Some(0.0));
+}
+
 #[test]
 fn metrics_are_openmetrics_for_prometheus_and_plain_text_that_promtool_accepts_otherwise() {
     let world = World::new(1);
