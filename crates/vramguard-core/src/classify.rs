@@ -586,7 +586,15 @@ impl<'a> Context<'a> {
             }
         }
         let exited_pids: Vec<u32> = exited.iter().map(|(l, _)| l.pid).collect();
-        let ties = self.keeper_ties(gpu, &exited_pids);
+        // Taken for exited only because an NVML client holds the pid now: its map, which a
+        // process chooses, is all that says so. Only a strong tie (forked by it, its group or
+        // session) makes a keeper of such a pid.
+        let reused_by_nvml_client: Vec<u32> = exited
+            .iter()
+            .filter(|(_, r)| r.is_some_and(|p| p.driver_library == Some(DriverLibrary::NvmlOnly)))
+            .map(|(l, _)| l.pid)
+            .collect();
+        let ties = self.keeper_ties(gpu, &exited_pids, &reused_by_nvml_client);
         for p in &self.snap.processes {
             if p.pid == self.snap.host.self_pid
                 || seen.contains(&p.pid)
@@ -948,7 +956,13 @@ impl<'a> Context<'a> {
     /// no context of its own on any GPU, and inherited its files through an ancestor (itself,
     /// or a chain of such holders above it) that was re-parented: the process that forked it
     /// is gone. Empty unless every process's open files were read.
-    fn keeper_ties(&self, gpu: &GpuSample, exited: &[u32]) -> BTreeMap<u32, KeeperTie> {
+    /// `strong_only`: exited pids that take strong ties only.
+    fn keeper_ties(
+        &self,
+        gpu: &GpuSample,
+        exited: &[u32],
+        strong_only: &[u32],
+    ) -> BTreeMap<u32, KeeperTie> {
         let mut ties = BTreeMap::new();
         if exited.is_empty() || !self.files_complete {
             return ties;
@@ -992,6 +1006,16 @@ impl<'a> Context<'a> {
                     exited: Some(*e),
                     strong: true,
                     why: format!("it {how}{via}"),
+                },
+                (_, [e]) if strong_only.contains(e) => KeeperTie {
+                    exited: None,
+                    strong: false,
+                    why: format!(
+                        "it was re-parented after its parent died{via}; {e}, the only exited \
+                         pid listed on GPU {}, is now an NVML client's pid, and nothing but \
+                         that client's map says it exited: no tie is taken from it",
+                        gpu.index
+                    ),
                 },
                 (_, [e]) => KeeperTie {
                     exited: Some(*e),

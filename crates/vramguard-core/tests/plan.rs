@@ -489,6 +489,27 @@ fn a_listed_pid_reused_by_an_nvml_client_is_an_exited_pid() {
         let targets: Vec<u32> = plan_of(&s, &opts).targets().map(|t| t.pid).collect();
         assert!(!targets.contains(&446), "{opts:?}: {targets:?}");
     }
+    // Review finding: with its group's leader alive (a launcher script, 440), the worker
+    // re-parented to init is tied to 446 by nothing but "the only exited pid listed here",
+    // and 446 is taken for exited only because of the client's map (which a process
+    // chooses): it keeps nothing, and inside its live job it is no default target.
+    let launcher = p(440, 1, 440, "bash", &[]);
+    let live = snap(
+        vec![gpu(0, 20 * GIB, &[(446, 20 * GIB)])],
+        vec![init(), launcher, monitor.clone(), worker.clone()],
+    );
+    let w = classify(&live, &Policy::default()).gpus[0]
+        .holders
+        .iter()
+        .find(|h| h.pid == 576)
+        .cloned()
+        .unwrap();
+    assert_eq!(w.keeps_alive, None, "{w:#?}");
+    let targets: Vec<u32> = plan_of(&live, &ReclaimOptions::default())
+        .targets()
+        .map(|t| t.pid)
+        .collect();
+    assert!(!targets.contains(&576), "{targets:?} {w:#?}");
     // A worker in the process group 446 leads: pid 446 is still the group's leader, not a
     // reused pid, whatever its map says (a process can map what it likes): it is taken as
     // the listed process, and its worker is no keeper of an "exited" pid.
