@@ -1047,9 +1047,13 @@ fn reset_blockers(d: &mut GpuChecks<'_, '_>) {
             if !services.is_empty() {
                 let units = services.join(" ");
                 steps.push(NextStep {
+                    // vramguard sees the services' GPU holders, not every process they run:
+                    // `systemctl stop` ends them all, so the step says to look first.
                     why: format!(
                         "GPU {}: NVML clients in {} hold the device (no GPU memory): stop them \
-                         for the reset and start them again after",
+                         for the reset and start them again after. `systemctl stop` ends \
+                         everything a unit runs: if `systemctl status -- {units}` shows more \
+                         than the monitor, stop the monitor instead",
                         gpu.index,
                         services.join(", ")
                     ),

@@ -1603,6 +1603,15 @@ fn an_nvml_client_blocking_a_reset_is_stopped_by_its_unit() {
         ),
         "{steps:#?}"
     );
+    // vramguard sees the services' GPU holders only: the step says to look at what else
+    // the units run before stopping them.
+    assert!(
+        steps.iter().any(|(why, c)| c
+            .as_deref()
+            .is_some_and(|c| c.starts_with("systemctl stop --"))
+            && why.contains("systemctl status -- vramguard-agent.service dcgm-exporter.service")),
+        "{steps:#?}"
+    );
     assert!(
         commands
             .iter()
