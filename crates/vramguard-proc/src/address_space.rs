@@ -12,7 +12,7 @@
 //! Other `/proc` reads (`stat`, `status`, fd links) take no such lock and stay where they are.
 
 use crate::procfs::ProcFs;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::Thread;
@@ -22,10 +22,46 @@ use std::time::{Duration, Instant};
 /// read takes microseconds; a lock held for a second is held by something stuck.
 pub const READ_DEADLINE: Duration = Duration::from_secs(1);
 
-/// Reads given up on whose threads are still blocked, at most. Past it nothing more is read
-/// from address spaces (all answers are unknown) until one of them returns: each holds a
-/// thread, and a node where this many are stuck needs a person, not more threads.
+/// Reads given up on whose threads are still blocked, in this process (every pool
+/// together: the agent makes a node, and a pool, for each automatic reclaim and each reload).
+/// While this many are blocked no new worker is started and nothing more is read from
+/// address spaces (all answers are unknown) until one returns: each holds a thread, and a
+/// node where this many are stuck needs a person, not more threads. The pools' live workers
+/// (at most 8 each) may still be given up meanwhile, so the count can pass the bound by them.
 pub const MAX_BLOCKED_READS: usize = 16;
+
+/// Pids with a given-up read still blocked, and how many.
+#[derive(Default)]
+struct Blocked(Mutex<BTreeMap<u32, usize>>);
+
+/// The process's own: a pool made later must not read a stuck process again.
+static PROCESS_BLOCKED: Blocked = Blocked(Mutex::new(BTreeMap::new()));
+
+impl Blocked {
+    fn reads(&self) -> usize {
+        lock(&self.0).values().sum()
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        lock(&self.0).keys().copied().collect()
+    }
+
+    /// One more read of `pid` given up.
+    fn block(&self, pid: u32) {
+        *lock(&self.0).entry(pid).or_default() += 1;
+    }
+
+    /// A given-up read of `pid` returned.
+    fn unblock(&self, pid: u32) {
+        let mut blocked = lock(&self.0);
+        if let Some(n) = blocked.get_mut(&pid) {
+            *n -= 1;
+            if *n == 0 {
+                blocked.remove(&pid);
+            }
+        }
+    }
+}
 
 /// Stack of a reading thread: the reads keep their buffers on the heap.
 const WORKER_STACK: usize = 256 * 1024;
@@ -50,7 +86,6 @@ impl std::fmt::Debug for AddressSpaceReads {
             .field("threads", &self.threads)
             .field("deadline", &self.deadline)
             .field("workers", &inner.workers.len())
-            .field("blocked", &inner.blocked)
             .finish()
     }
 }
@@ -61,6 +96,8 @@ type ReadHook = Arc<dyn Fn(u32) + Send + Sync>;
 
 struct Shared {
     fs: Arc<ProcFs>,
+    /// [`PROCESS_BLOCKED`]; a test's own in tests (they run side by side in one process).
+    blocked: &'static Blocked,
     inner: Mutex<Inner>,
     /// Idle workers wait here for the next batch.
     work: Condvar,
@@ -76,15 +113,7 @@ struct Inner {
     batches: u64,
     /// The workers still in the pool (given-up ones are dropped from it).
     workers: Vec<Arc<Worker>>,
-    /// Pids with a given-up read still blocked, and how many.
-    blocked: HashMap<u32, usize>,
     closing: bool,
-}
-
-impl Inner {
-    fn blocked_reads(&self) -> usize {
-        self.blocked.values().sum()
-    }
 }
 
 /// What one worker is reading, for the deadline.
@@ -175,9 +204,25 @@ where
 impl AddressSpaceReads {
     /// Reads in `fs` on up to `threads` workers, each read within `deadline`.
     pub fn new(fs: Arc<ProcFs>, threads: usize, deadline: Duration) -> Self {
+        // Tests run side by side in one process: each pool counts its own blocked reads.
+        let blocked = if cfg!(test) {
+            Box::leak(Box::default())
+        } else {
+            &PROCESS_BLOCKED
+        };
+        Self::with_blocked(fs, threads, deadline, blocked)
+    }
+
+    fn with_blocked(
+        fs: Arc<ProcFs>,
+        threads: usize,
+        deadline: Duration,
+        blocked: &'static Blocked,
+    ) -> Self {
         AddressSpaceReads {
             shared: Arc::new(Shared {
                 fs,
+                blocked,
                 inner: Mutex::new(Inner::default()),
                 work: Condvar::new(),
                 #[cfg(test)]
@@ -188,11 +233,9 @@ impl AddressSpaceReads {
         }
     }
 
-    /// The pids with a given-up read still blocked (sorted).
+    /// The pids with a given-up read still blocked, in this process (sorted).
     pub fn blocked(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = lock(&self.shared.inner).blocked.keys().copied().collect();
-        pids.sort_unstable();
-        pids
+        self.shared.blocked.pids()
     }
 
     /// The deadline of one read.
@@ -202,9 +245,8 @@ impl AddressSpaceReads {
 
     /// Runs `read` for every pid on the workers and returns the answers in the same order:
     /// `None` for a read given up at its deadline, and, without reading it, for a pid whose
-    /// earlier read is still blocked (and for all when [`MAX_BLOCKED_READS`] are). Where no
-    /// thread can be started at all, the reads run here, as they did before there were
-    /// workers.
+    /// earlier read is still blocked (and for all when [`MAX_BLOCKED_READS`] are, or no
+    /// thread can be started: never a read without a deadline).
     pub fn each<T, F>(&self, pids: &[u32], read: F) -> Vec<Option<T>>
     where
         T: Send + 'static,
@@ -216,7 +258,7 @@ impl AddressSpaceReads {
         let mut inner = lock(&self.shared.inner);
         let batch = Arc::new(TypedBatch {
             pids: pids.to_vec(),
-            skip: inner.blocked.keys().copied().collect(),
+            skip: self.shared.blocked.pids().into_iter().collect(),
             read,
             answers: pids.iter().map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
@@ -224,18 +266,10 @@ impl AddressSpaceReads {
             waiter: std::thread::current(),
         });
         let want = self.threads.min(pids.len());
-        let started = self.start_workers(&mut inner, want);
+        // A thread that cannot be started (a limit) leaves fewer workers, or none: then,
+        // as with too many reads blocked, nothing is read.
+        let _ = self.start_workers(&mut inner, want);
         if inner.workers.is_empty() {
-            drop(inner);
-            if started.is_err() {
-                // No thread to be had (a limit): read here, with no deadline.
-                let fs = &self.shared.fs;
-                return pids
-                    .iter()
-                    .map(|&pid| Some((batch.read)(fs, pid)))
-                    .collect();
-            }
-            // Too many reads blocked: read nothing until one returns.
             return pids.iter().map(|_| None).collect();
         }
         inner.batches += 1;
@@ -264,7 +298,7 @@ impl AddressSpaceReads {
     /// Starts workers until there are `want`, while fewer than [`MAX_BLOCKED_READS`] reads
     /// are blocked. An error when a thread could not be started.
     fn start_workers(&self, inner: &mut Inner, want: usize) -> std::io::Result<()> {
-        while inner.workers.len() < want && inner.blocked_reads() < MAX_BLOCKED_READS {
+        while inner.workers.len() < want && self.shared.blocked.reads() < MAX_BLOCKED_READS {
             let worker = Arc::new(Worker::default());
             let (shared, me) = (self.shared.clone(), worker.clone());
             std::thread::Builder::new()
@@ -301,7 +335,7 @@ impl AddressSpaceReads {
             return;
         }
         for pid in &given_up {
-            *inner.blocked.entry(*pid).or_default() += 1;
+            self.shared.blocked.block(*pid);
         }
         batch.given_up(given_up.len());
         let _ = self.start_workers(&mut inner, want);
@@ -361,15 +395,23 @@ fn work(shared: Arc<Shared>, me: Arc<Worker>) {
                     hook(pid);
                 }
             }
-            if !batch.read(&shared.fs, item, &me) {
-                // Given up while blocked: no longer one of the pool's workers.
-                let mut inner = lock(&shared.inner);
-                if let Some(n) = inner.blocked.get_mut(&pid) {
-                    *n -= 1;
-                    if *n == 0 {
-                        inner.blocked.remove(&pid);
+            let kept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                batch.read(&shared.fs, item, &me)
+            }));
+            let kept = match kept {
+                Ok(kept) => kept,
+                // A read that panicked answers nothing (unknown), and the worker goes on.
+                Err(_) => {
+                    let mut state = lock(&me.state);
+                    if !state.given_up {
+                        state.reading = None;
                     }
+                    !state.given_up
                 }
+            };
+            if !kept {
+                // Given up while blocked: no longer one of the pool's workers.
+                shared.blocked.unblock(pid);
                 return;
             }
             batch.answered();
@@ -447,6 +489,49 @@ mod tests {
         }
         assert!(reads.blocked().is_empty());
         assert_eq!(reads.each(&[13], |_, pid| pid), vec![Some(13)]);
+    }
+
+    /// Review finding: the agent makes a new node, and pool, for each automatic reclaim and
+    /// reload. A later pool must not read a pid another pool's read of is still blocked on
+    /// (each would leave one more stuck thread), and the bound counts them all.
+    #[test]
+    fn a_pid_blocked_in_one_pool_is_not_read_by_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Arc::new(ProcFs::open(dir.path()).unwrap());
+        let blocked: &'static Blocked = Box::leak(Box::default());
+        let deadline = Duration::from_millis(100);
+        let first = AddressSpaceReads::with_blocked(fs.clone(), 2, deadline, blocked);
+        let release = hang(&first, 13);
+        assert_eq!(first.each(&[12, 13], |_, pid| pid), vec![Some(12), None]);
+        let second = AddressSpaceReads::with_blocked(fs, 2, deadline, blocked);
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = tries.clone();
+        second.before_read(Arc::new(move |pid| {
+            if pid == 13 {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        assert_eq!(second.each(&[13, 14], |_, pid| pid), vec![None, Some(14)]);
+        assert_eq!(
+            tries.load(Ordering::SeqCst),
+            0,
+            "read again by the second pool"
+        );
+        assert_eq!(second.blocked(), vec![13]);
+        drop(release);
+    }
+
+    /// A read that panics answers nothing; the worker goes on, and nothing counts as blocked.
+    #[test]
+    fn a_read_that_panics_answers_unknown_and_blocks_nothing() {
+        let (reads, _dir) = reads(1, 1000);
+        let got = reads.each(&[1, 2, 3], |_, pid| {
+            assert!(pid != 2, "a read that panics");
+            pid
+        });
+        assert_eq!(got, vec![Some(1), None, Some(3)]);
+        assert!(reads.blocked().is_empty());
+        assert_eq!(reads.each(&[4], |_, pid| pid), vec![Some(4)]);
     }
 
     /// Each blocked read holds a thread: past the bound nothing more is read (answers are
