@@ -1282,8 +1282,7 @@ impl<'a> Run<'a> {
                 });
                 continue;
             }
-            resets.push(self.reset_one(g, un.bytes)?);
-            drop(lock);
+            resets.push(self.reset_one(g, un.bytes, lock)?);
         }
         Ok(resets)
     }
@@ -1363,10 +1362,14 @@ impl<'a> Run<'a> {
     }
 
     /// Resets one GPU and waits for its memory to return to the baseline.
+    /// Resets `g`; `lock` (the reset lock) is let go as soon as the reset returns, not after
+    /// the wait for the memory to come back (up to `release_timeout`): the node's agent
+    /// samples again meanwhile.
     fn reset_one(
         &mut self,
         g: &vramguard_core::GpuReport,
         unaccounted_bytes: u64,
+        lock: Option<crate::reset_lock::ResetLock>,
     ) -> Result<ResetOutcome, ExecuteError> {
         self.log(
             "reset",
@@ -1377,6 +1380,7 @@ impl<'a> Run<'a> {
             uuid: g.uuid.clone(),
             pci_bus_id: g.pci_bus_id.clone(),
         });
+        drop(lock);
         let baseline = self.policy.baseline_for(g.index, g.uuid.as_deref());
         let tolerance = g.memory.map_or(0, |m| self.policy.tolerance_for(m.total));
         let mut used_after = None;

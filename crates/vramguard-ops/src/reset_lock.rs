@@ -69,7 +69,10 @@ pub struct ResetLock {
 
 /// Why the lock could not be written.
 #[derive(Debug, thiserror::Error)]
-#[error("writing the reset lock {path}: {why}")]
+#[error(
+    "writing the reset lock {path}: {why}; the node's agent is not asked to let go of the GPU \
+     for this reset (see [reclaim] reset_lock: a file in a directory only root may write)"
+)]
 pub struct LockError {
     /// The file.
     pub path: PathBuf,
@@ -81,14 +84,15 @@ impl ResetLock {
     /// Writes the lock for a reset of `gpu` by this process, creating its directory (root's,
     /// mode 0755) if missing.
     pub fn acquire(path: &Path, gpu: u32, now_ms: u64) -> Result<Self, LockError> {
+        let pid = std::process::id();
+        let own = own_path(path, pid);
         let fail = |why: String| LockError {
-            path: path.to_path_buf(),
+            path: own.clone(),
             why,
         };
         // Pids and start times as this process's own PID namespace gives them: the agent
         // reading the lock runs beside it.
         let proc = ProcFs::own().map_err(|e| fail(e.to_string()))?;
-        let pid = std::process::id();
         let start_ticks = match proc.stat(pid) {
             Ok(Found::Yes(s)) => s.start_ticks,
             _ => None,
@@ -110,8 +114,7 @@ impl ResetLock {
             gpu,
             since_ms: now_ms,
         };
-        let path = own_path(path, pid);
-        let path = path.as_path();
+        let path = own.as_path();
         let text = serde_json::to_string(&info).expect("serialises");
         // Readable by all: an agent that does not run as root reads it too (only root may
         // write where it lies, and only root's file is trusted by root).
@@ -151,10 +154,11 @@ pub fn active(path: &Path, proc: &ProcFs, now_ms: u64) -> Option<LockInfo> {
         _ => Path::new("."),
     };
     let prefix = format!("{name}.");
+    // The bound counts lock files only: other files there (or stale locks of resetters that
+    // were killed) must not hide a live one.
     std::fs::read_dir(dir)
         .ok()?
         .flatten()
-        .take(MAX_DIR_ENTRIES)
         .filter(|e| {
             e.file_name().to_str().is_some_and(|n| {
                 n == name
@@ -163,6 +167,7 @@ pub fn active(path: &Path, proc: &ProcFs, now_ms: u64) -> Option<LockInfo> {
                     })
             })
         })
+        .take(MAX_DIR_ENTRIES)
         .find_map(|e| live_lock(&e.path(), proc, now_ms))
 }
 
@@ -195,6 +200,22 @@ mod tests {
     /// Written, it is active while this process lives and the file is ours; dropped, gone.
     /// A lock naming a dead pid or a reused one, an old one or one from the future, a file
     /// every user may write or another user's, or text that is no lock, is not active.
+    /// Review finding: the bound on entries looked at came before the filter on lock names,
+    /// so other files in the directory could hide a live lock (the listing order is the
+    /// filesystem's: with 2,000 others, the lock is among the first 256 about one time in
+    /// eight).
+    #[test]
+    fn other_files_in_the_directory_never_hide_a_live_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..2000 {
+            std::fs::write(dir.path().join(format!("other-{i}")), b"").unwrap();
+        }
+        let path = dir.path().join("reset.lock");
+        let now = now_ms();
+        let _lock = ResetLock::acquire(&path, 0, now).unwrap();
+        assert!(active(&path, &ProcFs::own().unwrap(), now).is_some());
+    }
+
     #[test]
     fn a_lock_is_active_only_while_it_is_trusted_fresh_and_its_process_lives() {
         let dir = tempfile::tempdir().unwrap();
