@@ -1460,6 +1460,15 @@ pub fn run(setup: AgentSetup, bound: Option<BoundAddr>) -> Result<(), AgentError
         seen: AtomicBool::new(true),
         ended: AtomicBool::new(false),
     });
+    if let Err(e) = vramguard_ops::reset_lock::check_directory(&agent.config.reclaim.reset_lock) {
+        tracing::warn!(
+            "[reclaim] reset_lock = {}: its directory is not root's alone, so reset locks there \
+             are ignored and a reset by another vramguard process is refused while this agent \
+             holds the GPU: {}",
+            agent.config.reclaim.reset_lock.display(),
+            e
+        );
+    }
     if watch_reset_lock(
         &agent.config.reclaim.reset_lock,
         wake_tx.clone(),

@@ -86,6 +86,17 @@ pub enum FileError {
         /// Its owner.
         owner: u32,
     },
+    /// A directory where root keeps files that vramguard processes act on, or one above it,
+    /// can be changed by someone other than root and the caller.
+    #[error(
+        "{dir}: {why}; vramguard keeps files it acts on only where no other user can swap them (make it and every directory above it root's and writable only by root: chown root, chmod go-w)"
+    )]
+    UntrustedDirectory {
+        /// The directory found wanting.
+        dir: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// It is larger than the limit.
     #[error("{path}: larger than {limit} bytes; is it the right file?")]
     TooLarge {
@@ -116,6 +127,7 @@ impl FileError {
             | FileError::NotOwned { path, .. }
             | FileError::Untrusted { path, .. }
             | FileError::TooLarge { path, .. }
+            | FileError::UntrustedDirectory { dir: path, .. }
             | FileError::Io { path, .. } => path.display().to_string(),
         };
         full.strip_prefix(&format!("{path}: "))
@@ -407,6 +419,58 @@ fn check_private_directory(path: &Path) -> Result<(), FileError> {
             path: path.to_path_buf(),
             dir,
         });
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a directory that only root (or the caller) can change, for files other
+/// vramguard processes act on (the reset lock): it, and every directory above it, both as
+/// named (a link on the way is only as safe as the directory holding it) and as resolved
+/// (where the links lead), must be a directory owned by root or the caller and writable by
+/// no one else. A directory above it may be writable by all if sticky (`/tmp`): no one else
+/// can then rename or remove what root made in it.
+pub fn check_private_directory_tree(dir: &Path) -> Result<(), FileError> {
+    let absolute = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|cause| FileError::Io {
+                path: dir.to_path_buf(),
+                cause,
+            })?
+            .join(dir)
+    };
+    let resolved = std::fs::canonicalize(&absolute).map_err(|cause| FileError::Io {
+        path: dir.to_path_buf(),
+        cause,
+    })?;
+    let me = rustix::process::geteuid().as_raw();
+    for named in [&absolute, &resolved] {
+        for (i, step) in named.ancestors().enumerate() {
+            let st = rustix::fs::stat(step).map_err(io(step))?;
+            let wanting = |why: String| FileError::UntrustedDirectory {
+                dir: step.to_path_buf(),
+                why,
+            };
+            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                return Err(wanting("is not a directory".into()));
+            }
+            if st.st_uid != 0 && st.st_uid != me {
+                return Err(wanting(format!("is owned by uid {}", st.st_uid)));
+            }
+            let sticky_above = i > 0 && st.st_mode & 0o1000 != 0;
+            if st.st_mode & 0o022 != 0 && !sticky_above {
+                return Err(wanting(format!(
+                    "can be written by {} (mode {:o})",
+                    if st.st_mode & 0o002 != 0 {
+                        "every user"
+                    } else {
+                        "its group"
+                    },
+                    st.st_mode & 0o7777
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -703,5 +767,57 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    }
+
+    /// A private directory passes, under a sticky `/tmp`; one owned by another user, one its
+    /// group or everyone may write, one below such a directory, and one reached through a
+    /// link that leads into such a directory, do not.
+    #[test]
+    fn a_private_directory_is_root_s_alone_all_the_way_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_private_directory_tree(&private).unwrap();
+        let group = dir.path().join("group");
+        std::fs::create_dir(&group).unwrap();
+        std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = check_private_directory_tree(&group).unwrap_err();
+        assert!(e.to_string().contains("its group (mode 775)"), "{e}");
+        // Sticky and writable by all is fine above, not for the directory itself.
+        std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = check_private_directory_tree(&group).unwrap_err();
+        assert!(e.to_string().contains("every user (mode 1777)"), "{e}");
+        let below = group.join("below");
+        std::fs::create_dir(&below).unwrap();
+        std::fs::set_permissions(&below, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_private_directory_tree(&below).unwrap();
+        std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_private_directory_tree(&below).unwrap_err();
+        assert!(
+            matches!(&e, FileError::UntrustedDirectory { dir, .. } if *dir == group),
+            "{e}"
+        );
+        assert!(check_private_directory_tree(&dir.path().join("missing")).is_err());
+        if rustix::process::geteuid().is_root() {
+            let theirs = dir.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = check_private_directory_tree(&theirs).unwrap_err();
+            assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+            // A link in a private directory that leads into theirs: they can swap what is
+            // behind it.
+            let inner = theirs.join("inner");
+            std::fs::create_dir(&inner).unwrap();
+            std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let link = private.join("link");
+            symlink(&inner, &link).unwrap();
+            let e = check_private_directory_tree(&link).unwrap_err();
+            assert!(
+                matches!(&e, FileError::UntrustedDirectory { dir, .. } if *dir == theirs),
+                "{e}"
+            );
+        }
     }
 }

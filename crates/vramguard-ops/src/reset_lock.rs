@@ -14,7 +14,10 @@
 //!
 //! The file is trusted only when root wrote it: read by root, it must be root's and writable
 //! by no one else, and never larger than [`MAX_LOCK_BYTES`]; anything else is ignored (a user
-//! cannot pause the agent).
+//! cannot pause the agent). Its directory, and every one above it, must be root's alone
+//! ([`check_directory`]): a user who could swap the directory could unpause the agent during a
+//! reset, or have root write its lock where they choose. Locks in any other directory are
+//! neither written nor believed.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -98,9 +101,8 @@ impl ResetLock {
             _ => None,
         }
         .ok_or_else(|| fail("this process's start time is unreadable".into()))?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-            && !dir.exists()
-        {
+        let dir = lock_directory(path);
+        if !dir.exists() {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -108,6 +110,7 @@ impl ResetLock {
                 .create(dir)
                 .map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
         }
+        check_directory(path).map_err(|e| fail(e.to_string()))?;
         let info = LockInfo {
             pid,
             start_ticks,
@@ -136,6 +139,21 @@ impl Drop for ResetLock {
     }
 }
 
+/// The directory of the lock files for the configured `path`.
+fn lock_directory(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Whether the lock's directory may hold locks: it and every directory above it are root's
+/// (or this user's) and writable by no one else. The agent says so at its start when not:
+/// locks there are ignored, so a reset beside it is refused while it holds the GPU.
+pub fn check_directory(path: &Path) -> Result<(), vramguard_fs::FileError> {
+    vramguard_fs::check_private_directory_tree(lock_directory(path))
+}
+
 /// The lock at `path`, if there is one root may trust (see the module documentation).
 fn read_lock(path: &Path) -> Option<LockInfo> {
     let text = vramguard_fs::read_root_config_to_string(path, MAX_LOCK_BYTES).ok()?;
@@ -143,16 +161,14 @@ fn read_lock(path: &Path) -> Option<LockInfo> {
 }
 
 /// A reset a vramguard process is doing now, if a lock for the configured `path` names one
-/// (`path` itself, or a resetter's own `path.<pid>`): a trusted file, younger than
-/// [`MAX_PAUSE`] (and not from the future), whose process lives with the start time it wrote
-/// (`proc`: this process's own `/proc`). Costs a listing of the lock's directory (at most
+/// (`path` itself, or a resetter's own `path.<pid>`), in a directory only root can change: a
+/// trusted file, younger than [`MAX_PAUSE`] (and not from the future), whose process lives
+/// with the start time it wrote (`proc`: this process's own `/proc`). Costs a listing of the lock's directory (at most
 /// [`MAX_DIR_ENTRIES`] entries).
 pub fn active(path: &Path, proc: &ProcFs, now_ms: u64) -> Option<LockInfo> {
     let name = path.file_name()?.to_str()?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = lock_directory(path);
+    check_directory(path).ok()?;
     let prefix = format!("{name}.");
     // The bound counts lock files only: other files there (or stale locks of resetters that
     // were killed) must not hide a live one.
@@ -214,6 +230,46 @@ mod tests {
         let now = now_ms();
         let _lock = ResetLock::acquire(&path, 0, now).unwrap();
         assert!(active(&path, &ProcFs::own().unwrap(), now).is_some());
+    }
+
+    /// A lock directory another user owns, or one its group may write, holds no lock root
+    /// writes or believes: the user could swap it (and unpause the agent mid-reset, or have
+    /// root write its lock where they choose). The error says which directory and why.
+    #[test]
+    fn no_lock_is_written_or_believed_in_a_directory_another_user_can_change() {
+        use std::os::unix::fs::PermissionsExt;
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = theirs.join("reset.lock");
+        let proc = ProcFs::own().unwrap();
+        let now = now_ms();
+        // While the directory is root's, the lock is written and believed.
+        let lock = ResetLock::acquire(&path, 0, now).unwrap();
+        assert!(active(&path, &proc, now).is_some());
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        assert!(active(&path, &proc, now).is_none(), "believed in theirs");
+        let e = ResetLock::acquire(&path, 0, now).unwrap_err().to_string();
+        assert!(
+            e.contains("owned by uid 65534") && e.contains(&theirs.display().to_string()),
+            "{e}"
+        );
+        assert!(check_directory(&path).is_err());
+        std::os::unix::fs::chown(&theirs, Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(
+            active(&path, &proc, now).is_none(),
+            "believed where a group writes"
+        );
+        let e = ResetLock::acquire(&path, 0, now).unwrap_err().to_string();
+        assert!(e.contains("its group"), "{e}");
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(active(&path, &proc, now).is_some());
+        drop(lock);
     }
 
     #[test]
