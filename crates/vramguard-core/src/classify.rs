@@ -431,7 +431,7 @@ impl<'a> Context<'a> {
         };
         let nvml_client = |p: &ProcessFacts| {
             p.driver_library == Some(DriverLibrary::NvmlOnly)
-                && matches!(&p.device_files, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
+                && p.device_files.holds_uvm()
                 && !leads_others()
         };
         if let Some(p) = here

@@ -629,6 +629,12 @@ impl FdScan {
         })
     }
 
+    /// Whether `/dev/nvidia-uvm` is held (read: scanned and found), the file every CUDA
+    /// context and, on driver 580, every NVML client holds.
+    pub fn holds_uvm(&self) -> bool {
+        matches!(self, FdScan::Scanned(files) if files.contains(&DeviceFile::Uvm))
+    }
+
     /// Whether any NVIDIA device file (GPU, control or UVM) is held, if scanned.
     pub fn holds_any(&self) -> Option<bool> {
         match self {

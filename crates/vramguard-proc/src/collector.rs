@@ -24,8 +24,8 @@ use std::time::Duration;
 use vramguard_core::host::{HostMemoryFacts, ProcessHostMemory, ShmDirFacts};
 use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
-    DepartedProcess, DeviceFile, DriverLibrary, ExeFacts, FdScan, HostFacts, JobCgroupFacts,
-    PF_EXITING, ProcessFacts, ScanFacts,
+    DepartedProcess, DriverLibrary, ExeFacts, FdScan, HostFacts, JobCgroupFacts, PF_EXITING,
+    ProcessFacts, ScanFacts,
 };
 
 /// How deep a collection looks (see the module documentation).
@@ -993,11 +993,12 @@ impl ProcCollector {
             }
         };
         if let Some(pids) = &listing {
-            let present: HashSet<u32> = pids.iter().copied().collect();
+            // The listing is sorted: a search in it, not a set built from it (hashing every
+            // pid of a large node was a tenth of the agent's quiet CPU).
             let gone: Vec<u32> = self
                 .known
                 .keys()
-                .filter(|p| !present.contains(p))
+                .filter(|p| pids.binary_search(p).is_err())
                 .copied()
                 .collect();
             for pid in gone {
@@ -1060,25 +1061,9 @@ impl ProcCollector {
             .filter(|(pid, _)| !self.known.contains_key(pid))
             .count();
         self.known.reserve(new);
-        // The maps of every uvm holder at once, on the workers. Read after the fd scans, not
-        // with them: a process letting go of the driver in between (closing its files, then
-        // unmapping the library) reads as holding the files and mapping neither library.
-        let uvm: Vec<u32> = scanned
-            .iter()
-            .filter(|(_, found)| matches!(found, Found::Yes(d) if holds_uvm(d)))
-            .map(|(pid, _)| *pid)
-            .collect();
-        let mut libraries: HashMap<u32, DriverLibrary> = uvm
-            .iter()
-            .copied()
-            .zip(self.driver_libraries(&uvm))
-            .collect();
-        for (pid, found) in scanned {
+        for (pid, found, library) in self.with_libraries(scanned)? {
             match found {
-                Found::Yes(devices) => {
-                    let library = libraries.remove(&pid);
-                    self.set_devices_read(pid, devices, library)
-                }
+                Found::Yes(devices) => self.set_devices_read(pid, devices, library),
                 Found::Denied => self.set_devices_read(pid, FdScan::Denied, None),
                 Found::Gone => self.depart(pid, now_ms),
             }
@@ -1092,10 +1077,74 @@ impl ProcCollector {
         Ok(self.device_index().denied)
     }
 
-    /// Records a process's device-file scan; the index is rebuilt when next asked for.
-    fn set_devices(&mut self, pid: u32, devices: FdScan) {
-        let library = holds_uvm(&devices).then(|| self.driver_libraries(&[pid])[0]);
-        self.set_devices_read(pid, devices, library);
+    /// Records a process's device-file scan, with its driver library when it holds uvm (see
+    /// [`ProcCollector::with_libraries`], which may scan it again); the index is rebuilt when
+    /// next asked for. Returns the scan recorded.
+    fn set_devices(&mut self, pid: u32, devices: FdScan) -> Result<FdScan, ProcError> {
+        let [(_, found, library)] = self
+            .with_libraries(vec![(pid, Found::Yes(devices.clone()))])?
+            .try_into()
+            .expect("one answer for one pid");
+        // Gone since: the next read finds it so; until then, the first scan stands.
+        let devices = match found {
+            Found::Yes(d) => d,
+            Found::Denied => FdScan::Denied,
+            Found::Gone => devices,
+        };
+        self.set_devices_read(pid, devices.clone(), library);
+        Ok(devices)
+    }
+
+    /// Fd scans with the driver library of each process that holds uvm, read from its map
+    /// after its scan (on the workers, all at once). The two reads are not one: a process
+    /// letting go of the driver between them (files closed, then the library unmapped) or
+    /// taking it up (library mapped, then files opened) reads as holding uvm and mapping
+    /// neither library, which would make an NVML client a hidden holder for a collection. So
+    /// a process that reads as `neither` is scanned again, and its map read again while it
+    /// still holds uvm: what is `neither` then is (a process that maps no driver library and
+    /// holds the driver's files).
+    fn with_libraries(
+        &mut self,
+        scanned: Vec<(u32, Found<FdScan>)>,
+    ) -> Result<Vec<ScannedWithLibrary>, ProcError> {
+        let holding_uvm = |found: &Found<FdScan>| matches!(found, Found::Yes(d) if d.holds_uvm());
+        let uvm: Vec<u32> = scanned
+            .iter()
+            .filter(|(_, found)| holding_uvm(found))
+            .map(|(pid, _)| *pid)
+            .collect();
+        let mut libraries: HashMap<u32, DriverLibrary> = uvm
+            .iter()
+            .copied()
+            .zip(self.driver_libraries(&uvm))
+            .collect();
+        let neither: Vec<u32> = uvm
+            .iter()
+            .copied()
+            .filter(|pid| libraries.get(pid) == Some(&DriverLibrary::Neither))
+            .collect();
+        let mut again: HashMap<u32, Found<FdScan>> = HashMap::new();
+        if !neither.is_empty() {
+            let rescanned = self.scan_fds(&neither)?;
+            let still: Vec<u32> = rescanned
+                .iter()
+                .filter(|(_, found)| holding_uvm(found))
+                .map(|(pid, _)| *pid)
+                .collect();
+            let read = self.driver_libraries(&still);
+            libraries.extend(still.into_iter().zip(read));
+            again.extend(rescanned);
+        }
+        Ok(scanned
+            .into_iter()
+            .map(|(pid, found)| {
+                let found = again.remove(&pid).unwrap_or(found);
+                let library = holding_uvm(&found)
+                    .then(|| libraries.get(&pid).copied())
+                    .flatten();
+                (pid, found, library)
+            })
+            .collect())
     }
 
     /// [`ProcCollector::set_devices`] with the driver library already read (for a process
@@ -1537,7 +1586,7 @@ impl ProcCollector {
                         Found::Yes(d) => d,
                         _ => FdScan::Denied,
                     };
-                    self.set_devices(pid, devices);
+                    self.set_devices(pid, devices)?;
                 }
                 if self.open_stat_fds < self.max_stat_fds {
                     self.known.get_mut(&pid).expect("just inserted").stat_fd = Some(fd);
@@ -1610,10 +1659,13 @@ impl ProcCollector {
                 Found::Gone => return Ok(None),
                 Found::Denied => FdScan::Denied,
             };
-            if self.known.contains_key(&pid) {
-                self.set_devices(pid, devices.clone());
+            let devices = if self.known.contains_key(&pid) {
+                let devices = self.set_devices(pid, devices)?;
                 facts.driver_library = self.known.get(&pid).and_then(|k| k.driver_library);
-            }
+                devices
+            } else {
+                devices
+            };
             facts.device_files = devices;
         }
         if matches!(stat.state, Some('Z' | 'D')) || exiting {
@@ -1642,9 +1694,8 @@ impl ProcCollector {
 }
 
 /// Whether a scan found `/dev/nvidia-uvm` held.
-fn holds_uvm(devices: &FdScan) -> bool {
-    matches!(devices, FdScan::Scanned(f) if f.contains(&DeviceFile::Uvm))
-}
+/// One process's fd scan, with the driver library it maps when it holds uvm.
+type ScannedWithLibrary = (u32, Found<FdScan>, Option<DriverLibrary>);
 
 /// Reads a small file outside `/proc` (a cgroup file), refusing anything larger than `max`.
 fn read_small(path: &Path, max: u64) -> Option<String> {
@@ -1658,6 +1709,7 @@ fn read_small(path: &Path, max: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramguard_core::snapshot::DeviceFile;
     use std::process::{Child, Command};
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1799,5 +1851,75 @@ mod tests {
                 .iter()
                 .any(|l| l.contains("memory map"))
         );
+    }
+
+    /// A process that lets go of the driver between its fd scan and the read of its map
+    /// (here: its uvm file closed as the map is about to be read, as an NVML client's
+    /// shutdown closes its files before the library is unmapped) read as holding uvm and
+    /// mapping neither library: a hidden holder. It is scanned again: it holds only what it
+    /// still holds, and no library is claimed for it. A process that keeps holding uvm and
+    /// maps neither library stays `neither`.
+    #[test]
+    fn a_process_letting_go_between_its_fd_scan_and_its_map_is_read_as_it_is_now() {
+        let dev = tempfile::tempdir().unwrap();
+        for name in ["nvidia0", "nvidia-uvm", "nvidiactl"] {
+            std::fs::write(dev.path().join(name), b"").unwrap();
+        }
+        let uvm = dev.path().join("nvidia-uvm");
+        // Closes its uvm file on SIGUSR1; its `sleep`s hold nothing.
+        let script = format!(
+            "exec 3<{} 4<{}; trap 'exec 4<&-' USR1; while :; do sleep 0.02 3<&- 4<&-; done",
+            dev.path().join("nvidia0").display(),
+            uvm.display()
+        );
+        let letting_go = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+        let pid = letting_go.0.id();
+        let holds_uvm_now = move || {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == uvm))
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while !holds_uvm_now() {
+            assert!(Instant::now() < until, "the holder never opened its files");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let keeping = holder(dev.path());
+        let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+        let signalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let once = signalled.clone();
+        c.before_address_space_read(Arc::new(move |read| {
+            if read == pid && !once.swap(true, Ordering::SeqCst) {
+                // SAFETY: kill(2) on the child this test started.
+                unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+                let until = Instant::now() + Duration::from_secs(10);
+                while holds_uvm_now() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }));
+        let listed = vec![pid, keeping.0.id()];
+        let (_, got, _) = collect_within(c, listed, ScanDepth::Full, Duration::from_secs(20));
+        assert!(signalled.load(Ordering::SeqCst), "its map was never read");
+        let facts = |pid: u32| {
+            got.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .cloned()
+                .unwrap_or_else(|| panic!("pid {pid} not collected"))
+        };
+        let let_go = facts(pid);
+        assert!(
+            matches!(&let_go.device_files, FdScan::Scanned(d)
+                if d.contains(&DeviceFile::Gpu(0)) && !d.contains(&DeviceFile::Uvm)),
+            "{:?}",
+            let_go.device_files
+        );
+        assert_eq!(let_go.driver_library, None);
+        let kept = facts(keeping.0.id());
+        assert!(matches!(&kept.device_files, FdScan::Scanned(d) if d.contains(&DeviceFile::Uvm)));
+        assert_eq!(kept.driver_library, Some(DriverLibrary::Neither));
     }
 }

@@ -608,16 +608,7 @@ impl ProcFs {
         if entries > 0 {
             return Ok(Found::Yes(scan));
         }
-        let Ok(tasks) = std::fs::read_dir(self.path(&format!("{pid}/task"))) else {
-            return Ok(Found::Yes(scan));
-        };
-        for task in tasks.flatten() {
-            let Some(tid) = parse_pid(task.file_name().as_encoded_bytes()) else {
-                continue;
-            };
-            if tid == pid {
-                continue;
-            }
+        for tid in self.other_threads(pid) {
             if let Found::Yes((thread_scan, n)) =
                 self.scan_fd_dir(&format!("{pid}/task/{tid}/fd"), devices)?
                 && n > 0
@@ -648,16 +639,7 @@ impl ProcFs {
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),
         }
-        let Ok(tasks) = std::fs::read_dir(self.path(&format!("{pid}/task"))) else {
-            return Ok(Found::Yes(DriverLibrary::Unknown));
-        };
-        for task in tasks.flatten() {
-            let Some(tid) = parse_pid(task.file_name().as_encoded_bytes()) else {
-                continue;
-            };
-            if tid == pid {
-                continue;
-            }
+        for tid in self.other_threads(pid) {
             if let Found::Yes(Some(found)) =
                 self.driver_library_in(&format!("{pid}/task/{tid}/maps"))?
             {
@@ -665,6 +647,19 @@ impl ProcFs {
             }
         }
         Ok(Found::Yes(DriverLibrary::Unknown))
+    }
+
+    /// The threads of `pid` other than its main thread, at most [`MAX_THREADS_LOOKED_AT`]
+    /// (none when its `task/` cannot be read): where a leader's main thread has exited, its
+    /// own `fd/` and `maps` are empty while these still show what the process holds.
+    fn other_threads(&self, pid: u32) -> impl Iterator<Item = u32> {
+        std::fs::read_dir(self.path(&format!("{pid}/task")))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|task| parse_pid(task.file_name().as_encoded_bytes()))
+            .filter(move |&tid| tid != pid)
+            .take(MAX_THREADS_LOOKED_AT)
     }
 
     /// Whether any thread of `pid` is in D state (`task/*/stat`, at most
@@ -889,7 +884,7 @@ pub fn own_process_holds_device_files(dev_dir: &Path) -> bool {
 pub const MAX_PROC_FILE: usize = 8 << 20;
 
 /// The most threads of one process whose states are read before its map is (more: the map is
-/// not read).
+/// not read), and the most looked at for a zombie leader's files and map.
 pub const MAX_THREADS_LOOKED_AT: usize = 4096;
 
 /// The most read of one process's `maps` looking for the driver libraries: about 200,000
