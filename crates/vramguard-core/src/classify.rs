@@ -1377,10 +1377,7 @@ impl<'a> Context<'a> {
             },
             driver_library: p.driver_library,
             dead_job,
-            job: Some(JobInfo {
-                system_service: system_service_of(p),
-                ..job.info
-            }),
+            job: Some(self.with_system_service(p, job.info)),
             work,
             idle_secs,
             keepers: Vec::new(),
@@ -1678,6 +1675,22 @@ impl<'a> Context<'a> {
         ))
     }
 
+    /// `info` with the system service `p` lies in, and how many processes that service runs
+    /// when its cgroup was read whole (`systemctl stop` ends them all).
+    fn with_system_service(&self, p: &ProcessFacts, info: JobInfo) -> JobInfo {
+        let system_service = crate::job::system_service(p);
+        let service_processes = system_service
+            .as_deref()
+            .and_then(|unit| self.snap.job_cgroup(&crate::job::system_service_root(unit)))
+            .filter(|f| f.readable && f.complete)
+            .map(|f| f.members);
+        JobInfo {
+            system_service,
+            service_processes,
+            ..info
+        }
+    }
+
     /// The job of a container, a pod, a Slurm step or a systemd unit, and whether it lives.
     fn cgroup_job_view(&self, p: &ProcessFacts, cg: CgroupJob) -> JobView {
         let facts = self.snap.job_cgroup(&cg.root);
@@ -1768,6 +1781,7 @@ impl<'a> Context<'a> {
                 alive,
                 evidence,
                 system_service: None,
+                service_processes: None,
             },
             // A dead Slurm job's members are the processes of its cgroup; work of any
             // of them is judged per process.
@@ -1795,6 +1809,7 @@ impl<'a> Context<'a> {
                 alive: Some(true),
                 evidence,
                 system_service: None,
+                service_processes: None,
             },
             dead: None,
             tree_top: Some(top.pid),
@@ -2339,6 +2354,7 @@ fn supervised_view(label: String, evidence: String, tree_top: Option<u32>) -> Jo
             alive: Some(true),
             evidence,
             system_service: None,
+            service_processes: None,
         },
         dead: None,
         tree_top,
@@ -2415,19 +2431,6 @@ fn system_verdict(p: &ProcessFacts, job: &JobView, evidence: &mut Vec<String>) -
             reclaimable: false,
         },
     )
-}
-
-/// The systemd system service `p`'s cgroup lies in (`/system.slice/NAME.service` or below it:
-/// a sub-unit or a container of the service's own counts as the service's), whatever names
-/// its job.
-fn system_service_of(p: &ProcessFacts) -> Option<String> {
-    p.cgroup
-        .as_deref()?
-        .strip_prefix("/system.slice/")?
-        .split('/')
-        .next()
-        .filter(|name| name.ends_with(".service"))
-        .map(str::to_string)
 }
 
 /// Why an unlisted holder without `/dev/nvidia-uvm` is never a target (the report's evidence

@@ -547,12 +547,23 @@ fn is_plain_unit_name(unit: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b))
 }
 
+/// What stopping the system service of an NVML client that blocks a reset would end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServiceStop<'a> {
+    /// Nothing else on a GPU; `alone`: its cgroup shows that it runs nothing but the GPU
+    /// holders seen (else what else it runs is unknown, and the step says to look first).
+    Stoppable { unit: &'a str, alone: bool },
+    /// `others` processes that hold no GPU: `systemctl stop` would end them too.
+    RunsOthers { unit: &'a str, others: u32 },
+}
+
 /// The system service to stop for a reset that NVML client `h` blocks, when stopping it ends
 /// nothing else on a GPU: `h` is root's, its job is exactly a system service
 /// (`/system.slice/NAME.service`: never a user's unit, whose name its user chose), and no
 /// other holder of that service on any GPU may hold a context (stopping a unit whose stats
-/// sidecar blocks one GPU would end the training it runs on another).
-fn stoppable_nvml_service<'a>(h: &'a Holder, all: &[GpuReport]) -> Option<&'a str> {
+/// sidecar blocks one GPU would end the training it runs on another). Where the service's
+/// cgroup was read, whether it runs anything besides its GPU holders.
+fn stoppable_nvml_service<'a>(h: &'a Holder, all: &[GpuReport]) -> Option<ServiceStop<'a>> {
     if h.class != Class::Hidden || h.may_hold_context() != Some(false) || h.uid != Some(0) {
         return None;
     }
@@ -570,7 +581,28 @@ fn stoppable_nvml_service<'a>(h: &'a Holder, all: &[GpuReport]) -> Option<&'a st
                 .is_some_and(|j| j.system_service.as_deref() == Some(unit))
             && (o.listed || o.may_hold_context() != Some(false))
     });
-    (!other_gpu_user).then_some(unit)
+    if other_gpu_user {
+        return None;
+    }
+    let Some(members) = job.service_processes else {
+        return Some(ServiceStop::Stoppable { unit, alone: false });
+    };
+    let holders: std::collections::BTreeSet<u32> = all
+        .iter()
+        .flat_map(|g| &g.holders)
+        .filter(|o| {
+            o.job
+                .as_ref()
+                .is_some_and(|j| j.system_service.as_deref() == Some(unit))
+        })
+        .map(|o| o.pid)
+        .collect();
+    let others = members.saturating_sub(holders.len() as u32);
+    Some(if others == 0 {
+        ServiceStop::Stoppable { unit, alone: true }
+    } else {
+        ServiceStop::RunsOthers { unit, others }
+    })
 }
 
 /// What the checks of one GPU read and write.
@@ -1029,6 +1061,8 @@ fn reset_blockers(d: &mut GpuChecks<'_, '_>) {
             // NVML clients in system services that may be stopped: one step that stops them
             // all for the reset (one step each would start one before the next is stopped).
             let mut services: Vec<&str> = Vec::new();
+            // Services whose cgroup was not read whole: what else they run is unknown.
+            let mut unread: Vec<&str> = Vec::new();
             for b in &gpu.reset_blockers {
                 let service = gpu
                     .holders
@@ -1036,24 +1070,47 @@ fn reset_blockers(d: &mut GpuChecks<'_, '_>) {
                     .find(|h| h.pid == b.pid)
                     .and_then(|h| stoppable_nvml_service(h, d.all));
                 match service {
-                    Some(unit) => {
+                    Some(ServiceStop::Stoppable { unit, alone }) => {
                         if !services.contains(&unit) {
                             services.push(unit);
+                            if !alone {
+                                unread.push(unit);
+                            }
                         }
                     }
+                    Some(ServiceStop::RunsOthers { unit, others }) => steps.push(NextStep {
+                        why: format!(
+                            "GPU {}: the NVML client pid {} ({}) holds the device (no GPU \
+                             memory); its service {unit} also runs {others} other \
+                             process(es), which `systemctl stop` would end too: stop the client \
+                             alone for the reset, or the service once those may end",
+                            gpu.index,
+                            b.pid,
+                            escape(b.comm.as_deref().unwrap_or("?"))
+                        ),
+                        command: None,
+                    }),
                     None => steps.push(blocker_step(gpu, b)),
                 }
             }
             if !services.is_empty() {
                 let units = services.join(" ");
+                // vramguard sees the services' GPU holders; where a service's cgroup was not
+                // read whole, not every process it runs: `systemctl stop` ends them all, so
+                // the step then says to look first.
+                let look_first = if unread.is_empty() {
+                    " (they run nothing else)".to_string()
+                } else {
+                    format!(
+                        ". `systemctl stop` ends everything a unit runs: if `systemctl status -- \
+                         {}` shows more than the monitor, stop the monitor instead",
+                        unread.join(" ")
+                    )
+                };
                 steps.push(NextStep {
-                    // vramguard sees the services' GPU holders, not every process they run:
-                    // `systemctl stop` ends them all, so the step says to look first.
                     why: format!(
                         "GPU {}: NVML clients in {} hold the device (no GPU memory): stop them \
-                         for the reset and start them again after. `systemctl stop` ends \
-                         everything a unit runs: if `systemctl status -- {units}` shows more \
-                         than the monitor, stop the monitor instead",
+                         for the reset and start them again after{look_first}",
                         gpu.index,
                         services.join(", ")
                     ),

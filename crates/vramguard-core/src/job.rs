@@ -45,6 +45,25 @@ pub struct CgroupJob {
     pub root: String,
 }
 
+/// The systemd system service `p`'s cgroup lies in (`/system.slice/NAME.service` or below it:
+/// a sub-unit or a container of the service's own counts as the service's), whatever names
+/// its job. Never a user manager's unit: its name is the user's.
+pub fn system_service(p: &ProcessFacts) -> Option<String> {
+    p.cgroup
+        .as_deref()?
+        .strip_prefix("/system.slice/")?
+        .split('/')
+        .next()
+        .filter(|name| name.ends_with(".service"))
+        .map(str::to_string)
+}
+
+/// The cgroup of the system service `unit`: its subtree holds everything `systemctl stop`
+/// ends.
+pub fn system_service_root(unit: &str) -> String {
+    format!("/system.slice/{unit}")
+}
+
 fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }

@@ -340,6 +340,10 @@ pub struct JobInfo {
     /// included (their names are the user's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_service: Option<String>,
+    /// How many processes that system service runs (its cgroup's whole subtree), when its
+    /// cgroup was read whole: `systemctl stop` ends every one of them, GPU holders or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_processes: Option<u32>,
 }
 
 /// Whether a holder (or its job) showed signs of work over the sampling window.

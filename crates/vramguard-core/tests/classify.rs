@@ -1628,6 +1628,94 @@ fn an_nvml_client_blocking_a_reset_is_stopped_by_its_unit() {
     }
 }
 
+/// Where a service's cgroup was read whole, diagnose knows what `systemctl stop` would end: a
+/// service that runs only its NVML client is stopped for the reset without a word of caution;
+/// one that also runs processes holding no GPU (a web UI beside its monitor) is not stopped:
+/// the step asks for the client alone, with no command. A cgroup not read whole, or read
+/// with more members than vramguard looked at, is unknown: the caution stays.
+#[test]
+fn a_service_that_runs_more_than_its_nvml_client_is_not_stopped_for_a_reset() {
+    use vramguard_core::snapshot::JobCgroupFacts;
+    let client = |pid: u32, comm: &str, unit: &str| {
+        let mut p = proc_(pid, 1, pid, comm, &[1]);
+        p.uid = Some(0);
+        p.device_files =
+            FdScan::Scanned(vec![DeviceFile::Gpu(1), DeviceFile::Ctl, DeviceFile::Uvm]);
+        p.driver_library = Some(DriverLibrary::NvmlOnly);
+        p.cgroup = Some(format!("/system.slice/{unit}"));
+        p
+    };
+    let service = |unit: &str, members: u32, complete: bool| JobCgroupFacts {
+        root: format!("/system.slice/{unit}"),
+        readable: true,
+        members,
+        namespace_inits: Vec::new(),
+        step_daemons: Vec::new(),
+        nested_pid_namespace: false,
+        complete,
+    };
+    let steps_for = |cgroups: Vec<JobCgroupFacts>| {
+        let mut s = snapshot(
+            vec![gpu(0, 0, &[]), gpu(1, 6 * GIB, &[])],
+            vec![
+                init(),
+                client(60, "vramguard", "vramguard-agent.service"),
+                client(61, "gpu-dash", "dashboard.service"),
+            ],
+        );
+        s.job_cgroups = cgroups;
+        let steps: Vec<(String, Option<String>)> = diagnose(classify(&s, &Policy::default()))
+            .verdict
+            .next_steps
+            .into_iter()
+            .map(|s| (s.why, s.command))
+            .collect();
+        steps
+    };
+    let steps = steps_for(vec![
+        service("vramguard-agent.service", 1, true),
+        service("dashboard.service", 4, true),
+    ]);
+    let commands: Vec<&str> = steps.iter().filter_map(|(_, c)| c.as_deref()).collect();
+    assert!(
+        commands.contains(
+            &"systemctl stop -- vramguard-agent.service && vramguard reclaim --gpu 1 \
+              --reset=auto --yes; systemctl start -- vramguard-agent.service"
+        ),
+        "{steps:#?}"
+    );
+    assert!(
+        commands.iter().all(|c| !c.contains("dashboard")),
+        "{steps:#?}"
+    );
+    let (why, _) = steps
+        .iter()
+        .find(|(why, _)| why.contains("vramguard-agent.service"))
+        .unwrap();
+    assert!(why.contains("they run nothing else"), "{why}");
+    assert!(!why.contains("systemctl status"), "{why}");
+    let (why, command) = steps
+        .iter()
+        .find(|(why, _)| why.contains("pid 61 (gpu-dash)"))
+        .unwrap_or_else(|| panic!("{steps:#?}"));
+    assert!(
+        why.contains("dashboard.service also runs 3 other process(es)"),
+        "{why}"
+    );
+    assert_eq!(command, &None);
+    // Read, but not whole: unknown, so both are stopped with the caution.
+    let steps = steps_for(vec![
+        service("vramguard-agent.service", 1, true),
+        service("dashboard.service", 4, false),
+    ]);
+    assert!(
+        steps.iter().any(|(why, c)| c.as_deref().is_some_and(
+            |c| c.starts_with("systemctl stop -- vramguard-agent.service dashboard.service")
+        ) && why.contains("systemctl status -- dashboard.service`")),
+        "{steps:#?}"
+    );
+}
+
 #[test]
 fn every_reset_blocker_gets_the_command_that_clears_it() {
     let mut daemon = proc_(50, 1, 50, "nvidia-persiste", &[1]);

@@ -436,14 +436,23 @@ impl ProcCollector {
         };
     }
 
-    /// The job cgroups of `processes`, each read once: who in them keeps the job alive.
+    /// The job cgroups of `processes`, each read once: who in them keeps the job alive. Also
+    /// the system services that run a GPU holder: how many processes each runs, for the
+    /// step that stops a service for a reset (which ends them all).
     fn job_cgroups(&self, processes: &[ProcessFacts]) -> Vec<JobCgroupFacts> {
-        let mut roots: Vec<String> = processes
+        let holders = processes
             .iter()
-            .filter(|p| p.device_files.holds_any() == Some(true))
+            .filter(|p| p.device_files.holds_any() == Some(true));
+        let mut roots: Vec<String> = holders
+            .clone()
             .filter_map(cgroup_job)
             .filter(|j| matches!(j.kind, JobKind::Pod | JobKind::Container | JobKind::Slurm))
             .map(|j| j.root)
+            .chain(
+                holders
+                    .filter_map(vramguard_core::job::system_service)
+                    .map(|unit| vramguard_core::job::system_service_root(&unit)),
+            )
             .collect();
         roots.sort();
         roots.dedup();
@@ -1709,11 +1718,11 @@ fn read_small(path: &Path, max: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramguard_core::snapshot::DeviceFile;
     use std::process::{Child, Command};
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
+    use vramguard_core::snapshot::DeviceFile;
 
     /// Killed and reaped on drop.
     struct Reaped(Child);
@@ -1921,5 +1930,83 @@ mod tests {
         let kept = facts(keeping.0.id());
         assert!(matches!(&kept.device_files, FdScan::Scanned(d) if d.contains(&DeviceFile::Uvm)));
         assert_eq!(kept.driver_library, Some(DriverLibrary::Neither));
+    }
+
+    /// A system service that runs a GPU holder is read whole: how many processes it runs,
+    /// GPU holders or not (`systemctl stop` ends them all), for diagnose's step that stops a
+    /// service for a reset. Here a service cgroup of its own (a unique name under
+    /// `system.slice` of the cgroup2 mount) with a holder and a process that holds nothing.
+    #[test]
+    fn a_system_service_that_runs_a_holder_is_counted_whole() {
+        let Some(mount) = std::fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|t| {
+                crate::parse::parse_cgroup_mounts(t.as_bytes())
+                    .into_iter()
+                    .find(|m| std::path::Path::new(m).join("cgroup.controllers").exists())
+            })
+            .map(PathBuf::from)
+        else {
+            eprintln!("skipped: no cgroup2 mount");
+            return;
+        };
+        /// Removes the service's cgroup (and `system.slice`, if made here and empty) once
+        /// its processes are reaped.
+        struct Service {
+            dir: PathBuf,
+            slice: Option<PathBuf>,
+            processes: Vec<Reaped>,
+        }
+        impl Drop for Service {
+            fn drop(&mut self) {
+                self.processes.clear();
+                let until = Instant::now() + Duration::from_secs(5);
+                while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if let Some(slice) = &self.slice {
+                    let _ = std::fs::remove_dir(slice);
+                }
+            }
+        }
+        let slice = mount.join("system.slice");
+        let made = (!slice.exists() && std::fs::create_dir(&slice).is_ok()).then(|| slice.clone());
+        let unit = format!("vramguard-test-{}-dashboard.service", std::process::id());
+        let dir = slice.join(&unit);
+        std::fs::create_dir(&dir).unwrap();
+        let mut service = Service {
+            dir: dir.clone(),
+            slice: made,
+            processes: Vec::new(),
+        };
+        let dev = tempfile::tempdir().unwrap();
+        for name in ["nvidia0", "nvidia-uvm", "nvidiactl"] {
+            std::fs::write(dev.path().join(name), b"").unwrap();
+        }
+        let holding = holder(dev.path());
+        let holding_pid = holding.0.id();
+        let other = Reaped(Command::new("sleep").arg("60").spawn().unwrap());
+        for pid in [holding_pid, other.0.id()] {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        }
+        service.processes.extend([holding, other]);
+        let c = ProcCollector::new("/proc", dev.path()).unwrap();
+        let (_, got, _) = collect_within(
+            c,
+            vec![holding_pid],
+            ScanDepth::Full,
+            Duration::from_secs(20),
+        );
+        let h = got.processes.iter().find(|p| p.pid == holding_pid).unwrap();
+        let root = format!("/system.slice/{unit}");
+        assert_eq!(h.cgroup.as_deref(), Some(root.as_str()));
+        let facts = got
+            .job_cgroups
+            .iter()
+            .find(|f| f.root == root)
+            .unwrap_or_else(|| panic!("{root} not read: {:#?}", got.job_cgroups));
+        assert!(facts.readable && facts.complete, "{facts:#?}");
+        assert_eq!(facts.members, 2, "{facts:#?}");
+        drop(service);
     }
 }
