@@ -699,12 +699,23 @@ impl Agent {
         let every = OBSERVE_EVERY.max(self.config.agent.interval);
         let window_ms = self.config.reclaim.sample.max(every * 3).as_millis() as u64;
         self.work.forget_before(now.saturating_sub(window_ms));
-        let pids = vramguard_core::work_watch_list(
-            snap,
-            &self.config.policy,
-            report,
-            watch_for(&self.config),
-        );
+        let watch = watch_for(&self.config);
+        let roots = vramguard_core::classify::work_roots(snap, &self.config.policy, report, watch);
+        if roots.is_empty() {
+            return false;
+        }
+        // The holders' children that hold no device file are not in a collection: read them,
+        // or their work goes unseen and a busy job reads as idle.
+        if let Err(e) = self.node.add_descendants(snap, &roots) {
+            tracing::warn!("reading the descendants of holders whose job is gone: {e}");
+            return false;
+        }
+        if !self.config.agent.show_cmdline {
+            for p in &mut snap.processes {
+                p.cmdline = None;
+            }
+        }
+        let pids = vramguard_core::work_watch_list(snap, &self.config.policy, report, watch);
         if pids.is_empty() {
             return false;
         }

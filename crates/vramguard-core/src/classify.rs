@@ -150,12 +150,7 @@ pub fn work_watch_list(
     report: &Report,
     watch: WatchFor,
 ) -> Vec<u32> {
-    let decided_by_work = |h: &Holder| {
-        h.dead_job.is_some()
-            || h.keeps_alive.is_some()
-            || h.class == Class::Zombie
-            || (h.class == Class::Idle && watch == WatchFor::Reclaim)
-    };
+    let decided_by_work = |h: &Holder| decided_by_work(h, watch);
     if !report.holders().any(|(_, h)| decided_by_work(h)) {
         return Vec::new();
     }
@@ -175,6 +170,45 @@ pub fn work_watch_list(
     }
     pids.retain(|p| *p != snapshot.host.self_pid);
     pids.into_iter().collect()
+}
+
+/// Whether `h`'s class (or, for a reclaim, whether it is a target) rests on work.
+fn decided_by_work(h: &Holder, watch: WatchFor) -> bool {
+    h.dead_job.is_some()
+        || h.keeps_alive.is_some()
+        || h.class == Class::Zombie
+        || (h.class == Class::Idle && watch == WatchFor::Reclaim)
+}
+
+/// The processes whose descendants' work decides a class in `report` (see
+/// [`work_watch_list`]): each holder whose verdict rests on work and, where its job is gone,
+/// the top of that job's tree. A collection reads only GPU holders and their ancestors; a
+/// holder's children that hold no device file (a checkpoint upload, a compiler, data
+/// workers) are read from these before work is watched, or their work would go unseen. Empty
+/// when no verdict rests on work.
+pub fn work_roots(
+    snapshot: &Snapshot,
+    policy: &Policy,
+    report: &Report,
+    watch: WatchFor,
+) -> Vec<u32> {
+    if !report.holders().any(|(_, h)| decided_by_work(h, watch)) {
+        return Vec::new();
+    }
+    let snapshot = normalized(snapshot);
+    let snapshot = snapshot.as_ref();
+    let ctx = Context::new(snapshot, policy);
+    let mut roots = BTreeSet::new();
+    for (_, h) in report.holders().filter(|(_, h)| decided_by_work(h, watch)) {
+        roots.insert(h.pid);
+        if h.dead_job.is_some()
+            && let Some(top) = ctx.tree().tops.get(&h.pid)
+        {
+            roots.insert(*top);
+        }
+    }
+    roots.retain(|p| *p != snapshot.host.self_pid);
+    roots.into_iter().collect()
 }
 
 /// Whether the driver is seen reporting the pids of vramguard's own PID namespace: a pid it

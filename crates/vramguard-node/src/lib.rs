@@ -107,6 +107,15 @@ pub trait Node: Send {
     /// clock's wall time. Processes that are gone are skipped.
     fn observe_work(&mut self, sampler: &mut WorkSampler, pids: &[u32]) -> Result<(), NodeError>;
 
+    /// Adds to `snap` the descendants of `roots` it lacks (see
+    /// [`vramguard_core::classify::work_roots`]): a collection reads holders and their
+    /// ancestors, and the work of a holder's children protects it. The fake node's
+    /// snapshots hold every process already.
+    fn add_descendants(&mut self, snap: &mut Snapshot, roots: &[u32]) -> Result<(), NodeError> {
+        let _ = (snap, roots);
+        Ok(())
+    }
+
     /// The node's clock: every wait and every timestamp of a use case comes from it.
     fn clock(&self) -> &dyn Clock;
 

@@ -282,6 +282,16 @@ impl Node for MachineNode {
         Ok(sampler.observe(self.collector.procfs(), pids, now)?)
     }
 
+    fn add_descendants(&mut self, snap: &mut Snapshot, roots: &[u32]) -> Result<(), NodeError> {
+        if roots.is_empty() {
+            return Ok(());
+        }
+        if self.collector.add_descendants(&mut snap.processes, roots)? > 0 {
+            snap.normalize();
+        }
+        Ok(())
+    }
+
     fn clock(&self) -> &dyn Clock {
         &self.clock
     }

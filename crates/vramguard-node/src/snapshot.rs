@@ -71,8 +71,14 @@ pub fn take_sampled_snapshot(
         return Ok(snap);
     }
     // Only the processes whose class depends on work are watched; with none, there is
-    // nothing to wait for.
-    let report = vramguard_core::classify(&snap, policy);
+    // nothing to wait for. Their descendants are read first: a collection holds GPU holders
+    // and their ancestors only.
+    let mut report = vramguard_core::classify(&snap, policy);
+    let roots = vramguard_core::classify::work_roots(&snap, policy, &report, watch);
+    if !roots.is_empty() && collector.add_descendants(&mut snap.processes, &roots)? > 0 {
+        snap.normalize();
+        report = vramguard_core::classify(&snap, policy);
+    }
     let pids = vramguard_core::classify::work_watch_list(&snap, policy, &report, watch);
     if pids.is_empty() {
         return Ok(snap);

@@ -1598,13 +1598,31 @@ impl<'a> Run<'a> {
                             .filter(|h| h.used_bytes.is_none())
                             .all(|h| !h.is_ghost()))
             });
-            if g.ghost_bytes == 0 && !unproven {
+            // This check samples no work: a holder whose job is gone reads as unknown. One the
+            // plan's sample saw working (left alone as detached) is not left behind by it.
+            let seen_working = |h: &&vramguard_core::report::Holder| {
+                matches!(h.work, vramguard_core::report::Work::Unknown { .. })
+                    && self
+                        .plan
+                        .left_alone
+                        .iter()
+                        .any(|l| l.pid == h.pid && l.class == vramguard_core::Class::Detached)
+            };
+            let working_bytes: u64 = g
+                .holders
+                .iter()
+                .filter(|h| h.is_ghost())
+                .filter(seen_working)
+                .map(|h| h.used_bytes.unwrap_or(0))
+                .sum();
+            let ghost_bytes = g.ghost_bytes.saturating_sub(working_bytes);
+            if ghost_bytes == 0 && !unproven {
                 continue;
             }
             let mut why: Vec<String> = g
                 .holders
                 .iter()
-                .filter(|h| h.is_ghost())
+                .filter(|h| h.is_ghost() && !seen_working(h))
                 .map(|h| format!("pid {} ({}): {}", h.pid, h.class, h.action.summary))
                 .collect();
             if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
@@ -1620,7 +1638,7 @@ impl<'a> Run<'a> {
             }
             remaining.push(Remaining {
                 gpu: g.index,
-                ghost_bytes: g.ghost_bytes,
+                ghost_bytes,
                 why,
             });
         }

@@ -1370,6 +1370,71 @@ impl ProcCollector {
         Ok(pids.iter().filter_map(|pid| out.remove(pid)).collect())
     }
 
+    /// Adds to `processes` every descendant of `roots` it lacks (at most
+    /// [`MAX_DESCENDANTS_READ`]): a collection reads GPU holders and their ancestors, and the
+    /// work of a holder's children that hold no device file (a checkpoint upload, a compiler,
+    /// spawned data workers) protects it as much as its own. Read from the kernel's exact
+    /// `task/*/children` lists; where the kernel has none, from the parents of every process
+    /// (a listing and a `stat` each). Returns how many were added.
+    pub fn add_descendants(
+        &mut self,
+        processes: &mut Vec<ProcessFacts>,
+        roots: &[u32],
+    ) -> Result<usize, ProcError> {
+        let mut have: HashSet<u32> = processes.iter().map(|p| p.pid).collect();
+        let mut walked: HashSet<u32> = HashSet::new();
+        let mut queue: VecDeque<u32> = roots.iter().copied().collect();
+        // Children by parent, built once from a listing where the kernel keeps no lists.
+        let mut by_parent: Option<HashMap<u32, Vec<u32>>> = None;
+        let mut added = 0;
+        while let Some(pid) = queue.pop_front() {
+            if !walked.insert(pid) || walked.len() > MAX_DESCENDANTS_READ {
+                continue;
+            }
+            let children = match self.fs.children(pid)? {
+                Some(children) => children,
+                None => {
+                    if by_parent.is_none() {
+                        by_parent = Some(self.children_by_parent()?);
+                    }
+                    by_parent
+                        .as_ref()
+                        .and_then(|m| m.get(&pid))
+                        .cloned()
+                        .unwrap_or_default()
+                }
+            };
+            for child in children {
+                if added >= MAX_DESCENDANTS_READ {
+                    break;
+                }
+                if have.insert(child) {
+                    let Some(facts) = self.facts(child, false)? else {
+                        continue;
+                    };
+                    processes.push(facts);
+                    added += 1;
+                }
+                queue.push_back(child);
+            }
+        }
+        Ok(added)
+    }
+
+    /// Every process's children, from its parent in `stat`: where the kernel keeps no
+    /// `children` lists.
+    fn children_by_parent(&mut self) -> Result<HashMap<u32, Vec<u32>>, ProcError> {
+        let mut by_parent: HashMap<u32, Vec<u32>> = HashMap::new();
+        for pid in self.lister.list()? {
+            if let Found::Yes(stat) = self.fs.stat(pid)?
+                && let Some(ppid) = stat.ppid
+            {
+                by_parent.entry(ppid).or_default().push(pid);
+            }
+        }
+        Ok(by_parent)
+    }
+
     /// The known processes in a nested PID namespace whose innermost pid is one of `pids`.
     /// Their identity is read once per process (cached), so this costs a `status` read only
     /// for processes seen for the first time.
@@ -1703,6 +1768,10 @@ impl ProcCollector {
 }
 
 /// Whether a scan found `/dev/nvidia-uvm` held.
+/// The most descendants of the holders whose verdict rests on work read into one collection
+/// (and the most processes whose children are looked at).
+pub const MAX_DESCENDANTS_READ: usize = 4096;
+
 /// One process's fd scan, with the driver library it maps when it holds uvm.
 type ScannedWithLibrary = (u32, Found<FdScan>, Option<DriverLibrary>);
 
@@ -2008,5 +2077,59 @@ mod tests {
         assert!(facts.readable && facts.complete, "{facts:#?}");
         assert_eq!(facts.members, 2, "{facts:#?}");
         drop(service);
+    }
+
+    /// The descendants of a root, two levels deep, are added once each (from the kernel's
+    /// lists); the fallback for a kernel without them (every process's parent) finds the same
+    /// children.
+    #[test]
+    fn the_descendants_of_a_root_are_read_whole() {
+        let root = Reaped(
+            Command::new("sh")
+                .arg("-c")
+                .arg("sh -c 'sleep 60 & wait' & sleep 60 & wait")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = root.0.id();
+        let fs = ProcFs::open("/proc").unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        let grandchildren = loop {
+            let children = fs.children(pid).unwrap().unwrap_or_default();
+            let below: Vec<u32> = children
+                .iter()
+                .flat_map(|c| fs.children(*c).unwrap().unwrap_or_default())
+                .collect();
+            if children.len() == 2 && below.len() == 1 {
+                break (children, below);
+            }
+            assert!(Instant::now() < until, "the tree never formed");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let dev = tempfile::tempdir().unwrap();
+        let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+        let mut processes = Vec::new();
+        let added = c.add_descendants(&mut processes, &[pid, pid]).unwrap();
+        let mut got: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+        got.sort_unstable();
+        let mut want: Vec<u32> = grandchildren
+            .0
+            .iter()
+            .chain(&grandchildren.1)
+            .copied()
+            .collect();
+        want.sort_unstable();
+        assert_eq!((added, got), (3, want));
+        let by_parent = c.children_by_parent().unwrap();
+        let mut listed = by_parent.get(&pid).cloned().unwrap_or_default();
+        listed.sort_unstable();
+        let mut kernel = grandchildren.0.clone();
+        kernel.sort_unstable();
+        assert_eq!(listed, kernel);
+        // Every process of the tree is killed by pid: the root's group is its own shell's.
+        for p in grandchildren.0.iter().chain(&grandchildren.1) {
+            // SAFETY: kill(2) on a descendant of the child this test started.
+            unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+        }
     }
 }

@@ -705,6 +705,44 @@ fn a_spawn_worker_of_a_busy_trainer_whose_launcher_exited_is_protected_by_the_jo
     assert!(targets.is_empty(), "{targets:?}");
 }
 
+/// Red-team finding: a collection reads GPU holders and their ancestors, so a holder's child
+/// that holds no device file (a checkpoint upload, `tar`, a compiler) was never in the
+/// snapshot, its work never seen: a trainer whose launcher exited, waiting on a busy child,
+/// read as an idle orphan and was SIGTERMed by `reclaim --yes` (and by the agent's automatic
+/// reclaim). The descendants of every holder whose verdict rests on work are now read before
+/// work is watched: the child's CPU keeps its parent `detached`, in `status`, in the plan and
+/// in the agent.
+#[test]
+fn a_holder_whose_child_holds_no_gpu_file_but_works_is_not_an_orphan() {
+    let world = World::new(1);
+    let mut trainer = holder_spec(&world, 8, 0, 0);
+    trainer["workers"] = json!([{ "argv": ["tar", "czf", "checkpoint.tgz", "ckpt/"],
+        "spec": { "state": world.state_path(), "lifetime_ms": 120_000, "cpu_percent": 90 } }]);
+    let mut l = launch(
+        &world,
+        &format!(
+            "{}exit 0
+",
+            nohup(0, "train.py")
+        ),
+        vec![trainer],
+    );
+    l.script_exits();
+    let (trainer, upload) = (l.pid(0), l.holders[0].1[0]);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, trainer);
+    assert_eq!(h["class"], "detached", "{h:#}");
+    assert_eq!(h["work"]["state"], "working", "{h:#}");
+    assert!(
+        h["work"].to_string().contains(&upload.to_string()),
+        "the child's work is named: {h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+    let (killed, _) = reclaim_yes(&world);
+    assert!(killed.is_empty(), "{killed:?}");
+    assert!(alive(trainer) && alive(upload));
+}
+
 #[test]
 fn a_jupyter_kernel_whose_server_died_is_not_an_orphan() {
     let world = World::new(1);
@@ -743,15 +781,30 @@ fn mixed_incident() -> Incident {
     let mut survivors = Vec::new();
     let mut idle_orphans = BTreeSet::new();
 
-    // nohup'ed from a script: one busy (detached), one idle (orphan).
+    // nohup'ed from a script: one busy (detached), one idle (orphan), and one idle itself
+    // whose child, holding no GPU file, works (a checkpoint upload: detached).
+    let mut uploading = holder_spec(&world, 2, 0, 0);
+    uploading["workers"] = json!([{ "argv": ["tar", "czf", "checkpoint.tgz", "ckpt/"],
+        "spec": { "state": world.state_path(), "lifetime_ms": 120_000, "cpu_percent": 90 } }]);
     let mut l = launch(
         &world,
-        &format!("{}{}exit 0\n", nohup(0, "train.py"), nohup(1, "eval.py")),
-        vec![holder_spec(&world, 8, 85, 0), holder_spec(&world, 4, 0, 0)],
+        &format!(
+            "{}{}{}exit 0\n",
+            nohup(0, "train.py"),
+            nohup(1, "eval.py"),
+            nohup(2, "finetune.py")
+        ),
+        vec![
+            holder_spec(&world, 8, 85, 0),
+            holder_spec(&world, 4, 0, 0),
+            uploading,
+        ],
     );
     l.script_exits();
     survivors.push(("detached nohup trainer", l.pid(0)));
     idle_orphans.insert(l.pid(1));
+    survivors.push(("trainer waiting on its busy upload", l.pid(2)));
+    survivors.push(("busy upload holding no GPU file", l.holders[2].1[0]));
     // DataLoader workers of a killed trainer: orphans.
     let mut t = trainer(&world);
     t.crash();
@@ -912,6 +965,15 @@ fn the_agents_automatic_reclaim_kills_exactly_the_idle_orphans() {
     assert_eq!(signalled, inc.idle_orphans, "{records:#?}");
     let m = agent.metrics();
     assert!(m.contains("class=\"detached\""), "{m}");
+    // The agent's own view reads the children of holders whose job is gone too: the trainer
+    // waiting on its busy upload is detached there, not an orphan.
+    let waiting = format!("pid=\"{}\"", inc.role("trainer waiting on its busy upload"));
+    let series: Vec<&str> = m.lines().filter(|l| l.contains(&waiting)).collect();
+    assert!(!series.is_empty(), "{m}");
+    assert!(
+        series.iter().all(|l| l.contains("class=\"detached\"")),
+        "{series:#?}"
+    );
 }
 
 /// The first child of `pid`, once it has one.
