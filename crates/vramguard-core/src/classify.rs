@@ -1923,7 +1923,7 @@ impl<'a> Context<'a> {
                 && u64::from(s.running_observations) * 2 > u64::from(s.observations)
             {
                 evidence.push(format!(
-                    "threads running in {} of {} observations",
+                    "threads running or waiting on I/O in {} of {} observations",
                     s.running_observations, s.observations
                 ));
             }

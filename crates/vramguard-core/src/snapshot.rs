@@ -94,7 +94,8 @@ pub struct WorkSample {
     pub observed_ms: u64,
     /// How many times it was observed.
     pub observations: u32,
-    /// In how many observations at least one of its threads was running (state R).
+    /// In how many observations at least one of its threads was running (state R) or waiting
+    /// on I/O (state D: a checkpoint written to a slow filesystem).
     pub running_observations: u32,
 }
 

@@ -548,7 +548,7 @@ impl ProcFs {
     }
 
     /// One observation for the work sampler: start time, CPU time used so far, and whether
-    /// any thread is running (R). The thread states are read only when the main thread is
+    /// any thread is running (R) or waiting on I/O (D). The thread states are read only when the main thread is
     /// not running itself, at most [`MAX_THREADS_OBSERVED`] of them.
     pub fn work_probe(&self, pid: u32) -> Result<Found<WorkProbe>, ProcError> {
         let stat = match self.stat(pid)? {
@@ -561,7 +561,9 @@ impl ProcFs {
         else {
             return Ok(Found::Denied);
         };
-        let mut running = stat.state == Some('R');
+        // A thread in D waits on I/O the process asked for (a checkpoint written to NFS): work
+        // as much as one on a CPU, and no signal would stop it mid-write anyway.
+        let mut running = matches!(stat.state, Some('R' | 'D'));
         if !running && stat.num_threads.unwrap_or(1) > 1 {
             let rel = format!("{pid}/task");
             if let Ok(dir) = self
@@ -573,7 +575,7 @@ impl ProcFs {
                         continue;
                     };
                     if let Ok(Found::Yes(t)) = self.stat_at(&format!("{pid}/task/{tid}/stat"))
-                        && t.state == Some('R')
+                        && matches!(t.state, Some('R' | 'D'))
                     {
                         running = true;
                         break;

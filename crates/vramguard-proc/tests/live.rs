@@ -665,3 +665,46 @@ fn a_thread_that_runs_on_after_its_main_thread_exited_is_read_as_not_leaving() {
     );
     drop(h);
 }
+
+/// A process waiting on I/O (a thread in D: a checkpoint written to a slow filesystem) is
+/// working for the work sampler, as one on a CPU is: a trainer blocked writing to NFS, its
+/// launcher gone, must not read as an idle orphan. Here the wait is a `vfork` whose child
+/// never execs (state D, as the simulator's stuck holder does).
+#[test]
+fn a_process_waiting_on_io_in_d_state_is_observed_running() {
+    // SAFETY: the child calls only async-signal-safe functions (vfork, alarm, pause, _exit)
+    // before it dies.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        unsafe {
+            if libc::vfork() == 0 {
+                libc::alarm(30);
+                libc::pause();
+                libc::_exit(0);
+            }
+            libc::_exit(0);
+        }
+    }
+    let pid = child as u32;
+    let fs = vramguard_proc::ProcFs::open("/proc").unwrap();
+    wait_until("the child to wait in D", || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") D "))
+    });
+    let grandchild = fs.children(pid).unwrap().unwrap_or_default();
+    let observed = fs.work_probe(pid).unwrap();
+    for g in &grandchild {
+        // SAFETY: kill(2) on the vfork child this test's child made.
+        unsafe { libc::kill(*g as i32, libc::SIGKILL) };
+    }
+    // SAFETY: kill(2) and waitpid(2) on the child this test forked.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert_eq!(grandchild.len(), 1);
+    match observed {
+        vramguard_proc::Found::Yes(p) => assert!(p.running, "a thread in D was not counted"),
+        other => panic!("{other:?}"),
+    }
+}
