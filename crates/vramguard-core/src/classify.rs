@@ -1325,7 +1325,9 @@ impl<'a> Context<'a> {
         }
         let (class, action) = if matches!(system, Some(Ok(()))) {
             system_verdict(p, &job, &mut evidence)
-        } else if let Some(action) = self.zombie(gpu.index, p, &work, &mut evidence) {
+        } else if let Some(action) =
+            self.zombie(gpu.index, p, &work, dead_job.is_none(), &mut evidence)
+        {
             (Class::Zombie, action)
         } else if listed.is_none() {
             self.hidden_verdict(gpu, p, &job, &work, tie, &mut evidence)
@@ -1425,11 +1427,16 @@ impl<'a> Context<'a> {
     }
 
     /// The zombie/exiting rule. Returns the action when it applies, pushing the evidence.
+    /// `job_alive`: its job is not known to be gone. A main thread that called `pthread_exit`
+    /// shows `Z` (and `PF_EXITING`) while the other threads live on: in a live job that is a
+    /// live process (a server whose worker thread waits for requests), not one to finish,
+    /// and the job rules decide it like any other.
     fn zombie(
         &self,
         gpu: u32,
         p: &ProcessFacts,
         work: &Work,
+        job_alive: bool,
         evidence: &mut Vec<String>,
     ) -> Option<Action> {
         let leader_zombie = p.state == Some('Z');
@@ -1446,11 +1453,25 @@ impl<'a> Context<'a> {
             .filter(|t| t.tid != p.pid && !matches!(t.state, 'Z' | 'X'))
             .collect();
         let stuck: Vec<_> = threads.iter().filter(|t| t.state == 'D').collect();
+        if !exiting && !live.is_empty() && stuck.is_empty() && job_alive {
+            evidence.push(format!(
+                "its main thread has exited ({}) while {} other thread(s) live on, not leaving: \
+                 a live process",
+                p.state.unwrap_or('?'),
+                live.len()
+            ));
+            return None;
+        }
         let parent = p
             .ppid
             .map(|pp| self.describe(pp))
             .unwrap_or_else(|| "?".into());
-        if leader_zombie {
+        if leader_zombie && !live.is_empty() {
+            evidence.push(format!(
+                "main thread is a zombie (Z): it has exited while {} other thread(s) live on",
+                live.len()
+            ));
+        } else if leader_zombie {
             evidence.push(format!(
                 "main thread is a zombie (Z); parent {parent} has not reaped it"
             ));

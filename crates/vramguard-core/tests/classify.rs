@@ -236,7 +236,9 @@ fn a_zombie_leader_means_the_job_is_gone() {
 
 #[test]
 fn zombie_leader_with_running_thread_is_killable() {
-    let mut p = proc_(400, 1, 400, "python", &[0]);
+    // Re-parented to init, its group's leader (399) gone: its job is gone, and an idle
+    // thread left behind by a main thread that exited is something to finish.
+    let mut p = proc_(400, 1, 399, "python", &[0]);
     p.state = Some('Z');
     p.threads = Some(vec![
         ThreadFacts {
@@ -1435,17 +1437,70 @@ fn a_zombie_leader_whose_threads_work_is_not_killable() {
             leaving: None,
         },
     ]);
-    let mut s = snapshot(vec![gpu(0, GIB, &[(100, Some(GIB))])], vec![init(), z]);
+    let mut s = snapshot(
+        vec![gpu(0, GIB, &[(100, Some(GIB))])],
+        vec![init(), z.clone()],
+    );
     s.work
         .as_mut()
         .unwrap()
         .processes
         .iter_mut()
         .for_each(|w| w.cpu_ticks = 150);
+    // It leads its process group: a live job, and a live process (its main thread called
+    // `pthread_exit`): the job rules decide it, as any other.
+    let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
+    assert_ne!(h.class, Class::Zombie, "{h:#?}");
+    assert!(!h.action.reclaimable, "{h:#?}");
+    assert!(
+        h.evidence
+            .iter()
+            .any(|e| e.contains("main thread has exited (Z) while 1 other thread(s) live on")),
+        "{h:#?}"
+    );
+    // Its group's leader gone: a zombie, still working, left alone.
+    z.pgid = Some(99);
+    s.processes = vec![init(), z];
     let h = &classify(&s, &Policy::default()).gpus[0].holders[0];
     assert_eq!(h.class, Class::Zombie);
     assert!(!h.action.reclaimable, "{h:#?}");
     assert!(h.action.summary.contains("still working"));
+}
+
+/// Red-team finding: a live, idle process of a live job whose main thread called
+/// `pthread_exit` (a server whose worker thread waits for requests) was a `zombie` to SIGKILL
+/// with `--include zombie`, and diagnose called its memory "held by no live job". A main
+/// thread gone while the others live on, not leaving, in a live job, is a live process:
+/// never a zombie, never ghost memory; the job rules decide it.
+#[test]
+fn a_live_process_whose_main_thread_exited_in_a_live_job_is_no_zombie() {
+    let mut z = proc_(100, 50, 100, "server", &[0]);
+    z.state = Some('Z');
+    z.flags = Some(0x0040_800c);
+    z.threads = Some(vec![
+        ThreadFacts {
+            tid: 100,
+            state: 'Z',
+            wchan: None,
+            leaving: Some(true),
+        },
+        ThreadFacts {
+            tid: 101,
+            state: 'S',
+            wchan: Some("do_epoll_wait".into()),
+            leaving: Some(false),
+        },
+    ]);
+    let s = snapshot(
+        vec![gpu(0, GIB, &[(100, Some(GIB))])],
+        vec![init(), proc_(50, 1, 50, "bash", &[]), z],
+    );
+    let r = classify(&s, &Policy::default());
+    let h = &r.gpus[0].holders[0];
+    assert_ne!(h.class, Class::Zombie, "{h:#?}");
+    assert!(!h.class.is_ghost(), "{h:#?}");
+    assert!(!h.action.reclaimable, "{h:#?}");
+    assert_eq!(r.gpus[0].ghost_bytes, 0);
 }
 
 #[test]

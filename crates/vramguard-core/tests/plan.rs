@@ -725,7 +725,8 @@ fn a_user_with_cap_kill_may_reclaim_other_users_orphans() {
 
 #[test]
 fn zombies_with_running_threads_are_targets_only_when_included_and_stuck_ones_never() {
-    let mut running = p(400, 1, 400, "python", &[0]);
+    // Left behind by a job that is gone (its group's leader, 399, exited).
+    let mut running = p(400, 1, 399, "python", &[0]);
     running.state = Some('Z');
     running.threads = Some(vec![ThreadFacts {
         tid: 401,
@@ -811,7 +812,8 @@ fn a_process_whose_main_thread_exited_while_another_works_is_never_a_target() {
     let s = main_thread_exited(true, false);
     let report = classify(&s, &Policy::default());
     let server = holder_on_gpu0(&report, 200);
-    assert_eq!(server.class, Class::Zombie);
+    // Its job lives (bash 100 started it): a live process, whatever its main thread did.
+    assert_ne!(server.class, Class::Zombie, "{server:#?}");
     assert!(!server.action.reclaimable, "{server:#?}");
     assert!(
         server
@@ -1548,6 +1550,19 @@ proptest! {
                         Some(DriverLibrary::NvmlOnly | DriverLibrary::Unknown)
                     ),
                     "target {} maps {:?}", t.pid, proc_.driver_library
+                );
+            }
+            // A zombie target is finished, not killed while it lives: the whole process is on
+            // its way out, or its job is gone (a main thread that called pthread_exit in a
+            // live job leaves a live process).
+            if t.class == Class::Zombie {
+                let h = report.gpus.iter().flat_map(|g| &g.holders).find(|h| h.pid == t.pid).unwrap();
+                let threads_live_on = proc_.threads.iter().flatten().any(|t| {
+                    t.tid != proc_.pid && !matches!(t.state, 'Z' | 'X')
+                });
+                prop_assert!(
+                    exiting || h.dead_job.is_some() || !threads_live_on,
+                    "zombie target {} lives on in a live job", t.pid
                 );
             }
             // Nor is an NVML client on its way out (its exit closes its files).

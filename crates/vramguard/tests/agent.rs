@@ -1868,8 +1868,10 @@ fn ghost_memory_reaches_alertmanager_with_its_slurm_job_or_pod_and_resolves_afte
         "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
         orphan.pid,
     );
-    // A process of a pod whose main thread exited while a thread still holds GPU 1: it
-    // starts inside the pod's container cgroup (a shell joins it, then execs the holder).
+    // A process of a pod whose main thread exited while a thread stuck in D (uninterruptible
+    // I/O) still holds GPU 1: a zombie no signal frees. It starts inside the pod's container
+    // cgroup (a shell joins it, then execs the holder). (A main thread gone while an idle
+    // thread lives on is a live process in a live pod, not a zombie.)
     let pod_uid = "6a1b2c3d-0000-4a4a-9b9b-00000000cafe";
     let procs = cg.leaf(&format!(
         "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
@@ -1877,7 +1879,7 @@ fn ghost_memory_reaches_alertmanager_with_its_slurm_job_or_pod_and_resolves_afte
         "ef".repeat(32)
     ));
     let mut zspec = spec(&world, json!([hold(1, 3)]));
-    zspec["shape"] = json!("zombie_leader");
+    zspec["shape"] = json!("zombie_leader_stuck_in_d");
     let joined = format!("echo $$ > {} && exec \"$@\"", procs.display());
     let zombie = start_wrapped(
         &world,
@@ -1957,18 +1959,23 @@ fn ghost_memory_reaches_alertmanager_with_its_slurm_job_or_pod_and_resolves_afte
             "orphan,hidden,zombie",
         ])
         .arg_path("--audit-log", &dir.path().join("audit.jsonl"))
-        .json(0);
+        // Exit 1: the stuck zombie's memory remains, and the run says so.
+        .json(1);
+    assert!(
+        plan["remaining"].to_string().contains("uninterruptible"),
+        "{plan}"
+    );
     let targets: std::collections::BTreeSet<u64> = plan["targets"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t["pid"].as_u64().unwrap())
         .collect();
-    assert_eq!(
-        targets,
-        [u64::from(orphan.pid), u64::from(zombie.pid)].into(),
-        "{plan}"
-    );
+    assert_eq!(targets, [u64::from(orphan.pid)].into(), "{plan}");
+    // The stuck zombie is the owner's to end (here, its I/O ends and it exits: the test kills
+    // the process it started).
+    // SAFETY: kill(2) on the holder this test started.
+    unsafe { libc::kill(zombie.pid as i32, libc::SIGKILL) };
     wait_until(60, "the resolved notifications at the receiver", || {
         notification("resolved", "slurm_job").is_some() && notification("resolved", "pod").is_some()
     });
