@@ -1511,7 +1511,7 @@ proptest! {
                         let Some(pp) = cur.filter(|pp| *pp > 1) else { break };
                         if pp == t.pid {
                             prop_assert!(
-                                !cpu_busy(q.pid),
+                                !cpu_busy(q.pid) && !gpu_busy(q.pid),
                                 "target {} is an ancestor of {}, which works", t.pid, q.pid
                             );
                             break;

@@ -53,8 +53,10 @@ struct Kubelet {
     socket: PathBuf,
     timeout: Duration,
     /// After a failure the kubelet is left alone for [`KUBELET_BACKOFF`]: a hung kubelet
-    /// costs one timeout a minute, not one per sample.
-    failed_at: Option<Instant>,
+    /// costs one timeout a minute, not one per sample. With when, the limitation it gave:
+    /// every snapshot meanwhile says the same (a command that takes a second snapshot, a
+    /// deeper scan, must not lose why).
+    failed: Option<(Instant, String)>,
     /// The last answer, when, and the pod UIDs of the snapshot it answered for: reused for
     /// [`KUBELET_REFRESH`] while no new pod appears (the agent samples every second).
     last: Option<(
@@ -134,7 +136,7 @@ impl MachineNode {
         self.kubelet = Some(Kubelet {
             socket: socket.to_path_buf(),
             timeout,
-            failed_at: None,
+            failed: None,
             last: None,
         });
         self
@@ -161,27 +163,33 @@ impl MachineNode {
             snap.kubelet_pods = Some(pods.clone());
             return;
         }
-        if k.failed_at.is_some_and(|t| t.elapsed() < KUBELET_BACKOFF) {
-            snap.scan.limitations.push(
-                "pod names unavailable: the kubelet's pod-resources API failed recently (pods are shown by UID)"
-                    .into(),
-            );
+        if let Some((at, said)) = &k.failed
+            && at.elapsed() < KUBELET_BACKOFF
+        {
+            snap.scan.limitations.push(format!(
+                "{said}; not asked again for {}s",
+                KUBELET_BACKOFF
+                    .saturating_sub(at.elapsed())
+                    .as_secs()
+                    .max(1)
+            ));
             return;
         }
         match vramguard_kubelet::list_pods(&k.socket, k.timeout) {
             Ok(pods) => {
-                k.failed_at = None;
+                k.failed = None;
                 k.last = Some((Instant::now(), uids, pods.clone()));
                 snap.kubelet_pods = Some(pods);
             }
             Err(e) => {
-                k.failed_at = Some(Instant::now());
                 k.last = None;
                 // The error carries the kubelet's own message: shown escaped.
-                snap.scan.limitations.push(format!(
+                let said = format!(
                     "pod names unavailable: {} (pods are shown by UID)",
                     vramguard_core::sanitize::shown(&e.to_string())
-                ));
+                );
+                snap.scan.limitations.push(said.clone());
+                k.failed = Some((Instant::now(), said));
             }
         }
     }
@@ -907,18 +915,19 @@ mod tests {
         assert!(
             limitations.len() == 1
                 && limitations[0].starts_with("pod names unavailable: ")
-                && !limitations[0].contains("failed recently"),
+                && !limitations[0].contains("not asked again"),
             "{limitations:?}"
         );
+        let first = limitations[0].clone();
         assert_eq!(kubelet.calls(), 1);
+        // Meanwhile every snapshot says why, as the first did (a command's second, deeper
+        // snapshot lost it: `failed recently` alone under CI load).
         let (names, limitations) = attach(&mut node, &["uid-a"]);
         assert_eq!(names, None);
-        assert_eq!(
-            limitations,
-            [
-                "pod names unavailable: the kubelet's pod-resources API failed recently (pods are \
-              shown by UID)"
-            ]
+        assert_eq!(limitations.len(), 1, "{limitations:?}");
+        assert!(
+            limitations[0].starts_with(&first) && limitations[0].contains("not asked again for"),
+            "{limitations:?}"
         );
         assert_eq!(kubelet.calls(), 1, "a failed kubelet asked again at once");
     }
