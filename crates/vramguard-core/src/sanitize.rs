@@ -14,8 +14,15 @@ use std::borrow::Cow;
 /// Whether `c` must not reach a terminal as it is.
 fn is_unsafe(c: char) -> bool {
     c.is_control()
-        // Bidirectional overrides and isolates: they reorder what the reader sees.
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        // Bidirectional marks, embeddings, overrides and isolates (the Arabic letter mark
+        // included): they reorder what the reader sees (CVE-2021-42574).
+        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        // Line and paragraph separators: a line break to some terminals and viewers.
+        || matches!(c, '\u{2028}' | '\u{2029}')
+        // Invisible characters that make two names look alike or hide text: zero-width space,
+        // joiners, word joiner and invisible operators, the byte-order mark, the Mongolian
+        // vowel separator, and the tag characters.
+        || matches!(c, '\u{200b}'..='\u{200d}' | '\u{2060}'..='\u{2064}' | '\u{feff}' | '\u{180e}' | '\u{e0000}'..='\u{e007f}')
 }
 
 /// `text` with every control character shown as a visible escape. Borrows when nothing needed
@@ -76,11 +83,17 @@ mod tests {
         assert_eq!(escape("del\x7f nul\0"), "del\\x7f nul\\x00");
         assert_eq!(escape("c1 \u{9b}31m"), "c1 \\u{9b}31m");
         assert_eq!(escape("rtl \u{202e}gpj.exe"), "rtl \\u{202e}gpj.exe");
-        // Every direction embedding, override, isolate and mark.
-        for c in ['\u{200e}', '\u{200f}']
-            .into_iter()
-            .chain('\u{202a}'..='\u{202e}')
-            .chain('\u{2066}'..='\u{2069}')
+        // Every direction embedding, override, isolate and mark; separators; invisible
+        // characters.
+        for c in [
+            '\u{061c}', '\u{200e}', '\u{200f}', '\u{2028}', '\u{2029}', '\u{feff}',
+        ]
+        .into_iter()
+        .chain('\u{202a}'..='\u{202e}')
+        .chain('\u{2066}'..='\u{2069}')
+        .chain('\u{200b}'..='\u{200d}')
+        .chain('\u{2060}'..='\u{2064}')
+        .chain(['\u{180e}', '\u{e0001}', '\u{e0041}', '\u{e007f}'])
         {
             assert_eq!(
                 escape(&format!("a{c}b")),

@@ -856,7 +856,7 @@ impl Sim {
                 continue;
             }
             let file = self.state.dev_dir.join(format!("nvidia{}", key.0));
-            let state = match std::fs::File::open(&file).map(|f| crate::context::held(&f, key.1)) {
+            let state = match open_device_file(&file).map(|f| crate::context::held(&f, key.1)) {
                 Ok(Ok(true)) => ContextState::Open,
                 Ok(Ok(false)) => {
                     closed.push(key);
@@ -1152,17 +1152,29 @@ pub fn runtime_path(state: &Path) -> PathBuf {
 }
 
 fn read_runtime(path: &Path) -> Result<Runtime, SimError> {
-    match std::fs::read_to_string(path) {
+    // A regular file, bounded: a link to /dev/zero or a FIFO planted there is refused, not
+    // read without end (red-team finding).
+    match vramguard_fs::read_regular_to_string(path, vramguard_fs::MAX_INPUT_BYTES) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| SimError::Runtime {
             path: path.to_path_buf(),
             reason: format!("{e} (delete the file to forget the simulator's history)"),
         }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Runtime::default()),
+        Err(e) if e.is_not_found() => Ok(Runtime::default()),
         Err(e) => Err(SimError::Runtime {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: e.reason(),
         }),
     }
+}
+
+/// Opens a stand-in device file without blocking: a FIFO planted there would stall a plain
+/// open until a writer came.
+pub(crate) fn open_device_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// Pids holding `dev_dir/nvidia<gpu>` open, from `proc_root/*/fd`. The calling process is

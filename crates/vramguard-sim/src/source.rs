@@ -53,7 +53,7 @@ pub fn open_client_device_files(state: &crate::SimState) -> ClientFiles {
         .chain((0..state.gpus.len()).map(|i| format!("nvidia{i}")));
     ClientFiles {
         _files: names
-            .filter_map(|name| std::fs::File::open(state.dev_dir.join(name)).ok())
+            .filter_map(|name| crate::model::open_device_file(&state.dev_dir.join(name)).ok())
             .collect(),
         // A real client has `libnvidia-ml.so.1` mapped, which tells it from a CUDA process.
         _library: crate::library::map(&state.dev_dir, crate::library::Library::Nvml).ok(),

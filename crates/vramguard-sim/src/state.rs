@@ -477,6 +477,29 @@ impl SimState {
             return Err(invalid("gpus".into(), "at least one GPU is needed".into()));
         }
         check_faults(path, "", &self.faults)?;
+        // What the simulated driver answers is printed as a real driver's is: no terminal
+        // controls or invisible characters (a real driver's strings have none).
+        let printable = |field: String, text: &str| {
+            if matches!(
+                vramguard_core::sanitize::escape(text),
+                std::borrow::Cow::Owned(_)
+            ) {
+                Err(invalid(
+                    field,
+                    format!(
+                        "{} holds control or invisible characters",
+                        vramguard_core::sanitize::shown(text)
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        printable("driver_version".into(), &self.driver_version)?;
+        for (i, g) in self.gpus.iter().enumerate() {
+            printable(format!("gpus[{i}].name"), &g.name)?;
+            printable(format!("gpus[{i}].uuid"), &g.uuid)?;
+        }
         self.validate_gpus(path)?;
         self.validate_allocations(path)
     }

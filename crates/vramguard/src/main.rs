@@ -23,6 +23,9 @@ mod watch;
 use anyhow::Result;
 use std::io::Write;
 
+/// The most of an error message printed (characters, after escaping).
+const MAX_ERROR_CHARS: usize = 900;
+
 fn main() {
     // A simulated holder re-executes vramguard with its spec in the environment.
     if let Ok(spec) = std::env::var(vramguard_sim::holder::HOLDER_ENV) {
@@ -49,7 +52,12 @@ fn main() {
             }) {
                 0
             } else {
-                eprintln!("vramguard: error: {e:#}");
+                // Parse errors repeat the offending value of a file someone else may have
+                // written (a snapshot, a simulator state): shown escaped, and cut.
+                eprintln!(
+                    "vramguard: error: {}",
+                    vramguard_core::sanitize::fit(&format!("{e:#}"), MAX_ERROR_CHARS)
+                );
                 2
             }
         }

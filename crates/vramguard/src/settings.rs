@@ -319,8 +319,50 @@ fn open_source_once(
 pub fn load_snapshot(path: &Path) -> Result<Snapshot> {
     let text = vramguard_fs::read_regular_to_string(path, vramguard_fs::MAX_INPUT_BYTES)
         .map_err(|e| anyhow::anyhow!("reading snapshot {}: {}", path.display(), e.reason()))?;
-    let mut snap: Snapshot = serde_json::from_str(&text)
+    let mut doc: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("snapshot {} is not JSON", path.display()))?;
+    drop(text);
+    // A snapshot may come from anyone (a bug report, another node): every string in it, the
+    // driver's and the host's included, is escaped as vramguard escapes what processes
+    // choose. Escaping is idempotent, so what is escaped again when shown stays as it is.
+    escape_strings(&mut doc);
+    let mut snap: Snapshot = serde_json::from_value(doc)
         .with_context(|| format!("snapshot {} is not a vramguard snapshot", path.display()))?;
     snap.normalize();
     Ok(snap)
+}
+
+/// Every string of `doc` (keys included) escaped in place.
+fn escape_strings(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    let mut stack = vec![doc];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => {
+                if let std::borrow::Cow::Owned(e) = vramguard_core::sanitize::escape(s) {
+                    *s = e;
+                }
+            }
+            Value::Array(items) => stack.extend(items.iter_mut()),
+            Value::Object(map) => {
+                let unsafe_keys: Vec<String> = map
+                    .keys()
+                    .filter(|k| {
+                        matches!(
+                            vramguard_core::sanitize::escape(k),
+                            std::borrow::Cow::Owned(_)
+                        )
+                    })
+                    .cloned()
+                    .collect();
+                for k in unsafe_keys {
+                    if let Some(value) = map.remove(&k) {
+                        map.insert(vramguard_core::sanitize::escape(&k).into_owned(), value);
+                    }
+                }
+                stack.extend(map.values_mut());
+            }
+            _ => {}
+        }
+    }
 }

@@ -12,18 +12,23 @@ const OSC52: &str = "\x1b]52;c;aGVsbG8=\x07";
 const REWRITE: &str = "\r\x1b[2K\x1b[1A";
 
 /// Bytes a terminal would act on: C0 controls other than newline, DEL, C1 controls
-/// (U+0080–U+009F, encoded C2 80–C2 9F), and the direction marks, embeddings, overrides and
-/// isolates that reorder what the reader sees (U+200E/F, U+202A–U+202E, U+2066–U+2069,
-/// encoded E2 80 8E/8F, E2 80 AA–AE, E2 81 A6–A9).
+/// (U+0080–U+009F, encoded C2 80–C2 9F), the direction marks, embeddings, overrides and
+/// isolates that reorder what the reader sees (U+061C, U+200E/F, U+202A–U+202E,
+/// U+2066–U+2069), the line and paragraph separators (U+2028/9) and invisible characters
+/// (U+180E, U+200B–U+200D, U+2060–U+2064, U+FEFF, the tags U+E0000–U+E007F).
 fn terminal_controls(bytes: &[u8]) -> Vec<(usize, u8)> {
     let mut found = Vec::new();
     for (i, b) in bytes.iter().enumerate() {
         let next = |k: usize| bytes.get(i + k).copied().unwrap_or(0);
         let c1 = *b == 0xc2 && (0x80..=0x9f).contains(&next(1));
         let bidi = *b == 0xe2
-            && ((next(1) == 0x80 && matches!(next(2), 0x8e | 0x8f | 0xaa..=0xae))
-                || (next(1) == 0x81 && (0xa6..=0xa9).contains(&next(2))));
-        if (*b < 0x20 && *b != b'\n') || *b == 0x7f || c1 || bidi {
+            && ((next(1) == 0x80 && matches!(next(2), 0x8b..=0x8f | 0xa8 | 0xa9 | 0xaa..=0xae))
+                || (next(1) == 0x81 && matches!(next(2), 0xa0..=0xa4 | 0xa6..=0xa9)));
+        let other = (*b == 0xd8 && next(1) == 0x9c)
+            || (*b == 0xe1 && next(1) == 0xa0 && next(2) == 0x8e)
+            || (*b == 0xef && next(1) == 0xbb && next(2) == 0xbf)
+            || (*b == 0xf3 && next(1) == 0xa0 && matches!(next(2), 0x80 | 0x81));
+        if (*b < 0x20 && *b != b'\n') || *b == 0x7f || c1 || bidi || other {
             found.push((i, *b));
         }
     }
@@ -726,6 +731,112 @@ fn commands_that_act_on_this_machine_refuse_a_replay() {
         .arg_path("--replay", &snap)
         .args(["status"])
         .code(0);
+}
+
+/// A snapshot may come from anyone: the driver's and the host's strings in it (GPU name,
+/// UUID, bus id, driver version, host name) reach no terminal raw, and a value it gets wrong
+/// is named in a one-line error that is escaped and cut, however long (red-team finding:
+/// both were printed as they were, a 60 MiB value in a 60 MB line). A simulator state with
+/// such strings is refused.
+#[test]
+fn hostile_strings_in_a_snapshot_or_a_simulator_state_reach_no_terminal() {
+    let world = World::new(1);
+    let out = Vg::new(&world, Path_::InProcess).args(["snapshot"]).code(0);
+    let mut snap: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hostile = "H200\u{1b}]0;TITLE\u{7}\u{1b}[2J\u{202e}\u{61c}\u{2028}\u{200b}\u{e0041}";
+    snap["hostname"] = json!(hostile);
+    snap["driver"]["driver_version"] = json!(hostile);
+    for field in ["name", "uuid", "pci_bus_id"] {
+        snap["gpus"][0][field] = json!(hostile);
+    }
+    let path = world.dir.path().join("hostile.json");
+    std::fs::write(&path, serde_json::to_vec(&snap).unwrap()).unwrap();
+    for cmd in ["status", "diagnose", "metrics"] {
+        let out = Vg::bare()
+            .arg_path("--replay", &path)
+            .args([cmd])
+            .output()
+            .0;
+        assert!(out.status.code().is_some_and(|c| c < 100), "{cmd}: {out:?}");
+        // Shown escaped (in metrics, a label's backslash is doubled as the format wants).
+        assert!(
+            stdout(&out).contains("H200\\e]0;TITLE") || stdout(&out).contains("H200\\\\e]0;TITLE"),
+            "{cmd}: {}",
+            stdout(&out)
+        );
+        assert_safe_for_a_terminal(&format!("--replay {cmd}"), &out);
+    }
+    // A value it gets wrong, long and hostile: one escaped line, cut.
+    snap["driver"]["source"] = json!(format!("{hostile}{}", "x".repeat(100_000)));
+    std::fs::write(&path, serde_json::to_vec(&snap).unwrap()).unwrap();
+    let out = Vg::bare()
+        .arg_path("--replay", &path)
+        .args(["status"])
+        .code(2);
+    assert_safe_for_a_terminal("--replay with a bad variant", &out);
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("not a vramguard snapshot"), "{err}");
+    // A simulator state naming its GPU so: refused, in one line.
+    let state = world.state_path();
+    let mut raw: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    raw["gpus"][0]["name"] = json!(hostile);
+    std::fs::write(&state, serde_json::to_vec(&raw).unwrap()).unwrap();
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["status"])
+        .output()
+        .0;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_safe_for_a_terminal("--sim with a hostile GPU name", &out);
+    assert!(
+        stderr(&out).contains("gpus[0].name") && stderr(&out).contains("control or invisible"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The simulator's own history beside its state (`<state>.runtime.json`) is read as every
+/// input file is: a link to `/dev/zero` or a FIFO planted there is refused at once, in one
+/// line naming the file (red-team finding: it was read without end, gigabytes in seconds,
+/// and the error blamed the driver).
+#[test]
+fn the_simulators_runtime_file_is_never_read_without_end() {
+    let world = World::new(1);
+    let runtime =
+        std::path::PathBuf::from(format!("{}.runtime.json", world.state_path().display()));
+    let _ = std::fs::remove_file(&runtime);
+    std::os::unix::fs::symlink("/dev/zero", &runtime).unwrap();
+    let t = std::time::Instant::now();
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["status"])
+        .output()
+        .0;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("runtime.json") && err.contains("not a regular file"),
+        "{err}"
+    );
+    std::fs::remove_file(&runtime).unwrap();
+    fifo(&runtime);
+    let t = std::time::Instant::now();
+    let out = Vg::new(&world, Path_::InProcess)
+        .args(["status"])
+        .output()
+        .0;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr(&out).contains("FIFO"), "{}", stderr(&out));
 }
 
 /// The heal's lock next to the audit log is opened as the log is: never through a link

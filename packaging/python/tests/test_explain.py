@@ -192,6 +192,11 @@ class VisibleTextTest(unittest.TestCase):
         shown = vramguard._visible("a\x1b]52;b\u202ec\u2066d\x9be\u200ff")
         self.assertEqual(shown, "a\\e]52;b\\u{202e}c\\u{2066}d\\u{9b}e\\u{200f}f")
         self.assertEqual(vramguard._visible("python3 train.py"), "python3 train.py")
+        # The Arabic letter mark, separators and invisible characters too (red-team finding).
+        shown = vramguard._visible("a\u061cb\u2028c\u200bd\ufeffe\U000e0041f")
+        self.assertEqual(
+            shown, "a\\u{61c}b\\u{2028}c\\u{200b}d\\u{feff}e\\u{e0041}f"
+        )
 
 
 class BinaryTest(unittest.TestCase):

@@ -176,7 +176,26 @@ def diagnose(gpus=None, sample=None, timeout=TIMEOUT_SECS):
     return _run_json("diagnose", gpus, sample, timeout)
 
 
-_BIDI = frozenset([0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+# As vramguard's own sanitiser: direction marks, embeddings, overrides and isolates (the
+# Arabic letter mark included); line and paragraph separators; invisible characters
+# (zero-width space and joiners, word joiner and invisible operators, byte-order mark,
+# Mongolian vowel separator, tag characters).
+_BIDI = frozenset(
+    [
+        0x061C,
+        0x200E,
+        0x200F,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+        0x2028,
+        0x2029,
+        *range(0x200B, 0x200E),
+        *range(0x2060, 0x2065),
+        0xFEFF,
+        0x180E,
+        *range(0xE0000, 0xE0080),
+    ]
+)
 
 
 def _visible(text, limit=80):
