@@ -34,6 +34,10 @@ pub struct Stat {
     pub utime: Option<u64>,
     /// (15) system time, clock ticks.
     pub stime: Option<u64>,
+    /// (16) user time of its children that it waited for, clock ticks.
+    pub cutime: Option<u64>,
+    /// (17) system time of its children that it waited for, clock ticks.
+    pub cstime: Option<u64>,
     /// (20) number of threads.
     pub num_threads: Option<u32>,
     /// (22) start time after boot, clock ticks.
@@ -81,6 +85,8 @@ pub fn parse_stat(bytes: &[u8]) -> Result<Stat, ParseError> {
         flags: num32(9),
         utime: num(14),
         stime: num(15),
+        cutime: num(16),
+        cstime: num(17),
         num_threads: num32(20),
         start_ticks: num(22),
         rss_pages: num(24),

@@ -583,9 +583,13 @@ impl ProcFs {
                 }
             }
         }
+        // With the time of the children it waited for: a job that runs one short process
+        // after another (a compile, `tar` per shard) works through them, and each is gone
+        // before the next observation could read it.
+        let children = stat.cutime.unwrap_or(0) + stat.cstime.unwrap_or(0);
         Ok(Found::Yes(WorkProbe {
             start_ticks,
-            cpu_ticks: utime + stime,
+            cpu_ticks: utime + stime + children,
             running,
         }))
     }
@@ -901,9 +905,10 @@ pub const MAX_THREADS_OBSERVED: usize = 256;
 pub struct WorkProbe {
     /// Start time, clock ticks after boot.
     pub start_ticks: u64,
-    /// User + system CPU time so far, clock ticks.
+    /// User + system CPU time so far, its own and that of the children it waited for,
+    /// clock ticks.
     pub cpu_ticks: u64,
-    /// Whether a thread was running (R).
+    /// Whether a thread was running (R) or waiting on I/O (D).
     pub running: bool,
 }
 

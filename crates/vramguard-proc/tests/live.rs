@@ -708,3 +708,35 @@ fn a_process_waiting_on_io_in_d_state_is_observed_running() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A process that runs one short busy child after another (a compile, `tar` per shard) works
+/// through them, though it uses no CPU itself and each child is gone before the next
+/// observation: the time of the children it waited for counts as its own.
+#[test]
+fn the_cpu_of_children_waited_for_counts_as_the_parents_work() {
+    let parent = Reaped(
+        Command::new("sh")
+            .arg("-c")
+            .arg("while :; do timeout 0.1 sh -c 'while :; do :; done'; done")
+            .spawn()
+            .unwrap(),
+    );
+    let pid = parent.0.id();
+    let fs = vramguard_proc::ProcFs::open("/proc").unwrap();
+    let probe = || match fs.work_probe(pid).unwrap() {
+        vramguard_proc::Found::Yes(p) => p.cpu_ticks,
+        other => panic!("{other:?}"),
+    };
+    let before = probe();
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = probe();
+    let own = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = own.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let own_ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // About 100 ticks a second of its children's; its own is a few.
+    assert!(
+        after - before >= 50,
+        "{before} -> {after} (its own: {own_ticks})"
+    );
+    assert!(own_ticks < 50, "the parent itself was busy: {own_ticks}");
+}
