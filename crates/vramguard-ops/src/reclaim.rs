@@ -1598,9 +1598,14 @@ impl<'a> Run<'a> {
                             .filter(|h| h.used_bytes.is_none())
                             .all(|h| !h.is_ghost()))
             });
-            // This check samples no work: a holder whose job is gone reads as unknown. One the
-            // plan's sample saw working (left alone as detached) is not left behind by it.
-            let seen_working = |h: &&vramguard_core::report::Holder| {
+            if g.ghost_bytes == 0 && !unproven {
+                continue;
+            }
+            // This check samples no work: a holder whose job is gone reads as work unknown.
+            // One the plan's sample saw working was left alone as detached: its memory of a
+            // dead job remains all the same (the Slurm heal keeps the node drained for it),
+            // and the line says why it is there.
+            let seen_working = |h: &vramguard_core::report::Holder| {
                 matches!(h.work, vramguard_core::report::Work::Unknown { .. })
                     && self
                         .plan
@@ -1608,22 +1613,21 @@ impl<'a> Run<'a> {
                         .iter()
                         .any(|l| l.pid == h.pid && l.class == vramguard_core::Class::Detached)
             };
-            let working_bytes: u64 = g
-                .holders
-                .iter()
-                .filter(|h| h.is_ghost())
-                .filter(seen_working)
-                .map(|h| h.used_bytes.unwrap_or(0))
-                .sum();
-            let ghost_bytes = g.ghost_bytes.saturating_sub(working_bytes);
-            if ghost_bytes == 0 && !unproven {
-                continue;
-            }
             let mut why: Vec<String> = g
                 .holders
                 .iter()
-                .filter(|h| h.is_ghost() && !seen_working(h))
-                .map(|h| format!("pid {} ({}): {}", h.pid, h.class, h.action.summary))
+                .filter(|h| h.is_ghost())
+                .map(|h| {
+                    if seen_working(h) {
+                        format!(
+                            "pid {} (detached): its job is gone and the plan's sample saw it \
+                             working, so it was left alone; its memory stays until it ends",
+                            h.pid
+                        )
+                    } else {
+                        format!("pid {} ({}): {}", h.pid, h.class, h.action.summary)
+                    }
+                })
                 .collect();
             if let Some(u) = g.unaccounted.as_ref().filter(|u| u.significant) {
                 why.extend(u.explanation.iter().skip(1).cloned());
@@ -1638,7 +1642,7 @@ impl<'a> Run<'a> {
             }
             remaining.push(Remaining {
                 gpu: g.index,
-                ghost_bytes,
+                ghost_bytes: g.ghost_bytes,
                 why,
             });
         }

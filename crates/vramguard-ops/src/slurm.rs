@@ -446,6 +446,36 @@ mod tests {
         assert!(slurm.updates.is_empty());
     }
 
+    /// Review finding: a process of a dead job that the plan saw working (on CPU alone, so the
+    /// after-check, which samples nothing, reads its work as unknown) was dropped from what
+    /// remained, and the heal resumed a node whose GPU it still held. Its memory remains:
+    /// the node stays drained, and the reason says why.
+    #[test]
+    fn a_dead_jobs_process_left_alone_because_it_works_keeps_the_node_drained() {
+        let node = FakeNode::incident("nohup_from_a_script_busy_is_detached_and_idle_is_orphan");
+        node.edit_snapshot(|s| {
+            for g in &mut s.gpus {
+                g.utilization = None;
+            }
+            if let Some(w) = s.work.as_mut() {
+                for p in &mut w.processes {
+                    if p.pid == 15780 {
+                        p.cpu_ticks = 150;
+                        p.running_observations = p.observations;
+                    }
+                }
+            }
+        });
+        let mut slurm = FakeSlurm::drained(OURS);
+        let (out, _) = run(&node, &mut slurm);
+        let HealResult::KeptDrained { reason } = &out.result else {
+            panic!("{out:?}");
+        };
+        assert!(reason.contains("pid 15780 (detached)"), "{reason}");
+        assert!(slurm.updates.iter().all(|u| !u.starts_with("resume")));
+        assert!(node.signals().iter().all(|s| s.pid != 15780));
+    }
+
     #[test]
     fn a_failed_reset_keeps_the_node_drained_with_the_reason() {
         let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");

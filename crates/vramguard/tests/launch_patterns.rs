@@ -915,7 +915,17 @@ fn reclaim_yes_kills_exactly_the_idle_orphans_of_dead_jobs() {
             "--audit-log".as_ref(),
             audit.as_os_str(),
         ])
-        .json(0);
+        // Exit 1: memory of a dead job remains, the trainer waiting on its busy upload's,
+        // left alone because the plan saw it working; the run says so (and a Slurm heal
+        // keeps such a node drained).
+        .json(1);
+    let waiting = inc.role("trainer waiting on its busy upload");
+    assert!(
+        out["remaining"].to_string().contains(&format!(
+            "pid {waiting} (detached): its job is gone and the plan's sample saw it working"
+        )),
+        "{out:#}"
+    );
     let signalled: BTreeSet<u32> = out["targets"]
         .as_array()
         .unwrap()
