@@ -2050,6 +2050,26 @@ impl<'a> Context<'a> {
     /// is working), and — for a dead job whose tree top is `top` — every process under the
     /// same top (a trainer whose workers compute is working, and so are they).
     fn job_work(&self, p: &'a ProcessFacts, top: Option<u32>) -> Work {
+        let seen = self.job_work_seen(p, top);
+        // Descendants the collection could not all read: any of them may be working.
+        let unread = self
+            .snap
+            .scan
+            .descendants_unread
+            .iter()
+            .any(|r| *r == p.pid || Some(*r) == top);
+        if unread && !matches!(seen, Work::Working { .. }) {
+            return Work::Unknown {
+                why: "its descendants could not all be read (too many processes or threads), \
+                      so whether they work is unknown"
+                    .into(),
+            };
+        }
+        seen
+    }
+
+    /// [`Context::job_work`] from the processes in the snapshot.
+    fn job_work_seen(&self, p: &'a ProcessFacts, top: Option<u32>) -> Work {
         let mut others: Vec<u32> = top
             .and_then(|t| self.tree().members.get(&t))
             .into_iter()

@@ -877,6 +877,11 @@ pub struct ScanFacts {
     /// files"), each once.
     #[serde(default)]
     pub limitations: Vec<String>,
+    /// Processes whose descendants were read for their work and could not all be (more than
+    /// a walk reads from one process, or a process with more threads than are looked at):
+    /// the work of the holders they stand for is unknown, never idle.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descendants_unread: Vec<u32>,
 }
 
 impl Snapshot {

@@ -98,6 +98,7 @@ fn snapshot(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
             dev_dir: "/dev".into(),
             full_fd_scan: true,
             limitations: vec![],
+            descendants_unread: Vec::new(),
         },
         work: None,
         job_cgroups: vec![],

@@ -105,6 +105,7 @@ fn snap(gpus: Vec<GpuSample>, processes: Vec<ProcessFacts>) -> Snapshot {
             dev_dir: "/dev".into(),
             full_fd_scan: true,
             limitations: vec![],
+            descendants_unread: Vec::new(),
         },
         work: None,
         job_cgroups: vec![],
@@ -720,6 +721,33 @@ fn a_user_with_cap_kill_may_reclaim_other_users_orphans() {
     assert_eq!(
         plan.targets().map(|t| t.pid).collect::<Vec<_>>(),
         vec![201, 202]
+    );
+}
+
+/// A holder whose descendants the collection could not all read (too many, or a process with
+/// too many threads) is not known to be idle: any of them may be working. Its work is
+/// unknown, and it is no target (review finding: the walk's budget was shared by all roots and
+/// a cut walk left no sign).
+#[test]
+fn a_holder_whose_descendants_were_not_all_read_is_no_target() {
+    let mut s = snap(
+        vec![gpu(0, 2 * GIB, &[(500, 2 * GIB)])],
+        vec![init(), p(500, 1, 499, "python", &[0])],
+    );
+    let targets = |s: &Snapshot| {
+        plan_of(s, &ReclaimOptions::default())
+            .targets()
+            .map(|t| t.pid)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(targets(&s), vec![500], "an idle orphan of a dead job");
+    s.scan.descendants_unread = vec![500];
+    assert!(targets(&s).is_empty());
+    let report = classify(&s, &Policy::default());
+    let h = holder_on_gpu0(&report, 500);
+    assert!(
+        matches!(&h.work, vramguard_core::report::Work::Unknown { why } if why.contains("descendants could not all be read")),
+        "{h:#?}"
     );
 }
 
@@ -1341,6 +1369,12 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                     })
                     .collect();
                 s.host.self_pid = self_pid;
+                // Some processes whose descendants the collection could not all read.
+                s.scan.descendants_unread = ancestors
+                    .iter()
+                    .map(|a| a + 1)
+                    .filter(|p| p % 3 == 0)
+                    .collect();
                 s.host.self_ancestors = ancestors;
                 (s.host.euid, s.host.cap_effective) = euid;
                 s.host.pid_namespace_is_host = host_ns;
@@ -1504,6 +1538,10 @@ proptest! {
                     })
                 };
                 prop_assert!(!cpu_busy(t.pid), "target {} used CPU in the window", t.pid);
+                prop_assert!(
+                    !s.scan.descendants_unread.contains(&t.pid),
+                    "target {} has descendants that were not all read", t.pid
+                );
                 prop_assert!(!gpu_busy(t.pid), "target {} used its GPU in the window", t.pid);
                 for q in s.processes.iter().filter(|q| !q.is_kernel_thread() && q.pid != s.host.self_pid) {
                     let mut cur = q.ppid;

@@ -294,10 +294,11 @@ impl Node for MachineNode {
         if roots.is_empty() {
             return Ok(());
         }
-        if self.collector.add_descendants(&mut snap.processes, roots)? > 0 {
-            snap.normalize();
-        }
-        Ok(())
+        Ok(crate::snapshot::add_descendants(
+            &mut self.collector,
+            snap,
+            roots,
+        )?)
     }
 
     fn clock(&self) -> &dyn Clock {

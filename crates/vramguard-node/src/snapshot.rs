@@ -51,6 +51,35 @@ pub fn take_snapshot(
     Ok(snap)
 }
 
+/// Adds to `snap` the descendants of `roots` it lacks (see
+/// [`ProcCollector::add_descendants`]), noting the roots whose descendants could not all be
+/// read; the snapshot stays sorted by pid whatever happens.
+pub fn add_descendants(
+    collector: &mut ProcCollector,
+    snap: &mut Snapshot,
+    roots: &[u32],
+) -> Result<(), ProcError> {
+    let before = snap.processes.len();
+    let read = collector.add_descendants(&mut snap.processes, roots);
+    if snap.processes.len() != before {
+        snap.normalize();
+    }
+    let read = read?;
+    for root in read.unread_roots {
+        snap.scan.limitations.push(format!(
+            "the descendants of pid {root} could not all be read (more than {} of them, or a \
+             process with more than {} threads): whether they work is unknown, so its job is \
+             left alone",
+            vramguard_proc::collector::MAX_DESCENDANTS_READ,
+            vramguard_proc::procfs::MAX_THREADS_LOOKED_AT
+        ));
+        if !snap.scan.descendants_unread.contains(&root) {
+            snap.scan.descendants_unread.push(root);
+        }
+    }
+    Ok(())
+}
+
 /// How often the sampler looks at the processes during a window.
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
 
@@ -75,8 +104,8 @@ pub fn take_sampled_snapshot(
     // and their ancestors only.
     let mut report = vramguard_core::classify(&snap, policy);
     let roots = vramguard_core::classify::work_roots(&snap, policy, &report, watch);
-    if !roots.is_empty() && collector.add_descendants(&mut snap.processes, &roots)? > 0 {
-        snap.normalize();
+    if !roots.is_empty() {
+        add_descendants(collector, &mut snap, &roots)?;
         report = vramguard_core::classify(&snap, policy);
     }
     let pids = vramguard_core::classify::work_watch_list(&snap, policy, &report, watch);

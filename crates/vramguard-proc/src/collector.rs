@@ -15,7 +15,7 @@
 use crate::address_space::AddressSpaceReads;
 use crate::devices::DeviceTable;
 use crate::parse::{Stat, Status, StatusMemory};
-use crate::procfs::{Found, PidLister, ProcError, ProcFs};
+use crate::procfs::{Found, MAX_THREADS_LOOKED_AT, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -180,6 +180,8 @@ pub struct ProcCollector {
     address_space: Option<AddressSpaceReads>,
     /// How long one of them may take.
     address_space_deadline: Duration,
+    /// The most descendants one root's walk reads ([`MAX_DESCENDANTS_READ`]; tests lower it).
+    descendants_budget: usize,
     /// Processes whose address space went unread (a read given up, or not tried while an
     /// earlier one is blocked): read again once nothing of theirs is blocked.
     address_space_unread: BTreeSet<u32>,
@@ -317,6 +319,7 @@ impl ProcCollector {
             exit_set: crate::exits::ExitSet::new(),
             address_space: None,
             address_space_deadline: crate::address_space::READ_DEADLINE,
+            descendants_budget: MAX_DESCENDANTS_READ,
             address_space_unread: BTreeSet::new(),
         };
         c.pidfds_usable = c.fs.is_own_namespace();
@@ -791,6 +794,7 @@ impl ProcCollector {
                 dev_dir: self.dev_dir.display().to_string(),
                 full_fd_scan: depth == ScanDepth::Full,
                 limitations,
+                descendants_unread: Vec::new(),
             },
             host: self.host.clone(),
             host_memory,
@@ -1370,55 +1374,86 @@ impl ProcCollector {
         Ok(pids.iter().filter_map(|pid| out.remove(pid)).collect())
     }
 
-    /// Adds to `processes` every descendant of `roots` it lacks (at most
-    /// [`MAX_DESCENDANTS_READ`]): a collection reads GPU holders and their ancestors, and the
-    /// work of a holder's children that hold no device file (a checkpoint upload, a compiler,
-    /// spawned data workers) protects it as much as its own. Read from the kernel's exact
-    /// `task/*/children` lists; where the kernel has none, from the parents of every process
-    /// (a listing and a `stat` each). Returns how many were added.
+    /// Adds to `processes` every descendant of `roots` it lacks: a collection reads GPU
+    /// holders and their ancestors, and the work of a holder's children that hold no device
+    /// file (a checkpoint upload, a compiler, spawned data workers) protects it as much as its
+    /// own. Read from the kernel's exact `task/*/children` lists; where the kernel has none,
+    /// from the parents of every process (a listing and a `stat` each). Each root's walk has
+    /// a budget of its own ([`MAX_DESCENDANTS_READ`] descendants; at most
+    /// [`crate::procfs::MAX_THREADS_LOOKED_AT`] threads of one process looked at): a root
+    /// whose walk was cut short is returned, and its holders' work is then unknown (one
+    /// user's large tree must not hide another's working child).
     pub fn add_descendants(
         &mut self,
         processes: &mut Vec<ProcessFacts>,
         roots: &[u32],
-    ) -> Result<usize, ProcError> {
+    ) -> Result<Descendants, ProcError> {
         let mut have: HashSet<u32> = processes.iter().map(|p| p.pid).collect();
-        let mut walked: HashSet<u32> = HashSet::new();
-        let mut queue: VecDeque<u32> = roots.iter().copied().collect();
         // Children by parent, built once from a listing where the kernel keeps no lists.
         let mut by_parent: Option<HashMap<u32, Vec<u32>>> = None;
-        let mut added = 0;
-        while let Some(pid) = queue.pop_front() {
-            if !walked.insert(pid) || walked.len() > MAX_DESCENDANTS_READ {
-                continue;
-            }
-            let children = match self.fs.children(pid)? {
-                Some(children) => children,
-                None => {
-                    if by_parent.is_none() {
-                        by_parent = Some(self.children_by_parent()?);
+        let mut out = Descendants::default();
+        let mut roots: Vec<u32> = roots.to_vec();
+        roots.sort_unstable();
+        roots.dedup();
+        for root in roots {
+            let mut walked: HashSet<u32> = HashSet::new();
+            let mut queue: VecDeque<u32> = VecDeque::from([root]);
+            let mut seen = 0usize;
+            let mut whole = true;
+            'walk: while let Some(pid) = queue.pop_front() {
+                if !walked.insert(pid) {
+                    continue;
+                }
+                let children = match self.fs.children_within(pid, MAX_THREADS_LOOKED_AT)? {
+                    Some((children, complete)) => {
+                        whole &= complete;
+                        children
                     }
-                    by_parent
-                        .as_ref()
-                        .and_then(|m| m.get(&pid))
-                        .cloned()
-                        .unwrap_or_default()
-                }
-            };
-            for child in children {
-                if added >= MAX_DESCENDANTS_READ {
-                    break;
-                }
-                if have.insert(child) {
-                    let Some(facts) = self.facts(child, false)? else {
+                    None => {
+                        if by_parent.is_none() {
+                            by_parent = Some(self.children_by_parent()?);
+                        }
+                        by_parent
+                            .as_ref()
+                            .and_then(|m| m.get(&pid))
+                            .cloned()
+                            .unwrap_or_default()
+                    }
+                };
+                for child in children {
+                    if walked.contains(&child) {
                         continue;
-                    };
-                    processes.push(facts);
-                    added += 1;
+                    }
+                    seen += 1;
+                    if seen > self.descendants_budget {
+                        whole = false;
+                        break 'walk;
+                    }
+                    if have.insert(child) {
+                        let was_interesting = self.known.get(&child).is_some_and(|k| k.interesting);
+                        let Some(facts) = self.facts(child, false)? else {
+                            continue;
+                        };
+                        // Read for its work only: its exit is not remembered among the
+                        // departed (a job churning short children would push out the holders
+                        // that matter there).
+                        if !was_interesting
+                            && facts.device_files.holds_any() != Some(true)
+                            && let Some(k) = self.known.get_mut(&child)
+                        {
+                            k.interesting = false;
+                        }
+                        processes.push(facts);
+                        out.added += 1;
+                    }
+                    queue.push_back(child);
                 }
-                queue.push_back(child);
+            }
+            if !whole {
+                out.unread_roots.push(root);
             }
         }
-        Ok(added)
+        Ok(out)
     }
 
     /// Every process's children, from its parent in `stat`: where the kernel keeps no
@@ -1768,9 +1803,18 @@ impl ProcCollector {
 }
 
 /// Whether a scan found `/dev/nvidia-uvm` held.
-/// The most descendants of the holders whose verdict rests on work read into one collection
-/// (and the most processes whose children are looked at).
+/// The most descendants of one holder whose verdict rests on work (or of its job's tree top)
+/// read into one collection.
 pub const MAX_DESCENDANTS_READ: usize = 4096;
+
+/// What [`ProcCollector::add_descendants`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descendants {
+    /// Processes added.
+    pub added: usize,
+    /// Roots whose descendants could not all be read.
+    pub unread_roots: Vec<u32>,
+}
 
 /// One process's fd scan, with the driver library it maps when it holds uvm.
 type ScannedWithLibrary = (u32, Found<FdScan>, Option<DriverLibrary>);
@@ -2110,6 +2154,8 @@ mod tests {
         let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
         let mut processes = Vec::new();
         let added = c.add_descendants(&mut processes, &[pid, pid]).unwrap();
+        assert!(added.unread_roots.is_empty(), "{added:?}");
+        let added = added.added;
         let mut got: Vec<u32> = processes.iter().map(|p| p.pid).collect();
         got.sort_unstable();
         let mut want: Vec<u32> = grandchildren
@@ -2130,6 +2176,87 @@ mod tests {
         for p in grandchildren.0.iter().chain(&grandchildren.1) {
             // SAFETY: kill(2) on a descendant of the child this test started.
             unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+        }
+        // Read for their work only: their exits are not remembered among the departed.
+        let until = Instant::now() + Duration::from_secs(10);
+        while grandchildren
+            .0
+            .iter()
+            .chain(&grandchildren.1)
+            .any(|p| Path::new(&format!("/proc/{p}")).exists())
+        {
+            assert!(Instant::now() < until, "the tree was never reaped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let got = c.collect(&[], ScanDepth::Full, 0).unwrap();
+        assert!(
+            got.departed
+                .iter()
+                .all(|d| !grandchildren.0.contains(&d.pid) && !grandchildren.1.contains(&d.pid)),
+            "{:?}",
+            got.departed
+        );
+    }
+
+    /// Each root's walk has a budget of its own (review finding: one shared budget let one
+    /// user's tree of thousands hide another holder's working grandchild, without a sign).
+    /// A root whose walk is cut short is named, and the other root is read whole.
+    #[test]
+    fn one_roots_large_tree_does_not_hide_anothers_descendants() {
+        let wide = Reaped(
+            Command::new("sh")
+                .arg("-c")
+                .arg("for i in 1 2 3 4 5; do sleep 60 & done; wait")
+                .spawn()
+                .unwrap(),
+        );
+        let deep = Reaped(
+            Command::new("sh")
+                .arg("-c")
+                .arg("sh -c 'sleep 60 & wait' & wait")
+                .spawn()
+                .unwrap(),
+        );
+        let fs = ProcFs::open("/proc").unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        let (wide_pid, deep_pid) = (wide.0.id(), deep.0.id());
+        let grandchild = loop {
+            let wide_children = fs.children(wide_pid).unwrap().unwrap_or_default();
+            let below: Vec<u32> = fs
+                .children(deep_pid)
+                .unwrap()
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|c| fs.children(*c).unwrap().unwrap_or_default())
+                .collect();
+            if wide_children.len() == 5 && below.len() == 1 {
+                break below[0];
+            }
+            assert!(Instant::now() < until, "the trees never formed");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let dev = tempfile::tempdir().unwrap();
+        let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+        c.descendants_budget = 3;
+        let mut processes = Vec::new();
+        let read = c
+            .add_descendants(&mut processes, &[wide_pid, deep_pid])
+            .unwrap();
+        assert_eq!(read.unread_roots, vec![wide_pid], "{read:?}");
+        assert!(
+            processes.iter().any(|p| p.pid == grandchild),
+            "the other root's grandchild was not read"
+        );
+        for p in fs
+            .children(wide_pid)
+            .unwrap()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(fs.children(deep_pid).unwrap().unwrap_or_default())
+            .chain([grandchild])
+        {
+            // SAFETY: kill(2) on descendants of the children this test started.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
         }
     }
 }

@@ -510,19 +510,36 @@ impl ProcFs {
     /// daemon's intermediate process exiting between two reads). `None` where the kernel has
     /// no such files (built without `CONFIG_PROC_CHILDREN`); a process that is gone has none.
     pub fn children(&self, pid: u32) -> Result<Option<Vec<u32>>, ProcError> {
+        Ok(self
+            .children_within(pid, usize::MAX)?
+            .map(|(children, _)| children))
+    }
+
+    /// [`ProcFs::children`], looking at no more than `max_threads` threads: with whether
+    /// every thread was looked at (a child forked by a thread left out is missed).
+    pub fn children_within(
+        &self,
+        pid: u32,
+        max_threads: usize,
+    ) -> Result<Option<(Vec<u32>, bool)>, ProcError> {
         let rel = format!("{pid}/task");
         let Ok(dir) = self
             .open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY)
             .and_then(rustix::fs::Dir::new)
         else {
-            return Ok(Some(Vec::new()));
+            return Ok(Some((Vec::new(), true)));
         };
         let mut out = Vec::new();
         let mut buf = Vec::new();
+        let mut threads = 0usize;
         for entry in dir.flatten() {
             let Some(tid) = parse_pid(entry.file_name().to_bytes()) else {
                 continue;
             };
+            threads += 1;
+            if threads > max_threads {
+                return Ok(Some((out, false)));
+            }
             let file = format!("{pid}/task/{tid}/children");
             match self.read_into(&file, &mut buf)? {
                 Found::Yes(()) => out.extend(
@@ -544,7 +561,7 @@ impl ProcFs {
                 _ => {}
             }
         }
-        Ok(Some(out))
+        Ok(Some((out, true)))
     }
 
     /// One observation for the work sampler: start time, CPU time used so far, and whether
