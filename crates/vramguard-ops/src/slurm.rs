@@ -209,10 +209,24 @@ pub fn heal(
         reset: ResetMode::Auto,
         ..opts.execute.clone()
     };
+    // A process of a job that is gone and still works holds its GPU memory after the reclaim
+    // (it is left alone, and is no ghost memory): the node is not clean for the next job.
+    let still_working: Vec<String> = prepared
+        .report
+        .holders()
+        .filter(|(_, h)| h.class == vramguard_core::Class::Detached)
+        .map(|(gpu, h)| {
+            format!(
+                "GPU {gpu}: pid {} ({}) of a job that is gone still works there",
+                h.pid,
+                vramguard_core::sanitize::escape(h.comm.as_deref().unwrap_or("?"))
+            )
+        })
+        .collect();
     let outcome = prepared.run(node, audit, &execute)?;
 
     let ms = node.clock().wall_ms();
-    let result = if outcome.exit_code == 0 {
+    let result = if outcome.exit_code == 0 && still_working.is_empty() {
         // The node may have changed hands while the GPUs were reset: resume only our drain.
         let now = slurm.node(name)?;
         if !now.drained_by_vramguard() {
@@ -229,10 +243,20 @@ pub fn heal(
             HealResult::Resumed
         }
     } else {
-        let reason = drain_reason(&format!(
-            "GPU reset did not free the memory: {}; node kept drained",
-            failure_text(&outcome)
-        ));
+        let reason = if outcome.exit_code == 0 {
+            drain_reason(&fit(
+                &format!(
+                    "{}; node kept drained (stop it, then resume the node)",
+                    still_working.join("; ")
+                ),
+                200,
+            ))
+        } else {
+            drain_reason(&format!(
+                "GPU reset did not free the memory: {}; node kept drained",
+                failure_text(&outcome)
+            ))
+        };
         // Setting the reason drains the node: only while the drain is still ours (an admin
         // who resumed the node, or drained it for maintenance, meanwhile keeps it so).
         let now = slurm.node(name)?;
@@ -474,6 +498,28 @@ mod tests {
         assert!(reason.contains("pid 15780 (detached)"), "{reason}");
         assert!(slurm.updates.iter().all(|u| !u.starts_with("resume")));
         assert!(node.signals().iter().all(|s| s.pid != 15780));
+    }
+
+    /// A process of a job that is gone that still computes on its GPU (left alone: it works,
+    /// and is no ghost memory) keeps the node drained: the next job would find the GPU in use.
+    #[test]
+    fn a_dead_jobs_process_still_computing_keeps_the_node_drained() {
+        let node = FakeNode::incident("nohup_from_a_script_busy_is_detached_and_idle_is_orphan");
+        let mut slurm = FakeSlurm::drained(OURS);
+        let (out, _) = run(&node, &mut slurm);
+        let HealResult::KeptDrained { reason } = &out.result else {
+            panic!("{out:?}");
+        };
+        assert!(
+            reason.contains("pid 15780 (python3) of a job that is gone still works"),
+            "{reason}"
+        );
+        assert!(slurm.updates.iter().all(|u| !u.starts_with("resume")));
+        assert!(node.signals().iter().all(|s| s.pid != 15780));
+        assert!(
+            node.has_exited(15781),
+            "the idle orphan was still reclaimed"
+        );
     }
 
     #[test]
