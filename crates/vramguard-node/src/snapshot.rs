@@ -112,13 +112,35 @@ pub fn take_sampled_snapshot(
     if pids.is_empty() {
         return Ok(snap);
     }
-    snap.work = Some(WorkSampler::sample_window(
+    let mut work = WorkSampler::sample_window(
         collector.procfs(),
         &pids,
         window,
         SAMPLE_PERIOD.min(window / 5).max(Duration::from_millis(10)),
         || clock.wall_ms(),
-    )?);
+    )?;
+    // Children started during the window were not watched (a trainer that starts its
+    // checkpoint upload meanwhile): read again. A process started since is counted whole,
+    // its CPU time all spent within the window.
+    let watched: std::collections::HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
+    add_descendants(collector, &mut snap, &roots)?;
+    let span = work.until_ms.saturating_sub(work.since_ms).max(1);
+    for p in snap.processes.iter().filter(|p| !watched.contains(&p.pid)) {
+        if let Ok(vramguard_proc::Found::Yes(probe)) = collector.procfs().work_probe(p.pid)
+            && Some(probe.start_ticks) == p.start_ticks
+        {
+            work.processes.push(vramguard_core::snapshot::WorkSample {
+                pid: p.pid,
+                start_ticks: probe.start_ticks,
+                cpu_ticks: probe.cpu_ticks,
+                observed_ms: span,
+                observations: 1,
+                running_observations: u32::from(probe.running),
+            });
+        }
+    }
+    work.processes.sort_by_key(|w| w.pid);
+    snap.work = Some(work);
     snap.normalize();
     Ok(snap)
 }

@@ -743,6 +743,93 @@ fn a_holder_whose_child_holds_no_gpu_file_but_works_is_not_an_orphan() {
     assert!(alive(trainer) && alive(upload));
 }
 
+/// A holder whose job is gone, idle itself, that starts a busy child (holding no GPU file)
+/// while `reclaim` watches it: the child was not there when the window began, and without a
+/// second look its work went unseen (the parent idle, a target). Read again at the end of the
+/// window, the child's CPU (all spent within it) keeps its parent out of the plan.
+#[test]
+fn a_busy_child_started_during_the_window_keeps_its_parent_out_of_the_plan() {
+    let world = World::new(1);
+    let dir = world.dir.path();
+    let fifo = dir.join("go");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let pidfile = dir.join("holder.pid");
+    let holder = dir.join("holder.sh");
+    std::fs::write(
+        &holder,
+        format!(
+            "exec 3<{} 4<{} 5<{}\necho $$ > {}\nread x < {}\nsh -c 'while :; do :; done' 3<&- 4<&- 5<&- &\nwait\n",
+            world.dev("nvidia0").display(),
+            world.dev("nvidia-uvm").display(),
+            world.dev("nvidiactl").display(),
+            pidfile.display(),
+            fifo.display()
+        ),
+    )
+    .unwrap();
+    // launch.sh starts it in the background and exits: its job's leader is gone.
+    let mut l = launch(
+        &world,
+        &format!("bash {} >/dev/null 2>&1 &\nexit 0\n", holder.display()),
+        vec![],
+    );
+    l.script_exits();
+    let mut cleanup = Spawned::default();
+    let mut pid = 0;
+    wait_until(10, "the holder to start", || {
+        pid = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    cleanup.track(pid);
+    world.allocate(allocation(0, pid, 2 * GIB));
+    let targets = |plan: &Value| -> Vec<u64> {
+        plan["plan"]["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|j| j["targets"].as_array().unwrap())
+            .map(|t| t["pid"].as_u64().unwrap())
+            .collect()
+    };
+    // Idle: an orphan, and a target.
+    let idle = Vg::new(&world, Path_::Nvml)
+        .args(["reclaim", "--dry-run", "--json", "--sample", "1s"])
+        .json(0);
+    assert_eq!(targets(&idle), vec![u64::from(pid)], "{idle:#}");
+    // Watched for 3 s; 1 s in, it starts its busy child.
+    let vg =
+        Vg::new(&world, Path_::Nvml).args(["reclaim", "--dry-run", "--json", "--sample", "3s"]);
+    let planning = std::thread::spawn(move || vg.json(0));
+    std::thread::sleep(Duration::from_millis(1000));
+    std::fs::write(&fifo, "go\n").unwrap();
+    let plan = planning.join().unwrap();
+    let busy = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .collect::<Vec<_>>();
+    for c in &busy {
+        cleanup.track(*c);
+    }
+    assert_eq!(busy.len(), 1, "the busy child never started");
+    assert!(targets(&plan).is_empty(), "{plan:#}");
+    assert!(
+        plan["plan"]["left_alone"]
+            .to_string()
+            .contains(&pid.to_string()),
+        "{plan:#}"
+    );
+}
+
 #[test]
 fn a_jupyter_kernel_whose_server_died_is_not_an_orphan() {
     let world = World::new(1);
