@@ -115,6 +115,20 @@ pub fn alive(pid: u32) -> bool {
     matches!(state_of(pid), Some(s) if s != 'Z' && s != 'X')
 }
 
+/// The pid a process wrote into `path`, once it has (at most `secs`; `what` names it in the
+/// failure).
+pub fn wait_for_pid_file(path: &Path, secs: u64, what: &str) -> u32 {
+    let mut pid = 0;
+    wait_until(secs, what, || {
+        pid = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    pid
+}
+
 /// Polls `cond` every 10 ms for up to `secs` seconds; panics naming `what` on timeout.
 pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);

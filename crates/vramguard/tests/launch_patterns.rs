@@ -781,14 +781,7 @@ fn a_busy_child_started_during_the_window_keeps_its_parent_out_of_the_plan() {
     );
     l.script_exits();
     let mut cleanup = Spawned::default();
-    let mut pid = 0;
-    wait_until(10, "the holder to start", || {
-        pid = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0);
-        pid != 0
-    });
+    let pid = wait_for_pid_file(&pidfile, 10, "the holder to start");
     cleanup.track(pid);
     world.allocate(allocation(0, pid, 2 * GIB));
     let targets = |plan: &Value| -> Vec<u64> {

@@ -1003,14 +1003,7 @@ fn the_main_process_reaped_while_killing_the_job_is_the_jobs_end() {
             .spawn()
             .unwrap(),
     );
-    let mut child = 0u32;
-    wait_until(10, "the job's child to start", || {
-        child = std::fs::read_to_string(&child_pid)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0);
-        child != 0
-    });
+    let child = wait_for_pid_file(&child_pid, 10, "the job's child to start");
     freezer.enter("frozen", child);
     let state = freezer.leaf("frozen").with_file_name("freezer.state");
     /// Thaws the freezer however the test ends: a frozen process cannot die.
