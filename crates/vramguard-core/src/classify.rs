@@ -1944,7 +1944,7 @@ impl<'a> Context<'a> {
                 && u64::from(s.running_observations) * 2 > u64::from(s.observations)
             {
                 evidence.push(format!(
-                    "threads running or waiting on I/O in {} of {} observations",
+                    "threads running in {} of {} observations",
                     s.running_observations, s.observations
                 ));
             }
@@ -1967,6 +1967,20 @@ impl<'a> Context<'a> {
         {
             return Work::Unknown {
                 why: format!("GPU {gpu} could not be read ({why}), so its work there is unknown"),
+            };
+        }
+        // Threads mostly in uninterruptible sleep: I/O in progress (a checkpoint written to a
+        // slow filesystem) or stuck in the driver. Not idle, not known to work: counted as
+        // memory of a job that is gone, and left alone.
+        if let Some(s) = sample
+            && u64::from(s.waiting_observations) * 2 > u64::from(s.observations)
+        {
+            return Work::Unknown {
+                why: format!(
+                    "a thread was in uninterruptible sleep (D) in {} of {} observations: I/O in \
+                     progress, or stuck in the driver",
+                    s.waiting_observations, s.observations
+                ),
             };
         }
         let Some(s) = sample else {

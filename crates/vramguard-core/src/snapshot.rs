@@ -73,6 +73,7 @@ impl WorkWindow {
                         observed_ms,
                         observations: 5,
                         running_observations: 0,
+                        waiting_observations: 0,
                     })
                 })
                 .collect(),
@@ -94,9 +95,17 @@ pub struct WorkSample {
     pub observed_ms: u64,
     /// How many times it was observed.
     pub observations: u32,
-    /// In how many observations at least one of its threads was running (state R) or waiting
-    /// on I/O (state D: a checkpoint written to a slow filesystem).
+    /// In how many observations at least one of its threads was running (state R).
     pub running_observations: u32,
+    /// In how many observations at least one of its threads was in uninterruptible sleep
+    /// (state D): I/O in progress (a checkpoint written to a slow filesystem) or a thread
+    /// stuck in the driver. Mostly so, its work is unknown: never idle, never working.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting_observations: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A job cgroup (container, pod, Slurm job) and the processes in it that keep the job alive.

@@ -724,6 +724,32 @@ fn a_user_with_cap_kill_may_reclaim_other_users_orphans() {
     );
 }
 
+/// A holder whose threads were mostly in uninterruptible sleep (D) through the window may be
+/// writing a checkpoint to a slow filesystem, or be stuck in the driver: its work is unknown.
+/// No target, and its memory still counts as a dead job's (not a working job's).
+#[test]
+fn a_holder_mostly_in_d_state_is_no_target_and_its_memory_still_counts() {
+    let mut s = snap(
+        vec![gpu(0, 2 * GIB, &[(500, 2 * GIB)])],
+        vec![init(), p(500, 1, 499, "python", &[0])],
+    );
+    assert_eq!(plan_of(&s, &ReclaimOptions::default()).targets().count(), 1);
+    for w in &mut s.work.as_mut().unwrap().processes {
+        if w.pid == 500 {
+            w.waiting_observations = w.observations;
+        }
+    }
+    assert_eq!(plan_of(&s, &ReclaimOptions::default()).targets().count(), 0);
+    let report = classify(&s, &Policy::default());
+    let h = holder_on_gpu0(&report, 500);
+    assert!(
+        matches!(&h.work, vramguard_core::report::Work::Unknown { why } if why.contains("uninterruptible sleep (D)")),
+        "{h:#?}"
+    );
+    assert!(h.is_ghost(), "{h:#?}");
+    assert_eq!(report.gpus[0].ghost_bytes, 2 * GIB);
+}
+
 /// A holder whose descendants the collection could not all read (too many, or a process with
 /// too many threads) is not known to be idle: any of them may be working. Its work is
 /// unknown, and it is no target (review finding: the walk's budget was shared by all roots and
@@ -1324,6 +1350,8 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         if let Some(sample) = w.processes.iter_mut().find(|p| p.pid == pid) {
                             sample.cpu_ticks = ticks;
                             sample.running_observations = running;
+                            // Some in uninterruptible sleep through the window.
+                            sample.waiting_observations = if ticks % 5 == 0 { 5 } else { 0 };
                         }
                     }
                 }
@@ -1538,6 +1566,11 @@ proptest! {
                     })
                 };
                 prop_assert!(!cpu_busy(t.pid), "target {} used CPU in the window", t.pid);
+                prop_assert!(
+                    s.work_of(t.pid, proc_.start_ticks)
+                        .is_none_or(|w| w.waiting_observations * 2 <= w.observations),
+                    "target {} was mostly in uninterruptible sleep", t.pid
+                );
                 prop_assert!(
                     !s.scan.descendants_unread.contains(&t.pid),
                     "target {} has descendants that were not all read", t.pid

@@ -329,18 +329,8 @@ pub fn read_root_config_to_string(path: &Path, max: u64) -> Result<String, FileE
     if rustix::process::geteuid().is_root() {
         let why = if st.st_uid != 0 {
             Some(format!("is owned by uid {}", st.st_uid))
-        } else if st.st_mode & 0o022 != 0 {
-            Some(format!(
-                "can be written by {} (mode {:o})",
-                if st.st_mode & 0o002 != 0 {
-                    "every user"
-                } else {
-                    "its group"
-                },
-                st.st_mode & 0o7777
-            ))
         } else {
-            None
+            writable_by_others(st.st_mode)
         };
         if let Some(why) = why {
             return Err(FileError::Untrusted {
@@ -423,6 +413,21 @@ fn check_private_directory(path: &Path) -> Result<(), FileError> {
     Ok(())
 }
 
+/// Who besides the owner may write a file of `mode`, in words: `None` when no one.
+fn writable_by_others(mode: u32) -> Option<String> {
+    (mode & 0o022 != 0).then(|| {
+        format!(
+            "can be written by {} (mode {:o})",
+            if mode & 0o002 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            mode & 0o7777
+        )
+    })
+}
+
 /// Whether `dir` is a directory that only root (or the caller) can change, for files other
 /// vramguard processes act on (the reset lock): it, and every directory above it, both as
 /// named (a link on the way is only as safe as the directory holding it) and as resolved
@@ -459,16 +464,8 @@ pub fn check_private_directory_tree(dir: &Path) -> Result<(), FileError> {
                 return Err(wanting(format!("is owned by uid {}", st.st_uid)));
             }
             let sticky_above = i > 0 && st.st_mode & 0o1000 != 0;
-            if st.st_mode & 0o022 != 0 && !sticky_above {
-                return Err(wanting(format!(
-                    "can be written by {} (mode {:o})",
-                    if st.st_mode & 0o002 != 0 {
-                        "every user"
-                    } else {
-                        "its group"
-                    },
-                    st.st_mode & 0o7777
-                )));
+            if let Some(why) = writable_by_others(st.st_mode).filter(|_| !sticky_above) {
+                return Err(wanting(why));
             }
         }
     }

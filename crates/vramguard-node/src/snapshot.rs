@@ -136,6 +136,7 @@ pub fn take_sampled_snapshot(
                 observed_ms: span,
                 observations: 1,
                 running_observations: u32::from(probe.running),
+                waiting_observations: u32::from(probe.waiting),
             });
         }
     }

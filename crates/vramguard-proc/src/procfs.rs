@@ -565,7 +565,7 @@ impl ProcFs {
     }
 
     /// One observation for the work sampler: start time, CPU time used so far, and whether
-    /// any thread is running (R) or waiting on I/O (D). The thread states are read only when the main thread is
+    /// any thread is running (R), and whether one is in D. The thread states are read only when the main thread is
     /// not running itself, at most [`MAX_THREADS_OBSERVED`] of them.
     pub fn work_probe(&self, pid: u32) -> Result<Found<WorkProbe>, ProcError> {
         let stat = match self.stat(pid)? {
@@ -578,9 +578,10 @@ impl ProcFs {
         else {
             return Ok(Found::Denied);
         };
-        // A thread in D waits on I/O the process asked for (a checkpoint written to NFS): work
-        // as much as one on a CPU, and no signal would stop it mid-write anyway.
-        let mut running = matches!(stat.state, Some('R' | 'D'));
+        let mut running = stat.state == Some('R');
+        // A thread in D waits on I/O (a checkpoint written to NFS) or is stuck in the driver:
+        // which, is not known; the classifier takes it as work unknown, never idle.
+        let mut waiting = stat.state == Some('D');
         if !running && stat.num_threads.unwrap_or(1) > 1 {
             let rel = format!("{pid}/task");
             if let Ok(dir) = self
@@ -591,11 +592,12 @@ impl ProcFs {
                     let Some(tid) = parse_pid(entry.file_name().to_bytes()) else {
                         continue;
                     };
-                    if let Ok(Found::Yes(t)) = self.stat_at(&format!("{pid}/task/{tid}/stat"))
-                        && matches!(t.state, Some('R' | 'D'))
-                    {
-                        running = true;
-                        break;
+                    if let Ok(Found::Yes(t)) = self.stat_at(&format!("{pid}/task/{tid}/stat")) {
+                        waiting |= t.state == Some('D');
+                        if t.state == Some('R') {
+                            running = true;
+                            break;
+                        }
                     }
                 }
             }
@@ -608,6 +610,7 @@ impl ProcFs {
             start_ticks,
             cpu_ticks: utime + stime + children,
             running,
+            waiting,
         }))
     }
 
@@ -925,8 +928,11 @@ pub struct WorkProbe {
     /// User + system CPU time so far, its own and that of the children it waited for,
     /// clock ticks.
     pub cpu_ticks: u64,
-    /// Whether a thread was running (R) or waiting on I/O (D).
+    /// Whether a thread was running (R).
     pub running: bool,
+    /// Whether a thread was in uninterruptible sleep (D): I/O in progress, or stuck in the
+    /// driver.
+    pub waiting: bool,
 }
 
 /// Lists the pids of a `/proc` tree again and again with one open directory.

@@ -19,6 +19,8 @@ struct Observation {
     at_ms: u64,
     cpu_ticks: u64,
     running: bool,
+    /// A thread was in D.
+    waiting: bool,
 }
 
 /// Remembers observations of processes.
@@ -38,6 +40,15 @@ impl WorkSampler {
         for &pid in pids {
             if let Found::Yes(p) = fs.work_probe(pid)? {
                 self.record(pid, p.start_ticks, p.cpu_ticks, p.running, now_ms);
+                if p.waiting
+                    && let Some(o) = self
+                        .history
+                        .get_mut(&(pid, p.start_ticks))
+                        .and_then(|h| h.back_mut())
+                        .filter(|o| o.at_ms == now_ms)
+                {
+                    o.waiting = true;
+                }
             }
         }
         Ok(())
@@ -62,6 +73,7 @@ impl WorkSampler {
             at_ms,
             cpu_ticks,
             running,
+            waiting: false,
         });
         while h.len() > KEEP_PER_PROCESS {
             h.pop_front();
@@ -99,6 +111,7 @@ impl WorkSampler {
                     observed_ms: last.at_ms - first.at_ms,
                     observations: seen.len() as u32,
                     running_observations: seen.iter().filter(|o| o.running).count() as u32,
+                    waiting_observations: seen.iter().filter(|o| o.waiting).count() as u32,
                 })
             })
             .collect();

@@ -666,12 +666,13 @@ fn a_thread_that_runs_on_after_its_main_thread_exited_is_read_as_not_leaving() {
     drop(h);
 }
 
-/// A process waiting on I/O (a thread in D: a checkpoint written to a slow filesystem) is
-/// working for the work sampler, as one on a CPU is: a trainer blocked writing to NFS, its
-/// launcher gone, must not read as an idle orphan. Here the wait is a `vfork` whose child
+/// A process in uninterruptible sleep (a thread in D: a checkpoint written to a slow
+/// filesystem, or stuck in the driver) is seen so by the work sampler, apart from running:
+/// a trainer blocked writing to NFS, its launcher gone, must not read as an idle orphan, nor
+/// memory stuck in the driver as a working job's. Here the wait is a `vfork` whose child
 /// never execs (state D, as the simulator's stuck holder does).
 #[test]
-fn a_process_waiting_on_io_in_d_state_is_observed_running() {
+fn a_process_waiting_in_d_state_is_observed_waiting() {
     // SAFETY: the child calls only async-signal-safe functions (vfork, alarm, pause, _exit)
     // before it dies.
     let child = unsafe { libc::fork() };
@@ -704,7 +705,10 @@ fn a_process_waiting_on_io_in_d_state_is_observed_running() {
     }
     assert_eq!(grandchild.len(), 1);
     match observed {
-        vramguard_proc::Found::Yes(p) => assert!(p.running, "a thread in D was not counted"),
+        vramguard_proc::Found::Yes(p) => {
+            assert!(p.waiting, "a thread in D was not seen");
+            assert!(!p.running, "a thread in D is not running");
+        }
         other => panic!("{other:?}"),
     }
 }

@@ -804,39 +804,32 @@ fn the_simulators_runtime_file_is_never_read_without_end() {
     let world = World::new(1);
     let runtime =
         std::path::PathBuf::from(format!("{}.runtime.json", world.state_path().display()));
-    let _ = std::fs::remove_file(&runtime);
-    std::os::unix::fs::symlink("/dev/zero", &runtime).unwrap();
-    let t = std::time::Instant::now();
-    let out = Vg::new(&world, Path_::InProcess)
-        .args(["status"])
-        .output()
-        .0;
-    assert!(
-        t.elapsed() < std::time::Duration::from_secs(3),
-        "took {:?}",
-        t.elapsed()
-    );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let err = stderr(&out);
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("runtime.json") && err.contains("not a regular file"),
-        "{err}"
-    );
-    std::fs::remove_file(&runtime).unwrap();
-    fifo(&runtime);
-    let t = std::time::Instant::now();
-    let out = Vg::new(&world, Path_::InProcess)
-        .args(["status"])
-        .output()
-        .0;
-    assert!(
-        t.elapsed() < std::time::Duration::from_secs(3),
-        "took {:?}",
-        t.elapsed()
-    );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(stderr(&out).contains("FIFO"), "{}", stderr(&out));
+    type Plant = fn(&std::path::Path);
+    let plants: [(Plant, &str); 2] = [
+        (
+            |p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(),
+            "not a regular file",
+        ),
+        (|p| fifo(p), "FIFO"),
+    ];
+    for (plant, said) in plants {
+        let _ = std::fs::remove_file(&runtime);
+        plant(&runtime);
+        let t = std::time::Instant::now();
+        let out = Vg::new(&world, Path_::InProcess)
+            .args(["status"])
+            .output()
+            .0;
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(3),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("runtime.json") && err.contains(said), "{err}");
+    }
 }
 
 /// The heal's lock next to the audit log is opened as the log is: never through a link
