@@ -219,6 +219,7 @@ mod tests {
             at_ms,
             cpu_ticks,
             running,
+            waiting: false,
         };
         s.history.insert(
             (7, 100),
