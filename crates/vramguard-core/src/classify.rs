@@ -1628,6 +1628,18 @@ impl<'a> Context<'a> {
             return view;
         }
         match cgroup_job(p) {
+            // A directory that took a Slurm job's name without being Slurm's: the ordinary
+            // rules decide, and the evidence says why the name was not believed.
+            Some(cg) if let Some(owner) = self.not_made_by_slurm(&cg) => {
+                let mut view = self.group_job_view(p);
+                view.info.evidence = format!(
+                    "{}; its cgroup {} is named like a Slurm job's but belongs to uid {owner}, \
+                     and Slurm makes a job's cgroup as root",
+                    view.info.evidence,
+                    shown(&cg.root)
+                );
+                view
+            }
             // A Slurm step whose daemon is gone, holding a tree that a live supervisor adopted
             // (`srun vramguard run --isolation group …`): the supervisor's job lives.
             Some(cg) => match self.cgroup_job_view(p, cg) {
@@ -1643,6 +1655,20 @@ impl<'a> Context<'a> {
             },
             None => self.group_job_view(p),
         }
+    }
+
+    /// The owner of a Slurm-named job cgroup that is not root's: a user made it (in a subtree
+    /// delegated to them) and put processes in it, so it is not Slurm's, and its missing
+    /// `slurmstepd` proves no job gone. `None` for every other cgroup, and for a snapshot
+    /// that did not record the owner.
+    fn not_made_by_slurm(&self, cg: &CgroupJob) -> Option<u32> {
+        if cg.kind != JobKind::Slurm {
+            return None;
+        }
+        self.snap
+            .job_cgroup(&cg.root)?
+            .owner_uid
+            .filter(|uid| *uid != 0)
     }
 
     /// The job of a process in a `vramguard run` cgroup whose supervisor lives (see

@@ -117,13 +117,31 @@ pub fn names_slurm_job(path: &str) -> bool {
     slurm_job(&segments).is_some()
 }
 
-/// `job_N` followed (anywhere below) by `step_M`: `/slurm/uid_1000/job_42/step_0/task_0`
-/// (v1, also `/slurm_<node>/uid_0/job_3/step_batch`, Slurm's name with a node's
-/// `NodeName` in it), `/system.slice/slurmstepd.scope/job_42/step_0/user/task_0` (v2).
+/// `job_N` where Slurm puts a job, followed (anywhere below) by `step_M`: below `uid_N` below
+/// `slurm` or `slurm_<node>` (cgroup/v1: `/slurm/uid_1000/job_42/step_0/task_0`,
+/// `/slurm_gpu07/uid_0/job_3/step_batch`, a node's `NodeName` in it), or right below
+/// `slurmstepd.scope` or `<node>_slurmstepd.scope` (cgroup/v2:
+/// `/system.slice/slurmstepd.scope/job_42/step_0/user/task_0`). A `job_N` anywhere else
+/// (a user's own directory in a delegated subtree, another batch system's) is no Slurm job:
+/// a Slurm job whose daemon is gone is a dead job, so the name alone must not make one.
 fn slurm_job(segments: &[&str]) -> Option<CgroupJob> {
+    let numbered = |s: &str, prefix: &str| {
+        s.strip_prefix(prefix)
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .is_some()
+    };
+    let slurm_parent = |i: usize| {
+        let stepd_scope = i >= 1
+            && (segments[i - 1] == "slurmstepd.scope"
+                || segments[i - 1].ends_with("_slurmstepd.scope"));
+        let v1 = i >= 2
+            && numbered(segments[i - 1], "uid_")
+            && (segments[i - 2] == "slurm" || segments[i - 2].starts_with("slurm_"));
+        stepd_scope || v1
+    };
     let (i, id) = segments.iter().enumerate().find_map(|(i, s)| {
         let n = s.strip_prefix("job_")?;
-        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some((i, n))
+        (numbered(s, "job_") && slurm_parent(i)).then_some((i, n))
     })?;
     let step = segments[i + 1..]
         .iter()
@@ -328,6 +346,36 @@ mod tests {
             "/sandbox_api/7f949ce43bd1007dbdfb115eee0d4ad7"
         ));
         assert!(!names_slurm_job("/slurm/uid_0/job_/step_0"));
+        // Multiple slurmd on one host name their scope after the node.
+        let multi = cgroup_job(&facts(
+            "/system.slice/gpu07_slurmstepd.scope/job_12/step_batch/user/task_0",
+        ))
+        .unwrap();
+        assert_eq!(multi.label, "slurm:12.batch");
+        assert_eq!(multi.root, "/system.slice/gpu07_slurmstepd.scope/job_12");
+        // Slurm inside a container: the container's cgroup above it.
+        assert!(names_slurm_job(
+            "/system.slice/docker-ab12.scope/system.slice/slurmstepd.scope/job_5/step_0"
+        ));
+        // `job_N` where Slurm never puts one: a user's directories in a delegated subtree,
+        // another scheme's names. The first `job_N` in Slurm's place is the job.
+        for not_slurm in [
+            "/user.slice/user-1000.slice/user@1000.service/app.slice/job_1/step_0",
+            "/user.slice/user-1000.slice/user@1000.service/job_1/step_0",
+            "/job_1/step_0",
+            "/batch/job_17/step_0/task_0",
+            "/slurm/job_3/step_0",
+            "/uid_0/job_3/step_0",
+            "/system.slice/notslurmstepd.scope/job_3/step_0",
+            "/system.slice/slurmstepd.scope/step_0/job_3",
+        ] {
+            assert!(!names_slurm_job(not_slurm), "{not_slurm}");
+        }
+        let first = cgroup_job(&facts(
+            "/slurm/uid_1000/job_5/step_0/slurm/uid_0/job_9/step_0",
+        ))
+        .unwrap();
+        assert_eq!(first.label, "slurm:5.0");
         let no_step = cgroup_job(&facts("/slurm/uid_0/job_7")).unwrap();
         assert_eq!(no_step.label, "slurm:7");
         assert!(

@@ -134,6 +134,12 @@ pub struct JobCgroupFacts {
     /// read as complete.
     #[serde(default = "read_whole")]
     pub complete: bool,
+    /// The owner of the job's cgroup directory (the highest uid where hierarchies disagree).
+    /// Slurm makes a job's directory as root; one that another user made (in a subtree
+    /// delegated to them) only took a Slurm job's name. Snapshots taken before vramguard
+    /// recorded it have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
 }
 
 fn read_whole() -> bool {

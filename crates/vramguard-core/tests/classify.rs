@@ -1245,6 +1245,48 @@ fn a_worker_whose_parent_lives_belongs_to_the_parents_job() {
 }
 
 #[test]
+fn a_slurm_named_cgroup_that_root_did_not_make_is_no_slurm_job() {
+    // A live job: the holder leads its own process group. A user moved it into directories
+    // of their delegated subtree named like a Slurm step; no slurmstepd is there.
+    let root = "/user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_7".to_string();
+    let mut p = proc_(801, 1, 801, "python", &[0]);
+    p.uid = Some(1000);
+    p.cgroup = Some(format!("{root}/step_0"));
+    let classified = |owner_uid: Option<u32>| {
+        let mut s = snapshot(
+            vec![gpu(0, GIB, &[(801, Some(GIB))])],
+            vec![init(), p.clone()],
+        );
+        s.job_cgroups.push(JobCgroupFacts {
+            root: root.clone(),
+            readable: true,
+            members: 1,
+            namespace_inits: vec![],
+            step_daemons: vec![],
+            nested_pid_namespace: false,
+            complete: true,
+            owner_uid,
+        });
+        classify(&s, &Policy::default()).gpus[0].holders[0].clone()
+    };
+    // Made by root, it is a Slurm job whose step daemon is gone: its idle holder is a target.
+    let by_root = classified(Some(0));
+    assert_eq!(by_root.class, Class::Orphan, "{by_root:#?}");
+    assert_eq!(by_root.job.as_ref().unwrap().label, "slurm:7.0");
+    // Made by the user, the name proves nothing: the process group decides, and it lives.
+    let by_user = classified(Some(1000));
+    assert_eq!(by_user.class, Class::Active, "{by_user:#?}");
+    assert!(by_user.dead_job.is_none());
+    let job = by_user.job.as_ref().unwrap();
+    assert_eq!(job.label, "pgid:801");
+    assert!(
+        job.evidence
+            .contains("named like a Slurm job's but belongs to uid 1000"),
+        "{job:#?}"
+    );
+}
+
+#[test]
 fn cgroup_jobs_outrank_the_process_group() {
     // A process whose group leader is gone, inside a systemd unit: the unit owns it.
     let mut p = proc_(701, 1, 700, "python", &[0]);
@@ -1274,6 +1316,7 @@ fn cgroup_jobs_outrank_the_process_group() {
             step_daemons: stepds,
             nested_pid_namespace: false,
             complete,
+            owner_uid: Some(0),
         });
         classify(&s, &Policy::default())
     };
@@ -1328,6 +1371,7 @@ fn cgroup_jobs_outrank_the_process_group() {
             step_daemons: vec![],
             nested_pid_namespace: false,
             complete: true,
+            owner_uid: None,
         });
         classify(&s, &Policy::default())
     };
@@ -1709,6 +1753,7 @@ fn a_service_that_runs_more_than_its_nvml_client_is_not_stopped_for_a_reset() {
         step_daemons: Vec::new(),
         nested_pid_namespace: false,
         complete,
+        owner_uid: Some(0),
     };
     let steps_for = |cgroups: Vec<JobCgroupFacts>| {
         let mut s = snapshot(
@@ -2486,6 +2531,7 @@ fn a_live_supervisor_outranks_a_slurm_step_whose_daemon_is_gone() {
         step_daemons: vec![],
         nested_pid_namespace: false,
         complete: true,
+        owner_uid: Some(0),
     }];
     let h = holder_of(&s, 47);
     assert_eq!(h.class, Class::Active, "{h:#?}");
@@ -3158,6 +3204,7 @@ fn a_container_whose_init_lives_is_alive_by_its_init() {
         step_daemons: vec![],
         nested_pid_namespace: false,
         complete: true,
+        owner_uid: Some(0),
     });
     let h = holder_of(&s, 701);
     let job = h.job.as_ref().unwrap();

@@ -1102,6 +1102,8 @@ const SLURM_CGROUPS: &[&str] = &[
     "/system.slice/slurmstepd.scope/job_421/step_0/user/task_0",
     "/system.slice/slurmstepd.scope/job_421",
     "/system.slice/slurmstepd.scope/job_4/step_1/user/task_0",
+    // Named like a Slurm step, in a subtree delegated to a user: Slurm's only if root made it.
+    "/user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_42/step_0",
 ];
 
 /// [`arb_plain_process`], sometimes a job supervisor or another adopter (by name and command
@@ -1326,8 +1328,19 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
         0u64..3000,
         // CPU history per pid: ticks used over the 2 s window and run-state observations.
         prop::collection::vec((1u32..40, 0u64..30, 0u32..=5), 0..20),
-        // GPU utilization samples: GPU, pid, SM %, how long ago (ms).
-        prop::collection::vec((0u32..3, 1u32..45, 0u32..100, 0u64..30_000), 0..15),
+        (
+            // GPU utilization samples: GPU, pid, SM %, how long ago (ms).
+            prop::collection::vec((0u32..3, 1u32..45, 0u32..100, 0u64..30_000), 0..15),
+            // Per Slurm job cgroup: whether a slurmstepd lives in it, and who owns it
+            // (root, a user, not recorded).
+            prop::collection::vec(
+                (
+                    any::<bool>(),
+                    prop::sample::select(vec![Some(0u32), Some(1000), None]),
+                ),
+                SLURM_CGROUPS.len(),
+            ),
+        ),
     )
         .prop_map(
             |(
@@ -1342,9 +1355,34 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                 gpus,
                 idle_for,
                 cpu,
-                util,
+                (util, slurm_facts),
             )| {
                 let mut s = snap(vec![], procs);
+                // The Slurm jobs' cgroups as the collector reads them: readable and whole,
+                // with or without a step daemon, owned by root or not.
+                let mut roots: Vec<String> = s
+                    .processes
+                    .iter()
+                    .filter_map(vramguard_core::job::cgroup_job)
+                    .filter(|j| j.kind == vramguard_core::job::JobKind::Slurm)
+                    .map(|j| j.root)
+                    .collect();
+                roots.sort();
+                roots.dedup();
+                s.job_cgroups = roots
+                    .into_iter()
+                    .zip(slurm_facts)
+                    .map(|(root, (stepd, owner_uid))| JobCgroupFacts {
+                        root,
+                        readable: true,
+                        members: 2,
+                        namespace_inits: vec![],
+                        step_daemons: if stepd { vec![1] } else { vec![] },
+                        nested_pid_namespace: false,
+                        complete: true,
+                        owner_uid,
+                    })
+                    .collect();
                 if let Some(w) = s.work.as_mut() {
                     for (pid, ticks, running) in cpu {
                         if let Some(sample) = w.processes.iter_mut().find(|p| p.pid == pid) {
@@ -1642,6 +1680,19 @@ proptest! {
                 prop_assert!(
                     !(uvm && proc_.driver_library == Some(DriverLibrary::NvmlOnly)),
                     "zombie target {} is an NVML client", t.pid
+                );
+            }
+            // A Slurm job is gone by its cgroup only where root made that cgroup: a user's
+            // directory named like one proves nothing.
+            if let Some(job) = report.gpus.iter().flat_map(|g| &g.holders).find(|h| h.pid == t.pid).and_then(|h| h.job.as_ref())
+                && job.kind == vramguard_core::job::JobKind::Slurm
+                && job.alive == Some(false)
+            {
+                let root = vramguard_core::job::cgroup_job(proc_).map(|j| j.root);
+                let owner = root.and_then(|r| s.job_cgroup(&r)).and_then(|f| f.owner_uid);
+                prop_assert!(
+                    owner.is_none_or(|u| u == 0),
+                    "target {} is in a dead Slurm job whose cgroup uid {:?} made", t.pid, owner
                 );
             }
             // Nothing of a job whose supervisor lives is planned as if its job were gone.

@@ -472,6 +472,7 @@ impl ProcCollector {
             step_daemons: Vec::new(),
             nested_pid_namespace: false,
             complete: true,
+            owner_uid: None,
         };
         let rel = facts.root.trim_start_matches('/');
         if rel.split('/').any(|s| s == ".." || s == ".") {
@@ -490,6 +491,11 @@ impl ProcCollector {
         if dirs.is_empty() {
             return facts;
         }
+        facts.owner_uid = dirs
+            .iter()
+            .filter_map(|d| std::fs::symlink_metadata(d).ok())
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .max();
         // The step daemon's own directories first (`…/step_N/slurm` under cgroup v2): in a
         // job of thousands of tasks it is then among the members looked at.
         let mut daemons_first: Vec<u32> = Vec::new();

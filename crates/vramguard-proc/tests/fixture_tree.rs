@@ -340,6 +340,9 @@ fn a_slurm_job_larger_than_the_bounds_still_finds_its_step_daemon_or_says_it_did
     assert_eq!(f.members, 602);
     assert_eq!(f.step_daemons, vec![32010], "{f:?}");
     assert!(!f.complete, "602 members, 512 looked at");
+    // Who made the job's directory: a Slurm job's is root's, a user's only took its name.
+    let mine = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&job).unwrap());
+    assert_eq!(f.owner_uid, Some(mine), "{f:?}");
     // The daemon gone: none found among those looked at, which is not all of them.
     std::fs::remove_dir_all(&daemon).unwrap();
     let mut c = ProcCollector::new(&tree, "/dev")

@@ -397,6 +397,44 @@ fn a_slurm_step_lives_while_its_step_daemon_does() {
     assert_eq!(targets, BTreeSet::from([l.pid(0)]));
 }
 
+/// A cgroup named like a Slurm step that a user made (a subtree delegated to them: Slurm makes
+/// a job's directory as root) holding no slurmstepd: the name proves no job gone. Its idle
+/// holder leads its own process group, which lives, so it is no target; the same directory
+/// made by root is a Slurm job whose daemon is gone, and its holder an orphan.
+#[test]
+fn a_slurm_named_cgroup_a_user_made_proves_no_job_gone() {
+    use std::os::unix::fs::chown;
+    let world = World::new(1);
+    let mut cg = TestCgroup::new();
+    let job = "user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_4244";
+    let job_dir = cg.leaf(job).parent().unwrap().to_path_buf();
+    let procs = cg.leaf(&format!("{job}/step_0"));
+    chown(&job_dir, Some(1000), Some(1000)).unwrap();
+    let script = format!(
+        "echo $$ > {}\nVRAMGUARD_HOLDER=\"$H0\" exec -a python3 \"$VG\" train.py\n",
+        procs.display()
+    );
+    let l = launch(&world, &script, vec![holder_spec(&world, 7, 0, 0)]);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "active", "{h:#}");
+    assert_eq!(h["job"]["label"], format!("pgid:{}", l.pid(0)), "{h:#}");
+    assert!(
+        h["job"]["evidence"]
+            .to_string()
+            .contains("named like a Slurm job's but belongs to uid 1000"),
+        "{h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+
+    chown(&job_dir, Some(0), Some(0)).unwrap();
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["job"]["label"], "slurm:4244.0", "{h:#}");
+    assert_eq!(h["class"], "orphan", "{h:#}");
+    assert_eq!(targets, BTreeSet::from([l.pid(0)]));
+}
+
 /// Slurm's cgroup/v1 plugin on a hybrid host (#31): a job's processes in
 /// `freezer:/slurm_<node>/uid_0/job_N/step_batch`, its step daemon in the job's directory, and
 /// the sandbox that started everything keeping a longer path in another v1 hierarchy. The
