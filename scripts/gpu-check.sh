@@ -235,10 +235,15 @@ reap_tagged() { # kill (by pid) every process still carrying our tag; no subshel
 remove_own_semaphores() { # sem.mp-* left by the check's killed multiprocessing launchers
     local f n=0
     for f in /dev/shm/sem.mp-*; do
-        # A regular file of ours, new since the check began, that no process maps (a live
-        # semaphore is mapped by its users; another job's is never touched).
+        # A regular file of ours, new since the check began, at least 5 s old, that no
+        # process maps. A live semaphore is mapped by its users from the moment sem_open
+        # returns; the age leaves alone one another root job is creating right now (made,
+        # not yet mapped). One that nobody has mapped for 5 s is of a process that is gone.
         [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ] || continue
         grep -qxF -- "${f#/dev/shm/}" <<<"$SHM_BEFORE" && continue
+        local mtime
+        mtime=$(stat -c %Y -- "$f" 2>/dev/null) || continue
+        [ $(($(date +%s) - mtime)) -ge 5 ] || continue
         local users rc
         users=$(timeout 10 grep -lsF -- "$f" /proc/[0-9]*/maps)
         rc=$?
