@@ -516,23 +516,27 @@ impl ProcFs {
     }
 
     /// [`ProcFs::children`], looking at no more than `max_threads` threads: with whether
-    /// every thread was looked at (a child forked by a thread left out is missed).
+    /// every thread was looked at and read (a child forked by a thread left out, or by one
+    /// whose list could not be read, is missed). A process that is gone has no children.
     pub fn children_within(
         &self,
         pid: u32,
         max_threads: usize,
     ) -> Result<Option<(Vec<u32>, bool)>, ProcError> {
-        let rel = format!("{pid}/task");
-        let Ok(dir) = self
-            .open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY)
-            .and_then(rustix::fs::Dir::new)
-        else {
-            return Ok(Some((Vec::new(), true)));
+        let dir = match self.open_dir(&format!("{pid}/task"))? {
+            Found::Yes(dir) => dir,
+            Found::Gone => return Ok(Some((Vec::new(), true))),
+            Found::Denied => return Ok(Some((Vec::new(), false))),
         };
         let mut out = Vec::new();
         let mut buf = Vec::new();
         let mut threads = 0usize;
-        for entry in dir.flatten() {
+        let mut whole = true;
+        for entry in dir {
+            let Ok(entry) = entry else {
+                whole = false;
+                break;
+            };
             let Some(tid) = parse_pid(entry.file_name().to_bytes()) else {
                 continue;
             };
@@ -558,10 +562,13 @@ impl ProcFs {
                 {
                     return Ok(None);
                 }
-                _ => {}
+                // The thread exited since the listing (its children go to a sibling thread,
+                // missed only if that one was read already, within these microseconds).
+                Found::Gone => {}
+                Found::Denied => whole = false,
             }
         }
-        Ok(Some((out, true)))
+        Ok(Some((out, whole)))
     }
 
     /// One observation for the work sampler: start time, CPU time used so far, and whether

@@ -508,3 +508,56 @@ fn the_driver_library_a_process_maps_is_read_in_bounded_pieces() {
         "a thread in D: the map unread"
     );
 }
+
+/// The kernel's children lists of one process: every thread's, up to the thread bound; past
+/// it, or with a thread's list unreadable, the answer says it is not whole (a child forked by
+/// a thread left out would be missed, and the holder's work is then unknown). A process that
+/// is gone has none; a kernel without the lists says so.
+#[test]
+fn children_lists_are_read_up_to_the_thread_bound_and_say_when_cut() {
+    use vramguard_proc::procfs::{MAX_THREADS_LOOKED_AT, ProcFs};
+    let dir = tempfile::tempdir().unwrap();
+    let task = dir.path().join("700/task");
+    let threads = |n: usize| {
+        for tid in 700..700 + n {
+            let t = task.join(tid.to_string());
+            std::fs::create_dir_all(&t).unwrap();
+            // The last thread's child is the one a cut would miss.
+            let children = if tid == 700 { "701 702 " } else { "" };
+            std::fs::write(t.join("children"), children).unwrap();
+        }
+    };
+    threads(3);
+    std::fs::write(task.join("702/children"), "9000\n").unwrap();
+    let fs = ProcFs::open(dir.path()).unwrap();
+    let (mut got, whole) = fs
+        .children_within(700, MAX_THREADS_LOOKED_AT)
+        .unwrap()
+        .unwrap();
+    got.sort_unstable();
+    assert_eq!((got, whole), (vec![701, 702, 9000], true));
+    // One thread more than the bound: cut, and said to be.
+    threads(MAX_THREADS_LOOKED_AT + 1);
+    let (_, whole) = fs
+        .children_within(700, MAX_THREADS_LOOKED_AT)
+        .unwrap()
+        .unwrap();
+    assert!(
+        !whole,
+        "{} threads looked at as if whole",
+        MAX_THREADS_LOOKED_AT + 1
+    );
+    let (_, whole) = fs
+        .children_within(700, MAX_THREADS_LOOKED_AT + 1)
+        .unwrap()
+        .unwrap();
+    assert!(whole);
+    // Gone: no children, nothing missed.
+    assert_eq!(fs.children_within(999, 10).unwrap(), Some((vec![], true)));
+    // A thread directory without a `children` file: the kernel keeps no lists.
+    std::fs::remove_file(task.join("701/children")).unwrap();
+    assert_eq!(
+        fs.children_within(700, MAX_THREADS_LOOKED_AT + 1).unwrap(),
+        None
+    );
+}
