@@ -60,6 +60,49 @@ pub fn fit(text: &str, max: usize) -> String {
     cut
 }
 
+/// The terminal columns `text` takes: two for a wide character (CJK, most emoji), none for a
+/// combining mark. For text already escaped (nothing in it is a control character).
+pub fn columns(text: &str) -> usize {
+    text.chars()
+        .map(|c| unicode_width::UnicodeWidthChar::width(c).unwrap_or(0))
+        .sum()
+}
+
+/// `text` escaped and cut to at most `max` terminal columns, the cut marked with `…`: for a
+/// table cell, where [`fit`]'s count of characters would let wide characters push the
+/// columns after it out of line. A run of zero-width characters (combining marks) is cut
+/// too: at most four characters per column.
+pub fn fit_columns(text: &str, max: usize) -> String {
+    let escaped = escape(text);
+    let max_chars = max.saturating_mul(4);
+    if columns(&escaped) <= max && escaped.chars().count() <= max_chars {
+        return escaped.into_owned();
+    }
+    let room = max.saturating_sub(1);
+    let mut cut = String::new();
+    let mut used = 0;
+    for (n, c) in escaped.chars().enumerate() {
+        let w = unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used + w > room || n + 1 >= max_chars {
+            break;
+        }
+        cut.push(c);
+        used += w;
+    }
+    if max > 0 {
+        cut.push('…');
+    }
+    cut
+}
+
+/// [`fit_columns`], padded with spaces to exactly `width` columns: a table cell.
+pub fn cell(text: &str, width: usize) -> String {
+    let mut cut = fit_columns(text, width);
+    let pad = width.saturating_sub(columns(&cut));
+    cut.extend(std::iter::repeat_n(' ', pad));
+    cut
+}
+
 /// Longest process-supplied string shown in a free-text line (a command line in a plan, an
 /// evidence line): enough to recognise it, never a 1 MB line.
 pub const MAX_SHOWN: usize = 200;
@@ -115,7 +158,29 @@ mod tests {
         assert_eq!(shown(&"x".repeat(1_400_000)).chars().count(), MAX_SHOWN);
     }
 
+    #[test]
+    fn table_cells_are_cut_and_padded_by_columns() {
+        // Wide characters take two columns: four of them fill eight.
+        assert_eq!(cell("训练任务", 8), "训练任务");
+        assert_eq!(fit_columns("训练任务一", 8), "训练任…");
+        assert_eq!(cell("训练任务一", 8), "训练任… ");
+        // A wide character that would straddle the edge is left out, the cell padded.
+        assert_eq!(cell("ab训练", 4), "ab… ");
+        assert_eq!(cell("alice", 9), "alice    ");
+        assert_eq!(cell("\x1b[2J", 9), "\\e[2J    ");
+        // Combining marks take no column, but a cell holds at most four characters a column.
+        let zalgo = format!("a{}", "\u{301}".repeat(1000));
+        assert_eq!(fit_columns(&zalgo, 4).chars().count(), 16);
+        assert_eq!(cell("", 0), "");
+    }
+
     proptest::proptest! {
+        #[test]
+        fn a_cell_is_exactly_its_width(s in "\\PC{0,40}", width in 1usize..30) {
+            let c = cell(&s, width);
+            proptest::prop_assert_eq!(columns(&c), width, "{:?} → {:?}", s, c);
+        }
+
         #[test]
         fn nothing_unsafe_survives(s in "\\PC*|[\\x00-\\x20\\x7f-\\u{9f}\\u{200e}\\u{200f}\\u{202a}-\\u{202e}\\u{2066}-\\u{2069}a-z]{0,40}") {
             let e = escape(&s);

@@ -10,7 +10,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 use vramguard_core::plan::{Plan, ReclaimOptions, plan_reclaim};
 use vramguard_core::report::{Class, Report};
-use vramguard_core::sanitize::{escape, fit, shown};
+use vramguard_core::sanitize::{cell, escape, fit, shown};
 use vramguard_core::units::{format_bytes, format_duration};
 use vramguard_ops::reclaim::{
     ExecuteError, INTERRUPTED_EXIT_CODE, ReclaimOutcome, SegmentResult, TargetResult,
@@ -116,9 +116,9 @@ pub(crate) fn plan_text(plan: &Plan, report: &Report, dry: bool) -> String {
         for l in &plan.left_alone {
             let _ = writeln!(
                 out,
-                "    pid {:<8} {:<16} {:<7} {}",
+                "    pid {:<8} {} {:<7} {}",
                 l.pid,
-                fit(l.comm.as_deref().unwrap_or("?"), 16),
+                cell(l.comm.as_deref().unwrap_or("?"), 16),
                 l.class.as_str(),
                 l.reason
             );
@@ -167,8 +167,8 @@ fn render_planned_segments(out: &mut String, plan: &Plan) {
     for s in &plan.segments {
         let _ = writeln!(
             out,
-            "    unlink     {:<40} {:>10}  uid {:<6} {}  {}{}",
-            fit(&format!("{}/{}", s.dir, s.name), 40),
+            "    unlink     {} {:>10}  uid {:<6} {}  {}{}",
+            cell(&format!("{}/{}", s.dir, s.name), 40),
             format_bytes(s.bytes),
             s.uid,
             format_duration(Duration::from_secs(s.age_secs)),
@@ -240,9 +240,9 @@ pub(crate) fn outcome_text(o: &ReclaimOutcome, audit: &std::path::Path) -> Strin
         };
         let _ = writeln!(
             out,
-            "  pid {:<8} {:<16} {what}",
+            "  pid {:<8} {} {what}",
             t.pid,
-            fit(t.comm.as_deref().unwrap_or("?"), 16)
+            cell(t.comm.as_deref().unwrap_or("?"), 16)
         );
     }
     for r in &o.releases {

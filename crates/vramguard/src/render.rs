@@ -6,7 +6,7 @@ use vramguard_core::diagnose::{CheckStatus, Diagnosis};
 use vramguard_core::health::Severity;
 use vramguard_core::host::{HostReport, SegmentReport, SegmentVerdict};
 use vramguard_core::report::{Class, GpuReport, Holder, Report, Tone};
-use vramguard_core::sanitize::{fit, shown};
+use vramguard_core::sanitize::shown;
 use vramguard_core::snapshot::{DriverSource, GpuTelemetry, ProcessListState};
 use vramguard_core::units::format_bytes;
 
@@ -197,9 +197,14 @@ fn bar(used: u64, total: u64, width: usize) -> String {
 }
 
 /// Process-supplied (or process-derived) text for a column: control characters shown as
-/// escapes, cut to `max` characters.
+/// escapes, cut to `max` terminal columns.
 fn truncate(s: &str, max: usize) -> String {
-    vramguard_core::sanitize::fit(s, max)
+    vramguard_core::sanitize::fit_columns(s, max)
+}
+
+/// [`truncate`], padded to exactly `width` columns.
+fn cell(s: &str, width: usize) -> String {
+    vramguard_core::sanitize::cell(s, width)
 }
 
 fn driver_line(r: &Report) -> String {
@@ -358,7 +363,7 @@ fn holder_line(st: &Style, h: &Holder) -> String {
     let command = h.shown_command();
     let (command, why) = match evidence {
         Some(e) if evidence_width >= 24 => (
-            format!("{:<command_width$}", truncate(command, command_width)),
+            cell(command, command_width),
             format!("  {}", st.dim(&truncate(e, evidence_width))),
         ),
         Some(e) => (
@@ -380,11 +385,11 @@ fn holder_line(st: &Style, h: &Holder) -> String {
         .as_deref()
         .unwrap_or_else(|| h.job.as_ref().map_or("-", |j| j.label.as_str()));
     format!(
-        "  {:<9} {:<9} {} {:<16} {:>10}  {host}{}{}",
+        "  {:<9} {} {} {} {:>10}  {host}{}{}",
         pid,
-        truncate(h.user.as_deref().unwrap_or("-"), 9),
+        cell(h.user.as_deref().unwrap_or("-"), 9),
         st.class(h.class),
-        truncate(job, 16),
+        cell(job, 16),
         memory,
         command,
         why
@@ -693,8 +698,8 @@ fn host_block(out: &mut String, st: &Style, h: &HostReport) {
         for s in orphans.iter().take(5) {
             let _ = writeln!(
                 out,
-                "    {:<40} {:>10}  uid {:<6} unchanged {}  {}",
-                fit(&format!("{}/{}", s.dir, s.name), 40),
+                "    {} {:>10}  uid {:<6} unchanged {}  {}",
+                cell(&format!("{}/{}", s.dir, s.name), 40),
                 format_bytes(s.bytes),
                 s.uid,
                 compact_age(s.age_secs),

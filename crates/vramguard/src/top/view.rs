@@ -9,7 +9,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState};
 use std::collections::BTreeMap;
 use vramguard_core::report::{Class, GpuReport, Tone};
-use vramguard_core::sanitize::{escape, fit};
+use vramguard_core::sanitize::{cell, escape, fit};
 use vramguard_core::units::format_bytes;
 
 /// Colours, or none (`NO_COLOR`, `--monochrome`).
@@ -171,9 +171,9 @@ fn title_line(app: &App, width: u16) -> Line<'static> {
 /// nvidia-smi shows beside it, wrapped to `width`.
 fn gpu_lines(paint: &Paint, g: &GpuReport, width: u16) -> Vec<Line<'static>> {
     let name = format!(
-        "GPU {} {:<14} ",
+        "GPU {} {} ",
         g.index,
-        fit(g.name.as_deref().unwrap_or("unknown GPU"), 14)
+        cell(g.name.as_deref().unwrap_or("unknown GPU"), 14)
     );
     let mut first = vec![Span::raw(name.clone())];
     match g.memory {
