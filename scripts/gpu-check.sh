@@ -466,18 +466,20 @@ us_per() { # NS COUNT: NS/COUNT in µs with 3 decimals, as "X.YYY"; "n/a" unless
 collections() { # METRICS_FILE: sum of vramguard_collections_total over kinds
     awk '/^vramguard_collections_total/ { s += $NF } END { printf "%d\n", s }' "$1" 2>/dev/null
 }
-# reclaim_timed NAME BELOW_MIB: reclaim --yes while a watcher reads the GPU's used memory
-# (NVML through pynvml every ~2 ms, else nvidia-smi); log how long until it is back. The
-# watcher stops 3 s after reclaim ends (reclaim may rightly leave the memory alone).
+# reclaim_timed NAME BELOW_MIB [ARG...]: reclaim --yes (with ARGs) while a watcher reads the
+# GPU's used memory (NVML through pynvml every ~2 ms, else nvidia-smi); log how long until it
+# is back. The watcher stops 3 s after reclaim ends (reclaim may rightly leave the memory
+# alone).
 reclaim_timed() {
     local name=$1 below=$2 watcher t rc i
+    shift 2
     timeout -k 2 40 python3 "$HELPERS/memwatch.py" "$GPU" "$below" 35 "$DIR/$name-memory.csv" >"$DIR/$name-memwatch.txt" 2>&1 &
     watcher=$!
     track "$watcher"
     wait_ready "$DIR/$name-memwatch.txt" 10 "$watcher" || true
     t=$(now_ms)
     timeout -k 2 30 "$BIN" reclaim --yes --gpu "$GPU" --grace 5s --release-timeout 15s --reset never \
-        --audit-log "$DIR/$name-audit.jsonl" >"$DIR/$name.txt" 2>&1
+        --audit-log "$DIR/$name-audit.jsonl" "$@" >"$DIR/$name.txt" 2>&1
     rc=$?
     log "  $name: exit $rc in $(($(now_ms) - t)) ms"
     for i in $(seq 30); do alive "$watcher" || break; sleep 0.1; done
@@ -687,7 +689,11 @@ if step in-script; then
         snap dead-trainer-script-alive.json
         vg c2-status.txt 15 status
         vg c2-diagnose.txt 15 diagnose
-        reclaim_timed c2-reclaim "$BELOW"
+        # Looked at after the kill, only elimination ties the workers to the dead trainer:
+        # nothing by default, and the report's command (the script's job, keepers) frees it.
+        vg c2-reclaim-default.txt 15 reclaim --dry-run --gpu "$GPU"
+        log "  c2 default plan: $(grep -cE 'KILL +pid' "$DIR/c2-reclaim-default.txt") target(s); offered: $(grep -oE 'vramguard reclaim [^`]*--include keepers' "$DIR/c2-status.txt" "$DIR/c2-diagnose.txt" | head -1 | cut -d: -f2-)"
+        reclaim_timed c2-reclaim "$BELOW" --job "pgid:$(ps -o pgid= -p $$ | tr -d ' ')" --include keepers
         report_pids "workers after reclaim" "${WORKERS[@]}"
         kill_pid KILL "${WORKERS[@]}"
     fi

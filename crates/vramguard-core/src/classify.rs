@@ -237,6 +237,17 @@ enum Resolution<'a> {
     Exited { reused_by: Option<&'a ProcessFacts> },
 }
 
+/// Whether a departed process is the parent a process was seen forked by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ParentMatch {
+    /// It started when that parent did.
+    Same,
+    /// It started at another time: the pid was reused.
+    Reused,
+    /// Either start time is unknown (not recorded, or an older snapshot).
+    Unconfirmed,
+}
+
 /// How an unlisted holder of a GPU is tied to an exited pid listed there: what makes it a
 /// keeper of that pid's context.
 #[derive(Debug, Clone)]
@@ -245,9 +256,10 @@ struct KeeperTie {
     /// the GPU and nothing ties it to one of them.
     exited: Option<u32>,
     /// Whether the tie is direct: it (or the ancestor through which it inherited) was seen
-    /// forked by the exited pid, or is in the process group or session the exited pid led.
-    /// Otherwise it rests on its having been re-parented while that pid is the only exited
-    /// one listed on the GPU.
+    /// forked by the exited pid (the same process: the start times match), or is in the
+    /// process group or session the exited pid led. Otherwise it rests on its having been
+    /// re-parented while that pid is the only exited one listed on the GPU, or on a parent
+    /// pid whose process could not be confirmed.
     strong: bool,
     /// The tie, in words.
     why: String,
@@ -929,7 +941,11 @@ impl<'a> Context<'a> {
             // What matters most about a keeper comes first: whose context it keeps.
             evidence.rotate_right(1);
         }
-        let inheritor = keeps.is_some() && self.inheritor_may_go(p, job);
+        // Reclaimed by default inside a live job only on a direct tie: a tie by elimination
+        // (the only exited pid listed) or through a parent pid that may have been reused can
+        // name an idle process of another live job, even another user's.
+        let inheritor =
+            keeps.is_some() && kept.is_some_and(|t| t.strong) && self.inheritor_may_go(p, job);
         if job_gone || keeps.is_some() {
             evidence.push(work_evidence(work));
         }
@@ -950,8 +966,12 @@ impl<'a> Context<'a> {
     /// after its trainer died). In a job something else owns (a systemd unit, a Slurm step, a
     /// pod or container, `vramguard run`), only when the job is named with `--job`.
     fn inheritor_may_go(&self, p: &ProcessFacts, job: &JobView) -> bool {
+        // One that leads its own process group or session made itself a job of its own
+        // (`setsid`, a daemon forked by the trainer), and that job lives.
+        let leads = p.pgid == Some(p.pid) || p.sid == Some(p.pid);
         job.tree_top.is_some()
             && job.info.kind == JobKind::ProcessGroup
+            && !leads
             && crate::job::live_supervisor_above(self.snap, p).is_none()
     }
 
@@ -1021,10 +1041,16 @@ impl<'a> Context<'a> {
             } else {
                 format!(" (through its ancestor {})", self.describe(root.pid))
             };
+            // Forked by `e`, as an earlier collection saw: the same process only if the
+            // departed process with that pid started when that parent did (pids are reused).
+            let forked_by = |e: u32| -> Option<ParentMatch> {
+                let q = [root, p].into_iter().find(|q| q.earlier_ppid == Some(e))?;
+                Some(self.earlier_parent_match(q, e))
+            };
             let direct: Vec<(u32, &str)> = exited
                 .iter()
                 .filter_map(|&e| {
-                    if root.earlier_ppid == Some(e) || p.earlier_ppid == Some(e) {
+                    if forked_by(e) == Some(ParentMatch::Same) {
                         Some((e, "was forked by it (an earlier collection saw the parent)"))
                     } else if root.pgid == Some(e) {
                         Some((e, "is in the process group it led"))
@@ -1035,11 +1061,41 @@ impl<'a> Context<'a> {
                     }
                 })
                 .collect();
+            let unconfirmed_parent: Vec<u32> = exited
+                .iter()
+                .copied()
+                .filter(|&e| forked_by(e) == Some(ParentMatch::Unconfirmed))
+                .collect();
+            // Another user's exited pid: a child inherits its parent's uid.
+            let other_users = |e: u32| {
+                self.departed_listed(e)
+                    .and_then(|d| d.uid)
+                    .zip(p.uid)
+                    .is_some_and(|(a, b)| a != b)
+            };
             let tie = match (direct.as_slice(), exited) {
                 ([(e, how)], _) => KeeperTie {
                     exited: Some(*e),
                     strong: true,
                     why: format!("it {how}{via}"),
+                },
+                ([], _) if let [e] = unconfirmed_parent.as_slice() => KeeperTie {
+                    exited: Some(*e),
+                    strong: false,
+                    why: format!(
+                        "it was forked by a process with pid {e}{via} (an earlier collection saw \
+                         the parent), but whether the exited pid {e} is that same process could \
+                         not be confirmed"
+                    ),
+                },
+                (_, [e]) if other_users(*e) => KeeperTie {
+                    exited: None,
+                    strong: false,
+                    why: format!(
+                        "it was re-parented after its parent died{via}; {e}, the only exited pid \
+                         listed on GPU {}, was another user's process: no tie is taken from it",
+                        gpu.index
+                    ),
                 },
                 (_, [e]) if strong_only.contains(e) => KeeperTie {
                     exited: None,
@@ -1078,7 +1134,40 @@ impl<'a> Context<'a> {
             };
             ties.insert(pid, tie);
         }
+        // An exited pid that a keeper is tied to directly takes no tie by elimination: the
+        // process directly tied is the one known to keep it.
+        let tied_directly: BTreeSet<u32> = ties
+            .values()
+            .filter(|t| t.strong)
+            .filter_map(|t| t.exited)
+            .collect();
+        for tie in ties.values_mut() {
+            if let Some(e) = tie
+                .exited
+                .filter(|e| !tie.strong && tied_directly.contains(e))
+            {
+                tie.exited = None;
+                tie.why = format!(
+                    "{}; another process is tied to {e} directly, so no tie is taken from it",
+                    tie.why
+                );
+            }
+        }
         ties
+    }
+
+    /// Whether the departed process with pid `parent` is the one `q` was forked by: its
+    /// start time against the one read while it was `q`'s parent.
+    fn earlier_parent_match(&self, q: &ProcessFacts, parent: u32) -> ParentMatch {
+        let departed = self.snap.departed.iter().rev().find(|d| d.pid == parent);
+        match (
+            departed.and_then(|d| d.start_ticks),
+            q.earlier_parent_start_ticks,
+        ) {
+            (Some(a), Some(b)) if a == b => ParentMatch::Same,
+            (Some(_), Some(_)) => ParentMatch::Reused,
+            _ => ParentMatch::Unconfirmed,
+        }
     }
 
     /// The processes that hold `gpu`'s device file and may hold a CUDA context (of their own
@@ -1421,6 +1510,9 @@ impl<'a> Context<'a> {
             keeps_alive: tie
                 .filter(|t| class == Class::Hidden && self.tie_is_sound(p, t))
                 .and_then(|t| t.exited),
+            keeps_alive_unconfirmed: tie.is_some_and(|t| {
+                class == Class::Hidden && t.exited.is_some() && !t.strong && self.tie_is_sound(p, t)
+            }),
             evidence,
             action,
         }
@@ -2512,6 +2604,7 @@ fn not_a_process_here(listed: &GpuProcess, class: Class, why_no_work: &str) -> H
         idle_secs: None,
         keepers: Vec::new(),
         keeps_alive: None,
+        keeps_alive_unconfirmed: false,
         kept_by_unseen: false,
         evidence: Vec::new(),
         action: Action {

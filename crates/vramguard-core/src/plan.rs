@@ -267,11 +267,13 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
         // process-group job; in a job something else owns (unit, Slurm step, pod, container,
         // `vramguard run`) only with --include keepers: narrowing (--job) only ever removes.
         Class::Hidden
-            if h.dead_job.is_none() && !keeper_in_plain_job(h) && !opts.include_keepers =>
+            if h.dead_job.is_none() && !keeper_in_plain_job(h, proc_) && !opts.include_keepers =>
         {
             return Some(format!(
-                "it keeps exited pid {}'s context, but its job {} is alive and not a plain \
-                 process group: add --include keepers (with --job for that job alone)",
+                "it keeps exited pid {}'s context, but its job {} is alive and it is not known \
+                 to be that pid's worker in a plain process group (a tie not confirmed, a job \
+                 of its own, or one something else owns): add --include keepers (with --job \
+                 for that job alone)",
                 h.keeps_alive.unwrap_or_default(),
                 h.job
                     .as_ref()
@@ -320,9 +322,14 @@ fn refusal(snap: &Snapshot, h: &Holder, opts: &ReclaimOptions) -> Option<String>
 }
 
 /// Whether `h` keeps an exited pid's context inside a plain process-group job (`pgid:N`,
-/// `pid:N`): a script without job control that still runs after its trainer died.
-fn keeper_in_plain_job(h: &Holder) -> bool {
+/// `pid:N`): a script without job control that still runs after its trainer died. Only on
+/// a confirmed tie, and not when it leads its own group or session (`setsid`: a job of its
+/// own, which lives).
+fn keeper_in_plain_job(h: &Holder, proc_: Option<&crate::snapshot::ProcessFacts>) -> bool {
+    let leads = proc_.is_none_or(|p| p.pgid == Some(p.pid) || p.sid == Some(p.pid));
     h.keeps_alive.is_some()
+        && !h.keeps_alive_unconfirmed
+        && !leads
         && h.job.as_ref().is_some_and(|j| {
             j.kind == crate::job::JobKind::ProcessGroup
                 && (j.label.starts_with("pgid:") || j.label.starts_with("pid:"))

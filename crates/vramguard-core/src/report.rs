@@ -458,6 +458,11 @@ pub struct Holder {
     /// For a hidden holder: the exited pid whose context it keeps alive on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keeps_alive: Option<u32>,
+    /// Whether that tie is unconfirmed: it rests on the exited pid being the only one listed
+    /// on the GPU, or on a parent pid that may have been reused. Such a keeper in a live job
+    /// is reclaimed only when asked for (`--include keepers`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keeps_alive_unconfirmed: bool,
     /// For an `exited` holder without known keepers: vramguard could not read other users'
     /// open files, so processes it cannot see may keep it (its memory is unexplained, not
     /// ghost, and not a live job's).

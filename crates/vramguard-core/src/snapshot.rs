@@ -759,6 +759,10 @@ pub struct ProcessFacts {
     /// (the process was re-parented since: its parent died).
     #[serde(default)]
     pub earlier_ppid: Option<u32>,
+    /// The start time of that earlier parent (clock ticks after boot), when it was read: a
+    /// departed process with that pid is the same parent only if it started then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier_parent_start_ticks: Option<u64>,
     /// NVIDIA device files held open.
     #[serde(default)]
     pub device_files: FdScan,
@@ -877,6 +881,13 @@ pub struct DepartedProcess {
     pub cmdline: Option<Vec<String>>,
     /// When it was first seen gone, milliseconds since the Unix epoch.
     pub gone_at_ms: u64,
+    /// Its start time (`stat` field 22, clock ticks after boot): which process had the pid.
+    /// Snapshots taken before vramguard recorded it have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
+    /// Its real user id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 /// How the process facts were gathered.

@@ -169,6 +169,8 @@ fn workers_of_a_dead_leader_are_orphans_naming_the_leader() {
         ],
     );
     s.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 200,
         comm: Some("python".into()),
         cmdline: Some(vec!["python".into(), "train.py".into()]),
@@ -385,6 +387,8 @@ fn a_listed_pid_seen_exiting_is_a_context_being_torn_down() {
         vec![init()],
     );
     s.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 4121,
         comm: Some("python3".into()),
         cmdline: None,
@@ -452,6 +456,8 @@ fn in_a_container_a_local_exit_explains_a_listed_pid_only_when_the_driver_report
     );
     s.host.pid_namespace_is_host = Some(false);
     s.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 4121,
         comm: Some("python3".into()),
         cmdline: None,
@@ -1954,12 +1960,16 @@ fn the_agent_remembers_who_forked_an_orphan() {
     );
     s.departed = vec![
         DepartedProcess {
+            start_ticks: None,
+            uid: None,
             pid: 4121,
             comm: Some("python3".into()),
             cmdline: Some(vec!["python3".into(), "train.py".into()]),
             gone_at_ms: NOW_MS - 5000,
         },
         DepartedProcess {
+            start_ticks: None,
+            uid: None,
             pid: 4120,
             comm: Some("sh".into()),
             cmdline: Some(vec!["sh".into(), "run.sh".into()]),
@@ -2031,12 +2041,35 @@ fn a_dead_trainer_the_driver_still_lists_is_exited_and_kept_alive_by_its_forked_
     assert_eq!(check.status, CheckStatus::Fail);
 }
 
+/// [`dead_trainer_with_forked_workers`] as a collection that watched the workers being
+/// forked records it: each worker's earlier parent 446 and its start time, and 446's
+/// departure with the same start time.
+fn seen_forked(mut s: Snapshot) -> Snapshot {
+    for p in s
+        .processes
+        .iter_mut()
+        .filter(|p| [576, 577].contains(&p.pid))
+    {
+        p.earlier_ppid = Some(446);
+        p.earlier_parent_start_ticks = Some(4460);
+    }
+    s.departed.push(DepartedProcess {
+        pid: 446,
+        comm: Some("python3".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - 5000,
+        start_ticks: Some(4460),
+        uid: Some(1000),
+    });
+    s
+}
+
 #[test]
 fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
     // No job control: the trainer (446) and its workers were in the script's group 436, and
-    // the script still runs. Nothing but the re-parenting ties the workers to 446, the only
-    // exited pid on the GPU.
-    let s = dead_trainer_with_forked_workers(436, 436);
+    // the script still runs. Seen forked by 446 (the same process: the start times match),
+    // the workers are its keepers, reclaimed by default when idle.
+    let s = seen_forked(dead_trainer_with_forked_workers(436, 436));
     let r = classify(&s, &Policy::default());
     let g = &r.gpus[0];
     let exited = g.holders.iter().find(|h| h.pid == 446).unwrap();
@@ -2045,15 +2078,40 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
     assert!(exited.dead_job.is_none(), "the script's job lives");
     let k = g.holders.iter().find(|h| h.pid == 576).unwrap();
     assert_eq!(k.keeps_alive, Some(446));
+    assert!(!k.keeps_alive_unconfirmed);
     assert!(k.dead_job.is_none());
     assert!(k.action.reclaimable, "{:?}", k.action);
     assert!(
-        k.evidence[0].contains("only exited pid listed on GPU 0"),
+        k.evidence[0].contains("was forked by it (an earlier collection saw the parent)"),
         "{:?}",
         k.evidence
     );
     assert_eq!(g.ghost_bytes, 20 * GIB);
     assert_eq!(g.reclaimable_bytes, 20 * GIB);
+
+    // Nothing but the re-parenting ties them (a one-shot look, nothing seen forked): 446 is
+    // only the only exited pid listed, and an idle process of any live job re-parented on
+    // this GPU (another user's too) would fit that. The memory is still ghost, the keepers
+    // named, and the command that frees it names the job and asks for keepers; nothing is
+    // reclaimed by default.
+    let weak = dead_trainer_with_forked_workers(436, 436);
+    let r = classify(&weak, &Policy::default());
+    let g = &r.gpus[0];
+    let k = g.holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, Some(446));
+    assert!(k.keeps_alive_unconfirmed, "{k:#?}");
+    assert!(!k.action.reclaimable, "{:?}", k.action);
+    assert!(
+        k.evidence[0].contains("only exited pid listed on GPU 0"),
+        "{:?}",
+        k.evidence
+    );
+    assert_eq!(
+        k.action.command.as_deref(),
+        Some("vramguard reclaim --gpu 0 --job pgid:436 --include keepers")
+    );
+    assert_eq!(g.ghost_bytes, 20 * GIB);
+    assert_eq!(g.reclaimable_bytes, 0);
 
     // Work protects it, as everywhere.
     let mut busy = s.clone();
@@ -2075,7 +2133,7 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
 
     // A live process of the same group listed on the GPU: the workers may have inherited its
     // context instead. Not acted on.
-    let mut kin = s.clone();
+    let mut kin = weak.clone();
     kin.gpus[0] = gpu(0, 30 * GIB, &[(446, Some(20 * GIB)), (600, Some(10 * GIB))]);
     let mut second = proc_(600, 436, 436, "python3", &[0]);
     second.sid = Some(436);
@@ -2090,7 +2148,7 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
     assert_eq!(exited.keepers, vec![576, 577], "possible keepers are named");
 
     // The same live kin listed on another GPU: its workers hold every GPU's device file.
-    let mut kin2 = s.clone();
+    let mut kin2 = weak.clone();
     kin2.gpus.push(gpu(1, 10 * GIB, &[(600, Some(10 * GIB))]));
     let mut second = proc_(600, 436, 436, "python3", &[0, 1]);
     second.sid = Some(436);
@@ -2104,7 +2162,7 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
 
     // A re-parented holder leading its own group (a daemon that double-forked from a live
     // trainer) is no keeper by re-parenting alone.
-    let mut daemon = s.clone();
+    let mut daemon = weak.clone();
     for p in daemon.processes.iter_mut().filter(|p| p.pid == 576) {
         p.pgid = Some(576);
         p.sid = Some(576);
@@ -2113,6 +2171,21 @@ fn workers_of_a_dead_trainer_under_a_live_script_are_reclaimable_when_idle() {
     let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
     assert_eq!(k.keeps_alive, None);
     assert!(!k.action.reclaimable);
+    // Seen forked by the trainer, it keeps the trainer's context; but it made itself a job
+    // of its own (setsid), which lives: named, and left to its owner by default.
+    let mut daemon = s.clone();
+    for p in daemon.processes.iter_mut().filter(|p| p.pid == 576) {
+        p.pgid = Some(576);
+        p.sid = Some(576);
+    }
+    let r = classify(&daemon, &Policy::default());
+    let k = r.gpus[0].holders.iter().find(|h| h.pid == 576).unwrap();
+    assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(!k.action.reclaimable, "{:?}", k.action);
+    assert_eq!(
+        k.action.command.as_deref(),
+        Some("vramguard reclaim --gpu 0 --job pgid:576 --include keepers")
+    );
 }
 
 #[test]
@@ -2596,9 +2669,28 @@ fn a_keeper_inside_a_live_vramguard_run_is_never_reclaimed_even_by_name() {
 /// kind is what lets this one go (the `&&` of `plan.rs`'s supervised-keeper arm).
 #[test]
 fn a_keeper_in_a_live_plain_process_group_is_planned_by_default() {
-    let s = dead_trainer_with_forked_workers(436, 436);
+    let s = seen_forked(dead_trainer_with_forked_workers(436, 436));
     let r = classify(&s, &Policy::default());
     let plan = vramguard_core::plan::plan_reclaim(&s, &r, &Default::default());
+    let targets: Vec<u32> = plan.targets().map(|t| t.pid).collect();
+    assert_eq!(targets, vec![576, 577], "{plan:#?}");
+    // Tied by elimination alone: only when keepers are asked for.
+    let weak = dead_trainer_with_forked_workers(436, 436);
+    let r = classify(&weak, &Policy::default());
+    let plan = vramguard_core::plan::plan_reclaim(&weak, &r, &Default::default());
+    assert!(plan.is_empty(), "{plan:#?}");
+    assert!(
+        plan.left_alone
+            .iter()
+            .any(|l| l.pid == 576 && l.reason.contains("add --include keepers")),
+        "{:?}",
+        plan.left_alone
+    );
+    let asked = vramguard_core::plan::ReclaimOptions {
+        include_keepers: true,
+        ..Default::default()
+    };
+    let plan = vramguard_core::plan::plan_reclaim(&weak, &r, &asked);
     let targets: Vec<u32> = plan.targets().map(|t| t.pid).collect();
     assert_eq!(targets, vec![576, 577], "{plan:#?}");
     assert!(
@@ -2782,6 +2874,8 @@ fn a_keeper_forked_by_another_keeper_is_tied_through_its_ancestor() {
 fn an_exited_pid_seen_leaving_is_shown_by_its_name_and_command() {
     let mut s = dead_trainer_with_forked_workers(446, 446);
     s.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 446,
         comm: Some("python3".into()),
         cmdline: Some(vec!["python3".into(), "train.py".into()]),
@@ -2806,13 +2900,129 @@ fn a_keeper_seen_forked_by_the_exited_pid_is_tied_to_it_directly() {
         }
     }
     s.normalize();
+    // Not confirmed to be the same process (no start time recorded): a tie, but not direct.
     let k = holder_of(&s, 577);
     assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(k.keeps_alive_unconfirmed, "{k:#?}");
+    assert!(
+        k.evidence[0].contains("whether the exited pid 446 is that same process could not"),
+        "{:?}",
+        k.evidence
+    );
+    // The departed 446 started when the parent seen did: the same process, a direct tie.
+    let mut same = s.clone();
+    same.processes
+        .iter_mut()
+        .find(|p| p.pid == 577)
+        .unwrap()
+        .earlier_parent_start_ticks = Some(4460);
+    same.departed.push(DepartedProcess {
+        pid: 446,
+        comm: Some("python3".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - 5000,
+        start_ticks: Some(4460),
+        uid: None,
+    });
+    let k = holder_of(&same, 577);
+    assert_eq!(k.keeps_alive, Some(446), "{k:#?}");
+    assert!(!k.keeps_alive_unconfirmed, "{k:#?}");
     assert!(
         k.evidence[0].contains("was forked by it (an earlier collection saw the parent)"),
         "{:?}",
         k.evidence
     );
+    // The last 446 to leave started later: the pid was reused since the parent died, and the
+    // worker was never forked by the exited 446 (red team: another user's trainer may have
+    // taken the pid). Nothing directly ties them.
+    let mut reused = same.clone();
+    reused.departed.last_mut().unwrap().start_ticks = Some(9999);
+    let k = holder_of(&reused, 577);
+    assert!(
+        !k.evidence.iter().any(|e| e.contains("was forked by it")),
+        "{:?}",
+        k.evidence
+    );
+    assert!(
+        k.keeps_alive.is_none() || k.keeps_alive_unconfirmed,
+        "{k:#?}"
+    );
+}
+
+/// Red team: an idle process of a live job, re-parented on a GPU where another user's pid
+/// exited with its context listed, is no default target (the tie by elimination names it
+/// the keeper of a context that is not its); with the other user's exit recorded, or with
+/// another process tied to that pid directly, it is not even called a keeper.
+#[test]
+fn a_re_parented_process_of_a_live_job_is_no_default_target_as_another_users_keeper() {
+    // Bob's script 436 runs; his helper 576 (ran cuInit, holds nvidia0 and uvm) was
+    // re-parented when its spawner died. Alice's trainer 446 exited, listed with 20 GiB.
+    let mut script = proc_(436, 1, 436, "bash", &[]);
+    script.sid = Some(436);
+    script.uid = Some(1000);
+    let mut helper = proc_(576, 1, 436, "python3", &[0]);
+    helper.sid = Some(436);
+    helper.uid = Some(1000);
+    let s = snapshot(
+        vec![gpu(0, 20 * GIB, &[(446, Some(20 * GIB))])],
+        vec![init(), script, helper],
+    );
+    let plan_of = |s: &Snapshot, include_keepers: bool| {
+        let r = classify(s, &Policy::default());
+        let opts = vramguard_core::plan::ReclaimOptions {
+            include_keepers,
+            ..Default::default()
+        };
+        vramguard_core::plan::plan_reclaim(s, &r, &opts)
+            .targets()
+            .map(|t| t.pid)
+            .collect::<Vec<u32>>()
+    };
+    assert!(plan_of(&s, false).is_empty());
+    let k = holder_of(&s, 576);
+    assert!(k.keeps_alive_unconfirmed, "{k:#?}");
+    // Alice's exit was seen: another uid, so no child of hers.
+    let mut seen = s.clone();
+    seen.departed.push(DepartedProcess {
+        pid: 446,
+        comm: Some("python3".into()),
+        cmdline: None,
+        gone_at_ms: NOW_MS - 5000,
+        start_ticks: Some(4460),
+        uid: Some(1001),
+    });
+    let k = holder_of(&seen, 576);
+    assert_eq!(k.keeps_alive, None, "{k:#?}");
+    assert!(
+        k.evidence
+            .iter()
+            .any(|e| e.contains("was another user's process")),
+        "{:?}",
+        k.evidence
+    );
+    assert!(
+        plan_of(&seen, true).is_empty(),
+        "not even with --include keepers"
+    );
+    // Alice's own forked worker 500 keeps it (in the group 446 led): it is the keeper.
+    let mut worker = proc_(500, 1, 446, "python3", &[0]);
+    worker.sid = Some(446);
+    worker.uid = Some(1001);
+    let mut kept = s.clone();
+    kept.processes.push(worker);
+    kept.normalize();
+    kept.work = Some(WorkWindow::all_idle(&kept, 2000));
+    let k = holder_of(&kept, 576);
+    assert_eq!(k.keeps_alive, None, "{k:#?}");
+    assert!(
+        k.evidence
+            .iter()
+            .any(|e| e.contains("tied to 446 directly")),
+        "{:?}",
+        k.evidence
+    );
+    assert_eq!(holder_of(&kept, 500).keeps_alive, Some(446));
+    assert!(!plan_of(&kept, true).contains(&576));
 }
 
 /// What a listed pid that maps to no holder here is taken for, branch by branch of the
@@ -2891,6 +3101,8 @@ fn each_foreign_pid_says_why_it_cannot_be_mapped() {
     ] {
         let mut departed = hidden.clone();
         departed.departed.push(DepartedProcess {
+            start_ticks: None,
+            uid: None,
             pid: 4121,
             comm: Some("python3".into()),
             cmdline: None,
@@ -2934,6 +3146,8 @@ fn in_a_container_an_exit_seen_here_explains_a_listed_pid_only_when_the_driver_l
         );
         s.host.pid_namespace_is_host = Some(false);
         s.departed.push(DepartedProcess {
+            start_ticks: None,
+            uid: None,
             pid: 4121,
             comm: Some("python3".into()),
             cmdline: None,
@@ -2974,6 +3188,8 @@ fn a_teardown_is_stale_only_after_the_whole_allowance() {
     ] {
         let mut at = s.clone();
         at.departed.push(DepartedProcess {
+            start_ticks: None,
+            uid: None,
             pid: 4121,
             comm: Some("python3".into()),
             cmdline: None,
@@ -3170,6 +3386,8 @@ fn a_group_led_from_outside_the_namespace_is_labelled_by_pid() {
 fn a_departed_leader_without_a_command_line_is_shown_by_its_name() {
     let mut s = orphan_with_sibling(2000);
     s.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 200,
         comm: Some("sh".into()),
         cmdline: Some(vec![]),
@@ -3347,6 +3565,8 @@ fn vramguard_itself_is_no_holder_and_a_pid_listed_twice_is_one() {
 #[test]
 fn stale_listings_without_keepers_are_residue_and_kept_ones_are_accounted_for() {
     let gone = |ago_ms: u64| DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 4121,
         comm: Some("python3".into()),
         cmdline: None,
@@ -3373,6 +3593,8 @@ fn stale_listings_without_keepers_are_residue_and_kept_ones_are_accounted_for() 
     // Kept alive by the workers it forked: accounted for.
     let mut kept = dead_trainer_with_forked_workers(446, 446);
     kept.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 446,
         ..gone(600_000)
     });
@@ -3532,6 +3754,8 @@ fn listed_live_holders_that_explain_every_byte_need_no_full_scan() {
         ],
     );
     s.departed.push(DepartedProcess {
+        start_ticks: None,
+        uid: None,
         pid: 200,
         comm: Some("python".into()),
         cmdline: None,

@@ -1903,11 +1903,19 @@ fn keeper_rules(
     // The tie is direct when it, or an ancestor it inherited through (a chain of unlisted
     // holders of this GPU above it), was forked by the exited pid or is in its group or
     // session.
+    // Forked by it only when the last process with that pid to leave started when the parent
+    // seen did (pids are reused).
+    let last_departed = s.departed.iter().rev().find(|d| d.pid == exited);
     let mut direct = false;
     let mut cur = Some(proc_);
     for _ in 0..64 {
         let Some(q) = cur else { break };
-        direct |= q.pgid == Some(exited) || q.sid == Some(exited) || q.earlier_ppid == Some(exited);
+        let forked_by_it = q.earlier_ppid == Some(exited)
+            && last_departed
+                .and_then(|d| d.start_ticks)
+                .zip(q.earlier_parent_start_ticks)
+                .is_some_and(|(a, b)| a == b);
+        direct |= q.pgid == Some(exited) || q.sid == Some(exited) || forked_by_it;
         let holds = |x: &ProcessFacts| {
             x.device_files.gpu_minors().any(|m| m == gpu)
                 && g.processes.iter().all(|l| l.pid != x.pid)
@@ -1917,7 +1925,27 @@ fn keeper_rules(
             .and_then(|pp| s.process(pp))
             .filter(|x| x.pid != q.pid && holds(x));
     }
+    // In a live job, by default, only on a direct tie, and never one that leads its own group
+    // or session (a job of its own, which lives).
+    if !include_keepers {
+        prop_assert!(
+            direct,
+            "keeper {} of a live job is tied to {} indirectly",
+            h.pid,
+            exited
+        );
+        prop_assert!(proc_.pgid != Some(proc_.pid) && proc_.sid != Some(proc_.pid));
+    }
     if !direct {
+        // Another user's exited pid is nobody's parent here.
+        prop_assert!(
+            last_departed
+                .and_then(|d| d.uid)
+                .is_none_or(|u| Some(u) == proc_.uid),
+            "keeper {} is tied to another user's {}",
+            h.pid,
+            exited
+        );
         prop_assert!(proc_.pgid != Some(proc_.pid) && proc_.sid != Some(proc_.pid));
         for l in s.gpus.iter().flat_map(|g| &g.processes) {
             if let Some(q) = s
@@ -1949,63 +1977,83 @@ fn arb_inheritors() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
         prop::option::of(prop::sample::select(vec![446u32, 436])),
         prop::sample::select(vec![0u64, 0, 50]),
         prop::sample::select(vec![None, Some("/system.slice/train.service")]),
+        // The earlier parent's start time: the departed 446's, another's, not read.
+        prop::sample::select(vec![Some(4460u64), Some(1), None]),
     );
     (
         prop::collection::vec(holder, 1..5),
         any::<bool>(),
         prop::option::of(prop::sample::select(vec![436u32, 446])),
         0u8..4,
+        // 446's departure as a collection saw it: not at all, this user's, another user's.
+        prop::sample::select(vec![None, Some(1000u32), Some(1001)]),
     )
-        .prop_map(|(holders, script_alive, kin_group, job_label)| {
-            let mut procs = vec![init()];
-            if script_alive {
-                procs.push(p(436, 1, 436, "bash", &[]));
-            }
-            let mut listed = vec![(446, 20)];
-            if let Some(group) = kin_group {
-                let mut kin = p(600, 1, group, "python3", &[0]);
-                kin.sid = Some(group);
-                procs.push(kin);
-                listed.push((600, 4));
-            }
-            let mut cpu = Vec::new();
-            for (i, (ppid, pgid, sid, uvm, earlier, ticks, cgroup)) in
-                holders.into_iter().enumerate()
-            {
-                let pid = 501 + i as u32;
-                let mut q = p(
-                    pid,
-                    ppid,
-                    if pgid == 0 { pid } else { pgid },
-                    "python3",
-                    &[0],
-                );
-                q.sid = Some(if sid == 0 { pid } else { sid });
-                if uvm {
-                    q.device_files =
-                        FdScan::Scanned(vec![DeviceFile::Ctl, DeviceFile::Uvm, DeviceFile::Gpu(0)]);
+        .prop_map(
+            |(holders, script_alive, kin_group, job_label, departed_uid)| {
+                let mut procs = vec![init()];
+                if script_alive {
+                    procs.push(p(436, 1, 436, "bash", &[]));
                 }
-                q.earlier_ppid = earlier;
-                q.cgroup = cgroup.map(str::to_string);
-                cpu.push((pid, ticks));
-                procs.push(q);
-            }
-            let l: Vec<(u32, u64)> = listed.iter().map(|(p, g)| (*p, g * GIB)).collect();
-            let mut s = snap(vec![gpu(0, 24 * GIB, &l)], procs);
-            if let Some(w) = s.work.as_mut() {
-                for (pid, ticks) in cpu {
-                    if let Some(sample) = w.processes.iter_mut().find(|x| x.pid == pid) {
-                        sample.cpu_ticks = ticks;
+                let mut listed = vec![(446, 20)];
+                if let Some(group) = kin_group {
+                    let mut kin = p(600, 1, group, "python3", &[0]);
+                    kin.sid = Some(group);
+                    procs.push(kin);
+                    listed.push((600, 4));
+                }
+                let mut cpu = Vec::new();
+                for (i, (ppid, pgid, sid, uvm, earlier, ticks, cgroup, earlier_start)) in
+                    holders.into_iter().enumerate()
+                {
+                    let pid = 501 + i as u32;
+                    let mut q = p(
+                        pid,
+                        ppid,
+                        if pgid == 0 { pid } else { pgid },
+                        "python3",
+                        &[0],
+                    );
+                    q.sid = Some(if sid == 0 { pid } else { sid });
+                    if uvm {
+                        q.device_files = FdScan::Scanned(vec![
+                            DeviceFile::Ctl,
+                            DeviceFile::Uvm,
+                            DeviceFile::Gpu(0),
+                        ]);
+                    }
+                    q.earlier_ppid = earlier;
+                    q.earlier_parent_start_ticks = earlier.and(earlier_start);
+                    q.cgroup = cgroup.map(str::to_string);
+                    cpu.push((pid, ticks));
+                    procs.push(q);
+                }
+                let l: Vec<(u32, u64)> = listed.iter().map(|(p, g)| (*p, g * GIB)).collect();
+                let mut s = snap(vec![gpu(0, 24 * GIB, &l)], procs);
+                if let Some(uid) = departed_uid {
+                    s.departed.push(DepartedProcess {
+                        pid: 446,
+                        comm: Some("python3".into()),
+                        cmdline: None,
+                        gone_at_ms: 1_000,
+                        start_ticks: Some(4460),
+                        uid: Some(uid),
+                    });
+                }
+                if let Some(w) = s.work.as_mut() {
+                    for (pid, ticks) in cpu {
+                        if let Some(sample) = w.processes.iter_mut().find(|x| x.pid == pid) {
+                            sample.cpu_ticks = ticks;
+                        }
                     }
                 }
-            }
-            let opts = ReclaimOptions {
-                job_label: (job_label % 2 == 1).then(|| "unit:train.service".to_string()),
-                include_keepers: job_label >= 2,
-                ..ReclaimOptions::default()
-            };
-            (s, opts)
-        })
+                let opts = ReclaimOptions {
+                    job_label: (job_label % 2 == 1).then(|| "unit:train.service".to_string()),
+                    include_keepers: job_label >= 2,
+                    ..ReclaimOptions::default()
+                };
+                (s, opts)
+            },
+        )
 }
 
 proptest! {

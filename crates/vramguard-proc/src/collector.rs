@@ -83,6 +83,8 @@ struct Known {
     last: Option<ProcessFacts>,
     /// The parent seen when the process was first read.
     first_ppid: Option<u32>,
+    /// That parent's start time, read once while it was still the parent.
+    first_parent_start: Option<u64>,
     /// Its pid in its innermost PID namespace when that is not this one (`Some(None)`: not
     /// nested), read once: a process never changes PID namespace.
     inner_pid: Option<Option<u32>>,
@@ -747,6 +749,8 @@ impl ProcCollector {
                 comm: f.comm,
                 cmdline: f.cmdline,
                 gone_at_ms: now_ms,
+                start_ticks: k.start_ticks,
+                uid: f.uid,
             });
         }
     }
@@ -1743,7 +1747,22 @@ impl ProcCollector {
         if known.first_ppid.is_none() {
             known.first_ppid = stat.ppid;
         }
+        // Which process the first parent was, read once while it still is the parent: a
+        // departed process with its pid is that parent only if it started then (pids are
+        // reused).
+        let parent_start_unread = known.first_parent_start.is_none()
+            && known.first_ppid == stat.ppid
+            && stat.ppid.is_some_and(|pp| pp > 1);
+        if parent_start_unread
+            && let Some(pp) = stat.ppid
+            && let Ok(Found::Yes(parent)) = self.fs.stat(pp)
+        {
+            let known = self.known.entry(pid).or_default();
+            known.first_parent_start = parent.start_ticks;
+        }
+        let known = self.known.entry(pid).or_default();
         let earlier_ppid = known.first_ppid.filter(|first| Some(*first) != stat.ppid);
+        let earlier_parent_start_ticks = earlier_ppid.and(known.first_parent_start);
         if let Some(identity) = identity {
             known.facts = Some(identity);
         }
@@ -1761,6 +1780,7 @@ impl ProcCollector {
             .rss_pages
             .map(|pages| pages.saturating_mul(rustix::param::page_size() as u64));
         facts.earlier_ppid = earlier_ppid;
+        facts.earlier_parent_start_ticks = earlier_parent_start_ticks;
         facts.device_files = known.devices.clone();
         facts.driver_library = known.driver_library;
         if let Some(f) = known.facts.as_mut() {
@@ -2131,6 +2151,65 @@ mod tests {
     /// The descendants of a root, two levels deep, are added once each (from the kernel's
     /// lists); the fallback for a kernel without them (every process's parent) finds the same
     /// children.
+    /// A holder whose parent died is seen re-parented with the parent an earlier collection
+    /// saw and that parent's start time, and the parent departs with the same start time and
+    /// its uid: what ties the holder to the parent's pid only while that pid is the parent's
+    /// (a pid taken by another process since has another start time).
+    #[test]
+    fn a_re_parented_holder_names_its_earlier_parent_and_when_it_started() {
+        let dev = tempfile::tempdir().unwrap();
+        for name in ["nvidia0", "nvidia-uvm", "nvidiactl"] {
+            std::fs::write(dev.path().join(name), b"").unwrap();
+        }
+        let pid_file = dev.path().join("child.pid");
+        let script = format!(
+            "(exec 3<{} 4<{}; exec sleep 60) & echo $! > {}; exec sleep 60",
+            dev.path().join("nvidia0").display(),
+            dev.path().join("nvidia-uvm").display(),
+            pid_file.display()
+        );
+        let mut parent = Reaped(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
+        let parent_pid = parent.0.id();
+        let until = Instant::now() + Duration::from_secs(10);
+        let child: u32 = loop {
+            let read = std::fs::read_to_string(&pid_file).ok();
+            if let Some(pid) = read.and_then(|t| t.trim().parse().ok())
+                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            {
+                break pid;
+            }
+            assert!(Instant::now() < until, "the holder never started");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let fs = ProcFs::open("/proc").unwrap();
+        let Found::Yes(parent_stat) = fs.stat(parent_pid).unwrap() else {
+            panic!("no parent")
+        };
+        let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+        let got = c.collect(&[], ScanDepth::Full, 1_000).unwrap();
+        let facts = got.processes.iter().find(|p| p.pid == child).unwrap();
+        assert_eq!(facts.ppid, Some(parent_pid));
+        assert_eq!(facts.earlier_ppid, None);
+        let _ = parent.0.kill();
+        let _ = parent.0.wait();
+        let until = Instant::now() + Duration::from_secs(10);
+        while matches!(fs.stat(child), Ok(Found::Yes(s)) if s.ppid == Some(parent_pid)) {
+            assert!(Instant::now() < until, "never re-parented");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let got = c.collect(&[], ScanDepth::Full, 2_000).unwrap();
+        let facts = got.processes.iter().find(|p| p.pid == child).cloned();
+        // SAFETY: kill(2) on the holder this test started (its parent is gone).
+        unsafe { libc::kill(child as i32, libc::SIGKILL) };
+        let facts = facts.unwrap();
+        assert_eq!(facts.earlier_ppid, Some(parent_pid));
+        assert_eq!(facts.earlier_parent_start_ticks, parent_stat.start_ticks);
+        let departed = got.departed.iter().find(|d| d.pid == parent_pid).unwrap();
+        assert_eq!(departed.start_ticks, parent_stat.start_ticks);
+        assert_eq!(departed.uid, Some(rustix::process::getuid().as_raw()));
+    }
+
     #[test]
     fn the_descendants_of_a_root_are_read_whole() {
         let root = Reaped(

@@ -255,6 +255,12 @@ fn gpu_check_rehearsed_on_the_simulator_tells_the_h200_truths() {
         file("c2-status.txt").contains("ghost memory: 3.0 GiB"),
         "{log}"
     );
+    // Tied by elimination only: nothing by default, freed by the command the report offers.
+    assert!(line("c2 default plan").contains(": 0 target(s)"), "{log}");
+    assert!(
+        line("c2 default plan").contains("--include keepers"),
+        "{log}"
+    );
     assert!(line("c2-reclaim says").contains("3.0 GiB freed"), "{log}");
     assert!(
         line("c3-reclaim says").contains("nothing to reclaim"),

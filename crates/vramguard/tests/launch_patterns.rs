@@ -635,9 +635,13 @@ fn forked_workers_keep_a_sigkilled_trainers_context_until_reclaimed() {
 }
 
 #[test]
-fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idle() {
+fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_asked() {
     // A batch script without job control starts the trainer (same process group), which
-    // forks two workers; the trainer is SIGKILLed and the script goes on.
+    // forks two workers; the trainer is SIGKILLed and the script goes on. Looked at only
+    // afterwards, nothing but their re-parenting ties the workers to the dead trainer (the
+    // only exited pid listed), which would fit an idle process of any live job there, even
+    // another user's: the memory is ghost and the workers are named, but they are reclaimed
+    // only by the command the report gives, which names the job and asks for keepers.
     let world = World::new(1);
     let mut trainer = holder_spec(&world, 6, 0, 0);
     trainer["forked_workers"] = json!(2);
@@ -648,14 +652,32 @@ fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idl
     let (status, targets) = look(&world);
     assert_exited_and_kept(&status, pid, &workers, 6);
     let exited = holder(&status, 0, pid);
+    let job = format!("pgid:{}", l.script.pid());
     assert_eq!(
         exited["job"]["label"],
-        json!(format!("pgid:{}", l.script.pid())),
+        json!(job),
         "the script's job lives: {exited:#}"
     );
     assert!(exited["dead_job"].is_null(), "{exited:#}");
-    assert_eq!(targets, workers.iter().copied().collect());
-    let (signalled, out) = reclaim_yes(&world);
+    assert!(targets.is_empty(), "not by default: {targets:?}");
+    let command = format!("vramguard reclaim --gpu 0 --job {job} --include keepers");
+    for w in &workers {
+        let k = holder(&status, 0, *w);
+        assert_eq!(k["keeps_alive_unconfirmed"], json!(true), "{k:#}");
+        assert_eq!(k["action"]["command"], json!(command), "{k:#}");
+    }
+    let audit = world.dir.path().join("audit.jsonl");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(command.split(' ').skip(1))
+        .args(["--yes", "--json", "--grace", "2s"])
+        .arg_path("--audit-log", &audit)
+        .json(0);
+    let signalled: BTreeSet<u32> = out["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .collect();
     assert_eq!(signalled, workers.iter().copied().collect(), "{out:#}");
     for w in &workers {
         assert!(!alive(*w), "keeper {w} survived");
@@ -665,6 +687,70 @@ fn forked_workers_of_a_trainer_killed_under_a_live_script_are_reclaimed_when_idl
         .args(["status", "--json"])
         .json(0);
     assert_eq!(status["gpus"][0]["memory"]["used"], json!(0), "{status:#}");
+}
+
+/// The same incident watched by the agent from before the kill: it saw the workers forked by
+/// the trainer, and the trainer leave with the start time it had then. That ties them to the
+/// exited pid directly, so they are its keepers to reclaim by default (`status`'s view, the
+/// planner's too) while the script runs on.
+#[test]
+fn forked_workers_seen_forked_before_the_kill_are_keepers_to_reclaim_by_default() {
+    let world = World::new(1);
+    // Keepers are told from every process's open files: a full scan each second.
+    let agent = Agent::start(
+        &world,
+        Path_::Nvml,
+        "[agent]\ninterval = \"200ms\"\nfull_scan_every = \"1s\"\n",
+    );
+    let mut trainer = holder_spec(&world, 6, 0, 0);
+    trainer["forked_workers"] = json!(2);
+    let script = format!("{}while :; do sleep 0.2; done\n", nohup(0, "train.py"));
+    let l = launch(&world, &script, vec![trainer]);
+    let (pid, workers) = l.holders[0].clone();
+    // The agent has read the workers (a full scan found their files) while their parent lived.
+    wait_until(20, "the agent to see the workers", || {
+        let status: Value = serde_json::from_str(&agent.get("/api/status").1).unwrap();
+        workers.iter().all(|w| {
+            status["gpus"][0]["holders"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|h| h["pid"] == *w && h["ppid"] == json!(pid))
+        })
+    });
+    crash_by_pid(pid);
+    let mut last = Value::Null;
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status: Value = serde_json::from_str(&agent.get("/api/status").1).unwrap();
+        let tied = workers.iter().all(|w| {
+            status["gpus"][0]["holders"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|h| h["pid"] == *w)
+                .is_some_and(|h| {
+                    h["keeps_alive"] == json!(pid)
+                        && h["keeps_alive_unconfirmed"].is_null()
+                        && h["evidence"][0]
+                            .as_str()
+                            .is_some_and(|e| e.contains("was forked by it"))
+                        && h["action"]["reclaimable"] == json!(true)
+                })
+        });
+        last = status;
+        if tied {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the workers {workers:?} were never named the keepers of {pid}: {:#}",
+            last["gpus"][0]["holders"]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(alive(l.script.pid()), "{last:#}");
+    drop(agent);
 }
 
 #[test]
