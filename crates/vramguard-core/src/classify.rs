@@ -1545,6 +1545,15 @@ impl<'a> Context<'a> {
             .filter(|t| t.tid != p.pid && !matches!(t.state, 'Z' | 'X'))
             .collect();
         let stuck: Vec<_> = threads.iter().filter(|t| t.state == 'D').collect();
+        if !exiting && p.threads.is_none() && job_alive {
+            evidence.push(format!(
+                "its main thread has exited or is exiting ({}{}), but its other threads could \
+                 not be read: taken as a live process",
+                p.state.unwrap_or('?'),
+                if leader_exiting { ", PF_EXITING" } else { "" }
+            ));
+            return None;
+        }
         if !exiting && !live.is_empty() && stuck.is_empty() && job_alive {
             evidence.push(format!(
                 "its main thread has exited ({}) while {} other thread(s) live on, not leaving: \
@@ -1663,11 +1672,39 @@ impl<'a> Context<'a> {
     fn live_parent(&self, q: &ProcessFacts) -> Option<&'a ProcessFacts> {
         let pp = q.ppid.filter(|pp| *pp > 1)?;
         let parent = self.snap.process(pp)?;
-        let adopter = parent
+        let adopter = self.is_adopter(parent);
+        (!parent.is_finished() && !adopter && !parent.is_kernel_thread()).then_some(parent)
+    }
+
+    /// Whether `q` adopts orphans on purpose (see [`crate::policy::DEFAULT_SUBREAPER_COMMS`]).
+    /// A job supervisor (`vramguard run`, tini, dumb-init, docker-init) by its name: believing
+    /// it only keeps the jobs it adopted alive. An adopter that outlives what it adopts
+    /// (`systemd`, `init`, `containerd-shim`, `conmon`) ends the walk up a job's tree, which can
+    /// make a job gone, so its name must be its program's: where the executable can be read,
+    /// its file name begins with it. A process that only took such a name
+    /// (`prctl(PR_SET_NAME)`, red team) is the ordinary parent it is, and its children's job
+    /// is its job. `vramguard` adopts only as `vramguard run`: the holders of a `vramguard
+    /// probe` are that probe's job.
+    fn is_adopter(&self, q: &ProcessFacts) -> bool {
+        let Some(name) = q
             .comm
             .as_deref()
-            .is_some_and(|c| self.policy.is_subreaper_comm(c));
-        (!parent.is_finished() && !adopter && !parent.is_kernel_thread()).then_some(parent)
+            .and_then(|c| self.policy.subreaper_name(c))
+        else {
+            return false;
+        };
+        if crate::job::job_supervisor(q).is_some() {
+            return true;
+        }
+        if name == "vramguard" {
+            return false;
+        }
+        q.exe.as_ref().is_none_or(|exe| {
+            exe.path
+                .rsplit('/')
+                .next()
+                .is_some_and(|file| file.starts_with(name))
+        })
     }
 
     /// Walks up `p`'s tree inside its process group. Stops at a process that leads its group
@@ -2271,11 +2308,7 @@ impl<'a> Context<'a> {
         let parent = match p.ppid {
             Some(1) => "it was re-parented to init (pid 1)".to_string(),
             Some(pp) => {
-                let adopted = self
-                    .snap
-                    .process(pp)
-                    .and_then(|pp| pp.comm.as_deref())
-                    .is_some_and(|c| self.policy.is_subreaper_comm(c));
+                let adopted = self.snap.process(pp).is_some_and(|q| self.is_adopter(q));
                 if adopted {
                     format!("it was re-parented to the subreaper {}", self.describe(pp))
                 } else {
@@ -2898,6 +2931,11 @@ fn unread_process_list(gpu: &GpuSample) -> Option<String> {
     }
     if let ProcessListState::Unavailable { error } = &gpu.process_list {
         return Some(format!("{} failed", error.call));
+    }
+    // Implausible records were dropped (the 535.43–535.98 record mismatch): a process that
+    // computes there may be among them, unlisted, its utilization unseen.
+    if let ProcessListState::Unreliable { reason } = &gpu.process_list {
+        return Some(format!("its process list is unreliable: {}", shown(reason)));
     }
     gpu.warnings
         .iter()

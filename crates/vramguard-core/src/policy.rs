@@ -197,10 +197,19 @@ impl Policy {
 
     /// Whether a command name is a known orphan-adopting parent.
     pub fn is_subreaper_comm(&self, comm: &str) -> bool {
-        self.subreaper_comms.iter().any(|s| {
-            comm.strip_prefix(s.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
-        })
+        self.subreaper_name(comm).is_some()
+    }
+
+    /// The orphan-adopting parent a command name names (`containerd-shim` for
+    /// `containerd-shim`, `tini` for `tini-static`), if any.
+    pub fn subreaper_name(&self, comm: &str) -> Option<&str> {
+        self.subreaper_comms
+            .iter()
+            .find(|s| {
+                comm.strip_prefix(s.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+            })
+            .map(String::as_str)
     }
 }
 

@@ -831,18 +831,23 @@ impl ProcessFacts {
 
     /// Whether the process has finished: its main thread is a zombie and no other thread of
     /// it runs on. A process whose main thread called `pthread_exit` shows `Z` in `stat`
-    /// while its other threads work: it has not finished, and its job lives with it.
+    /// while its other threads work: it has not finished, and its job lives with it. One
+    /// whose threads could not be read is not known to have finished (red team: a live
+    /// trainer read so made its child rank an orphan of a "gone" leader).
     pub fn is_finished(&self) -> bool {
-        self.state == Some('Z') && !self.thread_runs_on()
+        self.state == Some('Z') && self.threads.is_some() && !self.thread_runs_on()
     }
 
     /// Whether the whole process is exiting: its main thread is in `do_exit` and every other
     /// live thread is on its way out too. A main thread alone in `do_exit` (`pthread_exit`)
-    /// leaves a live process, whose other threads may be working.
+    /// leaves a live process, whose other threads may be working; one whose threads could not
+    /// be read is not known to be exiting.
     pub fn is_exiting(&self) -> bool {
         self.flags.is_some_and(|f| f & PF_EXITING != 0)
-            && self.threads.as_deref().unwrap_or(&[]).iter().all(|t| {
-                t.tid == self.pid || matches!(t.state, 'Z' | 'X') || t.leaving == Some(true)
+            && self.threads.as_deref().is_some_and(|threads| {
+                threads.iter().all(|t| {
+                    t.tid == self.pid || matches!(t.state, 'Z' | 'X') || t.leaving == Some(true)
+                })
             })
     }
 

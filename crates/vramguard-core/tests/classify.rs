@@ -222,10 +222,21 @@ fn a_reused_leader_pid_does_not_keep_the_job_alive() {
     assert_eq!(r.gpus[0].holders[0].class, Class::Orphan);
 }
 
+/// `p` made a pure zombie as the collector reads one: its main thread `Z`, and no other.
+fn make_pure_zombie(p: &mut ProcessFacts) {
+    p.state = Some('Z');
+    p.threads = Some(vec![ThreadFacts {
+        tid: p.pid,
+        state: 'Z',
+        wchan: None,
+        leaving: None,
+    }]);
+}
+
 #[test]
 fn a_zombie_leader_means_the_job_is_gone() {
     let mut leader = proc_(200, 50, 200, "python", &[]);
-    leader.state = Some('Z');
+    make_pure_zombie(&mut leader);
     leader.device_files = FdScan::Scanned(vec![]);
     let s = snapshot(
         vec![gpu(0, 4 * GIB, &[(201, Some(4 * GIB))])],
@@ -2489,7 +2500,7 @@ fn a_vramguard_run_cgroup_counts_only_with_its_own_live_supervisor() {
                 s.cmdline = Some(vec!["bash".into()]);
             }),
         ),
-        ("a zombie", case(&|s| s.state = Some('Z'))),
+        ("a zombie", case(&|s| make_pure_zombie(s))),
     ] {
         assert_eq!(h.class, Class::Orphan, "{what}: {h:#?}");
         assert_eq!(h.job.as_ref().unwrap().label, "pgid:46", "{what}");
@@ -2519,15 +2530,22 @@ fn a_run_in_its_own_pid_namespace_is_found_through_nspid() {
 #[test]
 fn only_supervisors_that_end_with_their_job_keep_what_they_adopted() {
     // Adopter 60 with this command; holder 61 re-parented to it, its group leader (62) gone.
-    let case = |comm: &str, cmdline: &[&str]| {
+    let with_exe = |comm: &str, cmdline: &[&str], exe: Option<&str>| {
         let mut adopter = proc_(60, 1, 60, comm, &[]);
         adopter.cmdline = Some(cmdline.iter().map(|s| s.to_string()).collect());
+        adopter.exe = exe.map(|path| ExeFacts {
+            path: path.into(),
+            deleted: false,
+            owner_uid: 0,
+            mode: 0o755,
+        });
         let s = snapshot(
             vec![gpu(0, 2 * GIB, &[(61, Some(2 * GIB))])],
             vec![init(), adopter, proc_(61, 60, 62, "python3", &[0])],
         );
         holder_of(&s, 61)
     };
+    let case = |comm: &str, cmdline: &[&str]| with_exe(comm, cmdline, None);
     for (comm, label) in [
         ("tini", "tini:60"),
         ("tini-static", "tini:60"),
@@ -2545,22 +2563,52 @@ fn only_supervisors_that_end_with_their_job_keep_what_they_adopted() {
             "{ev}"
         );
     }
-    // Adopters that outlive the jobs they adopt from keep nothing (deliberately), and a
-    // vramguard that is not `run` is no supervisor.
-    for (comm, cmdline) in [
-        ("systemd", &["/lib/systemd/systemd", "--user"][..]),
-        ("containerd-shim", &["containerd-shim-runc-v2"][..]),
-        ("conmon", &["conmon"][..]),
-        ("vramguard", &["vramguard", "agent"][..]),
-        ("vramguard", &["vramguard", "sim", "--", "run"][..]),
+    // Adopters that outlive the jobs they adopt from keep nothing (deliberately), also when
+    // their executable is read and is theirs.
+    for (comm, cmdline, exe) in [
+        (
+            "systemd",
+            &["/lib/systemd/systemd", "--user"][..],
+            Some("/usr/lib/systemd/systemd"),
+        ),
+        ("systemd", &["/lib/systemd/systemd", "--user"][..], None),
+        (
+            "containerd-shim",
+            &["containerd-shim-runc-v2"][..],
+            Some("/usr/bin/containerd-shim-runc-v2"),
+        ),
+        ("conmon", &["conmon"][..], Some("/usr/bin/conmon")),
     ] {
-        let h = case(comm, cmdline);
+        let h = with_exe(comm, cmdline, exe);
         assert_eq!(h.class, Class::Orphan, "{comm} {cmdline:?}: {h:#?}");
         let ev = h.evidence.join("\n");
         assert!(
             ev.contains(&format!("re-parented to the subreaper 60 ({comm})")),
             "{ev}"
         );
+    }
+    // A process that only took an adopter's name (red team: `prctl(PR_SET_NAME)`, its
+    // executable another program), and a vramguard that is not `run` (a `vramguard probe`'s
+    // holders are its job): ordinary live parents, whose job the holder's is.
+    for (comm, cmdline, exe) in [
+        (
+            "systemd",
+            &["python3", "serve.py"][..],
+            Some("/usr/bin/python3.12"),
+        ),
+        (
+            "init",
+            &["python3", "init.py"][..],
+            Some("/usr/bin/python3.12"),
+        ),
+        ("vramguard", &["vramguard", "agent"][..], None),
+        ("vramguard", &["vramguard", "probe", "release"][..], None),
+        ("vramguard", &["vramguard", "sim", "--", "run"][..], None),
+    ] {
+        let h = with_exe(comm, cmdline, exe);
+        assert_eq!(h.class, Class::Active, "{comm} {cmdline:?}: {h:#?}");
+        let ev = h.evidence.join("\n");
+        assert!(ev.contains("parent 60"), "{comm} {cmdline:?}: {ev}");
     }
 }
 
@@ -2814,6 +2862,9 @@ fn a_weak_keeper_tie_is_undone_only_by_live_listed_kin_in_its_group_or_session()
         let mut listed = proc_(700, 1, group, "python3", &[1]);
         listed.sid = Some(session);
         listed.state = Some(state);
+        if state == 'Z' {
+            make_pure_zombie(&mut listed);
+        }
         s.processes.push(listed);
         s.normalize();
         s.work = Some(WorkWindow::all_idle(&s, 2000));
@@ -3323,7 +3374,7 @@ fn vramguard_itself_is_not_weighed_as_its_ancestors_work() {
 fn a_leader_pid_reused_outside_the_group_or_a_zombie_leader_leaves_the_job_gone() {
     let zombie = |pgid: u32| {
         let mut z = proc_(200, 1, pgid, "python", &[]);
-        z.state = Some('Z');
+        make_pure_zombie(&mut z);
         z
     };
     // The third: a zombie, but of another group (the pid was reused, then that one died).
@@ -3349,6 +3400,9 @@ fn a_dead_or_self_supervisor_keeps_no_adopted_tree_alive() {
         let mut s = orphan_with_sibling(2000);
         let mut sup = proc_(pid, 1, pid, comm, &[]);
         sup.state = Some(state);
+        if state == 'Z' {
+            make_pure_zombie(&mut sup);
+        }
         sup.cmdline = Some(if comm == "tini" {
             vec!["tini".into(), "--".into(), "python3".into()]
         } else {
@@ -3835,4 +3889,106 @@ fn an_exited_host_pid_is_not_charged_to_a_container_process_listed_by_its_own_pi
     let mapped = r.gpus[0].holders.iter().find(|h| h.pid == 5000).unwrap();
     assert_eq!(mapped.reported_pid, Some(700), "{mapped:#?}");
     assert_eq!(mapped.class, Class::Active);
+}
+
+fn default_targets(s: &Snapshot) -> Vec<u32> {
+    let r = classify(s, &Policy::default());
+    vramguard_core::plan::plan_reclaim(s, &r, &Default::default())
+        .targets()
+        .map(|t| t.pid)
+        .collect()
+}
+
+/// Red team: on a GPU whose process list is unreliable (the 535.43–535.98 record mismatch:
+/// implausible records dropped), a process that computes there may be among the dropped,
+/// unlisted, its utilization unseen. Its work is unknown: no target, whether its job is gone
+/// or lives beside an exited-looking pid.
+#[test]
+fn a_holder_of_a_gpu_whose_process_list_is_unreliable_has_unknown_work() {
+    let unreliable = |s: &mut Snapshot| {
+        s.gpus[0].process_list = ProcessListState::Unreliable {
+            reason: "implausible records dropped".into(),
+        };
+    };
+    // nohup'd by a script that exited: its job is gone, its CPU idle.
+    let mut gone = snapshot(
+        vec![gpu(0, 30 * GIB, &[])],
+        vec![init(), proc_(576, 1, 436, "python3", &[0])],
+    );
+    assert_eq!(
+        default_targets(&gone),
+        vec![576],
+        "read whole, it is a target"
+    );
+    unreliable(&mut gone);
+    let h = holder_of(&gone, 576);
+    assert!(
+        matches!(&h.work, vramguard_core::report::Work::Unknown { why } if why.contains("unreliable")),
+        "{h:#?}"
+    );
+    assert!(default_targets(&gone).is_empty());
+    // In a live group, a pid that looks exited listed beside it.
+    let mut live = snapshot(
+        vec![gpu(0, 30 * GIB, &[(446, Some(GIB))])],
+        vec![
+            init(),
+            proc_(436, 1, 436, "bash", &[]),
+            proc_(576, 1, 436, "python3", &[0]),
+        ],
+    );
+    unreliable(&mut live);
+    let opts = vramguard_core::plan::ReclaimOptions {
+        include_keepers: true,
+        ..Default::default()
+    };
+    let r = classify(&live, &Policy::default());
+    assert!(
+        vramguard_core::plan::plan_reclaim(&live, &r, &opts).is_empty(),
+        "not even with --include keepers"
+    );
+}
+
+/// Red team: a trainer whose main thread called `pthread_exit` (`Z`, `PF_EXITING`) while its
+/// other threads compute, read without its threads (`task` denied or raced), is not known to
+/// have finished: it is no zombie to kill, and its idle child rank is of its live job, not an
+/// orphan of a "gone" leader.
+#[test]
+fn a_leader_whose_threads_were_not_read_is_not_known_to_have_finished() {
+    let mut trainer = proc_(300, 200, 300, "python3", &[0]);
+    trainer.state = Some('Z');
+    trainer.flags = Some(0x400000 | PF_EXITING);
+    trainer.threads = None;
+    let s = snapshot(
+        vec![gpu(
+            0,
+            30 * GIB,
+            &[(300, Some(20 * GIB)), (301, Some(10 * GIB))],
+        )],
+        vec![
+            init(),
+            proc_(200, 1, 200, "bash", &[]),
+            trainer,
+            proc_(301, 300, 300, "python3", &[0]),
+        ],
+    );
+    let child = holder_of(&s, 301);
+    assert_eq!(child.class, Class::Active, "{child:#?}");
+    assert!(child.dead_job.is_none());
+    let t = holder_of(&s, 300);
+    assert_ne!(t.class, Class::Zombie, "{t:#?}");
+    assert!(
+        t.evidence
+            .iter()
+            .any(|e| e.contains("its other threads could not be read")),
+        "{:?}",
+        t.evidence
+    );
+    let opts = vramguard_core::plan::ReclaimOptions {
+        include: [Class::Orphan, Class::Hidden, Class::Zombie]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    let r = classify(&s, &Policy::default());
+    assert!(vramguard_core::plan::plan_reclaim(&s, &r, &opts).is_empty());
 }

@@ -1420,6 +1420,13 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, ReclaimOptions)> {
                         });
                         // About one GPU in ten whose compute list failed: who computes there,
                         // and how much, is unknown.
+                        // And one in ten whose list was unreliable (records dropped): a
+                        // process computing there may be unlisted.
+                        if used[i as usize] % 10 == 8 {
+                            g.process_list = ProcessListState::Unreliable {
+                                reason: "implausible records dropped".into(),
+                            };
+                        }
                         if used[i as usize] % 10 == 9 {
                             g.processes.clear();
                             g.utilization = None;
@@ -1629,14 +1636,19 @@ proptest! {
                     }
                 }
             }
-            // Nobody holding the device file of a GPU whose process list failed: whether it
-            // computes there is unknown (its own exit or a detached holder asked for by name
+            // Nobody holding the device file of a GPU whose process list failed or was
+            // unreliable: whether it computes there is unknown (its own exit or a detached holder asked for by name
             // aside, as for every work rule).
             if !matches!(t.class, Class::Zombie | Class::Detached) {
                 let unread: Vec<u32> = s
                     .gpus
                     .iter()
-                    .filter(|g| matches!(g.process_list, ProcessListState::Unavailable { .. }))
+                    .filter(|g| {
+                        matches!(
+                            g.process_list,
+                            ProcessListState::Unavailable { .. } | ProcessListState::Unreliable { .. }
+                        )
+                    })
                     .map(|g| g.minor_number.unwrap_or(g.index))
                     .collect();
                 prop_assert!(
@@ -1672,6 +1684,12 @@ proptest! {
                 prop_assert!(
                     exiting || h.dead_job.is_some() || !threads_live_on,
                     "zombie target {} lives on in a live job", t.pid
+                );
+                // Nor is one whose threads were not read, in a live job: whether they work on
+                // is unknown.
+                prop_assert!(
+                    proc_.threads.is_some() || h.dead_job.is_some(),
+                    "zombie target {} of a live job had its threads unread", t.pid
                 );
             }
             // Nor is an NVML client on its way out (its exit closes its files).

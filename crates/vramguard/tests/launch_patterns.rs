@@ -192,6 +192,42 @@ fn nohup_from_a_script_busy_is_detached_and_idle_is_orphan() {
     assert!(stderr(&bad).contains("10m"), "{}", stderr(&bad));
 }
 
+/// Red team: a parent that only took an adopter's name (`printf systemd > /proc/self/comm`,
+/// its executable bash) is no adopter. Its holder child's job is gone (the script that led
+/// the group exited), but the parent, busy, is of that job's tree: the child is `detached`
+/// and no target. Taken for an adopter, the walk stopped at the child, and the child, idle
+/// itself, was an orphan and a target.
+#[test]
+fn a_parent_that_took_an_adopters_name_keeps_its_childs_job_whole() {
+    let world = World::new(1);
+    let script = "bash -c 'printf systemd > /proc/$$/comm\n\
+                  VRAMGUARD_HOLDER=\"$H0\" bash -c '\\''exec -a python3 \"$VG\" train.py'\\'' &\n\
+                  while :; do :; done' &\nexit 0\n";
+    let mut l = launch(&world, script, vec![holder_spec(&world, 4, 0, 0)]);
+    l.script_exits();
+    let child = l.pid(0);
+    let parent = std::fs::read_to_string(format!("/proc/{child}/stat"))
+        .ok()
+        .and_then(|s| {
+            let after = s.rsplit_once(')')?.1.to_string();
+            after.split_whitespace().nth(1)?.parse::<u32>().ok()
+        })
+        .expect("the holder's parent");
+    let mut cleanup = Spawned::default();
+    cleanup.track(parent);
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{parent}/comm"))
+            .unwrap()
+            .trim(),
+        "systemd"
+    );
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, child);
+    assert_eq!(h["class"], "detached", "{h:#}");
+    assert_eq!(h["work"]["state"], "working", "{h:#}");
+    assert!(targets.is_empty(), "{targets:?}");
+}
+
 #[test]
 fn a_server_started_with_ampersand_in_start_sh_that_uses_cpu_is_detached() {
     let world = World::new(1);
@@ -719,7 +755,7 @@ fn forked_workers_seen_forked_before_the_kill_are_keepers_to_reclaim_by_default(
         })
     });
     crash_by_pid(pid);
-    let mut last = Value::Null;
+    let mut last;
     let until = Instant::now() + Duration::from_secs(20);
     loop {
         let status: Value = serde_json::from_str(&agent.get("/api/status").1).unwrap();
