@@ -164,6 +164,7 @@ pub fn work_watch_list(
             let tree = ctx.tree();
             if let Some(top) = tree.tops.get(&h.pid) {
                 pids.extend(tree.members.get(top).into_iter().flatten().copied());
+                pids.extend(ctx.dead_group_members(*top));
             }
         }
         pids.extend(ctx.descendants(h.pid));
@@ -205,6 +206,14 @@ pub fn work_roots(
             && let Some(top) = ctx.tree().tops.get(&h.pid)
         {
             roots.insert(*top);
+            // The rest of its dead process group, each member's descendants read too (the
+            // collector also reads the members a collection left out).
+            let tops = ctx.tree();
+            for m in ctx.dead_group_members(*top) {
+                if tops.members.contains_key(&m) {
+                    roots.insert(m);
+                }
+            }
         }
     }
     roots.retain(|p| *p != snapshot.host.self_pid);
@@ -2167,6 +2176,51 @@ impl<'a> Context<'a> {
     }
 
     /// Every process's tree top, and the processes under each top.
+    /// The rest of `top`'s dead process group whose work counts for `top`'s tree: the trees of
+    /// other members of that group whose own walk proved nothing alive, with their
+    /// descendants, but none that holds a GPU file. A killed script's data server and
+    /// trainer, each re-parented on its own, are one job, and the server's work counts for the
+    /// trainer (red team: the idle trainer was an orphan while the data server it waited on
+    /// worked). Another GPU holder's work counts for itself alone: a rank idle beside working
+    /// ranks of a dead torchrun agent is still an orphan.
+    fn dead_group_members(&self, top: u32) -> Vec<u32> {
+        let Some(group) = self
+            .snap
+            .process(top)
+            .and_then(|t| t.pgid)
+            .filter(|g| *g > 0)
+        else {
+            return Vec::new();
+        };
+        let tree = self.tree();
+        let mut tops = BTreeSet::new();
+        for q in &self.snap.processes {
+            if q.pgid != Some(group) || q.pid == self.snap.host.self_pid || q.is_kernel_thread() {
+                continue;
+            }
+            let (its_top, alive) = self.group_walk(q);
+            if alive.is_none() && its_top.pid != top && its_top.pgid == Some(group) {
+                tops.insert(its_top.pid);
+            }
+        }
+        let mut out = Vec::new();
+        for t in tops {
+            for m in tree.members.get(&t).into_iter().flatten() {
+                out.push(*m);
+                out.extend(self.descendants(*m));
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out.retain(|q| {
+            *q != self.snap.host.self_pid
+                && self.snap.process(*q).is_some_and(|q| {
+                    !q.is_kernel_thread() && q.device_files.gpu_minors().next().is_none()
+                })
+        });
+        out
+    }
+
     fn tree(&self) -> &Tree {
         self.tree.get_or_init(|| {
             let mut tree = Tree::default();
@@ -2246,6 +2300,13 @@ impl<'a> Context<'a> {
             .copied()
             .filter(|q| *q != p.pid)
             .collect();
+        if let Some(t) = top {
+            for q in self.dead_group_members(t) {
+                if q != p.pid && !others.contains(&q) {
+                    others.push(q);
+                }
+            }
+        }
         for d in self.descendants(p.pid) {
             let weighed = self
                 .snap

@@ -3992,3 +3992,51 @@ fn a_leader_whose_threads_were_not_read_is_not_known_to_have_finished() {
     let r = classify(&s, &Policy::default());
     assert!(vramguard_core::plan::plan_reclaim(&s, &r, &opts).is_empty());
 }
+
+/// Red team: a killed script's data server and trainer, each re-parented to init on its own,
+/// are one job (their process group's, whose leader is gone): the trainer, idle while it
+/// waits on the busy data server, is `detached`, not an orphan. With the data server idle too,
+/// both are the dead job's idle orphans.
+#[test]
+fn a_dead_groups_members_under_other_tree_tops_count_for_its_work() {
+    let server = proc_(310, 1, 200, "python3", &[]);
+    let trainer = proc_(320, 1, 200, "python3", &[0]);
+    let mut s = snapshot(
+        vec![gpu(0, 10 * GIB, &[(320, Some(10 * GIB))])],
+        vec![init(), server, trainer],
+    );
+    let idle = holder_of(&s, 320);
+    assert_eq!(idle.class, Class::Orphan, "{idle:#?}");
+    assert_eq!(default_targets(&s), vec![320]);
+    let r = classify(&s, &Policy::default());
+    assert!(
+        vramguard_core::classify::work_watch_list(&s, &Policy::default(), &r, WatchFor::Reclaim)
+            .contains(&310),
+        "the other member is watched"
+    );
+    let w = s.work.as_mut().unwrap();
+    let i = w.processes.iter().position(|p| p.pid == 310).unwrap();
+    w.processes[i].cpu_ticks = 150;
+    let h = holder_of(&s, 320);
+    assert_eq!(h.class, Class::Detached, "{h:#?}");
+    assert!(
+        h.evidence
+            .iter()
+            .any(|e| e.contains("310 (python3) of its job")),
+        "{:?}",
+        h.evidence
+    );
+    assert!(default_targets(&s).is_empty());
+    // A member whose own walk finds a live parent belongs to that parent's job, not this one.
+    let mut adopted = s.clone();
+    adopted.processes.push(proc_(400, 1, 400, "bash", &[]));
+    adopted
+        .processes
+        .iter_mut()
+        .find(|p| p.pid == 310)
+        .unwrap()
+        .ppid = Some(400);
+    adopted.normalize();
+    let h = holder_of(&adopted, 320);
+    assert_eq!(h.class, Class::Orphan, "{h:#?}");
+}

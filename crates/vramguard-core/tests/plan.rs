@@ -1621,6 +1621,27 @@ proptest! {
                     "target {} has descendants that were not all read", t.pid
                 );
                 prop_assert!(!gpu_busy(t.pid), "target {} used its GPU in the window", t.pid);
+                // Nor one of a dead process group with a member re-parented to init that
+                // works and holds no GPU file (a data server): that member is of the same
+                // dead job. (Another holder's work counts for itself: the torchrun rule.)
+                let h = report.gpus.iter().flat_map(|g| &g.holders).find(|h| h.pid == t.pid).unwrap();
+                if h.dead_job.is_some()
+                    && h.job.as_ref().is_some_and(|j| j.label.starts_with("pgid:"))
+                {
+                    for q in s.processes.iter().filter(|q| {
+                        q.pgid == proc_.pgid
+                            && q.ppid == Some(1)
+                            && q.device_files.gpu_minors().next().is_none()
+                            && q.pid != t.pid
+                            && q.pid != s.host.self_pid
+                            && !q.is_kernel_thread()
+                    }) {
+                        prop_assert!(
+                            !cpu_busy(q.pid),
+                            "target {} is of a dead group whose member {} works", t.pid, q.pid
+                        );
+                    }
+                }
                 for q in s.processes.iter().filter(|q| !q.is_kernel_thread() && q.pid != s.host.self_pid) {
                     let mut cur = q.ppid;
                     for _ in 0..64 {
@@ -2314,6 +2335,66 @@ proptest! {
         let shallow = support::listed_only_view(&full);
         if let Err(e) = support::listed_answer_agrees(&full, &shallow) {
             prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+/// A dead process group (its leader, 200, gone) whose members were re-parented each on their
+/// own or stayed under another member: GPU holders and helpers (no GPU file), busy or idle.
+fn arb_dead_group() -> impl Strategy<Value = Snapshot> {
+    let member = (
+        any::<bool>(),                           // holds GPU 0
+        prop::sample::select(vec![0u32, 1, 2]),  // parent: init, or an earlier member
+        prop::sample::select(vec![0u64, 0, 50]), // CPU ticks over the window
+    );
+    prop::collection::vec(member, 1..6).prop_map(|members| {
+        let mut procs = vec![init()];
+        let mut listed = Vec::new();
+        let mut cpu = Vec::new();
+        for (i, (holds, parent, ticks)) in members.into_iter().enumerate() {
+            let pid = 301 + i as u32;
+            let ppid = match parent {
+                0 => 1,
+                n => 301 + (i as u32).saturating_sub(n).min(i as u32),
+            };
+            let ppid = if ppid == pid { 1 } else { ppid };
+            let q = p(pid, ppid, 200, "python3", if holds { &[0] } else { &[] });
+            if holds {
+                listed.push((pid, GIB));
+            }
+            cpu.push((pid, ticks));
+            procs.push(q);
+        }
+        let mut s = snap(vec![gpu(0, 8 * GIB, &listed)], procs);
+        if let Some(w) = s.work.as_mut() {
+            for (pid, ticks) in cpu {
+                if let Some(sample) = w.processes.iter_mut().find(|x| x.pid == pid) {
+                    sample.cpu_ticks = ticks;
+                }
+            }
+        }
+        s
+    })
+}
+
+proptest! {
+    /// No holder of a dead process group is a target while a member of that group that holds
+    /// no GPU file, re-parented to init, works: it is the same job (a data server feeding the
+    /// trainer). A working GPU holder elsewhere in the group protects only its own tree (the
+    /// torchrun rule), so it is not asserted here.
+    #[test]
+    fn a_working_helper_of_a_dead_group_protects_its_holders(s in arb_dead_group()) {
+        let report = classify(&s, &Policy::default());
+        let plan = plan_reclaim(&s, &report, &ReclaimOptions::default());
+        let helper_works = s.processes.iter().any(|q| {
+            q.pgid == Some(200)
+                && q.ppid == Some(1)
+                && q.device_files.gpu_minors().next().is_none()
+                && s.work_of(q.pid, q.start_ticks).is_some_and(|w| w.cpu_ticks >= 10)
+        });
+        if helper_works {
+            let targets: Vec<u32> = plan.targets().map(|t| t.pid).collect();
+            prop_assert!(targets.is_empty(), "targets {:?} beside a working helper", targets);
         }
     }
 }

@@ -17,10 +17,10 @@ use crate::devices::DeviceTable;
 use crate::parse::{Stat, Status, StatusMemory};
 use crate::procfs::{Found, MAX_THREADS_LOOKED_AT, PidLister, ProcError, ProcFs};
 use rustix::fd::OwnedFd;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vramguard_core::host::{HostMemoryFacts, ProcessHostMemory, ShmDirFacts};
 use vramguard_core::job::{JobKind, cgroup_job};
 use vramguard_core::snapshot::{
@@ -187,7 +187,15 @@ pub struct ProcCollector {
     /// Processes whose address space went unread (a read given up, or not tried while an
     /// earlier one is blocked): read again once nothing of theirs is blocked.
     address_space_unread: BTreeSet<u32>,
+    /// The members of dead process groups, by group, from a pass over every process, with
+    /// when it was made: reused for [`GROUP_MEMBERS_REUSE`] (the agent asks at every sample
+    /// while a dead job's verdict rests on work).
+    group_members: HashMap<u32, (Instant, Vec<u32>)>,
 }
+
+/// How long one pass over every process for a dead group's members is reused. A member forked
+/// since by another is found among that one's descendants.
+pub const GROUP_MEMBERS_REUSE: Duration = Duration::from_secs(30);
 
 /// What the first read of a process takes from `/proc`: its `stat` (kept open for later
 /// re-reads) and the files its identity comes from. After a full scan that finds hundreds of
@@ -323,6 +331,7 @@ impl ProcCollector {
             address_space_deadline: crate::address_space::READ_DEADLINE,
             descendants_budget: MAX_DESCENDANTS_READ,
             address_space_unread: BTreeSet::new(),
+            group_members: HashMap::new(),
         };
         c.pidfds_usable = c.fs.is_own_namespace();
         c.refresh_host();
@@ -1403,6 +1412,37 @@ impl ProcCollector {
         let mut by_parent: Option<HashMap<u32, Vec<u32>>> = None;
         let mut out = Descendants::default();
         let mut roots: Vec<u32> = roots.to_vec();
+        // The rest of each root's process group when its leader is gone: members re-parented
+        // each on its own are of the same dead job, and their work (and their descendants')
+        // counts for it.
+        let mut dead_groups: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for root in &roots {
+            if let Some(group) = processes
+                .iter()
+                .find(|p| p.pid == *root)
+                .and_then(|p| p.pgid)
+                .filter(|g| *g > 1)
+                && !self.leads_its_group(group)?
+            {
+                dead_groups.entry(group).or_default().push(*root);
+            }
+        }
+        for (group, group_roots) in dead_groups {
+            let Some(members) = self.dead_group(group)? else {
+                out.unread_roots.extend(group_roots);
+                continue;
+            };
+            for pid in members {
+                if have.insert(pid)
+                    && let Some(facts) = self.facts_for_work(pid)?
+                    && facts.pgid == Some(group)
+                {
+                    processes.push(facts);
+                    out.added += 1;
+                }
+                roots.push(pid);
+            }
+        }
         roots.sort_unstable();
         roots.dedup();
         for root in roots {
@@ -1440,19 +1480,9 @@ impl ProcCollector {
                         break 'walk;
                     }
                     if have.insert(child) {
-                        let was_interesting = self.known.get(&child).is_some_and(|k| k.interesting);
-                        let Some(facts) = self.facts(child, false)? else {
+                        let Some(facts) = self.facts_for_work(child)? else {
                             continue;
                         };
-                        // Read for its work only: its exit is not remembered among the
-                        // departed (a job churning short children would push out the holders
-                        // that matter there).
-                        if !was_interesting
-                            && facts.device_files.holds_any() != Some(true)
-                            && let Some(k) = self.known.get_mut(&child)
-                        {
-                            k.interesting = false;
-                        }
                         processes.push(facts);
                         out.added += 1;
                     }
@@ -1464,6 +1494,57 @@ impl ProcCollector {
             }
         }
         Ok(out)
+    }
+
+    /// The facts of a process read for its work only: its exit is not remembered among the
+    /// departed (a job churning short children would push out the holders that matter
+    /// there), unless it mattered already or holds a device file.
+    fn facts_for_work(&mut self, pid: u32) -> Result<Option<ProcessFacts>, ProcError> {
+        let was_interesting = self.known.get(&pid).is_some_and(|k| k.interesting);
+        let Some(facts) = self.facts(pid, false)? else {
+            return Ok(None);
+        };
+        if !was_interesting
+            && facts.device_files.holds_any() != Some(true)
+            && let Some(k) = self.known.get_mut(&pid)
+        {
+            k.interesting = false;
+        }
+        Ok(Some(facts))
+    }
+
+    /// Whether process group `group` has its leader: a live process with that pid leading it.
+    fn leads_its_group(&self, group: u32) -> Result<bool, ProcError> {
+        Ok(match self.fs.stat(group)? {
+            Found::Yes(stat) => stat.pgid == Some(group) && !matches!(stat.state, Some('Z' | 'X')),
+            // Denied: not known to be gone.
+            Found::Denied => true,
+            Found::Gone => false,
+        })
+    }
+
+    /// The processes of the leaderless group `group`, from a pass over every process (reused
+    /// for [`GROUP_MEMBERS_REUSE`]); `None` when there are more than
+    /// [`MAX_DESCENDANTS_READ`] of them (the job is not read whole).
+    fn dead_group(&mut self, group: u32) -> Result<Option<Vec<u32>>, ProcError> {
+        if let Some((at, members)) = self.group_members.get(&group)
+            && at.elapsed() < GROUP_MEMBERS_REUSE
+        {
+            return Ok((members.len() <= MAX_DESCENDANTS_READ).then(|| members.clone()));
+        }
+        let mut members = Vec::new();
+        for pid in self.lister.list()? {
+            if let Found::Yes(stat) = self.fs.stat(pid)?
+                && stat.pgid == Some(group)
+            {
+                members.push(pid);
+            }
+        }
+        self.group_members
+            .retain(|_, (at, _)| at.elapsed() < GROUP_MEMBERS_REUSE);
+        self.group_members
+            .insert(group, (Instant::now(), members.clone()));
+        Ok((members.len() <= MAX_DESCENDANTS_READ).then_some(members))
     }
 
     /// Every process's children, from its parent in `stat`: where the kernel keeps no
@@ -2151,6 +2232,57 @@ mod tests {
     /// The descendants of a root, two levels deep, are added once each (from the kernel's
     /// lists); the fallback for a kernel without them (every process's parent) finds the same
     /// children.
+    /// The members of a process group whose leader is gone are read with a root of it: each
+    /// re-parented on its own, they are the same dead job.
+    #[test]
+    fn the_members_of_a_roots_leaderless_group_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        let mut leader = Command::new("sh");
+        leader.arg("-c").arg(format!(
+            "sleep 60 & echo $! > {p}; sleep 60 & echo $! >> {p}; exit 0",
+            p = pids.display()
+        ));
+        std::os::unix::process::CommandExt::process_group(&mut leader, 0);
+        let mut leader = Reaped(leader.spawn().unwrap());
+        let _ = leader.0.wait();
+        let members: Vec<u32> = std::fs::read_to_string(&pids)
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        assert_eq!(members.len(), 2);
+        let kill = || {
+            for m in &members {
+                // SAFETY: kill(2) on the sleeps this test started.
+                unsafe { libc::kill(*m as i32, libc::SIGKILL) };
+            }
+        };
+        let fs = ProcFs::open("/proc").unwrap();
+        let mut c = ProcCollector::new("/proc", dir.path()).unwrap();
+        let mut processes = Vec::new();
+        let Found::Yes(first) = fs.stat(members[0]).unwrap() else {
+            kill();
+            panic!("no member");
+        };
+        let mut facts = ProcessFacts {
+            pid: members[0],
+            pgid: first.pgid,
+            ..Default::default()
+        };
+        facts.ppid = first.ppid;
+        processes.push(facts);
+        let read = c.add_descendants(&mut processes, &[members[0]]);
+        kill();
+        let read = read.unwrap();
+        assert!(read.unread_roots.is_empty(), "{read:?}");
+        assert!(
+            processes.iter().any(|p| p.pid == members[1]),
+            "the other member: {:?}",
+            processes.iter().map(|p| p.pid).collect::<Vec<_>>()
+        );
+    }
+
     /// A holder whose parent died is seen re-parented with the parent an earlier collection
     /// saw and that parent's start time, and the parent departs with the same start time and
     /// its uid: what ties the holder to the parent's pid only while that pid is the parent's

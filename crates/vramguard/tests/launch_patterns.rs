@@ -228,6 +228,40 @@ fn a_parent_that_took_an_adopters_name_keeps_its_childs_job_whole() {
     assert!(targets.is_empty(), "{targets:?}");
 }
 
+/// Red team: a script started a data server and a trainer in the background and was killed;
+/// each was re-parented to init on its own. They are one job (the script's process group):
+/// the trainer, idle while the busy server works, is `detached`, no target. Counted by its
+/// own tree alone, it was an orphan and a target.
+#[test]
+fn a_dead_groups_working_member_elsewhere_keeps_its_idle_holder_out_of_the_plan() {
+    let world = World::new(1);
+    let server_pid = world.dir.path().join("server.pid");
+    let script = format!(
+        "bash -c 'while :; do :; done' &\necho $! > {}\n{}exit 0\n",
+        server_pid.display(),
+        nohup(0, "train.py")
+    );
+    let mut l = launch(&world, &script, vec![holder_spec(&world, 4, 0, 0)]);
+    l.script_exits();
+    let server: u32 = std::fs::read_to_string(&server_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut cleanup = Spawned::default();
+    cleanup.track(server);
+    let (status, targets) = look(&world);
+    let h = holder(&status, 0, l.pid(0));
+    assert_eq!(h["class"], "detached", "{h:#}");
+    assert!(
+        h["evidence"]
+            .to_string()
+            .contains(&format!("{server} (bash) of its job")),
+        "{h:#}"
+    );
+    assert!(targets.is_empty(), "{targets:?}");
+}
+
 #[test]
 fn a_server_started_with_ampersand_in_start_sh_that_uses_cpu_is_detached() {
     let world = World::new(1);
