@@ -927,9 +927,14 @@ impl<'a> Context<'a> {
         let kept = tie.filter(|t| self.tie_is_sound(p, t));
         match (tie, kept.and_then(|t| t.exited)) {
             (Some(t), Some(exited)) => evidence.push(format!(
-                "keeps alive the context of exited pid {exited}: it holds /dev/nvidia{minor} it \
+                "{} the context of exited pid {exited}: it holds /dev/nvidia{minor} it \
                  inherited, and {}; CUDA does not support fork(), so no process can use that \
                  context",
+                if t.strong {
+                    "keeps alive"
+                } else {
+                    "may keep alive (a tie not confirmed)"
+                },
                 t.why
             )),
             (Some(t), None) => evidence.push(format!(
@@ -963,7 +968,10 @@ impl<'a> Context<'a> {
         }
         let action = match keeps {
             Some(exited) if !job_gone && never.is_none() => {
-                keeper_action(gpu.index, p.pid, exited, &job.info, inheritor, work)
+                let confirmed = kept.is_some_and(|t| t.strong);
+                keeper_action(
+                    gpu.index, p.pid, exited, &job.info, inheritor, confirmed, work,
+                )
             }
             _ => hidden_action(gpu.index, job_gone, never, work),
         };
@@ -1070,11 +1078,6 @@ impl<'a> Context<'a> {
                     }
                 })
                 .collect();
-            let unconfirmed_parent: Vec<u32> = exited
-                .iter()
-                .copied()
-                .filter(|&e| forked_by(e) == Some(ParentMatch::Unconfirmed))
-                .collect();
             // Another user's exited pid: a child inherits its parent's uid.
             let other_users = |e: u32| {
                 self.departed_listed(e)
@@ -1082,6 +1085,15 @@ impl<'a> Context<'a> {
                     .zip(p.uid)
                     .is_some_and(|(a, b)| a != b)
             };
+            let unconfirmed_parent: Vec<u32> = exited
+                .iter()
+                .copied()
+                .filter(|&e| forked_by(e) == Some(ParentMatch::Unconfirmed))
+                .filter(|e| !other_users(*e) && !strong_only.contains(e))
+                .collect();
+            // Seen forked by an earlier process with that pid: not by the exited one, whose
+            // context it then cannot have inherited.
+            let forked_by_another = |e: u32| forked_by(e) == Some(ParentMatch::Reused);
             let tie = match (direct.as_slice(), exited) {
                 ([(e, how)], _) => KeeperTie {
                     exited: Some(*e),
@@ -1095,6 +1107,14 @@ impl<'a> Context<'a> {
                         "it was forked by a process with pid {e}{via} (an earlier collection saw \
                          the parent), but whether the exited pid {e} is that same process could \
                          not be confirmed"
+                    ),
+                },
+                (_, [e]) if forked_by_another(*e) => KeeperTie {
+                    exited: None,
+                    strong: false,
+                    why: format!(
+                        "it was re-parented after its parent died{via}; its parent had pid {e}, \
+                         but the exited pid {e} is a later process that took that pid: no tie"
                     ),
                 },
                 (_, [e]) if other_users(*e) => KeeperTie {
@@ -1768,7 +1788,7 @@ impl<'a> Context<'a> {
         match cgroup_job(p) {
             // A directory that took a Slurm job's name without being Slurm's: the ordinary
             // rules decide, and the evidence says why the name was not believed.
-            Some(cg) if let Some(owner) = self.not_made_by_slurm(&cg) => {
+            Some(cg) if let Some(owner) = self.not_made_by_slurm(&cg, p) => {
                 let mut view = self.group_job_view(p);
                 view.info.evidence = format!(
                     "{}; its cgroup {} is named like a Slurm job's but belongs to uid {owner}, \
@@ -1795,18 +1815,23 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// The owner of a Slurm-named job cgroup that is not root's: a user made it (in a subtree
-    /// delegated to them) and put processes in it, so it is not Slurm's, and its missing
-    /// `slurmstepd` proves no job gone. `None` for every other cgroup, and for a snapshot
-    /// that did not record the owner.
-    fn not_made_by_slurm(&self, cg: &CgroupJob) -> Option<u32> {
+    /// The owner of a Slurm-named job cgroup that a user made (in a subtree delegated to
+    /// them: its owner is `p`'s own uid, or the path runs through that user's
+    /// `user@UID.service`) and put their processes in: it is not Slurm's, and its missing
+    /// `slurmstepd` proves no job gone. Slurm makes a job's directory as root, or as the
+    /// root a user namespace maps (Slurm in a container), which is neither. `None` for every
+    /// other cgroup, and for a snapshot that did not record the owner.
+    fn not_made_by_slurm(&self, cg: &CgroupJob, p: &ProcessFacts) -> Option<u32> {
         if cg.kind != JobKind::Slurm {
             return None;
         }
-        self.snap
+        let owner = self
+            .snap
             .job_cgroup(&cg.root)?
             .owner_uid
-            .filter(|uid| *uid != 0)
+            .filter(|uid| *uid != 0)?;
+        let delegated = format!("user@{owner}.service");
+        (p.uid == Some(owner) || cg.root.split('/').any(|s| s == delegated)).then_some(owner)
     }
 
     /// The job of a process in a `vramguard run` cgroup whose supervisor lives (see
@@ -2175,14 +2200,13 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Every process's tree top, and the processes under each top.
     /// The rest of `top`'s dead process group whose work counts for `top`'s tree: the trees of
-    /// other members of that group whose own walk proved nothing alive, with their
-    /// descendants, but none that holds a GPU file. A killed script's data server and
+    /// other members of that group that hold no GPU file and whose own walk proved nothing
+    /// alive, with their descendants that hold none either. A killed script's data server and
     /// trainer, each re-parented on its own, are one job, and the server's work counts for the
     /// trainer (red team: the idle trainer was an orphan while the data server it waited on
-    /// worked). Another GPU holder's work counts for itself alone: a rank idle beside working
-    /// ranks of a dead torchrun agent is still an orphan.
+    /// worked). Another GPU holder's tree counts for itself alone (its upload included): a
+    /// rank idle beside working ranks of a dead torchrun agent is still an orphan.
     fn dead_group_members(&self, top: u32) -> Vec<u32> {
         let Some(group) = self
             .snap
@@ -2199,7 +2223,11 @@ impl<'a> Context<'a> {
                 continue;
             }
             let (its_top, alive) = self.group_walk(q);
-            if alive.is_none() && its_top.pid != top && its_top.pgid == Some(group) {
+            if alive.is_none()
+                && its_top.pid != top
+                && its_top.pgid == Some(group)
+                && its_top.device_files.gpu_minors().next().is_none()
+            {
                 tops.insert(its_top.pid);
             }
         }
@@ -2221,6 +2249,7 @@ impl<'a> Context<'a> {
         out
     }
 
+    /// Every process's tree top, and the processes under each top.
     fn tree(&self) -> &Tree {
         self.tree.get_or_init(|| {
             let mut tree = Tree::default();
@@ -2280,7 +2309,12 @@ impl<'a> Context<'a> {
             .scan
             .descendants_unread
             .iter()
-            .any(|r| *r == p.pid || Some(*r) == top);
+            .any(|r| *r == p.pid || Some(*r) == top)
+            || top.is_some_and(|t| {
+                self.dead_group_members(t)
+                    .iter()
+                    .any(|m| self.snap.scan.descendants_unread.contains(m))
+            });
         if unread && !matches!(seen, Work::Working { .. }) {
             return Work::Unknown {
                 why: "its descendants could not all be read (too many processes or threads), \
@@ -2834,6 +2868,7 @@ fn keeper_action(
     exited: u32,
     job: &JobInfo,
     inheritor: bool,
+    confirmed: bool,
     work: &Work,
 ) -> Action {
     let reclaimable = inheritor && work.is_idle();
@@ -2848,6 +2883,13 @@ fn keeper_action(
         format!(
             "it keeps exited pid {exited}'s context; whether it still works is unknown: \
              `vramguard reclaim` samples it before deciding"
+        )
+    } else if !confirmed {
+        format!(
+            "it may keep exited pid {exited}'s context (nothing confirms it is that pid's \
+             worker: it was only re-parented on this GPU), and its job {} is alive: ask its \
+             owner; once sure, reclaim that job's keepers by name",
+            shown(&job.label)
         )
     } else {
         format!(

@@ -117,13 +117,14 @@ pub fn names_slurm_job(path: &str) -> bool {
     slurm_job(&segments).is_some()
 }
 
-/// `job_N` where Slurm puts a job, followed (anywhere below) by `step_M`: below `uid_N` below
-/// `slurm` or `slurm_<node>` (cgroup/v1: `/slurm/uid_1000/job_42/step_0/task_0`,
-/// `/slurm_gpu07/uid_0/job_3/step_batch`, a node's `NodeName` in it), or right below
-/// `slurmstepd.scope` or `<node>_slurmstepd.scope` (cgroup/v2:
+/// `job_N` where Slurm puts a job, followed (anywhere below) by `step_M`: right below `uid_N`
+/// (cgroup/v1, below the site's `CgroupPrepend`, `/slurm` by default:
+/// `/slurm/uid_1000/job_42/step_0/task_0`, `/slurm_gpu07/uid_0/job_3/step_batch`), or right
+/// below `slurmstepd.scope` or `<node>_slurmstepd.scope` (cgroup/v2:
 /// `/system.slice/slurmstepd.scope/job_42/step_0/user/task_0`). A `job_N` anywhere else
-/// (a user's own directory in a delegated subtree, another batch system's) is no Slurm job:
-/// a Slurm job whose daemon is gone is a dead job, so the name alone must not make one.
+/// (another batch system's name) is no Slurm job: a Slurm job whose daemon is gone is a dead
+/// job, so the name alone must not make one; a directory a user made in Slurm's shape is told
+/// apart by its owner (see `classify`).
 fn slurm_job(segments: &[&str]) -> Option<CgroupJob> {
     let numbered = |s: &str, prefix: &str| {
         s.strip_prefix(prefix)
@@ -134,9 +135,7 @@ fn slurm_job(segments: &[&str]) -> Option<CgroupJob> {
         let stepd_scope = i >= 1
             && (segments[i - 1] == "slurmstepd.scope"
                 || segments[i - 1].ends_with("_slurmstepd.scope"));
-        let v1 = i >= 2
-            && numbered(segments[i - 1], "uid_")
-            && (segments[i - 2] == "slurm" || segments[i - 2].starts_with("slurm_"));
+        let v1 = i >= 1 && numbered(segments[i - 1], "uid_");
         stepd_scope || v1
     };
     let (i, id) = segments.iter().enumerate().find_map(|(i, s)| {
@@ -346,6 +345,13 @@ mod tests {
             "/sandbox_api/7f949ce43bd1007dbdfb115eee0d4ad7"
         ));
         assert!(!names_slurm_job("/slurm/uid_0/job_/step_0"));
+        // A site's own `CgroupPrepend`.
+        assert_eq!(
+            cgroup_job(&facts("/cluster/uid_1000/job_9/step_0/task_0"))
+                .unwrap()
+                .label,
+            "slurm:9.0"
+        );
         // Multiple slurmd on one host name their scope after the node.
         let multi = cgroup_job(&facts(
             "/system.slice/gpu07_slurmstepd.scope/job_12/step_batch/user/task_0",
@@ -365,7 +371,6 @@ mod tests {
             "/job_1/step_0",
             "/batch/job_17/step_0/task_0",
             "/slurm/job_3/step_0",
-            "/uid_0/job_3/step_0",
             "/system.slice/notslurmstepd.scope/job_3/step_0",
             "/system.slice/slurmstepd.scope/step_0/job_3",
         ] {

@@ -1261,31 +1261,39 @@ fn a_worker_whose_parent_lives_belongs_to_the_parents_job() {
     assert_eq!(h.class, Class::Active, "{h:#?}");
 }
 
+/// Holder `p` (pid 801, 1 GiB on GPU 0) whose Slurm-named job cgroup `root`, owned by
+/// `owner_uid`, holds no slurmstepd.
+fn slurm_holder(
+    p: &ProcessFacts,
+    root: &str,
+    owner_uid: Option<u32>,
+) -> vramguard_core::report::Holder {
+    let mut s = snapshot(
+        vec![gpu(0, GIB, &[(801, Some(GIB))])],
+        vec![init(), p.clone()],
+    );
+    s.job_cgroups.push(JobCgroupFacts {
+        root: root.into(),
+        readable: true,
+        members: 1,
+        namespace_inits: vec![],
+        step_daemons: vec![],
+        nested_pid_namespace: false,
+        complete: true,
+        owner_uid,
+    });
+    classify(&s, &Policy::default()).gpus[0].holders[0].clone()
+}
+
 #[test]
 fn a_slurm_named_cgroup_that_root_did_not_make_is_no_slurm_job() {
     // A live job: the holder leads its own process group. A user moved it into directories
     // of their delegated subtree named like a Slurm step; no slurmstepd is there.
-    let root = "/user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_7".to_string();
+    let mut root = "/user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_7".to_string();
     let mut p = proc_(801, 1, 801, "python", &[0]);
     p.uid = Some(1000);
     p.cgroup = Some(format!("{root}/step_0"));
-    let classified = |owner_uid: Option<u32>| {
-        let mut s = snapshot(
-            vec![gpu(0, GIB, &[(801, Some(GIB))])],
-            vec![init(), p.clone()],
-        );
-        s.job_cgroups.push(JobCgroupFacts {
-            root: root.clone(),
-            readable: true,
-            members: 1,
-            namespace_inits: vec![],
-            step_daemons: vec![],
-            nested_pid_namespace: false,
-            complete: true,
-            owner_uid,
-        });
-        classify(&s, &Policy::default()).gpus[0].holders[0].clone()
-    };
+    let classified = |owner_uid| slurm_holder(&p, &root, owner_uid);
     // Made by root, it is a Slurm job whose step daemon is gone: its idle holder is a target.
     let by_root = classified(Some(0));
     assert_eq!(by_root.class, Class::Orphan, "{by_root:#?}");
@@ -1301,6 +1309,21 @@ fn a_slurm_named_cgroup_that_root_did_not_make_is_no_slurm_job() {
             .contains("named like a Slurm job's but belongs to uid 1000"),
         "{job:#?}"
     );
+    // Slurm in a container with a user namespace makes the job's directory as the root it
+    // maps (100000 here), and runs the job as another mapped uid: still Slurm's.
+    root = "/machine.slice/libpod-ab12.scope/slurm/uid_1000/job_7".to_string();
+    p.cgroup = Some(format!("{root}/step_0"));
+    p.uid = Some(101_000);
+    let classified = |owner_uid| slurm_holder(&p, &root, owner_uid);
+    let mapped = classified(Some(100_000));
+    assert_eq!(
+        mapped.job.as_ref().unwrap().label,
+        "slurm:7.0",
+        "{mapped:#?}"
+    );
+    // Made by the process's own user outside any user manager: not Slurm's.
+    let own = classified(Some(101_000));
+    assert_eq!(own.job.as_ref().unwrap().label, "pgid:801", "{own:#?}");
 }
 
 #[test]
@@ -2803,7 +2826,8 @@ fn a_keepers_action_follows_whether_its_job_is_gone_and_both_show_its_work() {
         Some("vramguard reclaim --gpu 0 --include hidden")
     );
     assert!(work_line(&k), "{:?}", k.evidence);
-    // The same workers in the process group of the script that still runs (436).
+    // The same workers in the process group of the script that still runs (436): tied by
+    // elimination alone, the action says the tie is not confirmed.
     let alive = dead_trainer_with_forked_workers(436, 436);
     let k = holder_of(&alive, 576);
     assert_eq!(k.keeps_alive, Some(446));
@@ -2811,9 +2835,14 @@ fn a_keepers_action_follows_whether_its_job_is_gone_and_both_show_its_work() {
     assert!(
         k.action
             .summary
-            .starts_with("it keeps exited pid 446's context"),
+            .starts_with("it may keep exited pid 446's context (nothing confirms"),
         "{:?}",
         k.action
+    );
+    assert!(
+        k.evidence[0].starts_with("may keep alive (a tie not confirmed) the context"),
+        "{:?}",
+        k.evidence
     );
     assert!(work_line(&k), "{:?}", k.evidence);
 }

@@ -1721,16 +1721,25 @@ proptest! {
                     "zombie target {} is an NVML client", t.pid
                 );
             }
-            // A Slurm job is gone by its cgroup only where root made that cgroup: a user's
-            // directory named like one proves nothing.
+            // A Slurm job is gone by its cgroup only where Slurm made that cgroup: a directory
+            // the process's own user made (their uid, or in their `user@UID.service`) proves
+            // nothing.
             if let Some(job) = report.gpus.iter().flat_map(|g| &g.holders).find(|h| h.pid == t.pid).and_then(|h| h.job.as_ref())
                 && job.kind == vramguard_core::job::JobKind::Slurm
                 && job.alive == Some(false)
             {
                 let root = vramguard_core::job::cgroup_job(proc_).map(|j| j.root);
-                let owner = root.and_then(|r| s.job_cgroup(&r)).and_then(|f| f.owner_uid);
+                let owner = root
+                    .as_ref()
+                    .and_then(|r| s.job_cgroup(r))
+                    .and_then(|f| f.owner_uid)
+                    .filter(|u| *u != 0);
+                let users_own = owner.is_some_and(|u| {
+                    Some(u) == proc_.uid
+                        || root.as_deref().is_some_and(|r| r.contains(&format!("/user@{u}.service/")))
+                });
                 prop_assert!(
-                    owner.is_none_or(|u| u == 0),
+                    !users_own,
                     "target {} is in a dead Slurm job whose cgroup uid {:?} made", t.pid, owner
                 );
             }

@@ -1427,20 +1427,34 @@ impl ProcCollector {
                 dead_groups.entry(group).or_default().push(*root);
             }
         }
+        let members = self.dead_groups(&dead_groups)?;
         for (group, group_roots) in dead_groups {
-            let Some(members) = self.dead_group(group)? else {
+            let Some(members) = members.get(&group) else {
                 out.unread_roots.extend(group_roots);
                 continue;
             };
-            for pid in members {
-                if have.insert(pid)
-                    && let Some(facts) = self.facts_for_work(pid)?
-                    && facts.pgid == Some(group)
-                {
-                    processes.push(facts);
-                    out.added += 1;
+            for &pid in members {
+                // Still of the group (a listing up to GROUP_MEMBERS_REUSE old may name a pid
+                // another process took since): only then a member, and a root.
+                let of_group = if have.contains(&pid) {
+                    processes
+                        .iter()
+                        .find(|p| p.pid == pid)
+                        .is_some_and(|known| known.pgid == Some(group))
+                } else {
+                    match self.facts_for_work(pid)? {
+                        Some(facts) if facts.pgid == Some(group) => {
+                            have.insert(pid);
+                            processes.push(facts);
+                            out.added += 1;
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if of_group {
+                    roots.push(pid);
                 }
-                roots.push(pid);
             }
         }
         roots.sort_unstable();
@@ -1523,28 +1537,44 @@ impl ProcCollector {
         })
     }
 
-    /// The processes of the leaderless group `group`, from a pass over every process (reused
-    /// for [`GROUP_MEMBERS_REUSE`]); `None` when there are more than
-    /// [`MAX_DESCENDANTS_READ`] of them (the job is not read whole).
-    fn dead_group(&mut self, group: u32) -> Result<Option<Vec<u32>>, ProcError> {
-        if let Some((at, members)) = self.group_members.get(&group)
-            && at.elapsed() < GROUP_MEMBERS_REUSE
-        {
-            return Ok((members.len() <= MAX_DESCENDANTS_READ).then(|| members.clone()));
-        }
-        let mut members = Vec::new();
-        for pid in self.lister.list()? {
-            if let Found::Yes(stat) = self.fs.stat(pid)?
-                && stat.pgid == Some(group)
-            {
-                members.push(pid);
-            }
-        }
+    /// The processes of each leaderless group in `groups` (with the roots that asked for it),
+    /// from one pass over every process, reused for [`GROUP_MEMBERS_REUSE`] while it still
+    /// names every root that asks (a group whose pgid was taken by a new group since is read
+    /// again). A group with more than [`MAX_DESCENDANTS_READ`] members is left out: that job
+    /// is not read whole.
+    fn dead_groups(
+        &mut self,
+        groups: &BTreeMap<u32, Vec<u32>>,
+    ) -> Result<HashMap<u32, Vec<u32>>, ProcError> {
         self.group_members
             .retain(|_, (at, _)| at.elapsed() < GROUP_MEMBERS_REUSE);
-        self.group_members
-            .insert(group, (Instant::now(), members.clone()));
-        Ok((members.len() <= MAX_DESCENDANTS_READ).then_some(members))
+        let stale = groups.iter().any(|(group, roots)| {
+            self.group_members
+                .get(group)
+                .is_none_or(|(_, members)| roots.iter().any(|r| !members.contains(r)))
+        });
+        if stale {
+            let mut found: HashMap<u32, Vec<u32>> = HashMap::new();
+            for pid in self.lister.list()? {
+                if let Found::Yes(stat) = self.fs.stat(pid)?
+                    && let Some(group) = stat.pgid.filter(|g| groups.contains_key(g))
+                {
+                    found.entry(group).or_default().push(pid);
+                }
+            }
+            let now = Instant::now();
+            for group in groups.keys() {
+                let members = found.remove(group).unwrap_or_default();
+                self.group_members.insert(*group, (now, members));
+            }
+        }
+        Ok(groups
+            .keys()
+            .filter_map(|g| {
+                let (_, members) = self.group_members.get(g)?;
+                (members.len() <= MAX_DESCENDANTS_READ).then(|| (*g, members.clone()))
+            })
+            .collect())
     }
 
     /// Every process's children, from its parent in `stat`: where the kernel keeps no
