@@ -569,7 +569,10 @@ fn spawn_job(
             if libc::getppid() != parent {
                 libc::_exit(1);
             }
-            if libc::isatty(0) == 1 {
+            // The terminal goes to the job only when vramguard has it (run in the foreground):
+            // taken from a shell that ran `vramguard run … &`, the shell's next read fails and
+            // it exits, and the session's end hangs the job up (red team).
+            if libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgid(parent) {
                 libc::signal(libc::SIGTTOU, libc::SIG_IGN);
                 libc::tcsetpgrp(0, libc::getpid());
                 libc::signal(libc::SIGTTOU, libc::SIG_DFL);

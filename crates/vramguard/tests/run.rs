@@ -1037,3 +1037,34 @@ fn the_main_process_reaped_while_killing_the_job_is_the_jobs_end() {
     );
     assert!(marked(&mark).is_empty(), "nothing left");
 }
+
+/// Red team: `vramguard run … &` typed into an interactive shell took the terminal for its job
+/// (it handed the terminal over whenever stdin was one): the shell's next read failed, the
+/// shell exited, and the session's end hung the job up. Only a `run` in the foreground hands
+/// the terminal to its job; in the background the shell keeps it and runs the next command.
+#[test]
+fn run_in_the_background_of_an_interactive_shell_leaves_it_the_terminal() {
+    if !std::path::Path::new("/bin/bash").exists() {
+        panic!("this test needs /bin/bash");
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/run/background_in_a_shell.py"
+    );
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(BIN)
+        .env("VRAMGUARD_CONFIG", "none")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(v["started"], 1, "{v}");
+    assert_eq!(v["keeps_terminal"], true, "{v}");
+    assert_eq!(v["ran_command"], true, "{v}");
+    assert_eq!(v["bash_alive"], true, "{v}");
+    assert_eq!(v["foreground_job_has_terminal"], true, "{v}");
+    assert_eq!(v["terminal_back_after_foreground"], true, "{v}");
+}
