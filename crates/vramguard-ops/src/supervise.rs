@@ -899,9 +899,12 @@ fn group_is_the_jobs(main_start: Option<u64>, leader_now: Option<u64>) -> bool {
 mod tests {
     use super::{describe_signal, group_is_the_jobs, signal_name, tree_under};
 
+    /// A fixture process: `(pid, ppid, state, children, other threads (tid, state))`.
+    type FixtureProcess<'a> = (u32, u32, char, &'a [u32], &'a [(u32, char)]);
+
     /// A `/proc` with `(pid, ppid, children)` entries: `stat` and the leader's `children`.
     fn fixture_proc(entries: &[(u32, u32, &[u32])]) -> tempfile::TempDir {
-        let with_states: Vec<(u32, u32, char, &[u32], &[(u32, char)])> = entries
+        let with_states: Vec<FixtureProcess<'_>> = entries
             .iter()
             .map(|(pid, ppid, children)| (*pid, *ppid, 'S', *children, &[][..]))
             .collect();
@@ -919,9 +922,7 @@ mod tests {
     }
 
     /// Entries `(pid, ppid, state, children, other threads (tid, state))`.
-    fn fixture_proc_with_threads(
-        entries: &[(u32, u32, char, &[u32], &[(u32, char)])],
-    ) -> tempfile::TempDir {
+    fn fixture_proc_with_threads(entries: &[FixtureProcess<'_>]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         for (pid, ppid, state, children, threads) in entries {
             let task = dir.path().join(format!("{pid}/task/{pid}"));
