@@ -81,7 +81,7 @@ pub struct JobCgroup {
 }
 
 /// Members pinned at once by [`JobCgroup::signal_members`].
-const SIGNAL_BATCH: usize = 256;
+pub(crate) const SIGNAL_BATCH: usize = 256;
 
 impl JobCgroup {
     /// Creates `name` below this process's own cgroup.

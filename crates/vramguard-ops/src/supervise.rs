@@ -422,17 +422,41 @@ impl Job {
         }
     }
 
-    /// Signals each remaining process, each verified by pid and start time.
+    /// Signals each remaining process, each verified by pid and start time and pinned, and
+    /// still the job's once pinned: a member that exited between the listing and its start
+    /// time's read may have left its pid to a process outside the job (red team). A pinned
+    /// process keeps its pid while it lives, so a pid the job still lists is that process.
+    /// In batches: a pidfd per process of a job of thousands would run into the fd limit.
     fn signal_each(&self, sig: rustix::process::Signal) -> usize {
-        let mut n = 0;
-        for (pid, start_ticks) in self.remaining() {
-            if let Ok(v) = verify(self.proc.root(), Identity { pid, start_ticks })
-                && v.signal(sig).is_ok()
-            {
-                n += 1;
+        self.signal_each_after(sig, || {})
+    }
+
+    /// [`Job::signal_each`], running `between` after the first batch is pinned and before the
+    /// job is listed again (the window a test needs to reach).
+    fn signal_each_after(&self, sig: rustix::process::Signal, between: impl FnOnce()) -> usize {
+        let mut between = Some(between);
+        let listed: Vec<(u32, u64)> = self.remaining().into_iter().collect();
+        let mut signalled = 0;
+        for batch in listed.chunks(crate::cgroup::SIGNAL_BATCH) {
+            let pinned: Vec<_> = batch
+                .iter()
+                .filter_map(|&(pid, start_ticks)| {
+                    verify(self.proc.root(), Identity { pid, start_ticks })
+                        .ok()
+                        .map(|v| (pid, v))
+                })
+                .collect();
+            if let Some(f) = between.take() {
+                f();
             }
+            let still = self.remaining();
+            signalled += pinned
+                .iter()
+                .filter(|(pid, _)| still.contains_key(pid))
+                .filter(|(_, v)| v.signal(sig).is_ok())
+                .count();
         }
-        n
+        signalled
     }
 
     /// Passes `sig` on: to the main process, or its group (its cgroup). Once the main
@@ -898,6 +922,49 @@ fn group_is_the_jobs(main_start: Option<u64>, leader_now: Option<u64>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{describe_signal, group_is_the_jobs, signal_name, tree_under};
+
+    /// Red team: a pid the job's cgroup listed whose process exited, the pid then taken by a
+    /// process outside the job before its start time was read, is not signalled: the job is
+    /// listed again once each process is pinned, and only pids still listed get the signal.
+    /// Without that second look, the outsider got the job's SIGTERM.
+    #[test]
+    fn a_pid_that_left_the_cgroup_once_pinned_is_not_signalled() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut outsider = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let me = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let procs = dir.path().join("cgroup.procs");
+        std::fs::write(&procs, format!("{}\n", outsider.id())).unwrap();
+        let job = super::Job {
+            main: me.id(),
+            cgroup: Some(crate::cgroup::JobCgroup::at(dir.path().to_path_buf())),
+            me: me.id(),
+            exclude: std::collections::BTreeSet::new(),
+            proc: vramguard_proc::ProcFs::own().unwrap(),
+        };
+        // The listing named it; by the second look the cgroup no longer does.
+        let sent = job.signal_each_after(rustix::process::Signal::TERM, || {
+            std::fs::write(&procs, "").unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let status = outsider.try_wait().unwrap();
+        let mut me = me;
+        let _ = me.kill();
+        let _ = me.wait();
+        let _ = outsider.kill();
+        let _ = outsider.wait();
+        assert_eq!(sent, 0);
+        assert!(
+            status.is_none_or(|s| s.signal() != Some(libc::SIGTERM)),
+            "{status:?}"
+        );
+    }
 
     /// A fixture process: `(pid, ppid, state, children, other threads (tid, state))`.
     type FixtureProcess<'a> = (u32, u32, char, &'a [u32], &'a [(u32, char)]);
