@@ -91,8 +91,10 @@ pub enum Dialog {
     Help,
     /// A plan is being made for this pid.
     Planning(u32),
-    /// The plan for the selected holder's job, waiting for `y`.
+    /// The plan for the job of `pid`, waiting for `y`.
     Confirm {
+        /// The holder it was made for.
+        pid: u32,
         /// The plan as `vramguard reclaim` prints it.
         text: String,
         /// Whether it has anything to signal.
@@ -113,8 +115,8 @@ pub enum Request {
     Quit,
     /// Make the reclaim plan for the job of this pid.
     Plan(u32),
-    /// Carry out the plan shown.
-    Execute,
+    /// Carry out the plan shown, made for this pid.
+    Execute(u32),
     /// Drop the plan shown.
     Cancel,
 }
@@ -375,8 +377,10 @@ impl App {
             return Request::Quit;
         }
         match &self.dialog {
-            Dialog::Confirm { actionable, .. } => {
-                let actionable = *actionable;
+            Dialog::Confirm {
+                pid, actionable, ..
+            } => {
+                let (pid, actionable) = (*pid, *actionable);
                 // The plan may be taller than the screen: read to its end before y.
                 if self.scroll(key) {
                     return Request::None;
@@ -384,7 +388,7 @@ impl App {
                 let go = actionable && matches!(key, Key::Char('y') | Key::Char('Y'));
                 self.open(if go { Dialog::Running } else { Dialog::None });
                 return if go {
-                    Request::Execute
+                    Request::Execute(pid)
                 } else {
                     self.message = Some("reclaim cancelled: nothing was signalled".into());
                     Request::Cancel

@@ -25,7 +25,8 @@ use vramguard_proc::ScanDepth;
 /// What the terminal thread asks of the worker.
 enum ToWorker {
     Plan(u32),
-    Execute,
+    /// Carry out the pending plan, if it was made for this pid.
+    Execute(u32),
     Cancel,
 }
 
@@ -33,7 +34,13 @@ enum ToWorker {
 enum FromWorker {
     Report(Box<(Snapshot, Report)>),
     Error(String),
-    Plan { text: String, actionable: bool },
+    /// A plan, with the pid it was asked for: shown only while that request is the one open
+    /// (a late reply to an earlier request is no plan for the holder selected since).
+    Plan {
+        pid: u32,
+        text: String,
+        actionable: bool,
+    },
     Outcome(String),
 }
 
@@ -154,7 +161,7 @@ fn ui_loop(
                 Request::None => Ok(()),
                 Request::Quit => return Ok(()),
                 Request::Plan(pid) => to_worker.send(ToWorker::Plan(pid)),
-                Request::Execute => to_worker.send(ToWorker::Execute),
+                Request::Execute(pid) => to_worker.send(ToWorker::Execute(pid)),
                 Request::Cancel => to_worker.send(ToWorker::Cancel),
             };
             if sent.is_err() {
@@ -189,8 +196,18 @@ fn receive(app: &mut App, from_worker: &Receiver<FromWorker>) -> bool {
                         app.dialog = Dialog::None;
                     }
                 }
-                FromWorker::Plan { text, actionable } => {
-                    app.open(Dialog::Confirm { text, actionable })
+                FromWorker::Plan {
+                    pid,
+                    text,
+                    actionable,
+                } => {
+                    if app.dialog == Dialog::Planning(pid) {
+                        app.open(Dialog::Confirm {
+                            pid,
+                            text,
+                            actionable,
+                        })
+                    }
                 }
                 FromWorker::Outcome(text) => app.open(Dialog::Outcome(text)),
             }
@@ -265,12 +282,16 @@ fn worker(
                             crate::reclaim::plan_text(&prepared.plan, &prepared.report, false);
                         let actionable = !prepared.plan.is_empty();
                         pending = Some((pid, prepared));
-                        FromWorker::Plan { text, actionable }
+                        FromWorker::Plan {
+                            pid,
+                            text,
+                            actionable,
+                        }
                     }
                     Err(e) => FromWorker::Error(format!("planning: {e}")),
                 },
-                Ok(ToWorker::Execute) => match pending.take() {
-                    Some((pid, prepared)) => {
+                Ok(ToWorker::Execute(asked)) => match pending.take() {
+                    Some((pid, prepared)) if pid == asked => {
                         // The node changed: the next refresh scans everything again.
                         depth = ScanDepth::Full;
                         // A dialog left open confirms a plan whose targets may work by now:
@@ -284,7 +305,9 @@ fn worker(
                             Err(e) => FromWorker::Error(format!("planning again: {e}")),
                         }
                     }
-                    None => FromWorker::Error("no plan to carry out".into()),
+                    _ => FromWorker::Error(
+                        "no plan to carry out for that holder: nothing was signalled".into(),
+                    ),
                 },
             };
             if out.send(reply).is_err() {
@@ -375,5 +398,64 @@ fn execute(
             FromWorker::Outcome(text)
         }
         Err(e) => FromWorker::Error(format!("reclaim: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::app::{Dialog, Key, Request};
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    /// Red team: a plan reply carried no pid, and any reply opened the confirmation. `r` on
+    /// A, a failed sample closing the Planning dialog, `r` on B, then A's plan arriving: A's
+    /// plan was shown for B's request, and `y` carried out whatever the worker held, B's plan.
+    /// A late reply is now ignored, and `y` names the pid its plan was made for.
+    #[test]
+    fn a_late_plan_reply_is_never_confirmed_for_another_request() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let snap: Snapshot = serde_json::from_str(
+            &std::fs::read_to_string(root.join("tests/incidents/demo.json")).unwrap(),
+        )
+        .unwrap();
+        let report = classify(&snap, &Policy::default());
+        let mut app = App::new(Duration::from_secs(1), Vec::new(), true);
+        app.update(&snap, report);
+        let (tx, rx) = channel::<FromWorker>();
+        let a = app.selected_row().unwrap().holder.pid;
+        assert_eq!(app.key(Key::Char('r')), Request::Plan(a));
+        // The periodic sample fails: the Planning dialog closes.
+        tx.send(FromWorker::Error("collection failed".into()))
+            .unwrap();
+        receive(&mut app, &rx);
+        assert_eq!(app.dialog, Dialog::None);
+        app.key(Key::Down);
+        let b = app.selected_row().unwrap().holder.pid;
+        assert_ne!(a, b);
+        assert_eq!(app.key(Key::Char('r')), Request::Plan(b));
+        // A's plan arrives while B's is awaited: not shown.
+        tx.send(FromWorker::Plan {
+            pid: a,
+            text: format!("plan for {a}"),
+            actionable: true,
+        })
+        .unwrap();
+        receive(&mut app, &rx);
+        assert_eq!(app.dialog, Dialog::Planning(b));
+        assert_eq!(app.key(Key::Char('y')), Request::None, "nothing to confirm");
+        // B's plan: shown, and `y` asks for B's plan by its pid.
+        tx.send(FromWorker::Plan {
+            pid: b,
+            text: format!("plan for {b}"),
+            actionable: true,
+        })
+        .unwrap();
+        receive(&mut app, &rx);
+        assert!(
+            matches!(&app.dialog, Dialog::Confirm { pid, .. } if *pid == b),
+            "{:?}",
+            app.dialog
+        );
+        assert_eq!(app.key(Key::Char('y')), Request::Execute(b));
     }
 }

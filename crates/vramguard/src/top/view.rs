@@ -812,7 +812,9 @@ fn popup_of(app: &App, paint: &Paint, area: Rect) -> Option<Popup> {
             &format!("sampling the node and planning the reclaim of pid {pid}'s job…"),
             &[],
         ),
-        Dialog::Confirm { text, actionable } => {
+        Dialog::Confirm {
+            text, actionable, ..
+        } => {
             let prompt = if *actionable {
                 "y: signal them (SIGTERM, grace, SIGKILL; audited)   any other key: cancel"
             } else {
@@ -972,6 +974,7 @@ mod tests {
             "another job's idle kernel is not in it: {plan:?}"
         );
         app.open(Dialog::Confirm {
+            pid: 0,
             text: crate::reclaim::plan_text(&plan, &report, false),
             actionable: !plan.is_empty(),
         });
@@ -994,6 +997,7 @@ mod tests {
         let report = app.report.clone().unwrap();
         let plan = plan_reclaim(snap, &report, &super::super::plan_options(&report, pid));
         app.open(Dialog::Confirm {
+            pid: 0,
             text: crate::reclaim::plan_text(&plan, &report, false),
             actionable: !plan.is_empty(),
         });
@@ -1046,6 +1050,7 @@ mod tests {
         let (_, mut app) = demo();
         let text: String = (1..=60).map(|i| format!("  plan line {i}\n")).collect();
         app.open(Dialog::Confirm {
+            pid: 0,
             text,
             actionable: true,
         });
@@ -1073,7 +1078,10 @@ mod tests {
             assert!(end.contains("y: signal them"), "{width}x{height}:\n{end}");
         }
         assert_eq!(app.key(Key::Up), super::super::app::Request::None);
-        assert_eq!(app.key(Key::Char('y')), super::super::app::Request::Execute);
+        assert_eq!(
+            app.key(Key::Char('y')),
+            super::super::app::Request::Execute(0)
+        );
     }
 
     /// The text of `column` in each row under the table's header line.
@@ -1250,11 +1258,13 @@ mod tests {
         let pid = app.selected_row().unwrap().holder.pid;
         assert_eq!(app.key(Key::Char('r')), Request::Plan(pid));
         app.dialog = Dialog::Confirm {
+            pid: 0,
             text: String::new(),
             actionable: true,
         };
         assert_eq!(app.key(Key::Enter), Request::Cancel);
         app.dialog = Dialog::Confirm {
+            pid: 0,
             text: String::new(),
             actionable: false,
         };
@@ -1264,10 +1274,11 @@ mod tests {
             "nothing to signal"
         );
         app.dialog = Dialog::Confirm {
+            pid: 0,
             text: String::new(),
             actionable: true,
         };
-        assert_eq!(app.key(Key::Char('y')), Request::Execute);
+        assert_eq!(app.key(Key::Char('y')), Request::Execute(0));
         // Where reclaiming cannot work, r says why and asks nothing.
         app.dialog = Dialog::None;
         app.reclaim_unavailable = Some("not root".into());
