@@ -1266,6 +1266,45 @@ impl<'a> Run<'a> {
             let Some(g) = again.gpus.iter().find(|x| x.index == g.index) else {
                 continue;
             };
+            // What made the reset right at the first look must hold at this one too: the
+            // wait may have let a new job in, or left a scan that could not read every file
+            // (red team: a reset went ahead on the first look's judgement alone).
+            let now_un = g.unaccounted.as_ref().filter(|u| u.significant);
+            let changed = match now_un {
+                None => Some("the unaccounted memory is gone at the last look".to_string()),
+                Some(u)
+                    if u.cause != Some(UnaccountedCause::DriverResidue)
+                        && self.opts.reset != ResetMode::Force =>
+                {
+                    Some(format!(
+                        "the unaccounted memory is no longer proven residue at the last look \
+                         ({})",
+                        u.explanation.get(1).cloned().unwrap_or_default()
+                    ))
+                }
+                Some(u) if u.bytes > un.bytes => Some(format!(
+                    "the unaccounted memory grew from {} to {} since the first look: something \
+                     new holds the GPU",
+                    vramguard_core::units::format_bytes(un.bytes),
+                    vramguard_core::units::format_bytes(u.bytes)
+                )),
+                Some(_) => self.reset_unsafe(&again, g),
+            };
+            if let Some(why) = changed {
+                self.log(
+                    "reset_refused",
+                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "reason": why }),
+                )?;
+                resets.push(ResetOutcome {
+                    gpu: g.index,
+                    unaccounted_bytes: un.bytes,
+                    attempted: false,
+                    blockers: Vec::new(),
+                    result: format!("refused: {why}"),
+                    used_after: g.memory.map(|m| m.used),
+                });
+                continue;
+            }
             let blockers: Vec<String> = g.reset_blockers.iter().map(|b| b.to_string()).collect();
             if !blockers.is_empty() {
                 self.log(
@@ -2388,6 +2427,133 @@ mod tests {
             late.iter()
                 .all(|t| t.detail.as_deref().is_some_and(|d| d.contains("too old"))),
             "{late:?}"
+        );
+    }
+
+    /// A FakeNode whose world changes at its `change_at`-th full snapshot: a new job takes
+    /// 10 GiB on GPU 1, and that scan could not read every process's open files.
+    struct ChangesAt {
+        inner: FakeNode,
+        full: usize,
+        change_at: usize,
+    }
+    impl Node for ChangesAt {
+        fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
+            if depth == ScanDepth::Full {
+                self.full += 1;
+                if self.full == self.change_at {
+                    self.inner.edit_snapshot(|s| {
+                        s.scan.full_fd_scan = false;
+                        if let Some(m) = s.gpus[1].memory.as_mut() {
+                            m.used += 10 * GIB;
+                            m.free = m.free.saturating_sub(10 * GIB);
+                        }
+                    });
+                }
+            }
+            self.inner.snapshot(depth)
+        }
+        fn sampled_snapshot_for(
+            &mut self,
+            d: ScanDepth,
+            w: Duration,
+            f: vramguard_core::WatchFor,
+        ) -> Result<Snapshot, NodeError> {
+            self.inner.sampled_snapshot_for(d, w, f)
+        }
+        fn gpus(&mut self) -> Result<Vec<vramguard_core::snapshot::GpuSample>, NodeError> {
+            self.inner.gpus()
+        }
+        fn memory_used(&mut self, gpu: u32) -> Result<u64, NodeError> {
+            self.inner.memory_used(gpu)
+        }
+        fn reset(&mut self, gpu: &ResetTarget) -> Result<String, vramguard_node::ResetError> {
+            self.inner.reset(gpu)
+        }
+        fn proc(&self) -> Option<&vramguard_proc::ProcFs> {
+            None
+        }
+        fn observe_work(
+            &mut self,
+            s: &mut vramguard_proc::WorkSampler,
+            p: &[u32],
+        ) -> Result<(), NodeError> {
+            self.inner.observe_work(s, p)
+        }
+        fn clock(&self) -> &dyn vramguard_node::clock::Clock {
+            self.inner.clock()
+        }
+        fn pin(&mut self, ids: &[Identity]) -> Vec<Result<(), Refusal>> {
+            self.inner.pin(ids)
+        }
+        fn signal(&mut self, id: Identity, sig: Signal) -> Result<(), Refusal> {
+            self.inner.signal(id, sig)
+        }
+        fn wait_exits(&mut self, ids: &[Identity], d: Instant) -> Vec<Option<Instant>> {
+            self.inner.wait_exits(ids, d)
+        }
+        fn watch_exits(&mut self, ids: &[Identity]) -> usize {
+            self.inner.watch_exits(ids)
+        }
+        fn wait_watched(
+            &mut self,
+            d: Instant,
+            w: Option<std::os::fd::BorrowedFd<'_>>,
+            o: bool,
+        ) -> Vec<(Identity, Instant)> {
+            self.inner.wait_watched(d, w, o)
+        }
+        fn why_alive(&self, pid: u32) -> String {
+            self.inner.why_alive(pid)
+        }
+        fn remove_segment(
+            &mut self,
+            s: &vramguard_core::host::SegmentReport,
+        ) -> Result<(), vramguard_proc::host::SegmentRemovalError> {
+            self.inner.remove_segment(s)
+        }
+    }
+
+    fn resets_when_the_node_changes_at(change_at: usize) -> (Vec<u32>, Vec<ResetOutcome>) {
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        let mut n = ChangesAt {
+            inner: node.clone(),
+            full: 0,
+            change_at,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("a.jsonl"), "t").unwrap();
+        let prepared = prepare(
+            &mut n,
+            &Policy::default(),
+            Duration::from_secs(1),
+            |s, r| plan_reclaim(s, r, &ReclaimOptions::default()),
+        )
+        .unwrap();
+        let out = prepared
+            .run(&mut n, &mut audit, &opts(ResetMode::Auto))
+            .unwrap();
+        (node.resets(), out.resets)
+    }
+
+    /// Red team: whether the memory is residue and a reset is safe was judged at the first
+    /// look only; the look right before the reset checked blockers alone. A new job seen only
+    /// then (10 GiB more, files not all read) is refused there too, and nothing is reset;
+    /// unchanged, the residue is reset.
+    #[test]
+    fn a_reset_is_judged_again_at_the_look_right_before_it() {
+        let (resets, _) = resets_when_the_node_changes_at(usize::MAX);
+        assert_eq!(resets, vec![1], "the residue alone is reset");
+        let (resets, outcome) = resets_when_the_node_changes_at(1);
+        assert!(resets.is_empty(), "{outcome:?}");
+        let (resets, outcome) = resets_when_the_node_changes_at(2);
+        assert!(
+            resets.is_empty(),
+            "changed before the last look: {outcome:?}"
+        );
+        assert!(
+            outcome.iter().any(|r| r.result.starts_with("refused:")),
+            "{outcome:?}"
         );
     }
 
