@@ -91,7 +91,7 @@ struct Agent {
     gpu_trends: BTreeMap<u32, Trend>,
     holder_trends: HashMap<(u32, u32, u64), Trend>,
     last_fit: Option<Instant>,
-    reclaimable_since: HashMap<(u32, u64), Instant>,
+    reclaimable_since: HashMap<(u32, u64), (Class, Instant)>,
     reclaim_job: Option<Receiver<Result<ReclaimOutcome, AutoReclaimError>>>,
     /// An automatic reclaim panicked: none is started again until the agent restarts.
     reclaim_panicked: bool,
@@ -1016,10 +1016,12 @@ impl Agent {
             .targets()
             .map(|t| ((t.pid, t.start_ticks), t.class))
             .collect();
+        // By class too: a holder that was an orphan for a while and is idle now has been
+        // idle only since it became so (red team: its orphan time counted for idle_after).
         self.reclaimable_since
-            .retain(|k, _| current.contains_key(k));
-        for k in current.keys() {
-            self.reclaimable_since.entry(*k).or_insert(now);
+            .retain(|k, (class, _)| current.get(k) == Some(class));
+        for (k, class) in &current {
+            self.reclaimable_since.entry(*k).or_insert((*class, now));
         }
         if !rc.auto || self.reclaim_job.is_some() || self.reclaim_panicked {
             return;
@@ -1031,8 +1033,8 @@ impl Agent {
         let eligible: BTreeSet<(u32, u64)> = self
             .reclaimable_since
             .iter()
-            .filter(|(k, since)| {
-                let seen = now.saturating_duration_since(**since);
+            .filter(|(k, (_, since))| {
+                let seen = now.saturating_duration_since(*since);
                 seen >= rc.min_age && (current.get(k) != Some(&Class::Idle) || seen >= idle_after)
             })
             .map(|(k, _)| *k)
@@ -1883,6 +1885,74 @@ mod tests {
         );
         finish_reclaim(&mut agent);
         assert!(!node.signals().is_empty());
+    }
+
+    /// A holder counted reclaimable as an orphan, then idle (its job alive again: here its
+    /// group leader is back in the snapshot), has been idle only since it became so: taken
+    /// only after idle_after as idle, not after idle_after since it was first a target.
+    #[test]
+    fn a_holder_idle_after_being_an_orphan_waits_idle_after_from_then() {
+        let node = FakeNode::incident("an_idle_holder_past_the_configured_threshold");
+        let holders = [15447u32, 15448];
+        // First their job is gone: a group whose leader is no process here.
+        node.edit_snapshot(|s| {
+            for p in s.processes.iter_mut().filter(|p| holders.contains(&p.pid)) {
+                p.ppid = Some(1);
+                p.pgid = Some(15_000);
+                p.sid = Some(15_000);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = auto_reclaim_config(&dir.path().join("audit.jsonl"));
+        config.reclaim.include = vec![Class::Orphan, Class::Idle];
+        config.reclaim.min_age = Duration::from_secs(110);
+        config.policy.idle_after_secs = 60;
+        let mut agent = agent_on(&node, config);
+        let clock = node.manual_clock().clone();
+        for _ in 0..100 {
+            agent.sample();
+            clock.advance(Duration::from_secs(1));
+        }
+        assert!(
+            agent
+                .reclaimable_since
+                .values()
+                .any(|(c, _)| *c == Class::Orphan),
+            "orphans first"
+        );
+        // Now each leads its own group: a live job's idle holders.
+        node.edit_snapshot(|s| {
+            for p in s.processes.iter_mut().filter(|p| holders.contains(&p.pid)) {
+                p.pgid = Some(p.pid);
+                p.sid = Some(p.pid);
+            }
+        });
+        let mut became_idle = None;
+        let mut reclaimed = None;
+        for second in 100..600u64 {
+            agent.sample();
+            // Told by the holders' class in the metrics, not by the tracking under test.
+            let idle_now = agent.metrics.render().lines().any(|l| {
+                l.starts_with("vramguard_gpu_holders{")
+                    && l.contains("class=\"idle\"")
+                    && !l.ends_with(" 0")
+            });
+            if became_idle.is_none() && idle_now {
+                became_idle = Some(second);
+            }
+            if agent.reclaim_job.is_some() {
+                reclaimed = Some(second);
+                break;
+            }
+            clock.advance(Duration::from_secs(1));
+        }
+        let became_idle = became_idle.expect("the holders become idle");
+        let reclaimed = reclaimed.expect("the idle holders are reclaimed");
+        assert!(
+            reclaimed - became_idle >= 60,
+            "idle from {became_idle} s, reclaimed at {reclaimed} s"
+        );
+        finish_reclaim(&mut agent);
     }
 
     /// A reclaim thread that panics is a result, not silence: the agent logs and counts it
