@@ -164,7 +164,7 @@ pub fn work_watch_list(
             let tree = ctx.tree();
             if let Some(top) = tree.tops.get(&h.pid) {
                 pids.extend(tree.members.get(top).into_iter().flatten().copied());
-                pids.extend(ctx.dead_group_members(*top));
+                pids.extend(ctx.dead_group_members(*top).iter().copied());
             }
         }
         pids.extend(ctx.descendants(h.pid));
@@ -209,7 +209,7 @@ pub fn work_roots(
             // The rest of its dead process group, each member's descendants read too (the
             // collector also reads the members a collection left out).
             let tops = ctx.tree();
-            for m in ctx.dead_group_members(*top) {
+            for &m in ctx.dead_group_members(*top).iter() {
                 if tops.members.contains_key(&m) {
                     roots.insert(m);
                 }
@@ -296,6 +296,9 @@ struct Context<'a> {
     /// Every process's tree top (see [`Context::group_walk`]) and the processes under each
     /// top: built on first use (only a dead job needs them).
     tree: std::cell::OnceCell<Tree>,
+    /// [`Context::dead_group_members`] by tree top, worked out once (every holder of the
+    /// job asks, for its work and for whether its descendants were read).
+    dead_groups: std::cell::RefCell<BTreeMap<u32, std::rc::Rc<Vec<u32>>>>,
     /// Each process's children in the snapshot.
     children: BTreeMap<u32, Vec<u32>>,
     /// Each process's own work, computed once.
@@ -357,6 +360,7 @@ impl<'a> Context<'a> {
             unreadable_unplaced: None,
             readable_minors: BTreeSet::new(),
             tree: Default::default(),
+            dead_groups: Default::default(),
             children: BTreeMap::new(),
             own_work: Default::default(),
             described: Default::default(),
@@ -2207,7 +2211,16 @@ impl<'a> Context<'a> {
     /// trainer (red team: the idle trainer was an orphan while the data server it waited on
     /// worked). Another GPU holder's tree counts for itself alone (its upload included): a
     /// rank idle beside working ranks of a dead torchrun agent is still an orphan.
-    fn dead_group_members(&self, top: u32) -> Vec<u32> {
+    fn dead_group_members(&self, top: u32) -> std::rc::Rc<Vec<u32>> {
+        if let Some(known) = self.dead_groups.borrow().get(&top) {
+            return known.clone();
+        }
+        let members = std::rc::Rc::new(self.find_dead_group_members(top));
+        self.dead_groups.borrow_mut().insert(top, members.clone());
+        members
+    }
+
+    fn find_dead_group_members(&self, top: u32) -> Vec<u32> {
         let Some(group) = self
             .snap
             .process(top)
@@ -2335,7 +2348,7 @@ impl<'a> Context<'a> {
             .filter(|q| *q != p.pid)
             .collect();
         if let Some(t) = top {
-            for q in self.dead_group_members(t) {
+            for &q in self.dead_group_members(t).iter() {
                 if q != p.pid && !others.contains(&q) {
                     others.push(q);
                 }

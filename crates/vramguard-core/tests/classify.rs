@@ -3084,6 +3084,18 @@ fn a_re_parented_process_of_a_live_job_is_no_default_target_as_another_users_kee
         plan_of(&seen, true).is_empty(),
         "not even with --include keepers"
     );
+    // Seen forked by a process with pid 446 whose start time was not read: no tie to the
+    // exited 446 either, once that pid is known to have been another user's.
+    let mut forked = seen.clone();
+    forked
+        .processes
+        .iter_mut()
+        .find(|p| p.pid == 576)
+        .unwrap()
+        .earlier_ppid = Some(446);
+    let k = holder_of(&forked, 576);
+    assert_eq!(k.keeps_alive, None, "{k:#?}");
+    assert!(plan_of(&forked, true).is_empty(), "{k:#?}");
     // Alice's own forked worker 500 keeps it (in the group 446 led): it is the keeper.
     let mut worker = proc_(500, 1, 446, "python3", &[0]);
     worker.sid = Some(446);

@@ -1207,18 +1207,7 @@ impl<'a> Run<'a> {
                 continue;
             }
             if let Some(why) = self.reset_unsafe(&now_report, g) {
-                self.log(
-                    "reset_refused",
-                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "reason": why }),
-                )?;
-                resets.push(ResetOutcome {
-                    gpu: g.index,
-                    unaccounted_bytes: un.bytes,
-                    attempted: false,
-                    blockers: Vec::new(),
-                    result: format!("refused: {why}"),
-                    used_after: g.memory.map(|m| m.used),
-                });
+                resets.push(self.refuse_reset(g, un.bytes, why)?);
                 continue;
             }
             // The node's other vramguard processes (the agent) let go of the driver while the
@@ -1282,27 +1271,24 @@ impl<'a> Run<'a> {
                         u.explanation.get(1).cloned().unwrap_or_default()
                     ))
                 }
-                Some(u) if u.bytes > un.bytes => Some(format!(
-                    "the unaccounted memory grew from {} to {} since the first look: something \
+                // More than the driver's bookkeeping moves between two looks.
+                Some(u)
+                    if u.bytes
+                        > un.bytes.saturating_add(
+                            g.memory.map_or(0, |m| self.policy.tolerance_for(m.total)),
+                        ) =>
+                {
+                    Some(format!(
+                        "the unaccounted memory grew from {} to {} since the first look: something \
                      new holds the GPU",
-                    vramguard_core::units::format_bytes(un.bytes),
-                    vramguard_core::units::format_bytes(u.bytes)
-                )),
+                        vramguard_core::units::format_bytes(un.bytes),
+                        vramguard_core::units::format_bytes(u.bytes)
+                    ))
+                }
                 Some(_) => self.reset_unsafe(&again, g),
             };
             if let Some(why) = changed {
-                self.log(
-                    "reset_refused",
-                    json!({ "gpu": g.index, "unaccounted_bytes": un.bytes, "reason": why }),
-                )?;
-                resets.push(ResetOutcome {
-                    gpu: g.index,
-                    unaccounted_bytes: un.bytes,
-                    attempted: false,
-                    blockers: Vec::new(),
-                    result: format!("refused: {why}"),
-                    used_after: g.memory.map(|m| m.used),
-                });
+                resets.push(self.refuse_reset(g, un.bytes, why)?);
                 continue;
             }
             let blockers: Vec<String> = g.reset_blockers.iter().map(|b| b.to_string()).collect();
@@ -1353,6 +1339,27 @@ impl<'a> Run<'a> {
     /// if it could: vramguard does not see every process (another PID namespace, missing
     /// privileges, no full scan), the unaccounted memory's holder is unknown, or a target of
     /// this run that held the GPU survived SIGKILL (a thread still in the driver).
+    /// A reset not attempted on `g`, and why: audited, and its outcome.
+    fn refuse_reset(
+        &mut self,
+        g: &vramguard_core::GpuReport,
+        unaccounted_bytes: u64,
+        why: String,
+    ) -> Result<ResetOutcome, ExecuteError> {
+        self.log(
+            "reset_refused",
+            json!({ "gpu": g.index, "unaccounted_bytes": unaccounted_bytes, "reason": why }),
+        )?;
+        Ok(ResetOutcome {
+            gpu: g.index,
+            unaccounted_bytes,
+            attempted: false,
+            blockers: Vec::new(),
+            result: format!("refused: {why}"),
+            used_after: g.memory.map(|m| m.used),
+        })
+    }
+
     fn reset_unsafe(&self, report: &Report, g: &vramguard_core::GpuReport) -> Option<String> {
         if report.pid_namespace_is_host != Some(true) {
             return Some(

@@ -523,10 +523,12 @@ impl ProcFs {
         pid: u32,
         max_threads: usize,
     ) -> Result<Option<(Vec<u32>, bool)>, ProcError> {
-        let dir = match self.open_dir(&format!("{pid}/task"))? {
-            Found::Yes(dir) => dir,
-            Found::Gone => return Ok(Some((Vec::new(), true))),
-            Found::Denied => return Ok(Some((Vec::new(), false))),
+        let dir = match self.open_dir(&format!("{pid}/task")) {
+            Ok(Found::Yes(dir)) => dir,
+            Ok(Found::Gone) => return Ok(Some((Vec::new(), true))),
+            // Denied, or an error of its own: its children are unknown (its holders' work
+            // then too), and the rest of the collection goes on.
+            Ok(Found::Denied) | Err(_) => return Ok(Some((Vec::new(), false))),
         };
         let mut out = Vec::new();
         let mut buf = Vec::new();

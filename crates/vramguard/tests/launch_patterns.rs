@@ -206,13 +206,7 @@ fn a_parent_that_took_an_adopters_name_keeps_its_childs_job_whole() {
     let mut l = launch(&world, script, vec![holder_spec(&world, 4, 0, 0)]);
     l.script_exits();
     let child = l.pid(0);
-    let parent = std::fs::read_to_string(format!("/proc/{child}/stat"))
-        .ok()
-        .and_then(|s| {
-            let after = s.rsplit_once(')')?.1.to_string();
-            after.split_whitespace().nth(1)?.parse::<u32>().ok()
-        })
-        .expect("the holder's parent");
+    let parent = ppid_of(child).expect("the holder's parent");
     let mut cleanup = Spawned::default();
     cleanup.track(parent);
     assert_eq!(
