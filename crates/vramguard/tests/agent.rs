@@ -2609,10 +2609,15 @@ fn every_shipped_alert_fires_and_resolves_and_every_panel_has_data() {
     let before = count();
     let short = world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 600);
     world.allocate(allocation(0, short.pid(), GIB));
-    wait_until(10, "the short job in the metrics", || {
-        agent
-            .metrics()
-            .contains(&format!("pid=\"{}\"", short.pid()))
+    // Its memory, not only its pid: a sample between its open and its allocation names it
+    // with no bytes (its RSS), and an exit seen so releases nothing to time.
+    let short_pid = format!("pid=\"{}\"", short.pid());
+    wait_until(20, "the short job's memory in the metrics", || {
+        sample(
+            &agent.metrics(),
+            "vramguard_holder_memory_bytes",
+            &["gpu=\"0\"", &short_pid],
+        ) == Some(GIB as f64)
     });
     drop(short);
     // Two Prometheus scrapes after the agent timed the release: 20 s was once too short in a
