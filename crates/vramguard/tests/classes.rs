@@ -1628,3 +1628,61 @@ fn device_files_received_over_a_unix_socket_keep_the_senders_memory() {
             == json!(0)
     });
 }
+
+/// A GPU whose driver returns implausible process records (`_v3` records of the wrong size on
+/// a driver vramguard cannot recognise, and no `_v2` list to fall back on, as for MPS clients):
+/// the list is unreliable and its implausible records are dropped. A process computing there
+/// may be among them, its utilization unseen, so no holder of that GPU is reclaimed on
+/// idleness, not even a dead job's orphan. On a sound list, the same orphan is.
+#[test]
+fn an_orphan_on_a_gpu_whose_process_list_is_unreliable_is_not_planned() {
+    for unreliable in [false, true] {
+        let world = World::new(1);
+        let clients: Vec<_> = (0..2)
+            .map(|_| world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 120))
+            .collect();
+        world.update(|s| {
+            for c in &clients {
+                let mut a = allocation(0, c.pid(), GIB);
+                a.kind = vramguard_sim::state::AllocationKind::Mps;
+                s.allocations.push(a);
+            }
+            if unreliable {
+                s.gpus[0]
+                    .quirks
+                    .push(vramguard_sim::state::Quirk::V3Records32Bytes);
+            }
+        });
+        let trainer = crashed_trainer(&world);
+        let worker = trainer.workers[0];
+        let report = Vg::new(&world, Path_::Nvml)
+            .args(["status", "--json"])
+            .json(0);
+        let w = holder(&report, 0, worker);
+        let plan = Vg::new(&world, Path_::Nvml)
+            .args(["reclaim", "--dry-run", "--json"])
+            .json(0);
+        let planned = plan["plan"]["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|j| j["targets"].as_array().unwrap().iter())
+            .any(|t| t["pid"] == json!(worker));
+        if unreliable {
+            assert!(
+                report.to_string().contains("implausible record"),
+                "the list is unreliable: {report:#}"
+            );
+            assert_eq!(w["action"]["reclaimable"], json!(false), "{w:#}");
+            assert!(
+                w.to_string().contains("its process list is unreliable"),
+                "{w:#}"
+            );
+            assert!(!planned, "{plan:#}");
+        } else {
+            assert_eq!(w["class"], "orphan", "{w:#}");
+            assert!(planned, "{plan:#}");
+        }
+        drop(trainer);
+    }
+}
