@@ -220,6 +220,41 @@ fn v3_writes_32_byte_records(lib: &OsStr, version: &str) -> bool {
         && !has(b"nvmlDeviceGetRunningProcessDetailList\0")
 }
 
+/// `nvmlDeviceGetMPSComputeRunningProcesses_v2`, which nvml-wrapper loads but does not wrap:
+/// the MPS clients of a driver whose `_v3` records are 32 bytes (535.43–535.98) read right,
+/// as its compute and graphics lists are (`running_compute_processes_v2`, done the same way).
+fn mps_processes_v2(
+    device: &Device,
+) -> Result<Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, NvmlError> {
+    use nvml_wrapper::error::{nvml_sym, nvml_try, nvml_try_count};
+    use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+    use nvml_wrapper_sys::bindings::nvmlProcessInfo_v2_t;
+    let sym = nvml_sym(
+        device
+            .nvml()
+            .lib()
+            .nvmlDeviceGetMPSComputeRunningProcesses_v2
+            .as_ref(),
+    )?;
+    // SAFETY: the handle is the device's own, valid while `device` is; the first call passes
+    // no buffer (it only counts), the second a buffer of `count` zeroed records, which the
+    // driver fills up to `count` and then sets `count` to what it wrote.
+    unsafe {
+        let handle = device.handle();
+        let mut count: std::ffi::c_uint = 0;
+        nvml_try_count(sym(handle, &mut count, std::ptr::null_mut()))?;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // Headroom for clients that connect between the two calls (as nvml-wrapper does).
+        count += 5;
+        let mut records: Vec<nvmlProcessInfo_v2_t> = vec![std::mem::zeroed(); count as usize];
+        nvml_try(sym(handle, &mut count, records.as_mut_ptr()))?;
+        records.truncate(count as usize);
+        Ok(records.into_iter().map(ProcessInfo::from).collect())
+    }
+}
+
 struct NvmlDevice<'a> {
     device: Device<'a>,
     v3_32: bool,
@@ -428,13 +463,10 @@ impl DeviceCalls for NvmlDevice<'_> {
                 "nvmlDeviceGetGraphicsRunningProcesses_v2",
                 self.device.running_graphics_processes_v2(),
             ),
-            (ProcessKind::Mps, true) => {
-                return Err(CallError {
-                    call: "nvmlDeviceGetMPSComputeRunningProcesses_v2".into(),
-                    code: Some(crate::read::NOT_SUPPORTED),
-                    message: "no legacy MPS call is used".into(),
-                });
-            }
+            (ProcessKind::Mps, true) => (
+                "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+                mps_processes_v2(&self.device),
+            ),
         };
         result.map(to_raw).map_err(|e| call_error(call, &e))
     }

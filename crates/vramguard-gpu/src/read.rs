@@ -386,8 +386,8 @@ fn read_processes(
             code: None,
             message: format!(
                 "driver {} writes 32-byte `_v3` process records into buffers sized for 24 (the \
-                 535.43-535.98 bug): the `_v2` calls were used instead, and the MPS list was not \
-                 read; upgrade the driver to 535.104 or later",
+                 535.43-535.98 bug): the `_v2` calls were used instead; upgrade the driver to \
+                 535.104 or later",
                 driver_version.unwrap_or("unknown")
             ),
         });
@@ -490,11 +490,7 @@ fn plausible_records(
         records
     } else {
         let bad = records.iter().filter(|r| !plausible(r, total)).count();
-        let fallback = if kind == ProcessKind::Mps {
-            None
-        } else {
-            list_with_retry(dev, kind, true).ok()
-        };
+        let fallback = list_with_retry(dev, kind, true).ok();
         match fallback {
             Some(legacy) if legacy.iter().all(|r| plausible(r, total)) => {
                 warnings.push(CallError {

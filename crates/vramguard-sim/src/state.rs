@@ -398,6 +398,7 @@ pub const FAULTABLE_CALLS: &[&str] = &[
     "nvmlDeviceGetMPSComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetRemappedRows",
     "nvmlDeviceGetRetiredPages",

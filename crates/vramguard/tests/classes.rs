@@ -1630,8 +1630,8 @@ fn device_files_received_over_a_unix_socket_keep_the_senders_memory() {
 }
 
 /// A GPU whose driver returns implausible process records (`_v3` records of the wrong size on
-/// a driver vramguard cannot recognise, and no `_v2` list to fall back on, as for MPS clients):
-/// the list is unreliable and its implausible records are dropped. A process computing there
+/// a driver vramguard cannot recognise) and whose `_v2` list, the fallback, fails: the list is
+/// unreliable and its implausible records are dropped. A process computing there
 /// may be among them, its utilization unseen, so no holder of that GPU is reclaimed on
 /// idleness, not even a dead job's orphan. On a sound list, the same orphan is.
 #[test]
@@ -1651,6 +1651,12 @@ fn an_orphan_on_a_gpu_whose_process_list_is_unreliable_is_not_planned() {
                 s.gpus[0]
                     .quirks
                     .push(vramguard_sim::state::Quirk::V3Records32Bytes);
+                // NVML_ERROR_UNKNOWN
+                s.gpus[0].faults.push(fault(
+                    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+                    999,
+                    None,
+                ));
             }
         });
         let trainer = crashed_trainer(&world);

@@ -325,6 +325,36 @@ print(json.dumps([[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunnin
             .contains("32-byte `_v3` process records"),
         "{gpu:#}"
     );
+    // MPS clients too, from the `_v2` MPS list (nvml-wrapper does not wrap it): unread, they
+    // would be holders that no list names, their work on the GPU unseen.
+    let clients: Vec<Reaped> = (0..2)
+        .map(|_| world.holder(&["nvidiactl", "nvidia-uvm", "nvidia0"], 60))
+        .collect();
+    world.update(|s| {
+        for (i, c) in clients.iter().enumerate() {
+            let mut a = allocation(0, c.pid(), (i as u64 + 4) * GIB);
+            a.kind = vramguard_sim::state::AllocationKind::Mps;
+            s.allocations.push(a);
+        }
+    });
+    let status = Vg::new(&world, Path_::InProcess)
+        .arg_path("--nvml-lib", &sim_nvml_lib_535())
+        .args(["status", "--json"])
+        .json(0);
+    for (i, c) in clients.iter().enumerate() {
+        let h = holder(&status, 0, c.pid());
+        assert_eq!(h["listed"], serde_json::json!(true), "{h:#}");
+        assert_eq!(
+            h["used_bytes"],
+            serde_json::json!((i as u64 + 4) * GIB),
+            "{h:#}"
+        );
+    }
+    assert_eq!(
+        status["gpus"][0]["process_list"]["state"], "complete",
+        "{:#}",
+        status["gpus"][0]
+    );
 }
 
 /// GPU 0 in MIG mode with one 3g.71gb device holding a 5 GiB process.
