@@ -290,8 +290,8 @@ fn worker(
                     }
                     Err(e) => FromWorker::Error(format!("planning: {e}")),
                 },
-                Ok(ToWorker::Execute(asked)) => match pending.take() {
-                    Some((pid, prepared)) if pid == asked => {
+                Ok(ToWorker::Execute(asked)) => match plan_asked_for(&mut pending, asked) {
+                    Some((pid, prepared)) => {
                         // The node changed: the next refresh scans everything again.
                         depth = ScanDepth::Full;
                         // A dialog left open confirms a plan whose targets may work by now:
@@ -315,6 +315,13 @@ fn worker(
             }
         }
     }
+}
+
+/// The plan shown for `asked`, taken out of `pending`; `None` when the plan pending was made
+/// for another holder (a confirmation that crossed a new request) or none is: nothing is
+/// carried out then, and the plan of another holder is dropped, never run.
+fn plan_asked_for<P>(pending: &mut Option<(u32, P)>, asked: u32) -> Option<(u32, P)> {
+    pending.take().filter(|(pid, _)| *pid == asked)
 }
 
 /// The plan `vramguard reclaim` makes, for the job of `pid` only (see [`plan_options`]).
@@ -411,6 +418,20 @@ mod tests {
     /// A, a failed sample closing the Planning dialog, `r` on B, then A's plan arriving: A's
     /// plan was shown for B's request, and `y` carried out whatever the worker held, B's plan.
     /// A late reply is now ignored, and `y` names the pid its plan was made for.
+    #[test]
+    fn the_worker_carries_out_only_the_plan_made_for_the_pid_confirmed() {
+        let mut pending = Some((41, "plan of 41"));
+        assert_eq!(plan_asked_for(&mut pending, 42), None, "41's plan for 42");
+        assert_eq!(
+            pending, None,
+            "a plan that crossed another request is dropped"
+        );
+        let mut pending = Some((41, "plan of 41"));
+        assert_eq!(plan_asked_for(&mut pending, 41), Some((41, "plan of 41")));
+        assert_eq!(pending, None, "carried out once");
+        assert_eq!(plan_asked_for::<&str>(&mut None, 41), None);
+    }
+
     #[test]
     fn a_late_plan_reply_is_never_confirmed_for_another_request() {
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
