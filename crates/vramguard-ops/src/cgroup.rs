@@ -83,6 +83,11 @@ pub struct JobCgroup {
 /// Members pinned at once by [`JobCgroup::signal_members`].
 pub(crate) const SIGNAL_BATCH: usize = 256;
 
+/// The most cgroups of a job read (its own and those it made below it).
+pub const MAX_NESTED_CGROUPS: usize = 1024;
+/// How deep below the job's cgroup its own are read.
+pub const MAX_NESTING: usize = 16;
+
 impl JobCgroup {
     /// Creates `name` below this process's own cgroup.
     pub fn create(name: &str) -> Result<JobCgroup, CgroupError> {
@@ -119,11 +124,48 @@ impl JobCgroup {
         self.dir.join("cgroup.procs")
     }
 
-    /// The pids in it now.
+    /// The pids in it now, its child cgroups' included: a job that made cgroups of its own
+    /// (a container runtime, a nested `vramguard run`) keeps its processes there, and they
+    /// are the job's (red team: a signal forwarded to the job missed them).
     pub fn pids(&self) -> Vec<u32> {
-        std::fs::read_to_string(self.procs_file())
-            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-            .unwrap_or_default()
+        let mut pids = Vec::new();
+        for dir in self.dirs() {
+            if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(t.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Its directory, then its child cgroups' (parents before children), real directories
+    /// only, at most [`MAX_NESTED_CGROUPS`] of them [`MAX_NESTING`] levels deep.
+    fn dirs(&self) -> Vec<PathBuf> {
+        let mut out = vec![self.dir.clone()];
+        let mut level = vec![self.dir.clone()];
+        for _ in 0..MAX_NESTING {
+            let mut next = Vec::new();
+            for d in &level {
+                let Ok(entries) = std::fs::read_dir(d) else {
+                    continue;
+                };
+                for e in entries.flatten() {
+                    // `file_type` does not follow a symlink: a cgroup directory is a real one.
+                    if e.file_type().is_ok_and(|t| t.is_dir())
+                        && out.len() + next.len() < MAX_NESTED_CGROUPS
+                    {
+                        next.push(e.path());
+                    }
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            out.extend(next.iter().cloned());
+            level = next;
+        }
+        out
     }
 
     /// Whether any process is in it (`populated 1` in `cgroup.events`).
@@ -207,13 +249,15 @@ impl JobCgroup {
         }
     }
 
-    /// Removes the directory (it must be empty).
+    /// Removes the directory, child cgroups the job left first (each must be empty).
     pub fn remove(&self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
+        for dir in self.dirs().iter().rev() {
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -321,6 +365,35 @@ mod tests {
         for m in &mut members {
             assert_eq!(m.0.wait().unwrap().signal(), Some(libc::SIGTERM));
         }
+    }
+
+    /// A job that made a cgroup of its own below its job's: the processes there are the job's,
+    /// listed and signalled with the rest (red team: a forwarded signal missed them), and the
+    /// job's cgroup is removed with the ones it made.
+    #[test]
+    fn the_processes_of_a_cgroup_the_job_made_are_the_jobs() {
+        use std::os::unix::process::ExitStatusExt;
+        let cg = JobCgroup::create(&format!("vramguard-nested-test-{}", std::process::id()))
+            .expect("a writable cgroup v2 (the suite runs as root)");
+        let _made = Made {
+            sleeper: None,
+            cgroups: vec![cg.clone()],
+        };
+        let inner = cg.dir().join("inner").join("deeper");
+        std::fs::create_dir_all(&inner).unwrap();
+        let mut member = Reaped(
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap(),
+        );
+        std::fs::write(inner.join("cgroup.procs"), member.0.id().to_string()).unwrap();
+        assert_eq!(cg.pids(), vec![member.0.id()]);
+        assert_eq!(cg.signal_members(rustix::process::Signal::TERM), 1);
+        assert_eq!(member.0.wait().unwrap().signal(), Some(libc::SIGTERM));
+        assert!(cg.wait_empty(Duration::from_secs(5)));
+        cg.remove();
+        assert!(!cg.dir().exists(), "removed with the cgroups the job made");
     }
 
     #[test]
