@@ -702,7 +702,7 @@ pub fn supervise(
     if let Some(w) = &watchdog {
         exclude.insert(w.id());
     }
-    let job = Job {
+    let mut job = Job {
         main,
         cgroup,
         me,
@@ -732,6 +732,14 @@ pub fn supervise(
         // Once reaped, the main pid may be another process's, and that one may end up our
         // child too (re-parented to the subreaper): its end is not the job's.
         ending.record(reap(main));
+        // A watchdog that ended early is reaped with the job's children (waitpid -1): its pid
+        // is then free for a process of the job, which the walk must not skip (red team).
+        if let Some(fd) = &watchdog_pidfd
+            && !job.exclude.is_empty()
+            && has_exited(fd)
+        {
+            job.exclude.clear();
+        }
         if matches!(phase, Phase::Running) && last_tick.elapsed() >= opts.tick {
             on_tick(&job.pids_now());
             last_tick = Instant::now();
@@ -779,6 +787,17 @@ pub fn supervise(
         stuck: ending.stuck,
         runtime_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable).
+fn has_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    poll(&mut fds, Some(&now)).is_ok() && fds[0].revents().contains(PollFlags::IN)
 }
 
 /// Where the job is in its end.
@@ -857,15 +876,24 @@ fn advance(phase: &mut Phase, job: &Job, ending: &mut Ending, grace: Duration) -
     false
 }
 
-/// The watchdog: waits for `parent` to die (pidfd), then kills the job's cgroup, or the job's
-/// process group when there is no cgroup. Runs as its own process, so that it survives a
-/// SIGKILL of vramguard; vramguard kills it when the job ends normally.
+/// The watchdog: waits for `parent` to die (pidfd), then kills the job's cgroup, and the
+/// job's process group (a member that moved itself out of the cgroup is in it still). Runs as
+/// its own process, so that it survives a SIGKILL of vramguard; vramguard kills it when the
+/// job ends normally.
 ///
 /// `pgid_start` is the start time of the group's leader (the job's main process). A process
 /// that now has the group's pid but another start time took a pid the kernel freed, which it
 /// does only once no process is left in the group: the job's group is gone, and that process
-/// and its group (if it made one) are someone else's, so nothing is signalled.
+/// and its group (if it made one) are someone else's, so nothing is signalled. The group is
+/// never signalled by its id (`kill(-pgid)`): between the check and the kill its last member
+/// could exit and another process take the id (red team); each member is pinned first.
 pub fn watchdog(parent: u32, pgid: u32, pgid_start: Option<u64>, cgroup: Option<&Path>) -> ! {
+    // A pgid of 0 or 1 (`kill(0)`, init's group) or past a pid's range is no job's: refused
+    // before anything (the command is internal, but typed by hand it must not kill).
+    if !may_be_a_jobs_group(pgid) {
+        eprintln!("vramguard watchdog: {pgid} is no job's process group: nothing watched");
+        std::process::exit(2);
+    }
     // SAFETY: ignoring signals installs no handler code. A Ctrl-C meant for vramguard must not
     // take the watchdog down with it.
     unsafe {
@@ -873,40 +901,140 @@ pub fn watchdog(parent: u32, pgid: u32, pgid_start: Option<u64>, cgroup: Option<
             libc::signal(s, libc::SIG_IGN);
         }
     }
-    if let Some(p) = rustix::process::Pid::from_raw(parent as i32)
-        && let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
-    {
-        use rustix::event::{PollFd, PollFlags, poll};
-        loop {
-            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-            if poll(&mut fds, None).is_ok() && fds[0].revents().contains(PollFlags::IN) {
-                break;
-            }
+    wait_for_death_of(parent);
+    if let Some(dir) = cgroup {
+        let cg = JobCgroup::at(dir.to_path_buf());
+        cg.kill();
+        if cg.wait_empty(Duration::from_secs(5)) {
+            cg.remove();
         }
     }
-    match cgroup {
-        Some(dir) => {
-            let cg = JobCgroup::at(dir.to_path_buf());
-            cg.kill();
-            if cg.wait_empty(Duration::from_secs(5)) {
-                cg.remove();
-            }
-        }
-        None => {
-            let leader_now =
-                crate::identity::start_ticks(Path::new(vramguard_proc::OWN_PROC), pgid);
-            if group_is_the_jobs(pgid_start, leader_now) {
-                // SAFETY: the job's process group (see `group_is_the_jobs`).
-                unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
-            } else {
-                eprintln!(
+    match vramguard_proc::ProcFs::own() {
+        Ok(fs) => {
+            // SAFETY: getsid(0) reads this process's session id. The job's group was made in
+            // vramguard's session, which the watchdog shares (it only has a group of its own).
+            let session = unsafe { libc::getsid(0) } as u32;
+            match kill_group_members(&fs, pgid, pgid_start, session, || {}) {
+                GroupKill::Refused => eprintln!(
                     "vramguard watchdog: pid {pgid} is now another process (the job's process \
                      group is gone): nothing signalled"
-                );
+                ),
+                GroupKill::Killed(_) => {}
+            }
+        }
+        Err(e) => eprintln!(
+            "vramguard watchdog: cannot read /proc ({e}): the job's process \
+                             group was not signalled"
+        ),
+    }
+    std::process::exit(0)
+}
+
+/// Whether `pgid` can be a job's process group: not 0 (`kill(0)` is the caller's own group),
+/// not 1 (init's), and a pid (`kill(-pgid)` of a larger number is `kill(-1)`'s kin).
+fn may_be_a_jobs_group(pgid: u32) -> bool {
+    pgid > 1 && pgid <= i32::MAX as u32
+}
+
+/// Returns once `parent` has died: its pidfd turns readable; without a pidfd (a kernel before
+/// 5.3, or no descriptor left), once this process's parent is no longer `parent`. A failure
+/// to watch is never taken for a death: that would kill a job whose supervisor runs.
+fn wait_for_death_of(parent: u32) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let Some(p) = rustix::process::Pid::from_raw(parent as i32) else {
+        return;
+    };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => loop {
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            if poll(&mut fds, None).is_ok() && fds[0].revents().contains(PollFlags::IN) {
+                return;
+            }
+        },
+        Err(rustix::io::Errno::SRCH) => {}
+        Err(_) => {
+            while rustix::process::getppid() == Some(p) {
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
     }
-    std::process::exit(0)
+}
+
+/// What [`kill_group_members`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum GroupKill {
+    /// The group's id is another process's now: nothing was signalled.
+    Refused,
+    /// This many members got SIGKILL.
+    Killed(usize),
+}
+
+/// SIGKILLs every live member of process group `pgid` in `session`, without ever naming the
+/// group to the kernel: each member found in `/proc` is pinned (pidfd, start time checked),
+/// then the group's leader pid is checked to be the job's main process or no process (a
+/// group's id is not freed while a member is in it, so a member pinned while that holds is
+/// the job's), and only then are the pinned members signalled. Made again while members are
+/// found (one may have forked meanwhile), a few times at most. `between` runs after the first
+/// pinning, before the leader's check (the window a test needs to reach).
+fn kill_group_members(
+    fs: &vramguard_proc::ProcFs,
+    pgid: u32,
+    pgid_start: Option<u64>,
+    session: u32,
+    between: impl FnOnce(),
+) -> GroupKill {
+    let mut between = Some(between);
+    let mut killed = 0;
+    for _ in 0..10 {
+        let members: Vec<(u32, u64)> = fs
+            .pid_lister()
+            .and_then(|mut l| l.list())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|pid| {
+                let Ok(vramguard_proc::Found::Yes(st)) = fs.stat(pid) else {
+                    return None;
+                };
+                if st.pgid != Some(pgid) || st.sid != Some(session) {
+                    return None;
+                }
+                Some((pid, live_start(fs, pid)?))
+            })
+            .collect();
+        if members.is_empty() {
+            break;
+        }
+        let mut pass = 0;
+        for batch in members.chunks(crate::cgroup::SIGNAL_BATCH) {
+            let pinned: Vec<_> = batch
+                .iter()
+                .filter_map(|&(pid, start_ticks)| {
+                    verify(fs.root(), Identity { pid, start_ticks }).ok()
+                })
+                .collect();
+            if let Some(f) = between.take() {
+                f();
+            }
+            let leader_now = crate::identity::start_ticks(fs.root(), pgid);
+            if !group_is_the_jobs(pgid_start, leader_now) {
+                return if killed == 0 {
+                    GroupKill::Refused
+                } else {
+                    GroupKill::Killed(killed)
+                };
+            }
+            pass += pinned
+                .iter()
+                .filter(|v| v.signal(rustix::process::Signal::KILL).is_ok())
+                .count();
+        }
+        killed += pass;
+        if pass == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    GroupKill::Killed(killed)
 }
 
 /// Whether the process group `pgid` may still be the job's: its leader is the job's main
@@ -921,7 +1049,109 @@ fn group_is_the_jobs(main_start: Option<u64>, leader_now: Option<u64>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_signal, group_is_the_jobs, signal_name, tree_under};
+    use super::{
+        GroupKill, describe_signal, group_is_the_jobs, kill_group_members, may_be_a_jobs_group,
+        signal_name, tree_under,
+    };
+    use std::os::unix::process::CommandExt;
+
+    /// A `sleep 60` killed by pid and reaped however the test ends.
+    struct Sleeper(std::process::Child);
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper(group: Option<u32>, new_session: bool) -> Sleeper {
+        let mut c = std::process::Command::new("sleep");
+        c.arg("60");
+        if let Some(g) = group {
+            c.process_group(g as i32);
+        }
+        if new_session {
+            // SAFETY: setsid between fork and exec.
+            unsafe {
+                c.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        }
+        Sleeper(c.spawn().unwrap())
+    }
+
+    fn own_session() -> u32 {
+        // SAFETY: getsid(0) reads this process's session id.
+        unsafe { libc::getsid(0) as u32 }
+    }
+
+    fn start_of(pid: u32) -> Option<u64> {
+        crate::identity::start_ticks(std::path::Path::new("/proc"), pid)
+    }
+
+    /// The watchdog's kill of a group whose leader is gone: the member left is pinned and
+    /// killed (the group's id is reserved while it lives).
+    #[test]
+    fn the_watchdog_kills_the_members_of_a_job_group_whose_leader_is_gone() {
+        let fs = vramguard_proc::ProcFs::own().unwrap();
+        let mut leader = sleeper(Some(0), false);
+        let pgid = leader.0.id();
+        let leader_start = start_of(pgid);
+        let mut member = sleeper(Some(pgid), false);
+        leader.0.kill().unwrap();
+        leader.0.wait().unwrap();
+        let done = kill_group_members(&fs, pgid, leader_start, own_session(), || {});
+        assert_eq!(done, GroupKill::Killed(1));
+        let status = member.0.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+    }
+
+    /// The group's leader pid is another process now (start time differs): nothing is
+    /// signalled, checked after the members were pinned.
+    #[test]
+    fn the_watchdog_spares_a_group_led_by_another_process_now() {
+        let fs = vramguard_proc::ProcFs::own().unwrap();
+        let mut other = sleeper(Some(0), false);
+        let pgid = other.0.id();
+        let mut member = sleeper(Some(pgid), false);
+        let wrong = start_of(pgid).unwrap() + 1;
+        let mut checked = false;
+        let done = kill_group_members(&fs, pgid, Some(wrong), own_session(), || checked = true);
+        assert_eq!(done, GroupKill::Refused);
+        assert!(checked, "the leader is checked after the pinning");
+        assert!(other.0.try_wait().unwrap().is_none(), "the leader lives");
+        assert!(member.0.try_wait().unwrap().is_none(), "its member lives");
+    }
+
+    /// A group of another session is no job's group (the job's was made in vramguard's):
+    /// even without the leader's start time to compare, its processes get nothing. Signalled
+    /// by its id, as before, it was killed.
+    #[test]
+    fn the_watchdog_spares_a_group_of_another_session() {
+        let fs = vramguard_proc::ProcFs::own().unwrap();
+        let mut other = sleeper(None, true);
+        let pgid = other.0.id();
+        assert!(start_of(pgid).is_some());
+        let done = kill_group_members(&fs, pgid, None, own_session(), || {});
+        assert_eq!(done, GroupKill::Killed(0));
+        assert!(
+            other.0.try_wait().unwrap().is_none(),
+            "another session's leader lives"
+        );
+    }
+
+    #[test]
+    fn the_watchdog_refuses_a_group_id_no_job_can_have() {
+        for pgid in [0, 1, i32::MAX as u32 + 1, u32::MAX] {
+            assert!(!may_be_a_jobs_group(pgid), "{pgid}");
+        }
+        assert!(may_be_a_jobs_group(2));
+        assert!(may_be_a_jobs_group(i32::MAX as u32));
+    }
 
     /// Red team: a pid the job's cgroup listed whose process exited, the pid then taken by a
     /// process outside the job before its start time was read, is not signalled: the job is
