@@ -1068,3 +1068,67 @@ fn run_in_the_background_of_an_interactive_shell_leaves_it_the_terminal() {
     assert_eq!(v["foreground_job_has_terminal"], true, "{v}");
     assert_eq!(v["terminal_back_after_foreground"], true, "{v}");
 }
+
+/// The supervisor skips its watchdog's pid when it walks the job's tree. A job that killed
+/// the watchdog and then got its pid (handed out here through `ns_last_pid`, in a PID
+/// namespace of its own; a job can also cycle through pids) hid a process from every walk:
+/// the job ended with it running (red team). Once the watchdog has exited, its pid is the
+/// job's like any other.
+#[test]
+fn a_job_process_on_the_pid_of_its_dead_watchdog_is_still_the_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let job = dir.path().join("job.sh");
+    std::fs::write(
+        &job,
+        format!(
+            r#"W=""
+for c in $(cat /proc/$PPID/task/*/children); do [ "$c" != "$$" ] && W=$c; done
+grep -q __watchdog /proc/$W/cmdline || {{ echo "no watchdog beside the job" >&2; exit 90; }}
+kill -9 $W
+while [ -e /proc/$W ]; do sleep 0.01; done
+for i in $(seq 300); do
+  echo $((W - 1)) > /proc/sys/kernel/ns_last_pid
+  sh -c 'trap "echo TERM > {d}/hidden-term; exit 0" TERM; touch {d}/ready-$$; while :; do sleep 0.05; done' &
+  if [ $! = $W ]; then echo $! > {d}/hidden; break; fi
+  kill -KILL $!
+done
+n=0
+while [ ! -e {d}/ready-$W ] && [ $n -lt 500 ]; do sleep 0.01; n=$((n + 1)); done
+exit 0
+"#
+        ),
+    )
+    .unwrap();
+    let mark = marker();
+    let _sweep = Sweep(mark.clone());
+    let (k, v) = mark.split_once('=').unwrap();
+    // vramguard is PID 1 there: the namespace, and whatever the job left in it, ends with it.
+    let out = vg_wrapped("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            BIN,
+            "run",
+            "--grace",
+            "3s",
+        ])
+        .args(["--isolation", "group", "--", "sh"])
+        .arg(&job)
+        .env(k, v)
+        .env_remove("VRAMGUARD_SIM")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        dir.path().join("hidden").exists(),
+        "the job did not get its watchdog's pid: {err}"
+    );
+    assert!(
+        dir.path().join("hidden-term").exists(),
+        "the job's process on the watchdog's old pid got no SIGTERM from the job's end \
+         (only the namespace's SIGKILL): {err}"
+    );
+}
