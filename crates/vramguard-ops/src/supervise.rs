@@ -768,8 +768,12 @@ pub fn supervise(
                 let _ = w.try_wait();
             }
             None => {
-                let _ = w.kill();
-                let _ = w.wait();
+                // Without a pidfd, by pid only while that pid is an unreaped child of ours:
+                // `reap` may have taken the watchdog, and its pid be an outsider's by now.
+                if matches!(w.try_wait(), Ok(None)) {
+                    let _ = w.kill();
+                    let _ = w.wait();
+                }
             }
         }
     }
