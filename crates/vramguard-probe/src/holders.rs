@@ -1,11 +1,12 @@
 //! Processes that hold GPU memory for an experiment.
 
 use std::io::BufRead;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vramguard_ops::identity::{Identity, start_ticks, verify};
+use vramguard_ops::identity::{Identity, Verified, start_ticks, verify};
 use vramguard_ops::spawn::with_default_signals;
 
 /// What a holder must do: hold `bytes` on `gpu`, with `children` children inheriting its
@@ -63,10 +64,13 @@ pub enum HolderKind {
 /// A holder process (and the children it forked).
 pub struct Holding {
     child: Child,
-    /// Its pid.
+    /// The child's pidfd, opened while it was surely ours (unreaped): every signal to the
+    /// holder goes through it, never by a pid it reported.
+    pidfd: Option<OwnedFd>,
+    /// The pid that holds the memory, as the driver lists it.
     pub pid: u32,
-    /// Children that inherited its context, with their start times.
-    pub children: Vec<Identity>,
+    /// Children that inherited its context: each pinned, and the holder's child when pinned.
+    children: Vec<Verified>,
     exited: Option<Instant>,
 }
 
@@ -90,13 +94,39 @@ pub enum HolderError {
     Spawner(String),
 }
 
-fn identities(pids: impl IntoIterator<Item = u32>) -> Vec<Identity> {
-    pids.into_iter()
+/// The holder's children among the pids it reported, each pinned (pidfd first) and a child of
+/// `holder` (our own child) once pinned: a reported pid that names anything else here (a pid
+/// of another PID namespace, a process that took a dead child's pid) is not the holder's.
+fn pinned_children(holder: u32, reported: impl IntoIterator<Item = u32>) -> Vec<Verified> {
+    let fs = Path::new(vramguard_proc::OWN_PROC);
+    reported
+        .into_iter()
         .filter_map(|pid| {
-            start_ticks(Path::new(vramguard_proc::OWN_PROC), pid)
-                .map(|start_ticks| Identity { pid, start_ticks })
+            let start_ticks = start_ticks(fs, pid)?;
+            let pinned = verify(fs, Identity { pid, start_ticks }).ok()?;
+            let parent = vramguard_proc::ProcFs::open(fs)
+                .ok()?
+                .stat(pid)
+                .ok()?
+                .ok()?
+                .ppid;
+            (parent == Some(holder)).then_some(pinned)
         })
         .collect()
+}
+
+/// A holding of `child`, the holder, its pidfd opened while the child is unreaped.
+fn holding(child: Child, pid: u32, reported_children: Vec<u32>) -> Holding {
+    let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+    let children = pinned_children(child.id(), reported_children);
+    Holding {
+        child,
+        pidfd,
+        pid,
+        children,
+        exited: None,
+    }
 }
 
 impl HolderKind {
@@ -150,13 +180,8 @@ impl HolderKind {
                     .next()
                     .and_then(|p| p.parse().ok())
                     .unwrap_or(child.id());
-                let kids = identities(words.filter_map(|w| w.parse().ok()));
-                Ok(Holding {
-                    pid,
-                    child,
-                    children: kids,
-                    exited: None,
-                })
+                let kids = words.filter_map(|w| w.parse().ok()).collect();
+                Ok(holding(child, pid, kids))
             }
             HolderKind::Spawner(spawn) => {
                 let started = spawn(&HoldRequest {
@@ -166,12 +191,7 @@ impl HolderKind {
                     lifetime,
                     scratch,
                 })?;
-                Ok(Holding {
-                    pid: started.pid,
-                    child: started.child,
-                    children: identities(started.children),
-                    exited: None,
-                })
+                Ok(holding(started.child, started.pid, started.children))
             }
             HolderKind::Command { cmd, device } => {
                 let child = with_default_signals(&mut Command::new("sh"))
@@ -184,22 +204,21 @@ impl HolderKind {
                         what: format!("`{cmd}`"),
                         cause,
                     })?;
-                Ok(Holding {
-                    pid: child.id(),
-                    child,
-                    children: vec![],
-                    exited: None,
-                })
+                let pid = child.id();
+                Ok(holding(child, pid, Vec::new()))
             }
         }
     }
 }
 
 impl Holding {
-    /// Sends `sig` to the holder (our own child).
+    /// Sends `sig` to the holder, our own child, through its pidfd (nothing without one: the
+    /// pid it reported is not trusted with a signal, and `child.id()` may be reaped and reused
+    /// by then).
     pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own unreaped child.
-        unsafe { libc::kill(self.pid as i32, sig) };
+        if let (Some(fd), Some(sig)) = (&self.pidfd, rustix::process::Signal::from_named_raw(sig)) {
+            let _ = rustix::process::pidfd_send_signal(fd, sig);
+        }
     }
 
     /// Polls for the holder's exit; returns when it happened, once seen.
@@ -224,19 +243,20 @@ impl Holding {
         }
     }
 
-    /// Whether any child that inherited the context still lives.
-    pub fn children_alive(&self) -> bool {
-        self.children
-            .iter()
-            .any(|c| start_ticks(Path::new(vramguard_proc::OWN_PROC), c.pid) == Some(c.start_ticks))
+    /// How many children that inherited the context were pinned.
+    pub fn children_count(&self) -> usize {
+        self.children.len()
     }
 
-    /// SIGKILLs the children (verified by pid and start time).
+    /// Whether any child that inherited the context still lives.
+    pub fn children_alive(&self) -> bool {
+        self.children.iter().any(|c| !c.has_exited())
+    }
+
+    /// SIGKILLs the children, through the pidfds pinned when the holder was ready.
     pub fn kill_children(&self) {
         for c in &self.children {
-            if let Ok(v) = verify(Path::new(vramguard_proc::OWN_PROC), *c) {
-                let _ = v.signal(rustix::process::Signal::KILL);
-            }
+            let _ = c.signal(rustix::process::Signal::KILL);
         }
     }
 }
@@ -246,5 +266,64 @@ impl Drop for Holding {
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.kill_children();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pinned_children;
+    use std::time::{Duration, Instant};
+
+    /// A child killed by pid and reaped however the test ends.
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A pid a holder reports is taken for its child only when it is one here: a pid of
+    /// another namespace, or any other process that has that number here, is not pinned (red
+    /// team: the probe SIGKILLed such a process at its end).
+    #[test]
+    fn only_the_holders_own_children_are_pinned_as_its_children() {
+        let holder = Reaped(
+            std::process::Command::new("sh")
+                .args(["-c", "sleep 60 & wait"])
+                .spawn()
+                .unwrap(),
+        );
+        let outsider = Reaped(
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap(),
+        );
+        let h = holder.0.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let child = loop {
+            let listed =
+                std::fs::read_to_string(format!("/proc/{h}/task/{h}/children")).unwrap_or_default();
+            if let Some(c) = listed.split_whitespace().next() {
+                break c.parse::<u32>().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the holder's child never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let pinned = pinned_children(h, [child, outsider.0.id(), 0, u32::MAX]);
+        let pids: Vec<u32> = pinned.iter().map(|v| v.identity.pid).collect();
+        assert_eq!(pids, vec![child]);
+        // Its end: the holder's child, killed through the pidfd pinned.
+        let _ = pinned[0].signal(rustix::process::Signal::KILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pinned[0].has_exited() {
+            assert!(Instant::now() < deadline, "the child was not killed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }

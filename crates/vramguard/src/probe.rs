@@ -163,6 +163,22 @@ fn holder_kind(
     g: &GpuSample,
 ) -> Result<(HolderKind, String)> {
     let exe = std::env::current_exe().context("locating the vramguard executable")?;
+    if let Some(state) = settings.driver.sim_state() {
+        // The simulator's holders report their pids as its `proc_root` numbers them, and
+        // the probe signals them: another namespace's numbers would name other processes here.
+        let proc_root = vramguard_sim::state::SimState::load(state)
+            .with_context(|| format!("reading {}", state.display()))?
+            .proc_root;
+        let own = vramguard_proc::ProcFs::open(&proc_root).is_ok_and(|fs| fs.is_own_namespace());
+        if !own {
+            bail!(
+                "probe starts and signals holders, so the simulated driver's proc_root must be \
+                 this PID namespace's /proc; {} is not (run the probe in the namespace whose \
+                 /proc the state names)",
+                vramguard_core::sanitize::shown(&proc_root.display().to_string())
+            );
+        }
+    }
     Ok(match (settings.driver.sim_state(), &common.holder_cmd) {
         (Some(state), _) => (
             HolderKind::Spawner(Arc::new(sim_holders(exe, state.to_path_buf()))),

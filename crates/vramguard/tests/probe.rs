@@ -255,6 +255,20 @@ fn bad_requests_are_refused_with_a_reason() {
             .code(2),
     );
     assert!(err.contains("unknown signal \"FOO\""), "{err}");
+    // A simulated driver that numbers processes through another /proc: its holders' pids are
+    // not this namespace's, and the probe would signal other processes (red team).
+    let elsewhere = world.dir.path().join("another-proc");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    world.update(|s| s.proc_root = elsewhere.clone());
+    let err = stderr(
+        &Vg::new(&world, Path_::InProcess)
+            .args(["probe", "release", "--size", "1GiB"])
+            .code(2),
+    );
+    assert!(
+        err.contains("the simulated driver's proc_root must be this PID namespace's /proc"),
+        "{err}"
+    );
     // The built-in CUDA holder without a driver.
     let out = Vg::bare()
         .args(["__cuda-hold", "--pci", "00000000:19:00.0", "--bytes", "1"])
