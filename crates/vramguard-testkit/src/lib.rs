@@ -80,11 +80,14 @@ impl Spawned {
     /// Kills every tracked process that still is who it was.
     pub fn kill_all(&mut self) {
         for (pid, start) in self.0.drain(..) {
+            // Pinned by a pidfd first, then checked: the process is then the one recorded
+            // until the signal, which goes through the pidfd.
             if start.is_some()
-                && start_ticks(pid) == start
                 && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
+                && let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+                && start_ticks(pid) == start
             {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
             }
         }
     }

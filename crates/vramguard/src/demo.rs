@@ -56,10 +56,17 @@ impl Started {
         }
         self.children.clear();
         for (pid, start) in self.others.drain(..) {
-            if start.is_some()
-                && start_ticks(pid) == start
-                && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
-                && rustix::process::kill_process(p, rustix::process::Signal::KILL).is_ok()
+            // Pinned first, then checked: a start time read before the kill(2) of a pid would
+            // leave a window for the pid to go to another process (red team).
+            if let Some(start) = start
+                && let Ok(pinned) = vramguard_ops::identity::verify(
+                    std::path::Path::new(vramguard_proc::OWN_PROC),
+                    vramguard_ops::identity::Identity {
+                        pid,
+                        start_ticks: start,
+                    },
+                )
+                && pinned.signal(rustix::process::Signal::KILL).is_ok()
             {
                 killed += 1;
             }
