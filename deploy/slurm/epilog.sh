@@ -89,6 +89,17 @@ fi
 # The verdict line of the diagnosis is the reason an admin reads in `sinfo -R`.
 reason=$(NO_COLOR=1 "$VRAMGUARD" diagnose --gpu "$GPUS" 2>&1 | sed -n 's/^verdict: //p' | head -c 200)
 reason=${reason:-"GPU memory still held after job ${SLURM_JOB_ID:-?}"}
+# A node someone else drained (or set down) stays theirs: writing our reason over theirs
+# would make the heal take the drain for vramguard's, reset the GPUs and resume the node
+# (a maintenance drain undone). Read with the same bound; unreadable, the drain goes ahead
+# (an unreachable controller takes no update either).
+node_line=$(timeout 30 scontrol show node "$NODE" --oneliner 2>/dev/null)
+if printf '%s\n' "$node_line" | grep -q ' Reason=' &&
+    ! printf '%s\n' "$node_line" | grep -q ' Reason=vramguard:'; then
+    theirs=$(printf '%s\n' "$node_line" | sed -n 's/.* Reason=//p' | head -c 200)
+    log "GPUs $GPUS not clean ($reason); $NODE is drained by someone else already ($theirs): their drain is left as it is, and no heal is scheduled"
+    exit 0
+fi
 log "draining $NODE: $reason"
 scontrol update NodeName="$NODE" State=DRAIN Reason="vramguard: $reason" >>"$LOG" 2>&1
 schedule_heal

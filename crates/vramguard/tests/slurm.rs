@@ -718,6 +718,56 @@ fn residue_drains_the_node_and_the_heal_resets_and_resumes_it_once_idle() {
     figure("test total", Instant::now() - t_test);
 }
 
+/// An admin drains the node while a job runs (maintenance); the job leaves residue. Its
+/// epilog finds the GPU not clean but leaves the admin's drain and reason as they are and
+/// schedules no heal: with its own reason written over the admin's, the heal took the drain
+/// for vramguard's, reset the GPU and resumed the node (red team).
+#[test]
+fn the_epilog_leaves_an_admins_drain_as_it_is() {
+    if !slurm_installed("slurm") {
+        return;
+    }
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let world = World::new(1);
+    let mut c = Cluster::start(&world, 1);
+    let leak = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 3 * GIB, "after_exit": "leak" }]),
+    );
+    let (job, trainer, _) = c.trainer_job("leaky", Some("gpu:1"), leak);
+    c.run(
+        "scontrol",
+        &[
+            "update",
+            &format!("NodeName={}", c.node),
+            "State=DRAIN",
+            "Reason=maintenance: replace PSU, do not resume",
+        ],
+    );
+    c.run("scancel", &[&job.to_string()]);
+    c.wait(30, "the trainer to be killed by Slurm", || !alive(trainer));
+    c.wait(60, "the epilog to decide about the drain", || {
+        let log = c.epilog_log();
+        log.contains("is drained by someone else already") || log.contains("draining ")
+    });
+    let reason = c.node_reason();
+    assert!(
+        reason.starts_with("maintenance: replace PSU, do not resume"),
+        "{reason}\n{}",
+        c.epilog_log()
+    );
+    assert!(c.node_state().contains("DRAIN"), "{}", c.node_state());
+    assert!(
+        !c.epilog_log().contains("scheduled vramguard slurm heal"),
+        "{}",
+        c.epilog_log()
+    );
+    let used = status(&world)["gpus"][0]["memory"]["used"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(used >= 3 * GIB, "nothing was reset");
+}
+
 /// A heal that gave up waiting (a long job still ran when its `--wait` ended) leaves the node
 /// drained by vramguard; when that job ends, its epilog starts the heal again, which waits for
 /// the job to leave, resets the GPU and resumes the node: no admin needed.
