@@ -251,7 +251,7 @@ impl Agent {
         }
         self.stirred = false;
         self.calm = None;
-        if depth == ScanDepth::Full && self.config.agent.watch_opens && !self.watching_opens {
+        if depth.scans_every_process() && self.config.agent.watch_opens && !self.watching_opens {
             // Before the scan: an open during it (hundreds of ms on a busy node) is then seen
             // now, not at the next full scan.
             self.start_watching_opens();
@@ -279,7 +279,7 @@ impl Agent {
         };
         let now = self.now();
         match depth {
-            ScanDepth::Full => {
+            ScanDepth::Full | ScanDepth::Thorough => {
                 self.opens_lost = false;
                 self.last_full = Some(now);
                 self.last_discover = now;
@@ -337,7 +337,7 @@ impl Agent {
             &SampleFacts {
                 duration_secs: self.since(t0).as_secs_f64(),
                 depth: match depth {
-                    ScanDepth::Full => "full",
+                    ScanDepth::Full | ScanDepth::Thorough => "full",
                     ScanDepth::NewProcesses => "new_processes",
                     ScanDepth::Holders => "holders",
                     ScanDepth::Cached => "cached",
@@ -359,7 +359,7 @@ impl Agent {
         }
         self.calm = self.calm_after(&snap, &report);
         self.publish(report, &firing);
-        if depth == ScanDepth::Full {
+        if depth.scans_every_process() {
             return_free_heap_pages();
         }
     }

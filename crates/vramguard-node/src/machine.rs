@@ -212,8 +212,10 @@ impl MachineNode {
 
 impl Node for MachineNode {
     fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
-        if matches!(depth, ScanDepth::Full | ScanDepth::NewProcesses)
-            && let Some(opens) = self.opens.as_mut()
+        if matches!(
+            depth,
+            ScanDepth::Full | ScanDepth::Thorough | ScanDepth::NewProcesses
+        ) && let Some(opens) = self.opens.as_mut()
         {
             // Device files made since (a new GPU, a driver reload, `nvidia-uvm` loaded on
             // first use) are watched from now on: within a listing period, not a full scan's.

@@ -1157,7 +1157,7 @@ impl<'a> Run<'a> {
     /// never while a process holds the device.
     fn reset_gpus(&mut self) -> Result<Vec<ResetOutcome>, ExecuteError> {
         let mut resets = Vec::new();
-        let now_report = match self.classified_snapshot() {
+        let now_report = match self.reset_look() {
             Ok(report) => report,
             Err(e) => {
                 // Nothing is reset blind; the result still says what was done.
@@ -1217,7 +1217,7 @@ impl<'a> Run<'a> {
             // Looked at again right before this GPU's reset: waiting for earlier GPUs' resets
             // (up to release_timeout each) leaves time for a new job to open this one.
             let again = loop {
-                let again = self.classified_snapshot();
+                let again = self.reset_look();
                 // Only an NVML client may let go on request (the agent): a reset that
                 // anything else blocks too is refused at once, as without a lock. A stop
                 // request (Ctrl-C) ends the wait.
@@ -1481,6 +1481,14 @@ impl<'a> Run<'a> {
     /// only follow what the plan did.
     fn classified_snapshot(&mut self) -> Result<Report, ExecuteError> {
         let snap = self.node.snapshot(ScanDepth::Full)?;
+        Ok(classify(&snap, self.policy))
+    }
+
+    /// The look a reset is decided on: every process, and the fd tables of threads that have
+    /// their own ([`ScanDepth::Thorough`]): a reset destroys every context of the GPU, so
+    /// every holder of its device file must be seen.
+    fn reset_look(&mut self) -> Result<Report, ExecuteError> {
+        let snap = self.node.snapshot(ScanDepth::Thorough)?;
         Ok(classify(&snap, self.policy))
     }
 
@@ -2446,7 +2454,7 @@ mod tests {
     }
     impl Node for ChangesAt {
         fn snapshot(&mut self, depth: ScanDepth) -> Result<Snapshot, NodeError> {
-            if depth == ScanDepth::Full {
+            if depth.scans_every_process() {
                 self.full += 1;
                 if self.full == self.change_at {
                     self.inner.edit_snapshot(|s| {

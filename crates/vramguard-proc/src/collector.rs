@@ -33,6 +33,11 @@ use vramguard_core::snapshot::{
 pub enum ScanDepth {
     /// Scan the fds of every process.
     Full,
+    /// [`ScanDepth::Full`], and the fd tables of threads that have one of their own
+    /// (`unshare(CLONE_FILES)`), which the process's `fd/` does not show: for the look right
+    /// before a GPU reset, which must see every holder of the device (a task list and a
+    /// `kcmp` per thread on top of a full scan).
+    Thorough,
     /// List `/proc`; scan the fds of processes not seen before and of listed pids.
     NewProcesses,
     /// Known holders, listed pids and their relatives only; no listing of `/proc`.
@@ -43,6 +48,13 @@ pub enum ScanDepth {
     /// no pidfd announces (a leader thread exiting while other threads live on, a change of
     /// process group) waits for the next [`ScanDepth::Holders`] collection.
     Cached,
+}
+
+impl ScanDepth {
+    /// Whether every process's fds are scanned ([`ScanDepth::Full`] or deeper).
+    pub fn scans_every_process(self) -> bool {
+        matches!(self, ScanDepth::Full | ScanDepth::Thorough)
+    }
 }
 
 /// The process half of a snapshot.
@@ -143,6 +155,8 @@ pub struct ProcCollector {
     /// The tree shows this process's PID namespace, so a pidfd names the process its pid
     /// names there.
     pidfds_usable: bool,
+    /// This collection reads threads' own fd tables too ([`ScanDepth::Thorough`]).
+    thorough: bool,
     /// Every process of the last collection has a pidfd and is not dying: a cached
     /// collection would re-read none of them ([`ProcCollector::nothing_exited`]).
     last_all_reusable: bool,
@@ -314,6 +328,7 @@ impl ProcCollector {
             max_stat_fds: (nofile / 2).saturating_sub(64) as usize,
             command_lines: true,
             pidfds_usable: false,
+            thorough: false,
             last_all_reusable: false,
             cgroup_mounts: Vec::new(),
             last_job_cgroups: Vec::new(),
@@ -774,8 +789,9 @@ impl ProcCollector {
         now_ms: u64,
     ) -> Result<Collected, ProcError> {
         self.collections += 1;
+        self.thorough = depth == ScanDepth::Thorough;
         self.retry_unread_address_spaces();
-        if depth == ScanDepth::Full {
+        if depth.scans_every_process() {
             self.refresh_host();
             self.devices = DeviceTable::load(&self.dev_dir);
         }
@@ -811,7 +827,7 @@ impl ProcCollector {
             scan: ScanFacts {
                 proc_root: self.fs.root().display().to_string(),
                 dev_dir: self.dev_dir.display().to_string(),
-                full_fd_scan: depth == ScanDepth::Full,
+                full_fd_scan: depth.scans_every_process(),
                 limitations,
                 descendants_unread: Vec::new(),
             },
@@ -881,7 +897,7 @@ impl ProcCollector {
         let due = self
             .host_memory_at_ms
             .is_none_or(|at| now_ms.saturating_sub(at) >= HOST_MEMORY_EVERY_MS);
-        if depth == ScanDepth::Full || due {
+        if depth.scans_every_process() || due {
             self.host_memory_at_ms = Some(now_ms);
             // Without a listing in this collection, the processes the last one found.
             let known: Vec<u32>;
@@ -1010,7 +1026,7 @@ impl ProcCollector {
     ) -> Result<Option<Vec<u32>>, ProcError> {
         let listing = match depth {
             ScanDepth::Holders | ScanDepth::Cached => None,
-            ScanDepth::NewProcesses | ScanDepth::Full => {
+            ScanDepth::NewProcesses | ScanDepth::Full | ScanDepth::Thorough => {
                 let forks = self.fs.forks_since_boot();
                 if depth == ScanDepth::NewProcesses
                     && forks.is_some()
@@ -1053,7 +1069,7 @@ impl ProcCollector {
         let listed_set: HashSet<u32> = listed.iter().copied().collect();
         let needs_scan = |pid: &u32, known: &HashMap<u32, Known>| {
             let k = known.get(pid);
-            depth == ScanDepth::Full
+            depth.scans_every_process()
                 || (depth == ScanDepth::NewProcesses
                     && k.is_none_or(|k| matches!(k.devices, FdScan::NotScanned)))
                 || (listed_set.contains(pid)
@@ -1643,10 +1659,17 @@ impl ProcCollector {
     /// Fd-scans `pids`, on every core when there are many.
     fn scan_fds(&self, pids: &[u32]) -> Result<Vec<(u32, Found<FdScan>)>, ProcError> {
         let (fs, devices) = (&self.fs, &self.devices);
-        on_every_core(pids, self.threads(), |pid| fs.device_files(pid, devices))
-            .into_iter()
-            .map(|(pid, found)| Ok((pid, found?)))
-            .collect()
+        let (thorough, own) = (self.thorough, self.pidfds_usable);
+        on_every_core(pids, self.threads(), |pid| {
+            if thorough {
+                fs.device_files_of_every_table(pid, devices, own)
+            } else {
+                fs.device_files(pid, devices)
+            }
+        })
+        .into_iter()
+        .map(|(pid, found)| Ok((pid, found?)))
+        .collect()
     }
 
     /// Threads for reading many processes at once (see [`ProcCollector::threads`]'s field).

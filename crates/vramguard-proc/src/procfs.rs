@@ -304,8 +304,33 @@ impl ProcFs {
     /// Whether any of `pid`'s open fds links to `target` (`/proc/PID/fd/*`, one `readlinkat`
     /// per fd): for a device file that is no character device (the simulator's).
     pub fn holds_open(&self, pid: u32, target: &Path) -> Result<Found<bool>, ProcError> {
-        let rel = format!("{pid}/fd");
-        let dir = match self.open_dir(&rel)? {
+        self.holds_open_at(&format!("{pid}/fd"), target)
+    }
+
+    /// [`ProcFs::holds_open`] through every fd table of `pid`: its own and those of threads
+    /// that have one of their own (`unshare(CLONE_FILES)`), as a driver sees every open file
+    /// whatever table holds it (the simulated driver's reset refuses on this).
+    pub fn holds_open_in_any_table(
+        &self,
+        pid: u32,
+        target: &Path,
+    ) -> Result<Found<bool>, ProcError> {
+        match self.holds_open(pid, target)? {
+            Found::Yes(false) => {}
+            other => return Ok(other),
+        }
+        for tid in self.other_threads(pid) {
+            if let Ok(Found::Yes(true)) =
+                self.holds_open_at(&format!("{pid}/task/{tid}/fd"), target)
+            {
+                return Ok(Found::Yes(true));
+            }
+        }
+        Ok(Found::Yes(false))
+    }
+
+    fn holds_open_at(&self, rel: &str, target: &Path) -> Result<Found<bool>, ProcError> {
+        let dir = match self.open_dir(rel)? {
             Found::Yes(d) => d,
             Found::Gone => return Ok(Found::Gone),
             Found::Denied => return Ok(Found::Denied),
@@ -654,6 +679,39 @@ impl ProcFs {
         Ok(Found::Yes(scan))
     }
 
+    /// [`ProcFs::device_files`], and the fd tables of `pid`'s threads that have one of their
+    /// own (`unshare(CLONE_FILES)`): such a thread can hold a device file the process's `fd/`
+    /// does not show (red team: a GPU reset ran under one; only the driver refused it). Where
+    /// `pids_are_ours` (this tree is vramguard's own namespace), one `kcmp(KCMP_FILES)` per
+    /// thread tells a shared table from its own, and only its own is read; otherwise, or where
+    /// `kcmp` cannot tell, every thread's table is read (at most
+    /// [`MAX_THREADS_LOOKED_AT`]).
+    pub fn device_files_of_every_table(
+        &self,
+        pid: u32,
+        devices: &DeviceTable,
+        pids_are_ours: bool,
+    ) -> Result<Found<FdScan>, ProcError> {
+        let mut files = match self.device_files(pid, devices)? {
+            Found::Yes(FdScan::Scanned(files)) => files,
+            other => return Ok(other),
+        };
+        for tid in self.other_threads(pid) {
+            if pids_are_ours && Self::same_fd_table(pid, tid) == Some(true) {
+                continue;
+            }
+            match self.scan_fd_dir(&format!("{pid}/task/{tid}/fd"), devices)? {
+                Found::Yes((FdScan::Scanned(more), _)) => files.extend(more),
+                // Exited meanwhile: its files are closed.
+                Found::Yes(_) | Found::Gone => {}
+                Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+            }
+        }
+        files.sort_unstable();
+        files.dedup();
+        Ok(Found::Yes(FdScan::Scanned(files)))
+    }
+
     /// Which NVIDIA driver libraries the process maps (`/proc/PID/maps`, read in pieces up to
     /// [`MAX_MAPS_BYTES`], stopping at the first `libcuda.so*`). A zombie leader's own map is
     /// empty while its other threads live on: the first other thread's is read. A map that is
@@ -846,6 +904,29 @@ impl ProcFs {
         files.sort_unstable();
         files.dedup();
         Ok(Found::Yes((FdScan::Scanned(files), entries)))
+    }
+
+    /// Whether threads `a` and `b` (pids of vramguard's own namespace) share one fd table:
+    /// `kcmp(2)` with `KCMP_FILES`; `None` where it cannot tell (no `kcmp` in this kernel, a
+    /// thread gone, no permission).
+    fn same_fd_table(a: u32, b: u32) -> Option<bool> {
+        const KCMP_FILES: libc::c_long = 2;
+        // SAFETY: kcmp takes two pids, a type and two unused integers; it reads no memory of ours.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_kcmp,
+                libc::c_long::from(a as i32),
+                libc::c_long::from(b as i32),
+                KCMP_FILES,
+                0 as libc::c_long,
+                0 as libc::c_long,
+            )
+        };
+        match r {
+            0 => Some(true),
+            1 | 2 => Some(false),
+            _ => None,
+        }
     }
 
     /// The pid `self` resolves to: vramguard's pid in this tree's namespace.

@@ -744,3 +744,53 @@ fn the_cpu_of_children_waited_for_counts_as_the_parents_work() {
     );
     assert!(own_ticks < 50, "the parent itself was busy: {own_ticks}");
 }
+
+/// A thread that took an fd table of its own (`unshare(CLONE_FILES)`) and opened the device
+/// there: the process's `fd/` does not show it, so a full scan misses the holder; the
+/// thorough scan a reset is decided on reads such a thread's table and finds it (red team:
+/// a GPU reset ran under such a holder, refused only by the driver).
+#[test]
+fn a_device_file_held_in_a_threads_own_fd_table_is_found_by_the_thorough_scan() {
+    use std::io::BufRead;
+    let dev = dev_dir();
+    let script = r#"
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+ready = threading.Event()
+def hide():
+    if libc.unshare(0x400) != 0:
+        print("unshare failed", ctypes.get_errno(), flush=True)
+        os._exit(3)
+    os.open(sys.argv[1], os.O_RDONLY)
+    ready.set()
+    time.sleep(600)
+threading.Thread(target=hide, daemon=True).start()
+ready.wait()
+print("ready", flush=True)
+time.sleep(600)
+"#;
+    let mut h = Reaped(
+        Command::new("python3")
+            .args(["-c", script])
+            .arg(dev.path().join("nvidia0"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(h.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = h.0.id();
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    // Not a holder at all to a full scan (so not collected).
+    let full = holds(&mut c, pid, ScanDepth::Full);
+    assert!(
+        full.as_ref().is_none_or(|d| d.holds_any() != Some(true)),
+        "the process's fd/ shows it: {full:?}"
+    );
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    let thorough = holds(&mut c, pid, ScanDepth::Thorough).unwrap();
+    assert_eq!(thorough, FdScan::Scanned(vec![DeviceFile::Gpu(0)]));
+}

@@ -1177,7 +1177,8 @@ pub(crate) fn open_device_file(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// Pids holding `dev_dir/nvidia<gpu>` open, from `proc_root/*/fd`. The calling process is
+/// Pids holding `dev_dir/nvidia<gpu>` open, in any of their fd tables under `proc_root` (a
+/// thread's own included: a driver sees every open of its device). The calling process is
 /// one of them when it holds the file: the reset it stands in for (`nvidia-smi
 /// --gpu-reset`) runs as a process of its own, which a real driver refuses while the
 /// process that started it holds the GPU (NVML's handles included).
@@ -1187,7 +1188,12 @@ pub fn device_file_holders(proc: &ProcFs, dev_dir: &Path, gpu: u32) -> Vec<u32> 
         return Vec::new();
     };
     pids.into_iter()
-        .filter(|&pid| matches!(proc.holds_open(pid, &target), Ok(Found::Yes(true))))
+        .filter(|&pid| {
+            matches!(
+                proc.holds_open_in_any_table(pid, &target),
+                Ok(Found::Yes(true))
+            )
+        })
         .collect()
 }
 

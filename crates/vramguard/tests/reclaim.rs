@@ -187,6 +187,84 @@ fn residue_is_freed_only_by_a_reset_which_is_refused_while_the_gpu_is_held() {
     );
 }
 
+/// A process whose GPU device file is held only by a thread with an fd table of its own
+/// (`unshare(CLONE_FILES)`) blocks a reset like any holder: the look a reset is decided on
+/// reads such tables (red team: it did not, and a reset command that does not refuse an
+/// in-use GPU as the driver's does would have been run under it).
+#[test]
+fn a_device_file_held_in_a_threads_own_fd_table_blocks_a_reset() {
+    use std::io::BufRead;
+    let world = World::new(1);
+    let mut bench = spec(
+        &world,
+        json!([{ "gpu": 0, "bytes": 6 * GIB, "after_exit": "leak" }]),
+    );
+    bench["new_session"] = json!(true);
+    let mut b = start(&world, &["python3", "bench.py"], bench);
+    b.crash();
+    let script = r#"
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+ready = threading.Event()
+def hide():
+    if libc.unshare(0x400) != 0:
+        print("unshare failed", ctypes.get_errno(), flush=True)
+        os._exit(3)
+    os.open(sys.argv[1], os.O_RDONLY)
+    ready.set()
+    time.sleep(600)
+threading.Thread(target=hide, daemon=True).start()
+ready.wait()
+print("ready", flush=True)
+time.sleep(600)
+"#;
+    let mut hidden = vramguard_testkit::Reaped(
+        std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(world.dev("nvidia0"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(hidden.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let ran = world.dir.path().join("reset-ran");
+    let out = Vg::new(&world, Path_::Nvml)
+        .args([
+            "reclaim",
+            "--yes",
+            "--reset=auto",
+            "--json",
+            "--reset-command",
+        ])
+        .args([format!("touch {}", ran.display())])
+        .arg_path("--audit-log", &world.dir.path().join("audit.jsonl"))
+        .json(1);
+    let r = &out["resets"][0];
+    assert_eq!(r["attempted"], json!(false), "{r:#}");
+    assert!(
+        r["blockers"]
+            .to_string()
+            .contains(&format!("{} (", hidden.0.id())),
+        "{r:#}"
+    );
+    assert!(!ran.exists(), "the reset command ran under the holder");
+    // The simulated driver refuses it too, as a real one does (it sees every open file).
+    let out = Vg::new(&world, Path_::Nvml)
+        .args(["sim", "reset", "--gpu", "0"])
+        .output()
+        .0;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!("in use by pid {}", hidden.0.id())),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// A reset runs as a process of its own (`nvidia-smi --gpu-reset`), which a real driver
 /// refuses while any other process holds the GPU: vramguard's own NVML handles included
 /// (driver 580's NVML holds the control, unified-memory and GPU files, modelled by
