@@ -35,6 +35,18 @@ pub enum ResetError {
         /// What it printed.
         output: String,
     },
+    /// The reset command gave no answer in time and was killed.
+    #[error(
+        "{command} gave no answer within {}s and was killed: the GPU may be left mid-reset \
+         (check `nvidia-smi` and `dmesg | grep -i -e xid -e nvrm`)",
+        .after.as_secs()
+    )]
+    NoAnswer {
+        /// The command line.
+        command: String,
+        /// How long it was given.
+        after: std::time::Duration,
+    },
     /// The in-process reset refused (the simulator's, with its reason).
     #[error("{0}")]
     Refused(String),
@@ -106,17 +118,7 @@ fn run_reset_command(template: &[String], gpu: &ResetTarget) -> Result<String, R
         RESET_COMMAND_TIMEOUT,
         RESET_OUTPUT_MAX,
     )
-    .map_err(|e| match e {
-        vramguard_proc::spawn::BoundedError::Start(e) => ResetError::NotStarted {
-            command: command.clone(),
-            cause: e.to_string(),
-        },
-        other => ResetError::CommandFailed {
-            command: command.clone(),
-            status: other.to_string(),
-            output: String::new(),
-        },
-    })?;
+    .map_err(|e| command_failure(&command, e))?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout).trim(),
@@ -133,9 +135,43 @@ fn run_reset_command(template: &[String], gpu: &ResetTarget) -> Result<String, R
     }
 }
 
+/// What a reset command that gave no status means.
+fn command_failure(command: &str, e: vramguard_proc::spawn::BoundedError) -> ResetError {
+    use vramguard_proc::spawn::BoundedError;
+    match e {
+        BoundedError::Start(e) => ResetError::NotStarted {
+            command: command.to_string(),
+            cause: e.to_string(),
+        },
+        BoundedError::Timeout(after) => ResetError::NoAnswer {
+            command: command.to_string(),
+            after,
+        },
+        BoundedError::Wait(e) => ResetError::CommandFailed {
+            command: command.to_string(),
+            status: format!("an unknown status (waiting for it: {e})"),
+            output: String::new(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hung reset command read "sleep 600 exited with no answer within 120s: killed: ".
+    #[test]
+    fn a_reset_command_that_hangs_is_said_to_have_given_no_answer() {
+        let e = command_failure(
+            "nvidia-smi --gpu-reset -i 0",
+            vramguard_proc::spawn::BoundedError::Timeout(std::time::Duration::from_secs(120)),
+        );
+        assert_eq!(
+            e.to_string(),
+            "nvidia-smi --gpu-reset -i 0 gave no answer within 120s and was killed: the GPU may \
+             be left mid-reset (check `nvidia-smi` and `dmesg | grep -i -e xid -e nvrm`)"
+        );
+    }
 
     #[test]
     fn a_reset_command_gets_the_gpu_names_and_its_failure_says_what_ran() {
