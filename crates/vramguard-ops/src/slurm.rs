@@ -238,9 +238,30 @@ pub fn heal(
             )?;
             HealResult::NotOurs { reason: now.reason }
         } else {
-            slurm.resume(name)?;
-            audit.record_at(ms, "heal_resumed", json!({"node": name}))?;
-            HealResult::Resumed
+            match slurm.resume(name) {
+                Ok(()) => {
+                    audit.record_at(ms, "heal_resumed", json!({"node": name}))?;
+                    HealResult::Resumed
+                }
+                Err(e) => {
+                    // Slurm refuses to resume a node that is not drained: someone resumed it
+                    // in the round trip since the look above. Theirs, and up; anything else
+                    // is the error it is.
+                    let after = slurm.node(name)?;
+                    if after.drained() {
+                        return Err(e.into());
+                    }
+                    audit.record_at(
+                        ms,
+                        "heal_skipped",
+                        json!({"node": name, "why": "the node was resumed by someone else \
+                               meanwhile", "reason": after.reason}),
+                    )?;
+                    HealResult::NotOurs {
+                        reason: after.reason,
+                    }
+                }
+            }
         }
     } else {
         let reason = if outcome.exit_code == 0 {
@@ -315,6 +336,8 @@ mod tests {
         jobs: Vec<Vec<String>>,
         asked: usize,
         updates: Vec<String>,
+        /// `scontrol update … State=RESUME` fails (the node is not drained any more).
+        resume_refused: bool,
     }
 
     impl FakeSlurm {
@@ -348,6 +371,13 @@ mod tests {
             })
         }
         fn resume(&mut self, name: &str) -> Result<(), SlurmError> {
+            if self.resume_refused {
+                return Err(SlurmError {
+                    command: "scontrol update".into(),
+                    node: name.into(),
+                    what: "slurm_update error: Invalid node state specified".into(),
+                });
+            }
             self.updates.push(format!("resume {name}"));
             Ok(())
         }
@@ -439,6 +469,41 @@ mod tests {
         assert!(matches!(out.result, HealResult::TimedOut { .. }), "{out:?}");
         assert!(node.resets().is_empty());
         assert!(slurm.updates.is_empty());
+    }
+
+    /// An admin resumed the node between the heal's last look and its resume, which Slurm then
+    /// refused: the heal said "is slurmctld up? try: scontrol ping" and exited 2. The node is
+    /// up and theirs: the heal ends as for a drain that changed hands. Still drained, the
+    /// refusal is the error it is.
+    #[test]
+    fn a_node_resumed_by_someone_else_meanwhile_is_theirs() {
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        let mut slurm = FakeSlurm {
+            states: vec![node_state("IDLE+DRAIN"), node_state("IDLE+DRAIN"), {
+                let mut up = slurm_node("IDLE", "");
+                up.reason = None;
+                up
+            }],
+            resume_refused: true,
+            ..Default::default()
+        };
+        let (out, events) = run(&node, &mut slurm);
+        assert_eq!(out.result, HealResult::NotOurs { reason: None }, "{out:?}");
+        assert!(
+            events.iter().any(|e| e.contains("heal_skipped")),
+            "{events:?}"
+        );
+        let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
+        let mut slurm = FakeSlurm {
+            states: vec![node_state("IDLE+DRAIN")],
+            resume_refused: true,
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut audit = AuditLog::open(&dir.path().join("audit.jsonl"), "gpu07").unwrap();
+        let mut n = node.clone();
+        let err = heal(&mut n, &mut slurm, &mut audit, &Policy::default(), &opts()).unwrap_err();
+        assert!(err.to_string().contains("Invalid node state"), "{err}");
     }
 
     #[test]
