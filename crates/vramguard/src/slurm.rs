@@ -211,9 +211,12 @@ pub fn heal(settings: &Settings, args: &HealArgs) -> Result<i32> {
         let name = shown(&name);
         let line = match &outcome.result {
             HealResult::NotDrained => format!("node {name} is not drained: nothing to do"),
-            HealResult::NotOurs { reason } => format!(
-                "node {name} is drained by someone else ({}): left alone",
-                reason.as_deref().unwrap_or("no reason")
+            HealResult::NotOurs {
+                reason: Some(reason),
+            } => format!("node {name} is drained by someone else ({reason}): left alone"),
+            HealResult::NotOurs { reason: None } => format!(
+                "node {name} is not drained by vramguard any more (someone else resumed or \
+                 drained it): left as it is"
             ),
             HealResult::Unhealthy { state } => {
                 format!("node {name} is {state}: left alone, nothing reset")
