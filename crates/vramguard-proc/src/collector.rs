@@ -1094,7 +1094,7 @@ impl ProcCollector {
             let queued: HashSet<u32> = to_scan.iter().copied().collect();
             to_scan.extend(opened.iter().copied().filter(|p| !queued.contains(p)));
         }
-        let scanned = match self.scan_fds(&to_scan) {
+        let mut scanned = match self.scan_fds(&to_scan) {
             Ok(scanned) => scanned,
             Err(e) => {
                 // Not lost with the failed scan: the next collection scans them.
@@ -1102,6 +1102,19 @@ impl ProcCollector {
                 return Err(e);
             }
         };
+        // A pid the driver lists whose process shows no device file may hold it in a thread's
+        // own fd table (`unshare(CLONE_FILES)`): those tables are read too, for these few pids,
+        // or a live process with a context would read as an exited one.
+        for (pid, found) in scanned.iter_mut() {
+            if listed_set.contains(pid)
+                && matches!(found, Found::Yes(d) if d.holds_any() == Some(false))
+                && let Ok(every) =
+                    self.fs
+                        .device_files_of_every_table(*pid, &self.devices, self.pidfds_usable)
+            {
+                *found = every;
+            }
+        }
         // Room for every new pid at once: growing one step at a time moved the (large) facts
         // of thousands of processes several times over.
         let new = scanned

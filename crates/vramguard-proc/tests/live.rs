@@ -793,4 +793,16 @@ time.sleep(600)
     let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
     let thorough = holds(&mut c, pid, ScanDepth::Thorough).unwrap();
     assert_eq!(thorough, FdScan::Scanned(vec![DeviceFile::Gpu(0)]));
+    // A pid the driver lists is read through every table at any depth (a live process with
+    // a context must not read as an exited one).
+    let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
+    for depth in [ScanDepth::Full, ScanDepth::NewProcesses, ScanDepth::Holders] {
+        let got = c.collect(&[pid], depth, 0).unwrap();
+        let listed = got.processes.iter().find(|p| p.pid == pid);
+        assert_eq!(
+            listed.map(|p| &p.device_files),
+            Some(&FdScan::Scanned(vec![DeviceFile::Gpu(0)])),
+            "{depth:?}"
+        );
+    }
 }
