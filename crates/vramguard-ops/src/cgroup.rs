@@ -249,11 +249,14 @@ impl JobCgroup {
         }
     }
 
-    /// Removes the directory, child cgroups the job left first (each must be empty).
+    /// Removes the directory, child cgroups the job left first (each must be empty), within
+    /// half a second in all: a job that made more cgroups than are read must not hold the
+    /// run's end up by half a second for each (review).
     pub fn remove(&self) {
+        let deadline = Instant::now() + Duration::from_millis(500);
         for dir in self.dirs().iter().rev() {
-            for _ in 0..50 {
-                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            while std::fs::remove_dir(dir).is_err() && dir.exists() {
+                if Instant::now() >= deadline {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(10));

@@ -487,11 +487,22 @@ mod tests {
             resume_refused: true,
             ..Default::default()
         };
-        let (out, events) = run(&node, &mut slurm);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut audit = AuditLog::open(&path, "gpu07").unwrap();
+        let mut n = node.clone();
+        let out = heal(&mut n, &mut slurm, &mut audit, &Policy::default(), &opts()).unwrap();
         assert_eq!(out.result, HealResult::NotOurs { reason: None }, "{out:?}");
+        assert_eq!(
+            node.resets(),
+            vec![1],
+            "the reset ran, then the resume was refused"
+        );
+        let log = std::fs::read_to_string(&path).unwrap();
         assert!(
-            events.iter().any(|e| e.contains("heal_skipped")),
-            "{events:?}"
+            log.lines().any(|l| l.contains("\"heal_skipped\"")
+                && l.contains("the node was resumed by someone else meanwhile")),
+            "{log}"
         );
         let node = FakeNode::incident("residue_with_no_holder_points_at_a_reset");
         let mut slurm = FakeSlurm {

@@ -66,7 +66,7 @@ pub struct Holding {
     child: Child,
     /// The child's pidfd, opened while it was surely ours (unreaped): every signal to the
     /// holder goes through it, never by a pid it reported.
-    pidfd: Option<OwnedFd>,
+    pidfd: OwnedFd,
     /// The pid that holds the memory, as the driver lists it.
     pub pid: u32,
     /// Children that inherited its context: each pinned, and the holder's child when pinned.
@@ -115,18 +115,37 @@ fn pinned_children(holder: u32, reported: impl IntoIterator<Item = u32>) -> Vec<
         .collect()
 }
 
-/// A holding of `child`, the holder, its pidfd opened while the child is unreaped.
-fn holding(child: Child, pid: u32, reported_children: Vec<u32>) -> Holding {
+/// A holding of `child`, the holder, its pidfd opened while the child is unreaped. Without a
+/// pidfd it could not be signalled: the child is killed and the holding refused, not left to
+/// measure nothing.
+fn holding(
+    mut child: Child,
+    pid: u32,
+    reported_children: Vec<u32>,
+) -> Result<Holding, HolderError> {
     let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
-        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+        .ok_or(rustix::io::Errno::INVAL)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()));
+    let pidfd = match pidfd {
+        Ok(fd) => fd,
+        Err(e) => {
+            let id = child.id();
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(HolderError::Spawner(format!(
+                "no pidfd of the holder (pid {id}: {e}): it could not be signalled safely \
+                 (Linux 5.3 or later, and a free file descriptor, are needed)"
+            )));
+        }
+    };
     let children = pinned_children(child.id(), reported_children);
-    Holding {
+    Ok(Holding {
         child,
         pidfd,
         pid,
         children,
         exited: None,
-    }
+    })
 }
 
 impl HolderKind {
@@ -181,7 +200,7 @@ impl HolderKind {
                     .and_then(|p| p.parse().ok())
                     .unwrap_or(child.id());
                 let kids = words.filter_map(|w| w.parse().ok()).collect();
-                Ok(holding(child, pid, kids))
+                holding(child, pid, kids)
             }
             HolderKind::Spawner(spawn) => {
                 let started = spawn(&HoldRequest {
@@ -191,7 +210,7 @@ impl HolderKind {
                     lifetime,
                     scratch,
                 })?;
-                Ok(holding(started.child, started.pid, started.children))
+                holding(started.child, started.pid, started.children)
             }
             HolderKind::Command { cmd, device } => {
                 let child = with_default_signals(&mut Command::new("sh"))
@@ -205,19 +224,18 @@ impl HolderKind {
                         cause,
                     })?;
                 let pid = child.id();
-                Ok(holding(child, pid, Vec::new()))
+                holding(child, pid, Vec::new())
             }
         }
     }
 }
 
 impl Holding {
-    /// Sends `sig` to the holder, our own child, through its pidfd (nothing without one: the
-    /// pid it reported is not trusted with a signal, and `child.id()` may be reaped and reused
-    /// by then).
+    /// Sends `sig` to the holder, our own child, through its pidfd (never by the pid it
+    /// reported, nor by `child.id()`, which may be reaped and reused by then).
     pub fn signal(&self, sig: i32) {
-        if let (Some(fd), Some(sig)) = (&self.pidfd, rustix::process::Signal::from_named_raw(sig)) {
-            let _ = rustix::process::pidfd_send_signal(fd, sig);
+        if let Some(sig) = rustix::process::Signal::from_named_raw(sig) {
+            let _ = rustix::process::pidfd_send_signal(&self.pidfd, sig);
         }
     }
 
@@ -304,10 +322,13 @@ mod tests {
         let h = holder.0.id();
         let deadline = Instant::now() + Duration::from_secs(10);
         let child = loop {
-            let listed =
-                std::fs::read_to_string(format!("/proc/{h}/task/{h}/children")).unwrap_or_default();
-            if let Some(c) = listed.split_whitespace().next() {
-                break c.parse::<u32>().unwrap();
+            let listed = vramguard_proc::ProcFs::own()
+                .unwrap()
+                .children(h)
+                .unwrap()
+                .unwrap_or_default();
+            if let Some(&c) = listed.first() {
+                break c;
             }
             assert!(
                 Instant::now() < deadline,

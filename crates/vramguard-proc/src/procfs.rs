@@ -684,8 +684,9 @@ impl ProcFs {
     /// does not show (red team: a GPU reset ran under one; only the driver refused it). Where
     /// `pids_are_ours` (this tree is vramguard's own namespace), one `kcmp(KCMP_FILES)` per
     /// thread tells a shared table from its own, and only its own is read; otherwise, or where
-    /// `kcmp` cannot tell, every thread's table is read (at most
-    /// [`MAX_THREADS_LOOKED_AT`]).
+    /// `kcmp` cannot tell, every thread's table is read. A process of more than
+    /// [`MAX_THREADS_LOOKED_AT`] threads, or whose task list cannot be read, reads as
+    /// [`FdScan::Denied`]: its files are not all known (a reset refuses on it).
     pub fn device_files_of_every_table(
         &self,
         pid: u32,
@@ -696,7 +697,26 @@ impl ProcFs {
             Found::Yes(FdScan::Scanned(files)) => files,
             other => return Ok(other),
         };
-        for tid in self.other_threads(pid) {
+        let tasks = match self.open_dir(&format!("{pid}/task"))? {
+            Found::Yes(d) => d,
+            Found::Gone => return Ok(Found::Gone),
+            Found::Denied => return Ok(Found::Yes(FdScan::Denied)),
+        };
+        let mut tids = Vec::new();
+        for entry in tasks {
+            let Ok(entry) = entry else {
+                return Ok(Found::Yes(FdScan::Denied));
+            };
+            if let Some(tid) = parse_pid(entry.file_name().to_bytes())
+                && tid != pid
+            {
+                if tids.len() == MAX_THREADS_LOOKED_AT {
+                    return Ok(Found::Yes(FdScan::Denied));
+                }
+                tids.push(tid);
+            }
+        }
+        for tid in tids {
             if pids_are_ours && Self::same_fd_table(pid, tid) == Some(true) {
                 continue;
             }

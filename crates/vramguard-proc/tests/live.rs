@@ -806,3 +806,43 @@ time.sleep(600)
         );
     }
 }
+
+/// More threads than are looked at: their fd tables are not all read, so the process's files
+/// are not all known, and the thorough scan says so (unread, not "holds nothing").
+#[test]
+fn a_process_of_more_threads_than_are_looked_at_is_unread_by_the_thorough_scan() {
+    use std::io::BufRead;
+    let dev = dev_dir();
+    let script = format!(
+        r#"
+import threading, time
+threading.stack_size(65536)
+for _ in range({}):
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+print("ready", flush=True)
+time.sleep(600)
+"#,
+        vramguard_proc::procfs::MAX_THREADS_LOOKED_AT + 1
+    );
+    let mut h = Reaped(
+        Command::new("python3")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(h.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let c = vramguard_proc::ProcFs::own().unwrap();
+    let devices = vramguard_proc::devices::DeviceTable::load(dev.path());
+    let scan = c
+        .device_files_of_every_table(h.0.id(), &devices, true)
+        .unwrap();
+    assert!(
+        matches!(scan, vramguard_proc::Found::Yes(FdScan::Denied)),
+        "{scan:?}"
+    );
+}

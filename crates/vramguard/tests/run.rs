@@ -1083,8 +1083,16 @@ fn a_job_process_on_the_pid_of_its_dead_watchdog_is_still_the_jobs() {
         &job,
         format!(
             r#"W=""
-for c in $(cat /proc/$PPID/task/*/children); do [ "$c" != "$$" ] && W=$c; done
-grep -q __watchdog /proc/$W/cmdline || {{ echo "no watchdog beside the job" >&2; exit 90; }}
+n=0
+# The watchdog starts right after the job: wait for it.
+while [ -z "$W" ] && [ $n -lt 500 ]; do
+  for c in $(cat /proc/$PPID/task/*/children); do
+    [ "$c" != "$$" ] && grep -q __watchdog /proc/$c/cmdline 2>/dev/null && W=$c
+  done
+  [ -z "$W" ] && sleep 0.01
+  n=$((n + 1))
+done
+[ -n "$W" ] || {{ echo "no watchdog beside the job" >&2; exit 90; }}
 kill -9 $W
 while [ -e /proc/$W ]; do sleep 0.01; done
 for i in $(seq 300); do

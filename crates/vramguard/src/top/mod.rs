@@ -414,10 +414,8 @@ mod tests {
     use super::*;
     use std::sync::mpsc::channel;
 
-    /// Red team: a plan reply carried no pid, and any reply opened the confirmation. `r` on
-    /// A, a failed sample closing the Planning dialog, `r` on B, then A's plan arriving: A's
-    /// plan was shown for B's request, and `y` carried out whatever the worker held, B's plan.
-    /// A late reply is now ignored, and `y` names the pid its plan was made for.
+    /// The worker's side of the check below: a confirmation carries out only the plan made
+    /// for the pid confirmed, and a plan that crossed another request is dropped.
     #[test]
     fn the_worker_carries_out_only_the_plan_made_for_the_pid_confirmed() {
         let mut pending = Some((41, "plan of 41"));
@@ -432,6 +430,10 @@ mod tests {
         assert_eq!(plan_asked_for::<&str>(&mut None, 41), None);
     }
 
+    /// Red team: a plan reply carried no pid, and any reply opened the confirmation. `r` on
+    /// A, a failed sample closing the Planning dialog, `r` on B, then A's plan arriving: A's
+    /// plan was shown for B's request, and `y` carried out whatever the worker held, B's plan.
+    /// A late reply is now ignored, and `y` names the pid its plan was made for.
     #[test]
     fn a_late_plan_reply_is_never_confirmed_for_another_request() {
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
