@@ -28,17 +28,27 @@ struct Epilog {
 
 /// Runs the Slurm epilog for a job that used `gpus`, on `world`.
 fn epilog(world: &World, gpus: &str) -> Epilog {
+    epilog_on(world, gpus, None)
+}
+
+/// [`epilog`] on a node whose `scontrol show node` prints `node_line` (nothing by default).
+fn epilog_on(world: &World, gpus: &str, node_line: Option<&str>) -> Epilog {
     let dir = world.dir.path().join(format!("epilog-{gpus}"));
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let calls = dir.join("scontrol.calls");
+    let shown = dir.join("node.show");
+    if let Some(line) = node_line {
+        std::fs::write(&shown, format!("{line}\n")).unwrap();
+    }
     let scontrol = bin.join("scontrol");
     std::fs::write(
         &scontrol,
         format!(
-            "#!/bin/sh\nprintf '%s|' \"$@\" >> {}\necho >> {}\n",
-            calls.display(),
-            calls.display()
+            "#!/bin/sh\nprintf '%s|' \"$@\" >> {calls}\necho >> {calls}\n\
+             if [ \"$1\" = show ] && [ -f {shown} ]; then cat {shown}; fi\n",
+            calls = calls.display(),
+            shown = shown.display()
         ),
     )
     .unwrap();
@@ -158,10 +168,17 @@ fn without_a_gpu_list_the_slurm_epilog_reclaims_only_its_own_jobs_leftovers() {
 fn the_slurm_epilog_drains_the_node_with_the_reason_when_residue_stays() {
     let world = World::new(2);
     residue(&world, 1);
-    let e = epilog(&world, "1");
+    let e = epilog_on(
+        &world,
+        "1",
+        Some("NodeName=gpu07 Arch=x86_64 State=MIXED ThreadsPerCore=1"),
+    );
     assert!(e.log.contains("draining gpu07"), "{}", e.log);
+    // The node is read first (someone else's drain is left alone), then drained.
     let calls: Vec<&str> = e.scontrol.lines().collect();
-    assert_eq!(calls.len(), 1, "{}", e.scontrol);
+    assert_eq!(calls.len(), 2, "{}", e.scontrol);
+    assert!(calls[0].starts_with("show|node|gpu07|"), "{}", e.scontrol);
+    let calls = &calls[1..];
     let args: Vec<&str> = calls[0].trim_end_matches('|').split('|').collect();
     assert_eq!(&args[..3], ["update", "NodeName=gpu07", "State=DRAIN"]);
     assert!(
@@ -174,6 +191,47 @@ fn the_slurm_epilog_drains_the_node_with_the_reason_when_residue_stays() {
         e.log.contains("only a GPU reset (or reboot) clears it"),
         "{}",
         e.log
+    );
+}
+
+/// A node an admin drained (or set down) keeps the admin's reason: the epilog reads it first
+/// and does not write its own over it (the heal would then take the drain for vramguard's,
+/// reset the GPU and resume the node).
+#[test]
+fn the_slurm_epilog_leaves_a_node_drained_by_someone_else_as_it_is() {
+    let world = World::new(2);
+    residue(&world, 1);
+    let e = epilog_on(
+        &world,
+        "1",
+        Some(
+            "NodeName=gpu07 Arch=x86_64 State=MIXED+DRAIN ThreadsPerCore=1 \
+             Reason=maintenance: replace PSU [root@2026-12-08T01:00:00]",
+        ),
+    );
+    assert!(
+        e.log
+            .contains("is drained by someone else already (maintenance: replace PSU"),
+        "{}",
+        e.log
+    );
+    assert!(
+        !e.scontrol.contains("update|"),
+        "the admin's drain was written over: {}",
+        e.scontrol
+    );
+    // vramguard's own drain is updated as before.
+    let world = World::new(2);
+    residue(&world, 1);
+    let e = epilog_on(
+        &world,
+        "1",
+        Some("NodeName=gpu07 State=IDLE+DRAIN Reason=vramguard: ghost memory [root@x]"),
+    );
+    assert!(
+        e.scontrol.contains("update|NodeName=gpu07|State=DRAIN|"),
+        "{}",
+        e.scontrol
     );
 }
 
