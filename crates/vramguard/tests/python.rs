@@ -111,6 +111,11 @@ fn test_the_decorator_cleans_and_a_guard_in_a_thread_installs_no_handler() {
 }
 
 #[test]
+fn test_as_pid_1_of_a_pid_namespace_it_signals_nothing() {
+    python_test("test_guard.GuardTest.test_as_pid_1_of_a_pid_namespace_it_signals_nothing");
+}
+
+#[test]
 fn test_a_signal_while_cleaning_lets_the_cleanup_finish_then_exits_143() {
     python_test(
         "test_guard.GuardTest.test_a_signal_while_cleaning_lets_the_cleanup_finish_then_exits_143",

@@ -315,6 +315,31 @@ print("DONE", flush=True)
         self.assertNotIn("SIGTERM sent", err)
         self.assertTrue(alive(child.pid, start))
 
+    def test_as_pid_1_of_a_pid_namespace_it_signals_nothing(self):
+        # A container's entrypoint without an init adopts every orphan of the namespace: a
+        # process a `docker exec` session left behind reads as its child. It got SIGTERM
+        # (audit); now such a guard signals nothing, its own GPU-holding child included.
+        import subprocess
+        import sys
+        inner = """\
+import json, logging, os, subprocess, sys, time
+import vramguard
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s %(message)s")
+dev = os.path.join(json.load(open(os.environ["VRAMGUARD_SIM"]))["dev_dir"], "nvidia0")
+with vramguard.guard(grace=1):
+    child = subprocess.Popen(["sh", "-c", "exec 3<%s; exec sleep 30" % dev])
+    time.sleep(0.5)
+print("PID", os.getpid(), "CHILD_ALIVE", child.poll() is None, flush=True)
+child.kill()
+"""
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                            "-c", inner], env=self.world.env(), capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("PID 1 CHILD_ALIVE True", r.stdout, r.stderr)
+        self.assertIn("PID 1 of its PID namespace", r.stderr)
+        self.assertNotIn("SIGTERM sent", r.stderr)
+
     def test_children_alive_before_the_block_are_left_alone(self):
         # Red-team finding: an inner guard (a guarded evaluate() inside the training loop)
         # ended the outer loop's persistent workers at its exit. Only what started inside a

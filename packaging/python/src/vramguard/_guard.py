@@ -245,6 +245,7 @@ class Guard:
         self._before = set()
         # False where /proc is not this process's PID namespace's: nothing is signalled.
         self._proc_is_ours = True
+        self._adopts_orphans = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher = None
@@ -282,6 +283,15 @@ class Guard:
         if not self._proc_is_ours:
             log.warning("guard: /proc is not this process's PID namespace's (unshare -p "
                         "without --mount-proc?): it will signal nothing")
+        # PID 1 of a PID namespace (a container's entrypoint without an init) adopts every
+        # orphan of the namespace: a process a `docker exec` session left behind reads as its
+        # child, and nothing tells the two apart. Such a guard signals nothing.
+        self._adopts_orphans = self._owner == 1
+        if self._adopts_orphans:
+            log.warning("guard: this process is PID 1 of its PID namespace, which adopts every "
+                        "orphan there, so its children cannot be told from processes it never "
+                        "started: it will signal nothing (run with `docker run --init`, or "
+                        "under `vramguard run`)")
         self._before = {(pid, st.start) for pid, st in _descendants(self._owner).items()}
         self._record()
         if threading.current_thread() is threading.main_thread():
@@ -465,7 +475,8 @@ class Guard:
         return targets
 
     def _clean(self, why):
-        if not hasattr(signal, "pidfd_send_signal") or not self._proc_is_ours:
+        if (not hasattr(signal, "pidfd_send_signal") or not self._proc_is_ours
+                or self._adopts_orphans):
             return
         self._record()
         targets = self._targets()
