@@ -751,37 +751,11 @@ fn the_cpu_of_children_waited_for_counts_as_the_parents_work() {
 /// a GPU reset ran under such a holder, refused only by the driver).
 #[test]
 fn a_device_file_held_in_a_threads_own_fd_table_is_found_by_the_thorough_scan() {
-    use std::io::BufRead;
     let dev = dev_dir();
-    let script = r#"
-import ctypes, os, sys, threading, time
-libc = ctypes.CDLL(None, use_errno=True)
-ready = threading.Event()
-def hide():
-    if libc.unshare(0x400) != 0:
-        print("unshare failed", ctypes.get_errno(), flush=True)
-        os._exit(3)
-    os.open(sys.argv[1], os.O_RDONLY)
-    ready.set()
-    time.sleep(600)
-threading.Thread(target=hide, daemon=True).start()
-ready.wait()
-print("ready", flush=True)
-time.sleep(600)
-"#;
-    let mut h = Reaped(
-        Command::new("python3")
-            .args(["-c", script])
-            .arg(dev.path().join("nvidia0"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+    let h = python_ready(
+        include_str!("../../vramguard-testkit/scripts/thread_table_holder.py"),
+        &[dev.path().join("nvidia0").as_os_str()],
     );
-    let mut line = String::new();
-    std::io::BufReader::new(h.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
     let pid = h.0.id();
     let mut c = ProcCollector::new("/proc", dev.path()).unwrap();
     // Not a holder at all to a full scan (so not collected).
@@ -811,7 +785,6 @@ time.sleep(600)
 /// are not all known, and the thorough scan says so (unread, not "holds nothing").
 #[test]
 fn a_process_of_more_threads_than_are_looked_at_is_unread_by_the_thorough_scan() {
-    use std::io::BufRead;
     let dev = dev_dir();
     let script = format!(
         r#"
@@ -824,18 +797,7 @@ time.sleep(600)
 "#,
         vramguard_proc::procfs::MAX_THREADS_LOOKED_AT + 1
     );
-    let mut h = Reaped(
-        Command::new("python3")
-            .args(["-c", &script])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(h.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let h = python_ready(&script, &[]);
     let c = vramguard_proc::ProcFs::own().unwrap();
     let devices = vramguard_proc::devices::DeviceTable::load(dev.path());
     let scan = c
@@ -845,4 +807,23 @@ time.sleep(600)
         matches!(scan, vramguard_proc::Found::Yes(FdScan::Denied)),
         "{scan:?}"
     );
+}
+
+/// A `python3 -c script args…` that prints `ready` once set up; returns then.
+fn python_ready(script: &str, args: &[&std::ffi::OsStr]) -> Reaped {
+    use std::io::BufRead;
+    let mut h = Reaped(
+        Command::new("python3")
+            .args(["-c", script])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(h.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    h
 }

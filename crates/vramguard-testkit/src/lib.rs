@@ -422,3 +422,27 @@ pub fn start_holder(world: &World, mut spec: vramguard_sim::holder::HolderSpec) 
         cleanup,
     }
 }
+
+/// A Python process that holds `file` open only in a thread's own fd table
+/// (`unshare(CLONE_FILES)`): its `/proc/PID/fd` does not show it. Returns once it holds it.
+pub fn thread_table_holder(file: &std::path::Path) -> Reaped {
+    use std::io::BufRead;
+    let mut h = Reaped(
+        std::process::Command::new("python3")
+            .args(["-c", include_str!("../scripts/thread_table_holder.py")])
+            .arg(file)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3"),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(h.0.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("the holder's first line");
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "the thread-table holder did not start"
+    );
+    h
+}

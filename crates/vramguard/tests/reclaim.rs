@@ -193,7 +193,6 @@ fn residue_is_freed_only_by_a_reset_which_is_refused_while_the_gpu_is_held() {
 /// in-use GPU as the driver's does would have been run under it).
 #[test]
 fn a_device_file_held_in_a_threads_own_fd_table_blocks_a_reset() {
-    use std::io::BufRead;
     let world = World::new(1);
     let mut bench = spec(
         &world,
@@ -202,35 +201,7 @@ fn a_device_file_held_in_a_threads_own_fd_table_blocks_a_reset() {
     bench["new_session"] = json!(true);
     let mut b = start(&world, &["python3", "bench.py"], bench);
     b.crash();
-    let script = r#"
-import ctypes, os, sys, threading, time
-libc = ctypes.CDLL(None, use_errno=True)
-ready = threading.Event()
-def hide():
-    if libc.unshare(0x400) != 0:
-        print("unshare failed", ctypes.get_errno(), flush=True)
-        os._exit(3)
-    os.open(sys.argv[1], os.O_RDONLY)
-    ready.set()
-    time.sleep(600)
-threading.Thread(target=hide, daemon=True).start()
-ready.wait()
-print("ready", flush=True)
-time.sleep(600)
-"#;
-    let mut hidden = vramguard_testkit::Reaped(
-        std::process::Command::new("python3")
-            .args(["-c", script])
-            .arg(world.dev("nvidia0"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(hidden.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let hidden = vramguard_testkit::thread_table_holder(&world.dev("nvidia0"));
     let ran = world.dir.path().join("reset-ran");
     let out = Vg::new(&world, Path_::Nvml)
         .args([
